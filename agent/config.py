@@ -1,0 +1,202 @@
+"""agent.yaml -> typed, validated config objects.
+
+Every model forbids unknown keys so a typo is an error, not a silently ignored setting.
+Validators do no I/O: whether a file exists or a broker answers is checked when it is used,
+so a config can be validated on a laptop for a box it will run on.
+Loading (YAML with line numbers, ${ENV} interpolation, error formatting) lives in
+`agent/config_loader.py`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Names end up in MQTT topics and file names: keep them to a safe alphabet.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DeviceConfig(StrictModel):
+    id: Name = Field(description="Unique id of this box; used in every MQTT topic.")
+    groups: list[Name] = Field(default_factory=list, description="Fleet groups this box belongs to.")
+
+
+class TlsConfig(StrictModel):
+    ca_file: Path | None = Field(None, description="CA bundle that signed the broker's certificate.")
+    cert_file: Path | None = Field(None, description="Client certificate (mutual TLS).")
+    key_file: Path | None = Field(None, description="Client private key (mutual TLS).")
+    insecure: bool = Field(False, description="Skip broker hostname verification (testing only).")
+
+    @model_validator(mode="after")
+    def _cert_and_key_together(self) -> TlsConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file must be given together")
+        return self
+
+
+class OutboxConfig(StrictModel):
+    max_messages: int = Field(
+        100_000, ge=100, description="Outbox capacity; beyond it the oldest results are dropped and counted."
+    )
+    max_inflight: int = Field(20, ge=1, le=1000, description="Unacknowledged QoS 1 publishes at once.")
+    flush_timeout_s: float = Field(
+        10.0, ge=0, description="On shutdown, how long to keep delivering queued results."
+    )
+
+
+class MqttConfig(StrictModel):
+    host: str = Field("127.0.0.1", min_length=1, description="Broker host name or address.")
+    port: int = Field(1883, ge=1, le=65535)
+    protocol: Literal["5", "3.1.1"] = Field("5", description="MQTT protocol version.")
+    client_id: str | None = Field(None, description="Defaults to edge-agent-<device id>.")
+    topic_prefix: Name = Field("edge", description="First level of every topic.")
+    keepalive_s: int = Field(30, ge=5, le=3600)
+    username: str | None = None
+    password: str | None = None
+    tls: TlsConfig | None = Field(None, description="Enable TLS by giving this section.")
+    reconnect_min_s: float = Field(1.0, gt=0, description="First reconnect delay; doubles up to the max.")
+    reconnect_max_s: float = Field(60.0, gt=0)
+    outbox: OutboxConfig = Field(default_factory=OutboxConfig)
+
+    @field_validator("protocol", mode="before")
+    @classmethod
+    def _protocol_as_text(cls, value: object) -> object:
+        # YAML reads `protocol: 5` as an int; `3.1.1` is already a string.
+        return str(value) if isinstance(value, int) else value
+
+    @model_validator(mode="after")
+    def _check(self) -> MqttConfig:
+        if self.reconnect_max_s < self.reconnect_min_s:
+            raise ValueError("reconnect_max_s must be >= reconnect_min_s")
+        if self.password is not None and self.username is None:
+            raise ValueError("password given without username")
+        return self
+
+
+class RegistryConfig(StrictModel):
+    url: str = Field(description="Model registry, e.g. file:///srv/registry.")
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        if not re.match(r"^file://", value):
+            raise ValueError("only file:// registries are supported so far, e.g. file:///srv/registry")
+        return value
+
+
+class ModelRef(StrictModel):
+    name: Name
+    version: Name
+
+
+class VideoSourceConfig(StrictModel):
+    type: Literal["video"]
+    uri: str = Field(
+        description="A file path, a V4L2 device index (0) or /dev/videoN, or an rtsp://, http(s):// URL."
+    )
+    fps: float | None = Field(None, gt=0, le=1000, description="Cap on frames handed to the model.")
+    loop: bool = Field(False, description="Restart a video file at its end (files only).")
+    reopen_min_s: float = Field(1.0, gt=0, description="First retry delay when the source fails.")
+    reopen_max_s: float = Field(30.0, gt=0, description="Cap of the retry delay (doubles each failure).")
+
+    @field_validator("uri", mode="before")
+    @classmethod
+    def _uri_as_text(cls, value: object) -> object:
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @field_validator("uri")
+    @classmethod
+    def _non_empty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("uri must not be empty")
+        return value
+
+
+SourceConfig = Annotated[VideoSourceConfig, Field(discriminator="type")]
+
+
+class ResizeConfig(StrictModel):
+    width: int = Field(ge=1, le=8192)
+    height: int = Field(ge=1, le=8192)
+
+
+class PreprocessConfig(StrictModel):
+    input: str | None = Field(None, description="Model input to feed; defaults to the model's only input.")
+    resize: ResizeConfig | None = Field(None, description="Defaults to the model's fixed input size.")
+    color: Literal["rgb", "bgr", "gray"] = "rgb"
+    scale: float = Field(1 / 255, description="Pixel values are multiplied by this first.")
+    mean: list[float] = Field(default_factory=lambda: [0.0, 0.0, 0.0])
+    std: list[float] = Field(default_factory=lambda: [1.0, 1.0, 1.0])
+    layout: Literal["nchw", "nhwc"] = "nchw"
+    dtype: Literal["float32", "float16", "uint8"] = "float32"
+
+    @model_validator(mode="after")
+    def _check(self) -> PreprocessConfig:
+        channels = 1 if self.color == "gray" else 3
+        for key in ("mean", "std"):
+            values = getattr(self, key)
+            if len(values) not in (1, channels):
+                raise ValueError(
+                    f"{key} needs 1 or {channels} values for color {self.color}, got {len(values)}"
+                )
+        if any(s == 0 for s in self.std):
+            raise ValueError("std values must not be 0")
+        return self
+
+
+class ClassificationPostprocess(StrictModel):
+    type: Literal["classification"]
+    output: str | None = Field(None, description="Model output to read; defaults to the first.")
+    softmax: bool = Field(True, description="Apply softmax (turn off when the model outputs probabilities).")
+    top_k: int = Field(1, ge=1, le=100)
+    labels: list[str] | None = Field(None, description="Class names by index.")
+
+
+class RawPostprocess(StrictModel):
+    type: Literal["raw"]
+    max_values: int = Field(1000, ge=1, le=1_000_000, description="Larger outputs are cut (and flagged).")
+
+
+PostprocessConfig = Annotated[ClassificationPostprocess | RawPostprocess, Field(discriminator="type")]
+
+
+class PipelineConfig(StrictModel):
+    name: Name
+    model: ModelRef
+    source: SourceConfig
+    preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
+    postprocess: PostprocessConfig
+    enabled: bool = True
+
+
+class AgentConfig(StrictModel):
+    device: DeviceConfig
+    state_dir: Path = Field(Path("/var/lib/edge-agent"), description="Model store, outbox and decisions.")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    mqtt: MqttConfig = Field(default_factory=MqttConfig)
+    registry: RegistryConfig | None = Field(None, description="Where models are pulled from.")
+    pipelines: list[PipelineConfig] = Field(default_factory=list)
+
+    @field_validator("pipelines")
+    @classmethod
+    def _unique_names(cls, pipelines: list[PipelineConfig]) -> list[PipelineConfig]:
+        seen: set[str] = set()
+        for pipeline in pipelines:
+            if pipeline.name in seen:
+                raise ValueError(f"pipeline name {pipeline.name!r} is used twice")
+            seen.add(pipeline.name)
+        return pipelines
+
+    @model_validator(mode="after")
+    def _check(self) -> AgentConfig:
+        if self.pipelines and self.registry is None:
+            raise ValueError("pipelines name models, so a registry is required")
+        return self

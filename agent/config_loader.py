@@ -1,0 +1,297 @@
+"""Load agent.yaml into `AgentConfig` with errors a person can act on.
+
+YAML is composed into nodes first so every key keeps its line number; `${VAR}` and
+`${VAR:-default}` are expanded in string values (`$${` is a literal `${`). Validation
+errors from pydantic are mapped back to `file:line: key.path: message`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from agent.config import AgentConfig
+from agent.errors import ConfigError
+
+_ENV_REF = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+PathKey = tuple[str | int, ...]
+
+
+def load_config(path: Path, environ: Mapping[str, str] | None = None) -> AgentConfig:
+    """Read, interpolate and validate one agent config file. Raises ConfigError."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read config file: {exc.strerror or exc}"]) from exc
+    return parse_config(text, source=str(path), environ=environ)
+
+
+def parse_config(
+    text: str, source: str = "<config>", environ: Mapping[str, str] | None = None
+) -> AgentConfig:
+    """Validate config text; `source` names it in errors (a file path, or an MQTT topic)."""
+    data, lines = _load_yaml(text, source, os.environ if environ is None else environ)
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else f"a {type(data).__name__}"
+        raise ConfigError([f"{source}:1: the config is {kind}; expected a mapping with at least 'device'"])
+    try:
+        return AgentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, data, lines, source)) from None
+
+
+def config_json_schema() -> dict[str, Any]:
+    """JSON Schema of agent.yaml, for editors (yaml-language-server) and docs."""
+    schema = AgentConfig.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "edge-agent configuration (agent.yaml)"
+    return schema
+
+
+# --- YAML with positions -----------------------------------------------------------------
+
+
+def _load_yaml(text: str, source: str, environ: Mapping[str, str]) -> tuple[Any, dict[PathKey, int]]:
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        lines: dict[PathKey, int] = {}
+        problems: list[str] = []
+        data = None if node is None else _build(node, (), loader, lines, environ, source, problems)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        raise ConfigError([f"{where}: YAML syntax error: {exc.problem or exc.context}"]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{source}: YAML error: {exc}"]) from None
+    finally:
+        loader.dispose()
+    if problems:
+        raise ConfigError(problems)
+    return data, lines
+
+
+def _build(
+    node: yaml.Node,
+    path: PathKey,
+    loader: yaml.SafeLoader,
+    lines: dict[PathKey, int],
+    environ: Mapping[str, str],
+    source: str,
+    problems: list[str],
+) -> Any:
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        result: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            if not isinstance(key, str):
+                problems.append(
+                    f"{source}:{key_node.start_mark.line + 1}: {_dotted(path) or '(top)'}: "
+                    f"key {key!r} must be a string"
+                )
+                continue
+            key_path = (*path, key)
+            if key in result:
+                problems.append(
+                    f"{source}:{key_node.start_mark.line + 1}: {_dotted(key_path)}: "
+                    f"duplicate key (first at line {lines[key_path]})"
+                )
+                continue
+            result[key] = _build(value_node, key_path, loader, lines, environ, source, problems)
+            lines[key_path] = key_node.start_mark.line + 1  # errors point at the key, not its value
+        return result
+    if isinstance(node, yaml.SequenceNode):
+        return [
+            _build(item, (*path, index), loader, lines, environ, source, problems)
+            for index, item in enumerate(node.value)
+        ]
+    value = loader.construct_object(node, deep=True)
+    if isinstance(value, str) and "$" in value:
+        try:
+            value = _interpolate(value, environ)
+        except KeyError as exc:
+            name = exc.args[0]
+            problems.append(
+                f"{source}:{lines[path]}: {_dotted(path)}: environment variable {name} is not set "
+                f"(write ${{{name}:-default}} to give a default)"
+            )
+    return value
+
+
+def _interpolate(value: str, environ: Mapping[str, str]) -> str:
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$${":
+            return "${"
+        name, default = match.group(1), match.group(2)
+        if name in environ:
+            return environ[name]
+        if default is not None:
+            return default
+        raise KeyError(name)
+
+    return _ENV_REF.sub(replace, value)
+
+
+# --- pydantic errors -> file:line: key.path: message --------------------------------------
+
+
+def _format_errors(exc: ValidationError, data: Any, lines: dict[PathKey, int], source: str) -> list[str]:
+    problems = []
+    for error in exc.errors(include_url=False):
+        path, missing_leaf = _data_path(error["loc"], data)
+        line = _line_for(path, lines)
+        message = _message(error, path, missing_leaf, data)
+        problems.append(f"{source}:{line}: {_dotted(path) or '(top)'}: {message}")
+    return problems
+
+
+def _data_path(loc: tuple[Any, ...], data: Any) -> tuple[PathKey, bool]:
+    """Turn a pydantic `loc` into the path of keys in the YAML document.
+
+    Discriminated unions add the tag (e.g. 'video') to `loc`, and model validators add
+    nothing; walking the real data tells those apart from real keys. The bool says the
+    last element does not exist in the data (a missing or unknown key).
+    """
+    path: list[str | int] = []
+    current = data
+    for part in loc:
+        if isinstance(current, dict):
+            if part in current:
+                path.append(part)
+                current = current[part]
+                continue
+            if current.get("type") == part:  # discriminator tag, not a key
+                continue
+            path.append(part)
+            return tuple(path), True
+        if isinstance(current, list) and isinstance(part, int) and 0 <= part < len(current):
+            path.append(part)
+            current = current[part]
+            continue
+        # Inside a scalar (e.g. a union member name): the rest is pydantic's, not ours.
+        break
+    return tuple(path), False
+
+
+def _line_for(path: PathKey, lines: dict[PathKey, int]) -> int:
+    for end in range(len(path), -1, -1):
+        if path[:end] in lines:
+            return lines[path[:end]]
+    return 1
+
+
+def _message(error: Mapping[str, Any], path: PathKey, missing_leaf: bool, data: Any) -> str:
+    kind = error["type"]
+    if kind == "missing":
+        return "required key is missing"
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(path[:-1], data)
+        hint = ""
+        if allowed:
+            close = difflib.get_close_matches(str(path[-1]), allowed, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            hint += f" (allowed here: {', '.join(sorted(allowed))})"
+        return f"unknown key{hint}"
+    if kind == "union_tag_not_found":
+        return f"required key 'type' is missing (one of: {', '.join(_union_tags(path, data))})"
+    if kind == "union_tag_invalid":
+        tag = (error.get("ctx") or {}).get("tag")
+        return f"unknown type {tag!r}; expected one of: {_expected_tags(error)}"
+    message = str(error["msg"])
+    message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    if not missing_leaf and kind not in ("value_error", "assertion_error"):
+        message += f" (got {_short(error.get('input'))})"
+    return message
+
+
+def _expected_tags(error: Mapping[str, Any]) -> str:
+    ctx = error.get("ctx") or {}
+    return str(ctx.get("expected_tags", "")).replace("'", "")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _dotted(path: PathKey) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def _allowed_keys(path: PathKey, data: Any) -> list[str]:
+    """Field names of the config model at `path` (following the data through unions)."""
+    model = _model_in(*_annotation_at(path, data))
+    return list(model.model_fields) if model else []
+
+
+def _union_tags(path: PathKey, data: Any) -> list[str]:
+    """The `type` values a tagged union at `path` accepts."""
+    annotation, _ = _annotation_at(path, data)
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    members = typing.get_args(annotation) or (annotation,)
+    tags: list[str] = []
+    for member in members:
+        if isinstance(member, type) and issubclass(member, BaseModel) and "type" in member.model_fields:
+            tags.extend(str(t) for t in typing.get_args(member.model_fields["type"].annotation))
+    return tags
+
+
+def _annotation_at(path: PathKey, data: Any) -> tuple[Any, Any]:
+    """Walk the config models and the data together; return (annotation, data) at `path`."""
+    annotation: Any = AgentConfig
+    node = data
+    for part in path:
+        if isinstance(part, int):
+            args = typing.get_args(_strip_optional(annotation))
+            annotation = args[0] if args else None
+            node = node[part] if isinstance(node, list) and part < len(node) else None
+            continue
+        model = _model_in(annotation, node)
+        field = model.model_fields.get(part) if model else None
+        if field is None:
+            return None, None
+        annotation = field.annotation
+        node = node.get(part) if isinstance(node, dict) else None
+    return annotation, node
+
+
+def _strip_optional(annotation: Any) -> Any:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return annotation
+
+
+def _model_in(annotation: Any, node: Any) -> type[BaseModel] | None:
+    """The BaseModel inside an annotation such as `X | None`, `list[X]`, or a tagged union."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _model_in(args[0], node)
+    if origin in (typing.Union, types.UnionType):
+        candidates = [m for m in (_model_in(a, node) for a in args) if m is not None]
+        if isinstance(node, dict) and "type" in node:
+            for candidate in candidates:
+                tag = candidate.model_fields.get("type")
+                if tag is not None and node["type"] in typing.get_args(tag.annotation):
+                    return candidate
+        return candidates[0] if len(candidates) == 1 else None
+    return None

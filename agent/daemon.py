@@ -1,0 +1,264 @@
+"""The daemon: pipelines up, results out through the outbox, a clean stop.
+
+Lifecycle: open the outbox and start MQTT (a broker that is down is retried in the
+background while results queue up), build every pipeline (pull the model, pick a backend,
+warm it up), run until asked to stop, then stop sources, finish the frames in flight,
+flush the outbox as far as the broker allows and publish `offline`.
+
+A pipeline that cannot be built (bad model file, unreachable registry, unknown input) is
+reported in the status and retried with backoff; the others run on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from agent import __version__
+from agent.config import AgentConfig, PipelineConfig
+from agent.errors import EdgeAgentError
+from agent.fsutil import atomic_write_bytes
+from agent.mqtt import MqttConnection, Outbox, results_topic
+from agent.pipeline import LoadedModel, Pipeline
+from agent.registry import open_registry
+from agent.sd_notify import notify, watchdog_interval_s
+from agent.store import ModelStore
+from providers import BackendError, ModelArtifact, select_backend
+
+log = logging.getLogger(__name__)
+
+_STATUS_FILE_EVERY_S = 5.0
+_REBUILD_MIN_S = 10.0
+_REBUILD_MAX_S = 600.0
+
+
+def iso_utc(timestamp: float) -> str:
+    """RFC 3339 UTC with milliseconds, e.g. 2026-11-22T10:15:30.123Z."""
+    moment = datetime.fromtimestamp(timestamp, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+class ResultWriter:
+    """The pipelines' sink: completes each result and writes it to the outbox."""
+
+    def __init__(self, config: AgentConfig, outbox: Outbox, on_written: Any) -> None:
+        self.config = config
+        self.outbox = outbox
+        self.on_written = on_written
+
+    def submit(self, pipeline: str, result: dict[str, Any]) -> None:
+        produced = time.time()
+        message = {
+            "id": str(uuid.uuid4()),
+            "device": self.config.device.id,
+            "pipeline": pipeline,
+            "seq": self.outbox.next_sequence(f"results/{pipeline}"),
+            "captured_at": iso_utc(result.pop("captured_at")),
+            "produced_at": iso_utc(produced),
+            **result,
+        }
+        topic = results_topic(self.config.mqtt.topic_prefix, self.config.device.id, pipeline)
+        self.outbox.put(topic, json.dumps(message, separators=(",", ":")).encode(), qos=1)
+        self.on_written()
+
+
+@dataclass
+class PipelineSlot:
+    """A configured pipeline: running, or failed to build and waiting to be retried."""
+
+    config: PipelineConfig
+    pipeline: Pipeline | None = None
+    error: str | None = None
+    attempts: int = 0
+    retry_at: float = 0.0
+
+
+class Agent:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.started_at = time.time()
+        state_dir = config.state_dir
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.outbox = Outbox(state_dir / "outbox.sqlite", config.mqtt.outbox.max_messages)
+        self.store = ModelStore(state_dir / "store")
+        self.mqtt = MqttConnection(
+            config.mqtt,
+            config.device.id,
+            self.outbox,
+            birth_payload=lambda: self._status_payload("online"),
+            offline_payload=lambda: self._status_payload("offline"),
+        )
+        self.writer = ResultWriter(config, self.outbox, self.mqtt.notify_new_message)
+        self.slots = [PipelineSlot(p) for p in config.pipelines if p.enabled]
+        self._lock = threading.Lock()
+        self._last_states: dict[str, str] = {}
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, duration_s: float | None = None) -> None:
+        """Run until `stop` is set (SIGTERM/SIGINT) or `duration_s` passes."""
+        deadline = None if duration_s is None else time.monotonic() + duration_s
+        self.mqtt.start()
+        for slot in self.slots:
+            self._try_build(slot)
+        notify("READY=1", f"STATUS={self._summary()}")
+        log.info("edge-agent %s running as %s: %s", __version__, self.config.device.id, self._summary())
+        watchdog = watchdog_interval_s()
+        next_status_file = 0.0
+        try:
+            while not stop.is_set():
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    log.info("run duration reached, stopping")
+                    break
+                self._retry_failed()
+                self._report_state_changes()
+                if now >= next_status_file:
+                    self.write_status_file()
+                    next_status_file = now + _STATUS_FILE_EVERY_S
+                if watchdog is not None and self._healthy():
+                    notify("WATCHDOG=1")
+                wait = 1.0 if watchdog is None else min(1.0, watchdog)
+                if deadline is not None:
+                    wait = max(0.0, min(wait, deadline - time.monotonic()))
+                stop.wait(wait)
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        notify("STOPPING=1", "STATUS=stopping")
+        log.info("stopping: finishing in-flight frames")
+        for slot in self.slots:
+            if slot.pipeline is not None:
+                slot.pipeline.stop()
+        timeout = self.config.mqtt.outbox.flush_timeout_s
+        if self.outbox.pending():
+            log.info("flushing %d queued results (up to %.0f s)", self.outbox.pending(), timeout)
+        flushed = self.mqtt.flush(timeout)
+        left = self.outbox.pending()
+        if not flushed and left:
+            log.warning("%d results stay queued in the outbox; they are sent on the next start", left)
+        self.write_status_file()
+        self.mqtt.stop(publish_offline=True)
+        for slot in self.slots:
+            if slot.pipeline is not None:
+                slot.pipeline.model.session.close()
+        self.outbox.close()
+        log.info("stopped")
+
+    # --- pipelines ---------------------------------------------------------------------
+
+    def _try_build(self, slot: PipelineSlot) -> None:
+        config = slot.config
+        slot.attempts += 1
+        try:
+            slot.pipeline = self._build(config)
+        except (EdgeAgentError, BackendError, OSError) as exc:
+            delay = min(_REBUILD_MIN_S * 2 ** (slot.attempts - 1), _REBUILD_MAX_S)
+            slot.error, slot.retry_at = str(exc), time.monotonic() + delay
+            log.error("pipeline %s not started: %s (retry in %.0f s)", config.name, exc, delay)
+            return
+        slot.error = None
+        slot.pipeline.start()
+        log.info("pipeline %s started", config.name)
+
+    def _build(self, config: PipelineConfig) -> Pipeline:
+        assert self.config.registry is not None  # the config model requires it with pipelines
+        registry = open_registry(self.config.registry.url)
+        installed = self.store.pull(registry, config.model.name, config.model.version)
+        artifacts = [
+            ModelArtifact(installed.artifact_path(a), a.format, a.sha256)
+            for a in installed.manifest.artifacts
+        ]
+        session, choice = select_backend(artifacts)
+        log.info("pipeline %s: %s", config.name, choice.explain())
+        loaded = LoadedModel(installed.name, installed.version, choice.artifact.sha256, session, choice)
+        try:
+            pipeline = Pipeline(config, loaded, self.writer)
+            pipeline.warm_up()
+        except Exception:
+            session.close()
+            raise
+        return pipeline
+
+    def _retry_failed(self) -> None:
+        now = time.monotonic()
+        for slot in self.slots:
+            if slot.pipeline is None and now >= slot.retry_at:
+                self._try_build(slot)
+
+    # --- status ------------------------------------------------------------------------
+
+    def pipeline_states(self) -> dict[str, dict[str, Any]]:
+        states: dict[str, dict[str, Any]] = {}
+        for slot in self.slots:
+            if slot.pipeline is not None:
+                states[slot.config.name] = slot.pipeline.status()
+            else:
+                state = "error" if slot.error else "starting"
+                states[slot.config.name] = {"state": state, "error": slot.error, "attempts": slot.attempts}
+        return states
+
+    def _status_payload(self, state: str) -> bytes:
+        payload: dict[str, Any] = {
+            "status": state,
+            "device": self.config.device.id,
+            "agent_version": __version__,
+            "hostname": socket.gethostname(),
+            "timestamp": iso_utc(time.time()),
+        }
+        if state == "online":
+            payload["started_at"] = iso_utc(self.started_at)
+            payload["pipelines"] = {
+                name: {"state": s["state"], "error": s.get("error")}
+                for name, s in self.pipeline_states().items()
+            }
+        return json.dumps(payload, separators=(",", ":")).encode()
+
+    def _report_state_changes(self) -> None:
+        states = {name: s["state"] for name, s in self.pipeline_states().items()}
+        if states != self._last_states:
+            self._last_states = states
+            notify(f"STATUS={self._summary()}")
+            self.mqtt.publish_status_now()
+
+    def _summary(self) -> str:
+        states = self.pipeline_states()
+        running = sum(1 for s in states.values() if s["state"] == "running")
+        return f"{running}/{len(states)} pipelines running, {self.outbox.pending()} results queued"
+
+    def _healthy(self) -> bool:
+        """Watchdog pings stop when a started pipeline's worker thread has died."""
+        for slot in self.slots:
+            p = slot.pipeline
+            if p is not None and p.finished and p.source.state not in ("finished", "stopped"):
+                return False
+        return True
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "device": self.config.device.id,
+            "agent_version": __version__,
+            "pid": os.getpid(),
+            "started_at": iso_utc(self.started_at),
+            "updated_at": iso_utc(time.time()),
+            "mqtt": self.mqtt.stats(),
+            "outbox": self.outbox.stats(),
+            "pipelines": self.pipeline_states(),
+        }
+
+    def write_status_file(self) -> None:
+        """state_dir/status.json, for `edge-agent status` and for people on the box."""
+        path = self.config.state_dir / "status.json"
+        try:
+            atomic_write_bytes(path, json.dumps(self.status(), indent=2, default=str).encode())
+        except OSError as exc:
+            log.warning("cannot write %s: %s", path, exc)

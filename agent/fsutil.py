@@ -1,0 +1,134 @@
+"""Small file-system helpers: lock files, atomic writes, hashing copies.
+
+Shared by the registry, the store and the daemon's state files; all writes go through a temp
+file beside the target and a rename, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from agent.errors import EdgeAgentError
+
+log = logging.getLogger(__name__)
+
+CHUNK_SIZE = 1 << 20
+
+
+@contextlib.contextmanager
+def file_lock(
+    path: Path, timeout_s: float, what: str, error: type[EdgeAgentError] = EdgeAgentError
+) -> Iterator[None]:
+    """Hold an exclusive `flock` on `path` (created if needed), waiting at most `timeout_s`.
+
+    flock conflicts between separate open() calls even inside one process, so this serializes
+    threads and processes alike. Lock files are never deleted (that would race with waiters).
+    On timeout (or when the lock file cannot be created) raises `error` naming `what` and the file.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise error(f"cannot create lock file {path} for {what}: {exc}") from None
+    try:
+        deadline = time.monotonic() + timeout_s
+        delay = 0.005
+        logged = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+            if time.monotonic() >= deadline:
+                raise error(
+                    f"timed out after {timeout_s:g}s waiting for the lock on {what} ({path})",
+                    hint="another process holds it; if none is running, the lock is stale only "
+                    "on a broken network file system",
+                )
+            if not logged:
+                log.info("waiting for %s (locked by another thread or process)", what)
+                logged = True
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def temp_name(final: Path) -> Path:
+    """A temp file name next to `final`, unique per process, thread and call."""
+    return final.with_name(f"{final.name}.tmp-{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(4)}")
+
+
+def fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write `data` to a temp file beside `path`, fsync it, then rename it over `path`."""
+    tmp = temp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def copy_hashing(src: BinaryIO, dst: BinaryIO, max_bytes: int | None = None) -> tuple[str, int]:
+    """Stream `src` into `dst`; return (sha256 hex, bytes copied).
+
+    Stops as soon as more than `max_bytes` arrived (the caller reports the size mismatch), so a
+    wrong or runaway source cannot fill the disk.
+    """
+    digest = hashlib.sha256()
+    size = 0
+    while True:
+        chunk = src.read(CHUNK_SIZE)
+        if not chunk:
+            break
+        size += len(chunk)
+        if max_bytes is not None and size > max_bytes:
+            break
+        digest.update(chunk)
+        dst.write(chunk)
+    return digest.hexdigest(), size
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK_SIZE):
+            digest.update(chunk)
+    return digest.hexdigest()

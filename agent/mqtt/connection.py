@@ -1,0 +1,563 @@
+"""One MQTT connection per daemon: paho-mqtt 2.x behind a small, testable surface.
+
+What it guarantees:
+- Presence: the last will is the offline payload (retained, QoS 1) on the status topic; every
+  successful CONNACK publishes the birth payload there (retained, QoS 1) and then resubscribes
+  every registered subscription (the broker may have forgotten them).
+- Results never get lost while the link is down: they wait in the SQLite `Outbox`; a publisher
+  thread sends them oldest first, at most `max_inflight` unacknowledged at once, and a row leaves
+  the outbox only on the PUBACK for its message id. On a disconnect the in-flight map is forgotten
+  and paho's own copies are dropped at the next CONNACK (`drop_out_messages`), so the outbox is
+  the single source of truth: rows are published again after reconnecting (at-least-once;
+  payloads carry unique ids so consumers de-duplicate).
+- Refused PUBACKs (MQTT 5, reason code >= 0x80): "not authorized", "topic name invalid" and
+  "payload format invalid" can never succeed, so the message is dropped with an error log (one
+  poison message must not block the queue for ever). Other refusals ("quota exceeded",
+  "unspecified error", ...) may pass later: the row stays and is retried after a per-row backoff
+  (1 s doubling to 60 s) while the rest of the queue keeps flowing. A message paho refuses to
+  even send (a topic with wildcards, a payload over 256 MiB) is dropped the same way.
+- A broker that is down is retried with paho's exponential backoff for ever; a refused CONNACK
+  is never treated as connected. Refusals for credentials or authorisation are logged as errors
+  naming the reason, and retried only every `reconnect_max_s` (the broker's user list may be
+  fixed without restarting the box).
+- `subscribe(filter, handler)` handlers run on one dispatcher thread, never on paho's network
+  thread, and one handler's exception is logged and contained.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from agent.config import MqttConfig
+from agent.errors import ConfigError
+from agent.mqtt.outbox import Outbox
+from agent.mqtt.topics import status_topic
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[str, bytes], None]
+
+# PUBACK reason codes that no retry can fix (MQTT 5 spec 3.4.2.1).
+_PERMANENT_PUBACK_REFUSALS = {
+    0x87: "not authorized",
+    0x90: "topic name invalid",
+    0x99: "payload format invalid",
+}
+# CONNACK reason codes about who we are, not about the broker's health:
+# bad user name or password, not authorized, banned, bad authentication method.
+_AUTH_CONNACK_REFUSALS = {0x86, 0x87, 0x8A, 0x8C}
+_RETRY_MIN_S = 1.0
+_RETRY_MAX_S = 60.0
+_IDLE_POLL_S = 0.5  # the publisher re-checks the outbox at least this often
+_STATUS_WAIT_S = 2.0  # how long stop() waits for the offline status to be acknowledged
+_INBOX_SIZE = 1000  # incoming messages waiting for handlers; beyond it they are dropped and logged
+
+
+@dataclass(frozen=True)
+class _Subscription:
+    key: int
+    topic_filter: str
+    handler: Handler
+    qos: int
+
+
+def _check_filter(topic_filter: str) -> None:
+    """ValueError unless `topic_filter` is a valid MQTT filter ('+' a whole level, '#' a whole last level)."""
+    if not isinstance(topic_filter, str) or not topic_filter or "\x00" in topic_filter:
+        raise ValueError(f"invalid MQTT topic filter {topic_filter!r}")
+    levels = topic_filter.split("/")
+    for i, level in enumerate(levels):
+        if ("+" in level and level != "+") or ("#" in level and (level != "#" or i != len(levels) - 1)):
+            raise ValueError(f"invalid MQTT topic filter {topic_filter!r}: bad wildcard in level {level!r}")
+
+
+def _reason_value(reason: ReasonCode | int) -> int:
+    return reason.value if isinstance(reason, ReasonCode) else int(reason)
+
+
+class MqttConnection:
+    """The daemon's MQTT link: presence, the outbox publisher and subscriptions (module docstring)."""
+
+    def __init__(
+        self,
+        config: MqttConfig,
+        device_id: str,
+        outbox: Outbox,
+        birth_payload: Callable[[], bytes],
+        offline_payload: Callable[[], bytes],
+    ) -> None:
+        self._config = config
+        self._outbox = outbox
+        self._birth_payload = birth_payload
+        self._offline_payload = offline_payload
+        self.status_topic = status_topic(config.topic_prefix, device_id)
+        self.client_id = config.client_id or f"edge-agent-{device_id}"
+        self._broker = f"{config.host}:{config.port}"
+        self._max_inflight = config.outbox.max_inflight
+
+        self._lock = threading.Lock()  # guards the state below and the subscription table
+        self._connected = False
+        self._generation = 0  # +1 per successful CONNACK; tags in-flight publishes
+        self._started = False
+        self._stopped = False
+        self._auth_backoff = False
+        self._connects = 0
+        self._disconnects = 0
+        self._published = 0
+        self._rejected = 0
+        self._last_error: str | None = None
+        self._unreachable_logged = False
+        self._subscriptions: dict[int, _Subscription] = {}
+        self._next_key = 0
+
+        # Network thread -> publisher thread: ("ack", mid, reason) and ("down", generation), in order,
+        # so the in-flight map is only ever touched by the publisher thread (no lock held across
+        # paho's publish(), which would deadlock with paho's own lock around on_publish).
+        self._events: queue.SimpleQueue[tuple[str, int, ReasonCode | None]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        # Owned by the publisher thread.
+        self._inflight: dict[int, tuple[int, int]] = {}  # mid -> (outbox row id, generation)
+        self._inflight_rows: set[int] = set()
+        self._retry: dict[int, tuple[float, float]] = {}  # row id -> (not before, last delay)
+
+        self._inbox: queue.Queue[tuple[str, bytes] | None] = queue.Queue(maxsize=_INBOX_SIZE)
+        self._publisher = threading.Thread(target=self._publisher_main, name="mqtt-outbox", daemon=True)
+        self._dispatcher = threading.Thread(target=self._dispatcher_main, name="mqtt-handlers", daemon=True)
+
+        self._client = self._make_client()
+
+    # -- setup -----------------------------------------------------------------------------------
+
+    def _make_client(self) -> mqtt.Client:
+        cfg = self._config
+        if cfg.protocol == "5":
+            client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=mqtt.MQTTv5)
+        else:
+            client = mqtt.Client(
+                CallbackAPIVersion.VERSION2,
+                client_id=self.client_id,
+                protocol=mqtt.MQTTv311,
+                clean_session=True,
+            )
+        client.enable_logger(log.getChild("paho"))
+        # Our callbacks catch their own errors; this keeps a slip from killing paho's network thread.
+        client.suppress_exceptions = True
+        client.max_inflight_messages_set(self._max_inflight)
+        if cfg.username is not None:
+            client.username_pw_set(cfg.username, cfg.password)
+        if cfg.tls is not None:
+            tls = cfg.tls
+            try:
+                client.tls_set(
+                    ca_certs=str(tls.ca_file) if tls.ca_file else None,
+                    certfile=str(tls.cert_file) if tls.cert_file else None,
+                    keyfile=str(tls.key_file) if tls.key_file else None,
+                )
+            except (OSError, ValueError) as exc:
+                raise ConfigError(
+                    [f"mqtt.tls: cannot load the TLS files: {exc}"],
+                    hint="check mqtt.tls.ca_file, cert_file and key_file exist and are readable PEM files",
+                ) from exc
+            client.tls_insecure_set(tls.insecure)
+        # paho annotates the delays as int but handles floats; tests rely on sub-second delays.
+        client.reconnect_delay_set(cast(int, cfg.reconnect_min_s), cast(int, cfg.reconnect_max_s))
+        client.on_pre_connect = self._on_pre_connect
+        client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
+        client.on_disconnect = self._on_disconnect
+        client.on_publish = self._on_publish
+        client.on_message = self._on_message
+        return client
+
+    def _set_will(self) -> None:
+        try:
+            payload = self._offline_payload()
+        except Exception:
+            log.exception("offline_payload() failed; the last will keeps its previous payload")
+            return
+        self._client.will_set(self.status_topic, payload, qos=1, retain=True)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Connect in the background; a broker that is down is retried with backoff for ever."""
+        with self._lock:
+            if self._started:
+                raise RuntimeError("MqttConnection.start() called twice")
+            self._started = True
+        self._set_will()
+        cfg = self._config
+        log.info("connecting to MQTT broker %s as %s (MQTT %s)", self._broker, self.client_id, cfg.protocol)
+        self._client.connect_async(cfg.host, cfg.port, keepalive=cfg.keepalive_s)
+        self._dispatcher.start()
+        self._publisher.start()
+        self._client.loop_start()
+
+    def stop(self, publish_offline: bool = True) -> None:
+        """Say offline (retained), stop the threads and disconnect. Idempotent.
+
+        Rows still in the outbox stay there and are sent by the next run.
+        """
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            started = self._started
+        if not started:
+            return
+        # The publisher first, so nothing new goes out while we say goodbye.
+        self._stopping.set()
+        self._wake.set()
+        self._publisher.join(timeout=5.0)
+        if publish_offline and self.connected:
+            try:
+                info = self._client.publish(self.status_topic, self._offline_payload(), qos=1, retain=True)
+                info.wait_for_publish(timeout=_STATUS_WAIT_S)
+            except Exception as exc:
+                log.warning("could not publish the offline status: %s", exc)
+        self._client.disconnect()
+        self._client.loop_stop()
+        self._inbox_put(None)
+        self._dispatcher.join(timeout=5.0)
+        with self._lock:
+            self._connected = False
+        log.info("MQTT connection to %s stopped", self._broker)
+
+    @property
+    def connected(self) -> bool:
+        with self._lock:
+            return self._connected
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "connected": self._connected,
+                "connects": self._connects,
+                "disconnects": self._disconnects,
+                "published": self._published,
+                "rejected": self._rejected,
+                "inflight": len(self._inflight_rows),
+                "last_error": self._last_error,
+            }
+
+    # -- outbox ----------------------------------------------------------------------------------
+
+    def notify_new_message(self) -> None:
+        """Wake the publisher now (call after `outbox.put`); without it, it polls every 0.5 s."""
+        self._wake.set()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until the outbox is empty or `timeout_s` passed; True when empty."""
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        self._wake.set()
+        while True:
+            if self._outbox.pending() == 0:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            time.sleep(min(0.05, remaining))
+
+    def publish_status_now(self) -> bool:
+        """Publish the birth payload (retained) again now; False when not connected."""
+        if not self.connected:
+            return False
+        return self._publish_birth()
+
+    def _publish_birth(self) -> bool:
+        try:
+            payload = self._birth_payload()
+            info = self._client.publish(self.status_topic, payload, qos=1, retain=True)
+        except Exception:
+            log.exception("could not publish the status (birth) message")
+            return False
+        return info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    def _publisher_main(self) -> None:
+        while True:
+            # Clear before working: a notify that lands during the work makes the wait return at once.
+            self._wake.clear()
+            try:
+                self._drain_events()
+                if self._stopping.is_set():
+                    return
+                self._fill_window()
+                self._drain_events()
+            except Exception:
+                # SQLite trouble (disk full, I/O error) must not end delivery for good; try again later.
+                log.exception("outbox publisher failed; retrying")
+                self._stopping.wait(1.0)
+            self._wake.wait(_IDLE_POLL_S)
+
+    def _fill_window(self) -> None:
+        with self._lock:
+            if not self._connected:
+                return
+            generation = self._generation
+        room = self._max_inflight - len(self._inflight)
+        if room <= 0:
+            return
+        now = time.monotonic()
+        waiting = {row for row, (not_before, _) in self._retry.items() if not_before > now}
+        for message in self._outbox.peek(room, exclude=self._inflight_rows | waiting):
+            if self._stopping.is_set() or not self.connected:
+                return
+            try:
+                info = self._client.publish(message.topic, message.payload, qos=message.qos)
+            except ValueError as exc:
+                # Wildcards in the topic, payload too large, ...: it can never be sent.
+                self._reject(message.id, message.topic, f"paho refused it: {exc}")
+                continue
+            if info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
+                self._inflight[info.mid] = (message.id, generation)
+                self._inflight_rows.add(message.id)
+            else:
+                # NO_CONN: the link just dropped; paho's queued copy is discarded at the next
+                # CONNACK and the row is published again from the outbox.
+                log.debug("publish of outbox row %d not sent (%s)", message.id, mqtt.error_string(info.rc))
+                return
+
+    def _drain_events(self) -> None:
+        while True:
+            try:
+                kind, value, reason = self._events.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "down":
+                # Anything sent on the lost connection is unacknowledged: publish it again later.
+                for mid, (row, generation) in list(self._inflight.items()):
+                    if generation <= value:
+                        del self._inflight[mid]
+                        self._inflight_rows.discard(row)
+            elif kind == "ack":
+                self._handle_ack(value, reason)
+
+    def _handle_ack(self, mid: int, reason: ReasonCode | None) -> None:
+        entry = self._inflight.pop(mid, None)
+        if entry is None:
+            return  # a message from before a reconnect, or a status publish
+        row, _ = entry
+        self._inflight_rows.discard(row)
+        code = _reason_value(reason) if reason is not None else 0
+        if code < 0x80:
+            self._outbox.ack(row)
+            self._retry.pop(row, None)
+            with self._lock:
+                self._published += 1
+            return
+        name = str(reason)
+        if code in _PERMANENT_PUBACK_REFUSALS:
+            self._reject(row, None, f"broker refused it with reason {code:#x} ({name})")
+            return
+        _, last_delay = self._retry.get(row, (0.0, 0.0))
+        delay = min(_RETRY_MAX_S, max(_RETRY_MIN_S, last_delay * 2))
+        self._retry[row] = (time.monotonic() + delay, delay)
+        log.warning(
+            "broker refused outbox row %d with reason %#x (%s); retrying it in %.0f s", row, code, name, delay
+        )
+
+    def _reject(self, row: int, topic: str | None, why: str) -> None:
+        log.error("dropping outbox row %d%s: %s", row, f" for {topic}" if topic else "", why)
+        self._outbox.ack(row)
+        self._retry.pop(row, None)
+        with self._lock:
+            self._rejected += 1
+            self._last_error = f"message dropped: {why}"
+
+    # -- subscriptions ---------------------------------------------------------------------------
+
+    def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> Callable[[], None]:
+        """Call `handler(topic, payload)` for each matching message; returns an unsubscribe function.
+
+        Handlers run on one dispatcher thread (keep them short). A retained message may reach a
+        handler again after a reconnect, so handlers must be idempotent.
+        """
+        _check_filter(topic_filter)
+        if qos not in (0, 1, 2):
+            raise ValueError(f"qos must be 0, 1 or 2, got {qos!r}")
+        with self._lock:
+            self._next_key += 1
+            key = self._next_key
+            self._subscriptions[key] = _Subscription(key, topic_filter, handler, qos)
+            connected = self._connected
+        if connected:
+            self._client.subscribe(topic_filter, qos)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if self._subscriptions.pop(key, None) is None:
+                    return
+                still_used = any(s.topic_filter == topic_filter for s in self._subscriptions.values())
+                connected = self._connected
+            if connected and not still_used:
+                self._client.unsubscribe(topic_filter)
+
+        return unsubscribe
+
+    def _resubscribe(self) -> None:
+        with self._lock:
+            wanted: dict[str, int] = {}
+            for sub in self._subscriptions.values():
+                wanted[sub.topic_filter] = max(sub.qos, wanted.get(sub.topic_filter, 0))
+        for topic_filter, qos in wanted.items():
+            result, _ = self._client.subscribe(topic_filter, qos)
+            if result != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                log.warning("could not resubscribe to %s: %s", topic_filter, mqtt.error_string(result))
+
+    def _inbox_put(self, item: tuple[str, bytes] | None) -> None:
+        try:
+            self._inbox.put_nowait(item)
+        except queue.Full:
+            if item is None:
+                self._inbox.put(item)  # stop() must get through; the dispatcher is draining
+            else:
+                log.warning("handler queue full (%d); dropped a message on %s", _INBOX_SIZE, item[0])
+
+    def _dispatcher_main(self) -> None:
+        while True:
+            item = self._inbox.get()
+            if item is None:
+                return
+            topic, payload = item
+            with self._lock:
+                subs = list(self._subscriptions.values())
+            for sub in subs:
+                try:
+                    matches = mqtt.topic_matches_sub(sub.topic_filter, topic)
+                except ValueError:
+                    matches = False
+                if not matches:
+                    continue
+                try:
+                    sub.handler(topic, payload)
+                except Exception:
+                    log.exception("MQTT handler for %s failed on a message on %s", sub.topic_filter, topic)
+
+    # -- paho callbacks (network thread: never block, never raise) --------------------------------
+
+    def _on_pre_connect(self, client: mqtt.Client, userdata: Any) -> None:
+        # The offline payload may carry state (version, uptime): refresh the will for each attempt.
+        self._set_will()
+
+    def _on_connect(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        flags: mqtt.ConnectFlags,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        try:
+            if reason_code.is_failure:
+                self._on_refused(reason_code)
+                return
+            # paho would resend what was in flight on the old link; the outbox resends it instead,
+            # so there is one copy per row and the PUBACK bookkeeping stays in one place. This runs
+            # before `connected` turns true so no new outbox publish can be dropped with them.
+            client.drop_out_messages()
+            log.info("connected to MQTT broker %s", self._broker)
+            # Birth first: a watcher sees "online" before this connection's results.
+            self._publish_birth()
+            with self._lock:
+                self._connected = True
+                self._generation += 1
+                self._connects += 1
+                self._last_error = None
+                self._unreachable_logged = False
+                restore_backoff = self._auth_backoff
+                self._auth_backoff = False
+            if restore_backoff:
+                cfg = self._config
+                client.reconnect_delay_set(cast(int, cfg.reconnect_min_s), cast(int, cfg.reconnect_max_s))
+            # After `connected` is set: a concurrent subscribe() is either in this snapshot or
+            # subscribes itself (at worst twice, which is harmless).
+            self._resubscribe()
+            self._wake.set()
+        except Exception:
+            log.exception("error in the MQTT on_connect handler")
+
+    def _on_refused(self, reason_code: ReasonCode) -> None:
+        code = _reason_value(reason_code)
+        why = f"broker {self._broker} refused the connection: {reason_code} ({code:#x})"
+        with self._lock:
+            self._last_error = why
+        if code in _AUTH_CONNACK_REFUSALS:
+            log.error(
+                "%s; check mqtt.username / mqtt.password / client certificate and the broker's ACL "
+                "(retrying every %.0f s)",
+                why,
+                self._config.reconnect_max_s,
+            )
+            # Hammering a broker with bad credentials helps nobody; retry slowly until it accepts.
+            with self._lock:
+                self._auth_backoff = True
+            delay = cast(int, self._config.reconnect_max_s)
+            self._client.reconnect_delay_set(delay, delay)
+        else:
+            log.error("%s; retrying with backoff", why)
+
+    def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
+        with self._lock:
+            self._last_error = f"cannot reach MQTT broker {self._broker}"
+            first = not self._unreachable_logged
+            self._unreachable_logged = True
+        if first:
+            log.warning(
+                "cannot reach MQTT broker %s; retrying with backoff, results wait in the outbox", self._broker
+            )
+
+    def _on_disconnect(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        flags: mqtt.DisconnectFlags,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        try:
+            with self._lock:
+                was_connected = self._connected
+                self._connected = False
+                generation = self._generation
+                stopping = self._stopped
+                if was_connected:
+                    self._disconnects += 1
+                    if not stopping:
+                        self._last_error = f"disconnected: {reason_code}"
+            self._events.put(("down", generation, None))
+            self._wake.set()
+            if was_connected and not stopping:
+                log.warning("lost the MQTT connection to %s (%s); reconnecting", self._broker, reason_code)
+        except Exception:
+            log.exception("error in the MQTT on_disconnect handler")
+
+    def _on_publish(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        mid: int,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        self._events.put(("ack", mid, reason_code))
+        self._wake.set()
+
+    def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        try:
+            topic = message.topic
+        except UnicodeDecodeError:
+            log.warning("ignored a message whose topic is not UTF-8")
+            return
+        self._inbox_put((topic, bytes(message.payload)))

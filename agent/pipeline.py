@@ -1,0 +1,167 @@
+"""One pipeline: source -> preprocess -> inference -> postprocess -> result sink.
+
+The source decodes in its own thread into a newest-frame slot; one worker thread here runs
+the model on whatever frame is newest, so a slow model drops frames instead of queueing them.
+Pipelines know nothing about MQTT: results go to a `ResultSink` (the daemon's outbox writer).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agent.config import PipelineConfig
+from agent.processing import Preprocessor, build_postprocessor
+from agent.sources import Frame, LatestFrameSlot, VideoSource
+from providers import Choice, Session
+
+log = logging.getLogger(__name__)
+
+# How many failed frames in a row before the pipeline reports itself degraded.
+_DEGRADED_AFTER_ERRORS = 10
+
+
+class ResultSink(Protocol):
+    def submit(self, pipeline: str, result: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    version: str
+    sha256: str
+    session: Session
+    choice: Choice
+
+
+class Pipeline:
+    def __init__(self, config: PipelineConfig, model: LoadedModel, sink: ResultSink) -> None:
+        self.config = config
+        self.name = config.name
+        self.model = model
+        self.sink = sink
+        session = model.session
+        self.preprocess = Preprocessor(config.preprocess, session.inputs)
+        self.postprocess = build_postprocessor(config.postprocess, session.outputs)
+        self.slot = LatestFrameSlot()
+        self.source = VideoSource(config.source, config.name, self.slot)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.results = 0
+        self.errors = 0
+        self._errors_in_row = 0
+        self.last_error: str | None = None
+        self._latency_sum_ms = 0.0
+        self._done = threading.Event()
+
+    def warm_up(self) -> None:
+        """Run the model once at its real input shape before it serves a live frame."""
+        self.model.session.warm_up({self.preprocess.input.name: self.preprocess.shape})
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"pipeline-{self.name}", daemon=True)
+        self._thread.start()
+        self.source.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the source, finish the frame in flight, then return."""
+        self.source.stop(timeout)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            results, errors, last_error = self.results, self.errors, self.last_error
+            mean_latency = self._latency_sum_ms / results if results else None
+            degraded = self._errors_in_row >= _DEGRADED_AFTER_ERRORS
+        source = self.source.stats()
+        if self.finished:
+            state = "finished" if source["state"] == "finished" else "stopped"
+        elif degraded:
+            state = "degraded"
+        elif source["state"] == "retrying":
+            state = "source-unavailable"
+        else:
+            state = "running"
+        return {
+            "state": state,
+            "error": last_error if degraded else source["error"],
+            "model": f"{self.model.name}@{self.model.version}",
+            "backend": self.model.choice.backend,
+            "results": results,
+            "errors": errors,
+            "last_error": last_error,
+            "mean_inference_ms": round(mean_latency, 3) if mean_latency is not None else None,
+            "source": source,
+        }
+
+    # --- worker thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                frame = self.slot.get(timeout=0.5)
+                if frame is None:
+                    if self.slot.closed:
+                        return  # source ended or stopped, and the last frame is done
+                    continue
+                self._process(frame)
+        finally:
+            self._done.set()
+
+    def _process(self, frame: Frame) -> None:
+        try:
+            t0 = time.perf_counter()
+            tensor = self.preprocess(frame.image)
+            t1 = time.perf_counter()
+            outputs = self.model.session.run({self.preprocess.input.name: tensor})
+            t2 = time.perf_counter()
+            output = self.postprocess(outputs)
+            t3 = time.perf_counter()
+        except Exception as exc:  # one bad frame must not stop the pipeline
+            with self._lock:
+                self.errors += 1
+                self._errors_in_row += 1
+                self.last_error = str(exc)
+                first_or_periodic = self.errors == 1 or self.errors % 100 == 0
+            if first_or_periodic:
+                log.error(
+                    "pipeline %s: frame %d failed (%d errors so far): %s",
+                    self.name,
+                    frame.index,
+                    self.errors,
+                    exc,
+                )
+            return
+        inference_ms = (t2 - t1) * 1000
+        result = {
+            "captured_at": frame.captured_at,
+            "model": {"name": self.model.name, "version": self.model.version, "sha256": self.model.sha256},
+            "backend": self.model.choice.backend,
+            "precision": self.model.session.precision,
+            "latency_ms": {
+                "preprocess": round((t1 - t0) * 1000, 3),
+                "inference": round(inference_ms, 3),
+                "postprocess": round((t3 - t2) * 1000, 3),
+                "capture_to_result": round((time.time() - frame.captured_at) * 1000, 3),
+            },
+            "source": {
+                "uri": self.source.display_uri,
+                "frame": frame.index,
+                "position_s": None if frame.position_s is None else round(frame.position_s, 3),
+                "frames_dropped": self.slot.dropped,
+            },
+            "output": output,
+        }
+        with self._lock:
+            self.results += 1
+            self._errors_in_row = 0
+            self._latency_sum_ms += inference_ms
+        self.sink.submit(self.name, result)

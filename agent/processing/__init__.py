@@ -1,0 +1,9 @@
+"""Frames -> tensors (preprocess) and tensors -> plain dicts (postprocess).
+
+Backends only move tensors; every model family's decoding lives here, once.
+"""
+
+from agent.processing.postprocess import Postprocessor, build_postprocessor
+from agent.processing.preprocess import Preprocessor
+
+__all__ = ["Postprocessor", "Preprocessor", "build_postprocessor"]

@@ -1,0 +1,329 @@
+"""A model registry in a plain directory (local disk or a shared mount): `file:///srv/registry`.
+
+Layout::
+
+    <root>/<name>/<version>/manifest.json
+    <root>/<name>/<version>/<artifact files>
+    <root>/.locks/<name>@<version>.lock        (publishers only)
+
+A version exists once its manifest.json exists. `publish` writes every artifact through a temp
+file and `os.replace`, and the manifest last, so a reader never sees a half-published version.
+Versions are immutable: publishing an existing one is refused unless forced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, BinaryIO
+from urllib.parse import unquote, urlsplit
+
+from pydantic import ValidationError
+
+from agent.config import NAME_PATTERN
+from agent.errors import EdgeAgentError, ModelError, RegistryError
+from agent.fsutil import atomic_write_bytes, copy_hashing, file_lock, fsync_dir, temp_name
+from agent.registry.manifest import (
+    ARTIFACT_FORMATS,
+    MANIFEST_FILE,
+    Artifact,
+    Manifest,
+    check_model_file,
+    key_path,
+)
+
+log = logging.getLogger(__name__)
+
+_NAME_RE = re.compile(NAME_PATTERN)
+
+SUFFIX_FORMATS: dict[str, str] = {".onnx": "onnx", ".tflite": "tflite", ".xml": "openvino-ir"}
+
+
+def version_sort_key(version: str) -> tuple[tuple[int, int, str], ...]:
+    """Natural order: 1.2 < 1.10 < 2; numbers compare as numbers, text as text."""
+    return tuple(
+        (0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", version) if part
+    )
+
+
+def utc_now_iso() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def check_name(kind: str, value: str, error: type[EdgeAgentError]) -> None:
+    """Names become path components: refuse anything outside NAME_PATTERN before touching disk."""
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise error(f"invalid model {kind} {value!r}: must match {NAME_PATTERN}")
+
+
+# --- the registry ------------------------------------------------------------------------------
+
+
+class FileRegistry:
+    """Registry in a directory tree; see the module docstring for the layout."""
+
+    def __init__(self, root: Path, lock_timeout_s: float = 60.0) -> None:
+        self.root = Path(root).absolute()
+        self.lock_timeout_s = lock_timeout_s
+
+    @classmethod
+    def from_url(cls, url: str) -> FileRegistry:
+        """`file:///abs/path` (or `file://localhost/abs/path`) -> FileRegistry."""
+        parts = urlsplit(url)
+        if parts.scheme != "file":
+            raise RegistryError(f"not a file:// registry URL: {url!r}")
+        if parts.netloc not in ("", "localhost"):
+            raise RegistryError(
+                f"file registry URL {url!r} names host {parts.netloc!r}",
+                hint="use three slashes and an absolute path, e.g. file:///srv/registry",
+            )
+        path = unquote(parts.path)
+        if not path.startswith("/"):
+            raise RegistryError(
+                f"file registry URL {url!r} needs an absolute path, e.g. file:///srv/registry"
+            )
+        return cls(Path(path))
+
+    @property
+    def url(self) -> str:
+        return self.root.as_uri()
+
+    def __repr__(self) -> str:
+        return f"FileRegistry({self.url})"
+
+    # reading
+
+    def list_models(self) -> list[str]:
+        self._require_root()
+        return sorted(
+            p.name for p in self.root.iterdir() if p.is_dir() and _NAME_RE.match(p.name) is not None
+        )
+
+    def list_versions(self, name: str) -> list[str]:
+        """Published versions of `name` (those with a manifest), in natural version order."""
+        check_name("name", name, RegistryError)
+        model_dir = self.root / name
+        if not model_dir.is_dir():
+            self._require_root()
+            models = ", ".join(self.list_models()) or "none"
+            raise RegistryError(
+                f"model {name!r} not found in registry {self.url} (models available: {models})"
+            )
+        versions = [
+            p.name
+            for p in model_dir.iterdir()
+            if _NAME_RE.match(p.name) is not None and (p / MANIFEST_FILE).is_file()
+        ]
+        return sorted(versions, key=version_sort_key)
+
+    def get_manifest(self, name: str, version: str) -> Manifest:
+        check_name("name", name, RegistryError)
+        check_name("version", version, RegistryError)
+        path = self.root / name / version / MANIFEST_FILE
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise self._version_missing(name, version) from None
+        except OSError as exc:
+            raise RegistryError(f"cannot read {path}: {exc.strerror}") from None
+        manifest = Manifest.parse_bytes(data, str(path))
+        if manifest.name != name or manifest.version != version:
+            raise RegistryError(
+                f"invalid model manifest {path}: "
+                f"it describes {manifest.ref} but is stored as {name}@{version}"
+            )
+        return manifest
+
+    def open_artifact(self, name: str, version: str, artifact: Artifact | str) -> BinaryIO:
+        """Open one artifact file for streaming reads (the caller closes it)."""
+        check_name("name", name, RegistryError)
+        check_name("version", version, RegistryError)
+        file = artifact.file if isinstance(artifact, Artifact) else artifact
+        if not file or "/" in file or ".." in file or file.startswith("."):
+            raise RegistryError(f"invalid artifact file name {file!r}")
+        path = self.root / name / version / file
+        try:
+            return path.open("rb")
+        except FileNotFoundError:
+            if not (self.root / name / version / MANIFEST_FILE).is_file():
+                raise self._version_missing(name, version) from None
+            raise RegistryError(
+                f"artifact {file} of {name}@{version} is missing from registry {self.url} (expected {path})"
+            ) from None
+        except OSError as exc:
+            raise RegistryError(f"cannot open {path}: {exc.strerror}") from None
+
+    def _require_root(self) -> None:
+        if not self.root.is_dir():
+            raise RegistryError(f"registry {self.url} does not exist (no directory {self.root})")
+
+    def _version_missing(self, name: str, version: str) -> RegistryError:
+        if (self.root / name / version).is_dir():
+            return RegistryError(
+                f"model {name!r} version {version!r} in registry {self.url} has no {MANIFEST_FILE} "
+                "(it is being published, or a publish was interrupted)"
+            )
+        versions = self.list_versions(name)  # raises when the model itself is missing
+        available = ", ".join(versions) if versions else "none"
+        return RegistryError(
+            f"model {name!r} version {version!r} not found in registry {self.url}, "
+            f"versions available: {available}"
+        )
+
+    # writing
+
+    def publish(
+        self,
+        model_path: Path,
+        name: str,
+        version: str,
+        format: str | None = None,
+        target: str = "any",
+        metadata: dict[str, Any] | None = None,
+        force: bool = False,
+    ) -> Manifest:
+        """Copy a model file in as `name@version` and write its manifest; return the manifest.
+
+        The format is inferred from the suffix (.onnx, .tflite, .xml) unless given. An OpenVINO
+        .xml is published together with the .bin beside it. The file must be a valid model of
+        its format. An existing version is refused unless `force` (versions are immutable).
+        """
+        check_name("name", name, RegistryError)
+        check_name("version", version, RegistryError)
+        model_path = Path(model_path)
+        if not model_path.is_file():
+            raise RegistryError(f"cannot publish {model_path}: no such file")
+        if format is None:
+            inferred = SUFFIX_FORMATS.get(model_path.suffix.lower())
+            if inferred is None:
+                raise RegistryError(
+                    f"cannot tell the model format of {model_path.name} from its suffix",
+                    hint=f"name it {', '.join(SUFFIX_FORMATS)} or pass format=",
+                )
+            format = inferred
+        sources = [model_path]
+        if format == "openvino-ir":
+            weights = model_path.with_suffix(".bin")
+            if not weights.is_file():
+                raise RegistryError(
+                    f"cannot publish {model_path}: OpenVINO IR weights {weights.name} not found beside it"
+                )
+            sources.append(weights)
+
+        if format not in ARTIFACT_FORMATS:
+            raise RegistryError(
+                f"cannot publish {model_path}: unknown format {format!r}; "
+                f"expected one of {', '.join(ARTIFACT_FORMATS)}"
+            )
+        for src in sources:
+            _check_artifact_fields(src.name, format, target)
+
+        version_dir = self.root / name / version
+        manifest_path = version_dir / MANIFEST_FILE
+        with self._lock(name, version):
+            exists = manifest_path.exists()
+            if exists and not force:
+                raise RegistryError(
+                    f"model {name!r} version {version!r} already exists in registry {self.url}",
+                    hint="versions are immutable (a fleet relies on that): publish a new version, "
+                    "or pass force=True to replace it",
+                )
+            created_dir = not version_dir.exists()
+            version_dir.mkdir(parents=True, exist_ok=True)
+            staged: list[tuple[Path, Artifact]] = []
+            try:
+                # Stage (copy, hash, validate) everything before touching what is published.
+                for i, src in enumerate(sources):
+                    staged.append(self._stage(src, version_dir, format, target, validate=(i == 0)))
+                artifacts = [artifact for _tmp, artifact in staged]
+                manifest = Manifest(
+                    schema_version=1,
+                    name=name,
+                    version=version,
+                    created=utc_now_iso(),
+                    artifacts=artifacts,
+                    metadata=dict(metadata or {}),
+                )
+                old = self._read_existing(manifest_path) if exists else None
+                if exists:
+                    log.warning("replacing published version %s@%s in %s (force)", name, version, self.url)
+                    os.unlink(manifest_path)  # the version disappears first: nobody mixes old and new files
+                    fsync_dir(version_dir)
+                for tmp, artifact in staged:
+                    os.replace(tmp, version_dir / artifact.file)
+                staged = []
+                fsync_dir(version_dir)
+                atomic_write_bytes(manifest_path, manifest.to_bytes())  # last: now the version exists
+            except BaseException:
+                for tmp, _artifact in staged:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp)
+                if created_dir:
+                    shutil.rmtree(version_dir, ignore_errors=True)
+                raise
+            if old is not None:
+                keep = {a.file for a in artifacts}
+                for stale in old.artifacts:
+                    if stale.file not in keep:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(version_dir / stale.file)
+        log.info(
+            "published %s to %s (%s)",
+            manifest.ref,
+            self.url,
+            ", ".join(f"{a.file} {a.size} bytes sha256 {a.sha256[:12]}" for a in artifacts),
+        )
+        return manifest
+
+    def _lock(self, name: str, version: str) -> contextlib.AbstractContextManager[None]:
+        lock_path = self.root / ".locks" / f"{name}@{version}.lock"
+        return file_lock(lock_path, self.lock_timeout_s, f"publishing {name}@{version}", error=RegistryError)
+
+    @staticmethod
+    def _read_existing(manifest_path: Path) -> Manifest | None:
+        try:
+            return Manifest.parse_bytes(manifest_path.read_bytes(), str(manifest_path))
+        except RegistryError as exc:
+            log.warning("existing manifest is unreadable, replacing it: %s", exc)
+            return None
+
+    def _stage(
+        self, src: Path, version_dir: Path, format: str, target: str, validate: bool
+    ) -> tuple[Path, Artifact]:
+        """Copy `src` to a hidden temp file in `version_dir`, hashing it; check it is a model."""
+        tmp = temp_name(version_dir / f".{src.name}")
+        try:
+            with src.open("rb") as fin, open(tmp, "wb") as fout:
+                sha256, size = copy_hashing(fin, fout)
+                fout.flush()
+                os.fsync(fout.fileno())
+            if validate:
+                try:
+                    check_model_file(tmp, format, file_name=src.name)
+                except ModelError as exc:
+                    raise RegistryError(f"refusing to publish {src}: {exc.message}") from None
+            artifact = Artifact.model_validate(
+                {"file": src.name, "sha256": sha256, "size": size, "format": format, "target": target}
+            )
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return tmp, artifact
+
+
+def _check_artifact_fields(file: str, format: str, target: str) -> None:
+    try:
+        Artifact.model_validate(
+            {"file": file, "sha256": "0" * 64, "size": 0, "format": format, "target": target}
+        )
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{key_path(e['loc'])}: {str(e['msg']).removeprefix('Value error, ')}" for e in exc.errors()
+        )
+        raise RegistryError(f"cannot publish {file}: {problems}") from None

@@ -1,0 +1,243 @@
+"""The model version manifest, and cheap checks that an artifact file really is a model of its format.
+
+A manifest is the `manifest.json` of one model version in a registry (and its copy in the local
+store). It names every artifact file with its sha256 and size, so whoever pulls a version can
+prove that the bytes it got are the bytes that were published.
+
+```json
+{
+  "schema_version": 1,
+  "name": "pp-ocr-cls",
+  "version": "2.0",
+  "created": "2024-05-01T12:00:00Z",
+  "artifacts": [
+    {"file": "model.onnx", "sha256": "<64 lowercase hex>", "size": 585532, "format": "onnx", "target": "any"}
+  ],
+  "metadata": {"labels": ["0", "180"]}
+}
+```
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from agent.config import Name
+from agent.errors import ModelError, RegistryError
+
+log = logging.getLogger(__name__)
+
+ArtifactFormat = Literal["onnx", "tflite", "openvino-ir"]
+ARTIFACT_FORMATS: tuple[str, ...] = ("onnx", "tflite", "openvino-ir")
+
+MANIFEST_FILE = "manifest.json"
+
+_HEX = frozenset("0123456789abcdef")
+
+
+class Artifact(BaseModel):
+    """One file of a model version."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    file: str = Field(description="Plain file name inside the version directory.")
+    sha256: str = Field(description="sha256 of the file's bytes, 64 lowercase hex digits.")
+    size: int = Field(ge=0, description="Size of the file in bytes.")
+    format: ArtifactFormat
+    target: str = Field("any", min_length=1, description='Hardware it is built for: "any", "edgetpu", ...')
+
+    @field_validator("file")
+    @classmethod
+    def _plain_file_name(cls, value: str) -> str:
+        if not value or len(value) > 255:
+            raise ValueError("must be a file name of 1 to 255 characters")
+        if "/" in value or "\\" in value or "\x00" in value or ".." in value:
+            raise ValueError(f"must be a plain file name without '/', '\\\\' or '..', got {value!r}")
+        if value.startswith("."):
+            raise ValueError(f"must not start with '.', got {value!r}")
+        if value == MANIFEST_FILE:
+            raise ValueError(f"{MANIFEST_FILE!r} is reserved for the manifest itself")
+        return value
+
+    @field_validator("sha256")
+    @classmethod
+    def _lower_hex(cls, value: str) -> str:
+        if len(value) != 64 or not set(value) <= _HEX:
+            raise ValueError(f"must be 64 lowercase hex digits, got {value!r}")
+        return value
+
+
+class Manifest(BaseModel):
+    """manifest.json of one model version."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1]
+    name: Name
+    version: Name
+    created: str = Field(description='ISO 8601 time in UTC, e.g. "2024-05-01T12:00:00Z".')
+    artifacts: list[Artifact] = Field(min_length=1)
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="Free-form: labels, preprocessing hints, provenance."
+    )
+
+    @field_validator("created")
+    @classmethod
+    def _utc_iso8601(cls, value: str) -> str:
+        text = value[:-1] + "+00:00" if value.endswith(("Z", "z")) else value
+        try:
+            when = datetime.fromisoformat(text)
+        except ValueError:
+            raise ValueError(
+                f"must be an ISO 8601 time such as 2024-05-01T12:00:00Z, got {value!r}"
+            ) from None
+        if when.utcoffset() != timedelta(0):
+            raise ValueError(f"must be in UTC (end with Z or +00:00), got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _unique_files(self) -> Manifest:
+        seen: set[str] = set()
+        for artifact in self.artifacts:
+            if artifact.file in seen:
+                raise ValueError(f"artifact file {artifact.file!r} is listed twice")
+            seen.add(artifact.file)
+        return self
+
+    @property
+    def ref(self) -> str:
+        """`name@version`, as used in messages and MQTT payloads."""
+        return f"{self.name}@{self.version}"
+
+    def artifact(self, file: str) -> Artifact:
+        for artifact in self.artifacts:
+            if artifact.file == file:
+                return artifact
+        names = ", ".join(a.file for a in self.artifacts)
+        raise KeyError(f"{self.ref} has no artifact {file!r} (it has: {names})")
+
+    def primary(self, format: str = "onnx") -> Artifact:
+        """The first artifact of `format` (for OpenVINO IR that is the .xml, listed before its .bin)."""
+        for artifact in self.artifacts:
+            if artifact.format == format:
+                return artifact
+        formats = ", ".join(sorted({a.format for a in self.artifacts}))
+        raise KeyError(f"{self.ref} has no {format} artifact (it has: {formats})")
+
+    def to_bytes(self) -> bytes:
+        return (self.model_dump_json(indent=2) + "\n").encode()
+
+    @classmethod
+    def parse_bytes(cls, data: bytes, source: str) -> Manifest:
+        """Parse manifest.json; any problem is a RegistryError naming `source` and the key path."""
+        try:
+            raw = json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise RegistryError(
+                f"invalid model manifest {source}: not valid JSON: "
+                f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+            ) from None
+        except ValueError as exc:  # bytes that are not UTF-8/16/32
+            raise RegistryError(f"invalid model manifest {source}: not valid JSON text: {exc}") from None
+        try:
+            return cls.model_validate(raw, strict=True)
+        except ValidationError as exc:
+            problems = "; ".join(_describe(error) for error in exc.errors())
+            raise RegistryError(f"invalid model manifest {source}: {problems}") from None
+
+
+def _describe(error: Any) -> str:
+    path = key_path(error.get("loc", ()))
+    kind = error.get("type", "")
+    if kind == "missing":
+        message = "required key is missing"
+    elif kind == "extra_forbidden":
+        message = "unknown key"
+    else:
+        message = str(error.get("msg", "invalid value"))
+        message = message.removeprefix("Value error, ")
+    return f"{path}: {message}"
+
+
+def key_path(loc: tuple[int | str, ...] | list[int | str]) -> str:
+    """('artifacts', 0, 'sha256') -> 'artifacts[0].sha256'; the whole document is '(top level)'."""
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else str(part)
+    return text or "(top level)"
+
+
+# --- artifact content checks -----------------------------------------------------------------
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def check_model_file(path: Path, format: str, file_name: str | None = None) -> None:
+    """Raise ModelError unless `path` is plausibly a model of `format`.
+
+    ONNX: the file must load as an onnxruntime InferenceSession on CPU (graph optimizations off,
+    so this stays cheap). TFLite: the flatbuffer identifier. OpenVINO IR: the .xml must be an
+    XML document whose root is <net> (its .bin weights file is not checkable on its own).
+    `file_name` is the artifact's name when `path` is a temp or blob file.
+    """
+    label = file_name or path.name
+    if format == "onnx":
+        _check_onnx(path, label)
+    elif format == "tflite":
+        with path.open("rb") as f:
+            head = f.read(8)
+        if len(head) < 8 or head[4:8] != b"TFL3":
+            raise ModelError(f"{label} is not a valid TFLite model: no TFL3 flatbuffer identifier")
+    elif format == "openvino-ir":
+        if not label.endswith(".xml"):
+            return
+        _check_openvino_xml(path, label)
+    else:
+        raise ModelError(
+            f"{label}: unknown model format {format!r}; expected one of {', '.join(ARTIFACT_FORMATS)}"
+        )
+
+
+def _check_onnx(path: Path, label: str) -> None:
+    import onnxruntime as ort  # heavy import, only when a model is checked
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # errors only; the reason goes into our message
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    try:
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises several unrelated exception types
+        raise ModelError(
+            f"{label} is not a valid ONNX model: onnxruntime cannot load it: {_one_line(str(exc))}"
+        ) from None
+    log.debug("%s loads as ONNX: inputs %s", label, [i.name for i in session.get_inputs()])
+    del session
+
+
+def _check_openvino_xml(path: Path, label: str) -> None:
+    import xml.etree.ElementTree as ET
+
+    try:
+        for _event, element in ET.iterparse(str(path), events=("start",)):
+            if element.tag != "net":
+                raise ModelError(
+                    f"{label} is not a valid OpenVINO IR: root element is <{element.tag}>, not <net>"
+                )
+            return
+    except ET.ParseError as exc:
+        raise ModelError(f"{label} is not a valid OpenVINO IR: not XML: {exc}") from None
+    raise ModelError(f"{label} is not a valid OpenVINO IR: empty document")

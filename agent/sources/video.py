@@ -1,0 +1,208 @@
+"""Video through OpenCV: files, V4L2 devices, RTSP/HTTP streams.
+
+One decoder thread per source hands frames to a LatestFrameSlot. A source that cannot be
+opened, or that stops delivering, is reopened with capped exponential backoff; the daemon
+never stalls on one dead camera.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import cv2
+
+from agent.config import VideoSourceConfig
+from agent.sources.frames import Frame, LatestFrameSlot
+
+log = logging.getLogger(__name__)
+
+_URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+# Bound how long OpenCV's FFmpeg backend may block opening or reading a network stream.
+_NETWORK_TIMEOUT_MS = 5000
+
+
+def redact_uri(uri: str) -> str:
+    """The URI with any password replaced, safe for logs, status and results."""
+    if not _URL.match(uri):
+        return uri
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
+class VideoSource:
+    """Decodes one video source in its own thread into `slot`, newest frame only."""
+
+    def __init__(self, config: VideoSourceConfig, name: str, slot: LatestFrameSlot) -> None:
+        self.config = config
+        self.name = name
+        self.slot = slot
+        self.display_uri = redact_uri(config.uri)
+        self.kind = _kind(config.uri)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.state = "starting"  # starting | streaming | retrying | finished | stopped
+        self.error: str | None = None
+        self.frames_decoded = 0
+        self.frames_skipped_by_fps = 0
+        self.reconnects = 0
+        self.outage_started: float | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"source-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.slot.close()
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "uri": self.display_uri,
+                "state": self.state,
+                "error": self.error,
+                "frames_decoded": self.frames_decoded,
+                "frames_dropped": self.slot.dropped,
+                "frames_skipped_by_fps": self.frames_skipped_by_fps,
+                "reconnects": self.reconnects,
+            }
+
+    # --- decoder thread ----------------------------------------------------------------
+
+    def _set_state(self, state: str, error: str | None = None) -> None:
+        with self._lock:
+            if state == "retrying" and self.outage_started is None:
+                self.outage_started = time.time()
+            if state == "streaming":
+                self.outage_started = None
+            self.state, self.error = state, error
+
+    def _run(self) -> None:
+        delay = self.config.reopen_min_s
+        index = 0
+        try:
+            while not self._stop.is_set():
+                capture = self._open()
+                if capture is None:
+                    self._wait_retry(delay)
+                    delay = min(delay * 2, self.config.reopen_max_s)
+                    continue
+                try:
+                    outcome, index = self._read_until_end(capture, index)
+                finally:
+                    capture.release()
+                if outcome == "finished":
+                    self._set_state("finished")
+                    log.info("source %s: end of %s", self.name, self.display_uri)
+                    return
+                if outcome == "rewind":
+                    continue
+                if outcome == "broken":  # it worked for a while: reopen now, backoff afresh
+                    self.reconnects += 1
+                    delay = self.config.reopen_min_s
+                elif outcome == "failed":
+                    self.reconnects += 1
+                    self._wait_retry(delay)
+                    delay = min(delay * 2, self.config.reopen_max_s)
+        finally:
+            if self.state != "finished":
+                self._set_state("stopped", self.error)
+            self.slot.close()
+
+    def _open(self) -> cv2.VideoCapture | None:
+        uri = self.config.uri
+        if self.kind == "file" and not Path(uri).is_file():
+            self._fail(f"video file {uri} does not exist")
+            return None
+        if self.kind == "device":
+            target: int | str = int(uri) if uri.isdigit() else uri
+            capture = cv2.VideoCapture(target, cv2.CAP_V4L2)
+        elif self.kind == "url":
+            params = [
+                cv2.CAP_PROP_OPEN_TIMEOUT_MSEC,
+                _NETWORK_TIMEOUT_MS,
+                cv2.CAP_PROP_READ_TIMEOUT_MSEC,
+                _NETWORK_TIMEOUT_MS,
+            ]
+            capture = cv2.VideoCapture(uri, cv2.CAP_FFMPEG, params)
+        else:
+            capture = cv2.VideoCapture(uri, cv2.CAP_FFMPEG)
+        if not capture.isOpened():
+            capture.release()
+            self._fail(f"cannot open {self.kind} source {self.display_uri}")
+            return None
+        log.info("source %s: opened %s", self.name, self.display_uri)
+        return capture
+
+    def _read_until_end(self, capture: cv2.VideoCapture, index: int) -> tuple[str, int]:
+        """Read frames until stop, end of file or failure. Returns (outcome, next index).
+
+        Outcomes: "stopped", "finished" (file end), "rewind" (file end, looping),
+        "broken" (frames came, then stopped), "failed" (no frame at all).
+        """
+        is_file = self.kind == "file"
+        file_fps = capture.get(cv2.CAP_PROP_FPS) if is_file else 0.0
+        file_fps = file_fps if 0 < file_fps < 1000 else 25.0
+        min_interval = 1.0 / self.config.fps if self.config.fps else 0.0
+        started = time.monotonic()
+        last_handed = float("-inf")
+        frames_here = 0
+        while not self._stop.is_set():
+            ok, image = capture.read()
+            if not ok or image is None:
+                if is_file and frames_here > 0:
+                    return ("rewind" if self.config.loop else "finished"), index
+                self._fail(f"{self.display_uri} stopped delivering frames")
+                return ("broken" if frames_here else "failed"), index
+            now_wall, now = time.time(), time.monotonic()
+            if frames_here == 0:
+                self._set_state("streaming")
+            frames_here += 1
+            index += 1
+            with self._lock:
+                self.frames_decoded += 1
+            # Files play at their own frame rate, like a camera would deliver them.
+            timeline = (frames_here - 1) / file_fps if is_file else now - started
+            if timeline - last_handed >= min_interval - 1e-9:
+                last_handed = timeline
+                position = timeline if is_file else None
+                self.slot.put(Frame(image=image, index=index, captured_at=now_wall, position_s=position))
+            else:
+                with self._lock:
+                    self.frames_skipped_by_fps += 1
+            if is_file:
+                due = started + frames_here / file_fps
+                self._stop.wait(max(0.0, due - time.monotonic()))
+        return "stopped", index
+
+    def _fail(self, message: str) -> None:
+        if self.error != message:
+            log.error("source %s: %s; retrying with backoff", self.name, message)
+        self._set_state("retrying", message)
+
+    def _wait_retry(self, delay: float) -> None:
+        self._stop.wait(delay)
+
+
+def _kind(uri: str) -> str:
+    if _URL.match(uri):
+        return "url"
+    if uri.isdigit() or uri.startswith("/dev/video"):
+        return "device"
+    return "file"

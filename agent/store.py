@@ -1,0 +1,336 @@
+"""The verified local model store: content-addressed blobs plus one manifest copy per installed version.
+
+Layout::
+
+    <root>/blobs/sha256/<hex>                       artifact bytes, named by their sha256 (read-only)
+    <root>/models/<name>/<version>/manifest.json    copy of the registry manifest = "installed"
+    <root>/locks/blobs/<hex>.lock                   flock per blob
+    <root>/locks/models/<name>@<version>.lock       flock per version
+
+Invariants:
+- a file under a blob name always has the manifest's size and sha256 (it is downloaded into a temp
+  file in the same directory, hashed while copying, checked, and only then renamed into place);
+- a version is installed once its manifest copy exists, and that copy is written last, after every
+  blob it names is in place;
+- pulls of the same blob or version from several threads or processes do the work once (flock).
+
+An installed version is served without asking the registry again (the box keeps working offline);
+`pull(verify=True)` and `verify()` re-hash the blobs and catch bit rot, and pull repairs it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.errors import IntegrityError, ModelError, RegistryError, StoreError
+from agent.fsutil import atomic_write_bytes, copy_hashing, file_lock, fsync_dir, sha256_file, temp_name
+from agent.registry import Registry
+from agent.registry.file_registry import check_name, version_sort_key
+from agent.registry.manifest import MANIFEST_FILE, Artifact, Manifest, check_model_file
+
+log = logging.getLogger(__name__)
+
+BLOB_MODE = 0o444
+
+
+@dataclass(frozen=True)
+class InstalledModel:
+    """A model version present in the store, every blob in place."""
+
+    name: str
+    version: str
+    manifest: Manifest
+    blobs_dir: Path
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def artifact_path(self, artifact: Artifact | str) -> Path:
+        """Path of the blob holding `artifact` (an Artifact of this manifest, or its file name).
+
+        The blob is named by its sha256, not by the artifact's file name: pass the path to the
+        runtime explicitly (e.g. OpenVINO's read_model(xml, bin)), don't rely on suffixes.
+        """
+        file = artifact.file if isinstance(artifact, Artifact) else artifact
+        try:
+            entry = self.manifest.artifact(file)
+        except KeyError as exc:
+            raise StoreError(str(exc.args[0])) from None
+        return self.blobs_dir / entry.sha256
+
+    def primary(self, format: str = "onnx") -> tuple[Artifact, Path]:
+        """The first artifact of `format` and its blob path."""
+        try:
+            artifact = self.manifest.primary(format)
+        except KeyError as exc:
+            raise StoreError(str(exc.args[0])) from None
+        return artifact, self.blobs_dir / artifact.sha256
+
+
+class ModelStore:
+    """Content-addressed, verified model store; see the module docstring."""
+
+    def __init__(self, root: Path, lock_timeout_s: float = 900.0) -> None:
+        self.root = Path(root).absolute()
+        self.blobs_dir = self.root / "blobs" / "sha256"
+        self.models_dir = self.root / "models"
+        self.locks_dir = self.root / "locks"
+        self.lock_timeout_s = lock_timeout_s
+
+    def __repr__(self) -> str:
+        return f"ModelStore({self.root})"
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def get(self, name: str, version: str) -> InstalledModel:
+        """The installed version; StoreError if it is not installed or a blob is missing."""
+        check_name("name", name, StoreError)
+        check_name("version", version, StoreError)
+        manifest = self._installed_manifest(name, version)
+        if manifest is None:
+            installed = ", ".join(m.version for m in self.list() if m.name == name) or "none"
+            raise StoreError(
+                f"model {name}@{version} is not installed in store {self.root} "
+                f"(installed versions of {name}: {installed})",
+                hint="pull it from the registry first",
+            )
+        problems = self._blob_problems(manifest, rehash=False)
+        if problems:
+            raise StoreError(
+                f"model {name}@{version} is installed in store {self.root} but damaged: "
+                + "; ".join(problems),
+                hint="pull it again to repair it",
+            )
+        return self._installed(manifest)
+
+    def verify(self, name: str, version: str) -> builtins.list[str]:
+        """Re-hash every blob of an installed version; return the problems found (empty: all good)."""
+        check_name("name", name, StoreError)
+        check_name("version", version, StoreError)
+        manifest = self._installed_manifest(name, version)
+        if manifest is None:
+            raise StoreError(f"model {name}@{version} is not installed in store {self.root}")
+        problems = self._blob_problems(manifest, rehash=True)
+        for problem in problems:
+            log.warning("verify %s: %s", manifest.ref, problem)
+        return problems
+
+    # --- pulling ---------------------------------------------------------------------------
+
+    def pull(self, registry: Registry, name: str, version: str, verify: bool = False) -> InstalledModel:
+        """Install `name@version` from `registry` (no-op when already installed and intact).
+
+        With `verify`, existing blobs are re-hashed and any that no longer match are downloaded
+        again. Raises RegistryError (registry unreachable / version missing), IntegrityError
+        (bytes don't match the manifest), ModelError (the bytes match but are not a loadable
+        model of their format) or StoreError (local disk problems, lock timeouts).
+        """
+        check_name("name", name, StoreError)
+        check_name("version", version, StoreError)
+        ref = f"{name}@{version}"
+
+        ready = self._ready(name, version, verify)
+        if ready is not None:
+            log.debug("%s already installed in %s", ref, self.root)
+            return ready
+
+        with self._lock(self.locks_dir / "models" / f"{ref}.lock", f"installing {ref}"):
+            ready = self._ready(name, version, verify)  # someone else may have finished meanwhile
+            if ready is not None:
+                log.debug("%s was installed by a concurrent pull", ref)
+                return ready
+
+            manifest = registry.get_manifest(name, version)
+            if manifest.name != name or manifest.version != version:
+                raise RegistryError(
+                    f"registry {registry.url} answered {manifest.ref} when asked for {ref}",
+                )
+            previous = self._installed_manifest(name, version)
+            if previous is not None and previous.artifacts != manifest.artifacts:
+                log.warning(
+                    "%s in registry %s differs from the installed copy (republished with force?); "
+                    "installing the registry's version",
+                    ref,
+                    registry.url,
+                )
+
+            for artifact in manifest.artifacts:
+                self._ensure_blob(registry, manifest, artifact, verify)
+
+            version_dir = self.models_dir / name / version
+            try:
+                version_dir.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(version_dir / MANIFEST_FILE, manifest.to_bytes())  # last
+            except OSError as exc:
+                raise StoreError(f"cannot record {ref} as installed in {version_dir}: {exc}") from None
+            log.info(
+                "installed %s from %s into %s (%d artifact(s), %d bytes)",
+                ref,
+                registry.url,
+                self.root,
+                len(manifest.artifacts),
+                sum(a.size for a in manifest.artifacts),
+            )
+            return self._installed(manifest)
+
+    def _ready(self, name: str, version: str, rehash: bool) -> InstalledModel | None:
+        manifest = self._installed_manifest(name, version, quiet=True)
+        if manifest is None or self._blob_problems(manifest, rehash=rehash):
+            return None
+        return self._installed(manifest)
+
+    def _ensure_blob(self, registry: Registry, manifest: Manifest, artifact: Artifact, rehash: bool) -> None:
+        """Make blobs/sha256/<hex> hold exactly the artifact's bytes, downloading if needed."""
+        blob = self.blobs_dir / artifact.sha256
+        what = f"artifact {artifact.file} of {manifest.ref}"
+        with self._lock(self.locks_dir / "blobs" / f"{artifact.sha256}.lock", f"downloading {what}"):
+            problem = self._blob_problem(artifact, rehash=rehash)
+            if problem is None:
+                return
+            if blob.exists():
+                log.warning("%s: %s; downloading it again", what, problem)
+            self._remove_stale_temps(blob)
+            try:
+                self.blobs_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot create {self.blobs_dir}: {exc}") from None
+            tmp = temp_name(blob)
+            try:
+                self._download(registry, manifest, artifact, tmp, what)
+                check_model_file(tmp, artifact.format, file_name=artifact.file)
+                os.chmod(tmp, BLOB_MODE)
+                os.replace(tmp, blob)
+            except ModelError as exc:
+                raise ModelError(
+                    f"{what} from registry {registry.url}: {exc.message}",
+                    hint="the published file is not a usable model; publish a good file as a new version",
+                ) from None
+            except OSError as exc:
+                raise StoreError(f"cannot store {what} as {blob}: {exc}") from None
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            fsync_dir(self.blobs_dir)
+            log.info("stored %s as blob %s (%d bytes)", what, artifact.sha256[:12], artifact.size)
+
+    def _download(
+        self, registry: Registry, manifest: Manifest, artifact: Artifact, tmp: Path, what: str
+    ) -> None:
+        """Stream the artifact into `tmp`, then check size and sha256 (IntegrityError on mismatch)."""
+        try:
+            with (
+                registry.open_artifact(manifest.name, manifest.version, artifact) as src,
+                open(tmp, "xb") as dst,
+            ):
+                sha256, size = copy_hashing(src, dst, max_bytes=artifact.size)
+                dst.flush()
+                os.fsync(dst.fileno())
+        except OSError as exc:
+            raise StoreError(f"cannot download {what} into {tmp}: {exc}") from None
+        if size != artifact.size:
+            got = f"more than {artifact.size} bytes" if size > artifact.size else f"{size} bytes"
+            reason = "is truncated" if size < artifact.size else "is larger than published"
+            raise IntegrityError(
+                f"{what}: size mismatch: manifest says {artifact.size} bytes, got {got}; "
+                f"the registry copy {reason} or was changed after publishing",
+                hint="republish the model as a new version",
+            )
+        if sha256 != artifact.sha256:
+            raise IntegrityError(
+                f"{what}: sha256 mismatch: manifest says {artifact.sha256}, got {sha256}; "
+                "the registry copy is corrupt or was changed after publishing",
+                hint="republish the model as a new version",
+            )
+
+    # --- listing ---------------------------------------------------------------------------
+
+    def list(self) -> builtins.list[InstalledModel]:
+        """Every version with a manifest copy, by name then natural version order."""
+        found: builtins.list[InstalledModel] = []
+        if not self.models_dir.is_dir():
+            return found
+        for model_dir in sorted(p for p in self.models_dir.iterdir() if p.is_dir()):
+            versions = sorted(
+                (p for p in model_dir.iterdir() if p.is_dir()), key=lambda p: version_sort_key(p.name)
+            )
+            for version_dir in versions:
+                manifest = self._installed_manifest(model_dir.name, version_dir.name, quiet=True)
+                if manifest is not None:
+                    found.append(self._installed(manifest))
+        return found
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _installed(self, manifest: Manifest) -> InstalledModel:
+        return InstalledModel(manifest.name, manifest.version, manifest, self.blobs_dir)
+
+    def _installed_manifest(self, name: str, version: str, quiet: bool = False) -> Manifest | None:
+        """The manifest copy of an installed version, None if absent (or, with quiet, unreadable)."""
+        path = self.models_dir / name / version / MANIFEST_FILE
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc}") from None
+        try:
+            manifest = Manifest.parse_bytes(data, str(path))
+        except RegistryError as exc:
+            if quiet:
+                log.warning("store: ignoring damaged manifest copy: %s", exc.message)
+                return None
+            raise StoreError(exc.message, hint="pull the version again to repair it") from None
+        if manifest.name != name or manifest.version != version:
+            message = f"{path} describes {manifest.ref}, not {name}@{version}"
+            if quiet:
+                log.warning("store: ignoring misplaced manifest copy: %s", message)
+                return None
+            raise StoreError(message, hint="pull the version again to repair it")
+        return manifest
+
+    def _blob_problems(self, manifest: Manifest, rehash: bool) -> builtins.list[str]:
+        problems = []
+        for artifact in manifest.artifacts:
+            problem = self._blob_problem(artifact, rehash)
+            if problem is not None:
+                problems.append(f"artifact {artifact.file}: {problem}")
+        return problems
+
+    def _blob_problem(self, artifact: Artifact, rehash: bool) -> str | None:
+        blob = self.blobs_dir / artifact.sha256
+        try:
+            size = blob.stat().st_size
+        except FileNotFoundError:
+            return f"blob {blob} is missing"
+        except OSError as exc:
+            return f"blob {blob} cannot be read: {exc}"
+        if size != artifact.size:
+            return f"blob {blob} has {size} bytes, manifest says {artifact.size}"
+        if rehash:
+            try:
+                actual = sha256_file(blob)
+            except OSError as exc:
+                return f"blob {blob} cannot be read: {exc}"
+            if actual != artifact.sha256:
+                return (
+                    f"blob {blob} has sha256 {actual}, manifest says {artifact.sha256} (bit rot or modified)"
+                )
+        return None
+
+    def _remove_stale_temps(self, blob: Path) -> None:
+        """Remove temp files of this blob left by a crashed pull (we hold the blob's lock: none is live)."""
+        if not self.blobs_dir.is_dir():
+            return
+        for stale in self.blobs_dir.glob(f"{blob.name}.tmp-*"):
+            log.info("removing temp file %s left by an interrupted pull", stale)
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+
+    def _lock(self, path: Path, what: str) -> contextlib.AbstractContextManager[None]:
+        return file_lock(path, self.lock_timeout_s, what, error=StoreError)

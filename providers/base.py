@@ -1,0 +1,111 @@
+"""The Backend / Session interface every inference runtime implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Dim = int | str | None  # a fixed size, a symbolic name, or unknown
+
+
+class BackendError(Exception):
+    """A backend cannot load or run a model; the message says why."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[Dim, ...]
+    dtype: str  # numpy dtype name, e.g. "float32"
+
+    def fixed_dim(self, index: int) -> int | None:
+        """The size of a dimension when the model fixes it, else None."""
+        if -len(self.shape) <= index < len(self.shape):
+            dim = self.shape[index]
+            return dim if isinstance(dim, int) and dim > 0 else None
+        return None
+
+
+@dataclass(frozen=True)
+class ModelArtifact:
+    """One file of a model version, as the store installed it."""
+
+    path: Path
+    format: str  # "onnx", "tflite", "openvino-ir"
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What a backend found on this box: usable or not, and why."""
+
+    backend: str
+    available: bool
+    reason: str
+    versions: Mapping[str, str] = field(default_factory=dict)
+    devices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Support:
+    ok: bool
+    reason: str = ""
+
+
+class Session(ABC):
+    """A loaded model, ready to run. Not required to be thread-safe: one caller at a time."""
+
+    backend: str
+    precision: str  # what the runtime actually computes in, e.g. "fp32"
+
+    @property
+    @abstractmethod
+    def inputs(self) -> list[TensorSpec]: ...
+
+    @property
+    @abstractmethod
+    def outputs(self) -> list[TensorSpec]: ...
+
+    @abstractmethod
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run once; returns every output by name. Raises BackendError."""
+
+    def close(self) -> None:  # noqa: B027 - optional for runtimes that free on GC
+        """Free the runtime's resources."""
+
+    def warm_up(self, shapes: Mapping[str, tuple[int, ...]] | None = None) -> None:
+        """Run once on zeros so JIT/compile cost is paid before the first live frame.
+
+        `shapes` gives the real input shapes where the model leaves dimensions open
+        (many convolutional models fail on a 1x1 image); other open dimensions become 1.
+        """
+        feeds = {}
+        for spec in self.inputs:
+            shape = (shapes or {}).get(spec.name) or tuple(
+                d if isinstance(d, int) and d > 0 else 1 for d in spec.shape
+            )
+            feeds[spec.name] = np.zeros(shape, dtype=spec.dtype)
+        self.run(feeds)
+
+
+class Backend(ABC):
+    """One runtime on one device, e.g. "onnxruntime/CPUExecutionProvider"."""
+
+    name: str
+
+    @abstractmethod
+    def probe(self) -> ProbeResult:
+        """Is this backend usable here? Never raises: a missing runtime is a reason."""
+
+    @abstractmethod
+    def supports(self, artifact: ModelArtifact) -> Support:
+        """Can this backend run this artifact (format, operators)?"""
+
+    @abstractmethod
+    def load(self, artifact: ModelArtifact, options: Mapping[str, Any] | None = None) -> Session:
+        """Load an artifact. Raises BackendError with the runtime's reason."""

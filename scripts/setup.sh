@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Shared set-up for demo.sh and test.sh on a fresh Debian/Ubuntu machine:
+# system packages (when missing, as root), a venv in .venv, pinned Python packages.
+# Idempotent and quick when nothing changed. Source it: `source scripts/setup.sh`.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$REPO/.venv"
+PYTHON="${PYTHON:-python3}"
+
+need_apt=()
+command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
+command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
+"$PYTHON" -c "import venv, ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "setup: installing ${need_apt[*]}" >&2
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+    else
+        echo "setup: please install: ${need_apt[*]} (apt-get install ${need_apt[*]})" >&2
+        exit 1
+    fi
+fi
+# Debian starts mosquitto as a service on install; the tests and the demo run their own.
+
+stamp="$VENV/.edge-agent-setup"
+want="$(cat "$REPO/pyproject.toml" "$REPO/constraints.txt" | sha256sum | cut -d' ' -f1)"
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    echo "setup: creating $VENV and installing pinned packages (constraints.txt)" >&2
+    [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+    "$VENV/bin/python" -m pip install -q -c "$REPO/constraints.txt" -e "$REPO[tflite,dev]"
+    # Real trained models for the demo and tests ship in this wheel. Its metadata asks for the
+    # GUI build of OpenCV, which would clash with opencv-python-headless: take the files only.
+    "$VENV/bin/python" -m pip install -q -c "$REPO/constraints.txt" --no-deps rapidocr-onnxruntime
+    echo "$want" > "$stamp"
+fi
+export PATH="$VENV/bin:$PATH"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs every test plus ruff and mypy. Does its own set-up (see scripts/setup.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup.sh
+
+echo "== ruff" >&2
+ruff check agent providers tests scripts
+echo "== mypy" >&2
+mypy
+echo "== pytest" >&2
+# Any skipped test is a failure here: a test that cannot run is not a passing test.
+log="$(mktemp)"
+set +e
+python -m pytest -q -p no:cacheprovider "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+if [ "$status" -eq 0 ] && grep -Eq '[0-9]+ skipped' "$log"; then
+    echo "test.sh: tests were skipped; that counts as a failure" >&2
+    exit 1
+fi
+exit "$status"

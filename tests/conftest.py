@@ -1,0 +1,1 @@
+pytest_plugins = ["tests.mqtt_fixtures", "tests.store_fixtures"]

@@ -1,0 +1,44 @@
+"""Fixtures for the model registry and store: a real ONNX model and a file:// registry holding it."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from agent.registry import FileRegistry, Manifest
+
+CLS_MODEL_FILE = "ch_ppocr_mobile_v2.0_cls_infer.onnx"
+CLS_NAME = "pp-ocr-cls"
+CLS_VERSION = "2.0"
+
+
+def rapidocr_models_dir() -> Path:
+    """rapidocr_onnxruntime's bundled models, located without importing the package."""
+    spec = importlib.util.find_spec("rapidocr_onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("rapidocr-onnxruntime is not installed; it provides the real ONNX models these tests use")
+    return Path(next(iter(spec.submodule_search_locations))) / "models"
+
+
+@pytest.fixture(scope="session")
+def cls_model_path() -> Path:
+    """The real PP-OCR text direction classifier (ONNX, ~570 KiB) shipped in the rapidocr wheel."""
+    path = rapidocr_models_dir() / CLS_MODEL_FILE
+    if not path.is_file():
+        pytest.fail(f"real test model {path} is missing; reinstall rapidocr-onnxruntime==1.4.4")
+    return path
+
+
+@pytest.fixture
+def file_registry(tmp_path: Path, cls_model_path: Path) -> FileRegistry:
+    """A file:// registry under tmp_path with the cls model published as pp-ocr-cls@2.0."""
+    registry = FileRegistry(tmp_path / "registry")
+    registry.publish(cls_model_path, CLS_NAME, CLS_VERSION, metadata={"labels": ["0", "180"]})
+    return registry
+
+
+@pytest.fixture
+def cls_manifest(file_registry: FileRegistry) -> Manifest:
+    return file_registry.get_manifest(CLS_NAME, CLS_VERSION)

@@ -1,0 +1,358 @@
+"""MqttConnection against a real mosquitto (paho not patched): presence, outbox delivery, subscriptions."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from agent.config import MqttConfig, OutboxConfig
+from agent.mqtt import MqttConnection, Outbox, results_topic
+from tests.mosquitto import Mosquitto, Subscriber, cast_delay
+from tests.mqtt_fixtures import SubscriberFactory
+
+ROOT = Path(__file__).resolve().parent.parent
+DEVICE = "dev1"
+ONLINE = b'{"state": "online"}'
+OFFLINE = b'{"state": "offline"}'
+PROTOCOLS = ["5", "3.1.1"]
+
+ConnectionFactory = Callable[..., tuple[MqttConnection, Outbox]]
+
+
+def make_config(broker: Mosquitto, protocol: str, **overrides: Any) -> MqttConfig:
+    values: dict[str, Any] = {
+        "host": broker.host,
+        "port": broker.port,
+        "protocol": protocol,
+        "keepalive_s": 5,
+        "reconnect_min_s": 0.1,
+        "reconnect_max_s": 0.5,
+        "outbox": OutboxConfig(max_inflight=10),
+    }
+    values.update(overrides)
+    return MqttConfig(**values)
+
+
+@pytest.fixture
+def connection_factory(tmp_path: Path) -> Iterator[ConnectionFactory]:
+    made: list[tuple[MqttConnection, Outbox]] = []
+
+    def factory(broker: Mosquitto, protocol: str, **overrides: Any) -> tuple[MqttConnection, Outbox]:
+        outbox = Outbox(tmp_path / f"outbox-{len(made)}.db")
+        conn = MqttConnection(make_config(broker, protocol, **overrides), DEVICE, outbox, lambda: ONLINE, lambda: OFFLINE)
+        made.append((conn, outbox))
+        return conn, outbox
+
+    yield factory
+    for conn, outbox in made:
+        conn.stop(publish_offline=False)
+        outbox.close()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def publish_one(broker: Mosquitto, topic: str, payload: bytes) -> None:
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"test-pub-{time.monotonic_ns()}")
+    client.connect(broker.host, broker.port)
+    client.loop_start()
+    try:
+        client.publish(topic, payload, qos=1).wait_for_publish(timeout=5)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def put_results(conn: MqttConnection, outbox: Outbox, ids: list[str], pause_s: float = 0.0) -> None:
+    topic = results_topic("edge", DEVICE, "people")
+    for result_id in ids:
+        outbox.put(topic, json.dumps({"id": result_id}).encode())
+        conn.notify_new_message()
+        if pause_s:
+            time.sleep(pause_s)
+
+
+def received_ids(sub: Subscriber) -> list[str]:
+    return [json.loads(m.payload)["id"] for m in sub.messages if "/results/" in m.topic]
+
+
+def first_occurrences(items: list[str]) -> list[str]:
+    seen: dict[str, None] = {}
+    for item in items:
+        seen.setdefault(item, None)
+    return list(seen)
+
+
+# -- presence ---------------------------------------------------------------------------------------
+
+_CHILD = """
+import sys, time
+from pathlib import Path
+from agent.config import MqttConfig
+from agent.mqtt import MqttConnection, Outbox
+config = MqttConfig.model_validate_json(sys.argv[1])
+outbox = Outbox(Path(sys.argv[2]))
+conn = MqttConnection(config, "dev1", outbox, lambda: b'{"state": "online"}', lambda: b'{"state": "offline"}')
+conn.start()
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_birth_is_retained_and_the_will_says_offline_when_killed(
+    protocol: str, mosquitto: Mosquitto, mqtt_subscriber_factory: SubscriberFactory, tmp_path: Path
+) -> None:
+    status = mqtt_subscriber_factory(mosquitto, f"edge/{DEVICE}/status")
+    config = make_config(mosquitto, protocol)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, config.model_dump_json(), str(tmp_path / "child-outbox.db")], cwd=ROOT
+    )
+    try:
+        status.wait_until(lambda msgs: any(m.payload == ONLINE for m in msgs), timeout=15)
+        # A watcher that comes later still sees the box online: the birth is retained.
+        late = mqtt_subscriber_factory(mosquitto, f"edge/{DEVICE}/status")
+        assert late.wait_for(1)[0].payload == ONLINE and late.messages[0].retain
+
+        # SIGKILL: the socket closes without DISCONNECT, so the broker publishes the last will.
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=5)
+        status.wait_until(lambda msgs: msgs[-1].payload == OFFLINE, timeout=10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=5)
+    later = mqtt_subscriber_factory(mosquitto, f"edge/{DEVICE}/status")
+    msg = later.wait_for(1)[0]
+    assert (msg.payload, msg.retain) == (OFFLINE, True)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_lost_socket_reconnects_with_birth_and_resubscribes(
+    protocol: str,
+    mosquitto: Mosquitto,
+    mqtt_subscriber_factory: SubscriberFactory,
+    connection_factory: ConnectionFactory,
+) -> None:
+    status = mqtt_subscriber_factory(mosquitto, f"edge/{DEVICE}/status")
+    conn, _ = connection_factory(mosquitto, protocol)
+    got: list[bytes] = []
+    conn.subscribe(f"edge/{DEVICE}/cmd/+", lambda topic, payload: got.append(payload))  # before start
+    conn.start()
+    status.wait_until(lambda msgs: [m.payload for m in msgs] == [ONLINE])
+    wait_until(lambda: conn.connected, what="connected")
+
+    sock = conn._client.socket()
+    assert isinstance(sock, socket.socket)
+    sock.shutdown(socket.SHUT_RDWR)  # the link dies without DISCONNECT
+
+    # Will, then a fresh birth after paho's reconnect.
+    status.wait_until(lambda msgs: [m.payload for m in msgs] == [ONLINE, OFFLINE, ONLINE])
+    wait_until(lambda: conn.stats()["connects"] == 2 and conn.connected, what="reconnect")
+    assert conn.stats()["disconnects"] == 1
+
+    # The subscription registered before the first connect was renewed on the new connection.
+    publish_one(mosquitto, f"edge/{DEVICE}/cmd/ping", b"after-reconnect")
+    wait_until(lambda: got == [b"after-reconnect"], what="command after reconnect")
+
+
+def test_clean_stop_publishes_offline_retained(
+    mosquitto: Mosquitto, mqtt_subscriber_factory: SubscriberFactory, connection_factory: ConnectionFactory
+) -> None:
+    status = mqtt_subscriber_factory(mosquitto, f"edge/{DEVICE}/status")
+    conn, _ = connection_factory(mosquitto, "5")
+    conn.start()
+    status.wait_for(1)
+    assert conn.publish_status_now() is True
+    status.wait_until(lambda msgs: [m.payload for m in msgs] == [ONLINE, ONLINE])
+    conn.stop()
+    conn.stop()  # idempotent
+    assert not conn.connected
+    assert conn.publish_status_now() is False
+    status.wait_until(lambda msgs: msgs[-1].payload == OFFLINE)
+    later = mqtt_subscriber_factory(mosquitto, f"edge/{DEVICE}/status")
+    assert later.wait_for(1)[0].retain is True and later.messages[0].payload == OFFLINE
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_refused_connack_is_not_treated_as_connected(
+    protocol: str, tmp_path: Path, connection_factory: ConnectionFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    with Mosquitto(tmp_path / "strict", allow_anonymous=False) as broker:
+        conn, outbox = connection_factory(broker, protocol, reconnect_min_s=0.1, reconnect_max_s=0.2)
+        outbox.put("edge/dev1/results/p", b"{}")
+        with caplog.at_level(logging.ERROR, logger="agent.mqtt.connection"):
+            conn.start()
+            wait_until(lambda: "refused" in (conn.stats()["last_error"] or ""), what="refusal")
+            time.sleep(0.3)  # several retries at the 0.2 s auth backoff
+        stats = conn.stats()
+        assert not conn.connected and stats["connects"] == 0
+        assert "not authorized" in stats["last_error"].lower()
+        assert any("refused the connection" in r.getMessage() and "username" in r.getMessage() for r in caplog.records)
+        assert len(outbox) == 1  # nothing was "sent" to a broker that said no
+
+
+# -- outbox delivery ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_results_queued_while_broker_is_down_are_all_delivered(
+    protocol: str, tmp_path: Path, mqtt_subscriber_factory: SubscriberFactory, connection_factory: ConnectionFactory
+) -> None:
+    broker = Mosquitto(tmp_path / "broker", persistence=True)
+    broker.start()
+    try:
+        # A persistent session, so the broker keeps results for the watcher even if it reconnects late.
+        sub = mqtt_subscriber_factory(broker, f"edge/{DEVICE}/results/#", persistent=True, client_id="watcher")
+        broker.stop()
+        assert broker.persistence_file.exists()  # the watcher's session survives the outage
+
+        conn, outbox = connection_factory(broker, protocol)
+        conn.start()  # the broker is down: start() must not fail or block
+        ids = [f"r{i}" for i in range(300)]
+        put_results(conn, outbox, ids)
+        assert conn.flush(0.3) is False
+        assert not conn.connected and len(outbox) == 300
+        assert "cannot reach" in (conn.stats()["last_error"] or "")
+
+        broker.start()
+        sub.wait_until(lambda msgs: set(received_ids(sub)) >= set(ids), timeout=20)
+        assert conn.flush(10) is True
+        assert len(outbox) == 0
+        got = received_ids(sub)
+        assert first_occurrences(got) == ids  # oldest first
+        assert conn.stats()["published"] == 300
+        assert outbox.stats()["acked_total"] == 300
+    finally:
+        broker.close()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_broker_restart_mid_stream_loses_nothing(
+    protocol: str, tmp_path: Path, mqtt_subscriber_factory: SubscriberFactory, connection_factory: ConnectionFactory
+) -> None:
+    broker = Mosquitto(tmp_path / "broker", persistence=True)
+    broker.start()
+    try:
+        sub = mqtt_subscriber_factory(broker, f"edge/{DEVICE}/results/#", persistent=True, client_id="watcher")
+        conn, outbox = connection_factory(broker, protocol)
+        conn.start()
+        wait_until(lambda: conn.connected, what="connected")
+
+        ids = [f"m{i}" for i in range(400)]
+        producer = threading.Thread(target=put_results, args=(conn, outbox, ids, 0.003))
+        producer.start()
+        wait_until(lambda: len(received_ids(sub)) >= 100, what="first results")
+        broker.restart()
+        assert broker.persistence_file.exists()  # sessions and queued messages survived the restart
+        producer.join(timeout=20)
+        assert not producer.is_alive()
+
+        sub.wait_until(lambda msgs: set(received_ids(sub)) >= set(ids), timeout=20)
+        assert conn.flush(10) is True and len(outbox) == 0
+        stats = conn.stats()
+        assert stats["disconnects"] >= 1 and stats["connects"] >= 2
+        got = received_ids(sub)
+        assert set(got) == set(ids)  # every one at least once (duplicates are allowed)
+    finally:
+        broker.close()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_poison_messages_are_dropped_and_do_not_block_the_queue(
+    protocol: str,
+    tmp_path: Path,
+    mqtt_subscriber_factory: SubscriberFactory,
+    connection_factory: ConnectionFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    acl = tmp_path / "acl"
+    acl.write_text("topic readwrite edge/#\n")
+    with Mosquitto(tmp_path / "acl-broker", extra_config=f"acl_file {acl}") as broker:
+        sub = mqtt_subscriber_factory(broker, "#")
+        conn, outbox = connection_factory(broker, protocol)
+        outbox.put("edge/dev1/results/+", b"wildcards can never be published")
+        outbox.put("forbidden/topic", b"the ACL denies this")
+        put_results(conn, outbox, ["after-1", "after-2"])
+        with caplog.at_level(logging.ERROR, logger="agent.mqtt.connection"):
+            conn.start()
+            sub.wait_until(lambda msgs: received_ids(sub) == ["after-1", "after-2"])
+            assert conn.flush(5) is True
+        assert all(m.topic != "forbidden/topic" for m in sub.messages)
+        stats = conn.stats()
+        assert stats["published"] >= 2
+        assert any("wildcards" in r.getMessage() or "paho refused" in r.getMessage() for r in caplog.records)
+        if protocol == "5":
+            # MQTT 5 says "not authorized" in the PUBACK: dropped with an error, not retried for ever.
+            assert stats["rejected"] == 2
+            assert any("0x87" in r.getMessage() for r in caplog.records)
+        else:
+            # MQTT 3.1.1 has no way to refuse a PUBLISH: the broker acknowledges and discards it.
+            assert stats["rejected"] == 1
+
+
+# -- subscriptions ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_handlers_run_off_the_network_thread_and_failures_are_contained(
+    protocol: str, mosquitto: Mosquitto, connection_factory: ConnectionFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    conn, _ = connection_factory(mosquitto, protocol)
+    conn.start()
+    wait_until(lambda: conn.connected, what="connected")
+
+    bad_calls: list[str] = []
+    good: list[tuple[str, bytes, str]] = []
+    barrier: list[bytes] = []
+
+    def bad(topic: str, payload: bytes) -> None:
+        bad_calls.append(topic)
+        raise RuntimeError("handler bug")
+
+    conn.subscribe(f"edge/{DEVICE}/cmd/+", bad)
+    unsubscribe_good = conn.subscribe(
+        f"edge/{DEVICE}/cmd/#", lambda t, p: good.append((t, p, threading.current_thread().name))
+    )
+    conn.subscribe(f"edge/{DEVICE}/barrier", lambda t, p: barrier.append(p))
+    with pytest.raises(ValueError):
+        conn.subscribe("edge/#/bad", bad)
+
+    with caplog.at_level(logging.ERROR, logger="agent.mqtt.connection"):
+        publish_one(mosquitto, f"edge/{DEVICE}/cmd/one", b"1")
+        publish_one(mosquitto, f"edge/{DEVICE}/cmd/two", b"2")
+        wait_until(lambda: len(good) == 2 and len(bad_calls) == 2, what="both handlers called twice")
+    assert [(t, p) for t, p, _ in good] == [(f"edge/{DEVICE}/cmd/one", b"1"), (f"edge/{DEVICE}/cmd/two", b"2")]
+    assert {name for _, _, name in good} == {"mqtt-handlers"}
+    assert sum("handler bug" in (r.exc_text or "") or "failed" in r.getMessage() for r in caplog.records) >= 2
+
+    unsubscribe_good()
+    unsubscribe_good()  # idempotent
+    publish_one(mosquitto, f"edge/{DEVICE}/cmd/three", b"3")
+    publish_one(mosquitto, f"edge/{DEVICE}/barrier", b"done")
+    wait_until(lambda: barrier == [b"done"], what="barrier")
+    # Messages are handled in order, so by the barrier "three" went to the still-subscribed handler only.
+    assert bad_calls[-1] == f"edge/{DEVICE}/cmd/three"
+    assert len(good) == 2
+
+
+def test_cast_delay_keeps_float() -> None:
+    # The helper only exists to satisfy paho's int annotation; the value must pass through untouched.
+    assert cast_delay(0.25) == 0.25
