@@ -34,6 +34,8 @@ def load_config(path: Path, environ: Mapping[str, str] | None = None) -> AgentCo
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read config file: {exc.strerror or exc}"]) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{path}: cannot read config file: not UTF-8 text (byte {exc.start})"]) from None
     return parse_config(text, source=str(path), environ=environ)
 
 
@@ -63,7 +65,15 @@ def config_json_schema() -> dict[str, Any]:
 
 
 def _load_yaml(text: str, source: str, environ: Mapping[str, str]) -> tuple[Any, dict[PathKey, int]]:
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)  # checks every character up front
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - text.rfind("\n", 0, exc.position)
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise ConfigError(
+            [f"{source}:{line}:{column}: YAML syntax error: character #x{char:04x} is not allowed"]
+        ) from None
     try:
         node = loader.get_single_node()
         lines: dict[PathKey, int] = {}
@@ -75,6 +85,10 @@ def _load_yaml(text: str, source: str, environ: Mapping[str, str]) -> tuple[Any,
         raise ConfigError([f"{where}: YAML syntax error: {exc.problem or exc.context}"]) from None
     except yaml.YAMLError as exc:
         raise ConfigError([f"{source}: YAML error: {exc}"]) from None
+    except RecursionError:
+        raise ConfigError(
+            [f"{source}: YAML error: the document nests too deeply (or an alias refers to itself)"]
+        ) from None
     finally:
         loader.dispose()
     if problems:

@@ -113,7 +113,9 @@ class Mosquitto:
                 return
             time.sleep(0.02)
         self.stop()
-        raise RuntimeError(f"mosquitto did not listen on {self.port} within {timeout_s} s:\n{self.log_tail()}")
+        raise RuntimeError(
+            f"mosquitto did not listen on {self.port} within {timeout_s} s:\n{self.log_tail()}"
+        )
 
     def stop(self) -> None:
         """Clean shutdown (SIGTERM): with persistence on, sessions and queues are saved."""
@@ -215,7 +217,9 @@ class Subscriber:
         with self._cond:
             return list(self._messages)
 
-    def wait_until(self, predicate: Callable[[list[Received]], bool], timeout: float = 10.0) -> list[Received]:
+    def wait_until(
+        self, predicate: Callable[[list[Received]], bool], timeout: float = 10.0
+    ) -> list[Received]:
         """Wait until `predicate(messages)` holds; AssertionError (with what arrived) on timeout."""
         deadline = time.monotonic() + timeout
         with self._cond:
@@ -223,7 +227,9 @@ class Subscriber:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     got = [(m.topic, m.payload[:80], m.retain) for m in self._messages[-20:]]
-                    raise AssertionError(f"timed out after {timeout} s; {len(self._messages)} messages, last: {got}")
+                    raise AssertionError(
+                        f"timed out after {timeout} s; {len(self._messages)} messages, last: {got}"
+                    )
                 self._cond.wait(remaining)
             return list(self._messages)
 

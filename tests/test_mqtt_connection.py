@@ -17,6 +17,8 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.config import MqttConfig, OutboxConfig
 from agent.mqtt import MqttConnection, Outbox, results_topic
@@ -52,7 +54,9 @@ def connection_factory(tmp_path: Path) -> Iterator[ConnectionFactory]:
 
     def factory(broker: Mosquitto, protocol: str, **overrides: Any) -> tuple[MqttConnection, Outbox]:
         outbox = Outbox(tmp_path / f"outbox-{len(made)}.db")
-        conn = MqttConnection(make_config(broker, protocol, **overrides), DEVICE, outbox, lambda: ONLINE, lambda: OFFLINE)
+        conn = MqttConnection(
+            make_config(broker, protocol, **overrides), DEVICE, outbox, lambda: ONLINE, lambda: OFFLINE
+        )
         made.append((conn, outbox))
         return conn, outbox
 
@@ -159,6 +163,10 @@ def test_lost_socket_reconnects_with_birth_and_resubscribes(
     status.wait_until(lambda msgs: [m.payload for m in msgs] == [ONLINE])
     wait_until(lambda: conn.connected, what="connected")
 
+    # The broker saw the protocol the config asked for (mosquitto logs p5 / p2 for 3.1.1) and the
+    # default client id.
+    assert f"as edge-agent-{DEVICE} (p{5 if protocol == '5' else 2}" in mosquitto.log_tail(200)
+
     sock = conn._client.socket()
     assert isinstance(sock, socket.socket)
     sock.shutdown(socket.SHUT_RDWR)  # the link dies without DISCONNECT
@@ -205,7 +213,10 @@ def test_refused_connack_is_not_treated_as_connected(
         stats = conn.stats()
         assert not conn.connected and stats["connects"] == 0
         assert "not authorized" in stats["last_error"].lower()
-        assert any("refused the connection" in r.getMessage() and "username" in r.getMessage() for r in caplog.records)
+        assert any(
+            "refused the connection" in r.getMessage() and "username" in r.getMessage()
+            for r in caplog.records
+        )
         assert len(outbox) == 1  # nothing was "sent" to a broker that said no
 
 
@@ -214,13 +225,18 @@ def test_refused_connack_is_not_treated_as_connected(
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_results_queued_while_broker_is_down_are_all_delivered(
-    protocol: str, tmp_path: Path, mqtt_subscriber_factory: SubscriberFactory, connection_factory: ConnectionFactory
+    protocol: str,
+    tmp_path: Path,
+    mqtt_subscriber_factory: SubscriberFactory,
+    connection_factory: ConnectionFactory,
 ) -> None:
     broker = Mosquitto(tmp_path / "broker", persistence=True)
     broker.start()
     try:
         # A persistent session, so the broker keeps results for the watcher even if it reconnects late.
-        sub = mqtt_subscriber_factory(broker, f"edge/{DEVICE}/results/#", persistent=True, client_id="watcher")
+        sub = mqtt_subscriber_factory(
+            broker, f"edge/{DEVICE}/results/#", persistent=True, client_id="watcher"
+        )
         broker.stop()
         assert broker.persistence_file.exists()  # the watcher's session survives the outage
 
@@ -246,12 +262,17 @@ def test_results_queued_while_broker_is_down_are_all_delivered(
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_broker_restart_mid_stream_loses_nothing(
-    protocol: str, tmp_path: Path, mqtt_subscriber_factory: SubscriberFactory, connection_factory: ConnectionFactory
+    protocol: str,
+    tmp_path: Path,
+    mqtt_subscriber_factory: SubscriberFactory,
+    connection_factory: ConnectionFactory,
 ) -> None:
     broker = Mosquitto(tmp_path / "broker", persistence=True)
     broker.start()
     try:
-        sub = mqtt_subscriber_factory(broker, f"edge/{DEVICE}/results/#", persistent=True, client_id="watcher")
+        sub = mqtt_subscriber_factory(
+            broker, f"edge/{DEVICE}/results/#", persistent=True, client_id="watcher"
+        )
         conn, outbox = connection_factory(broker, protocol)
         conn.start()
         wait_until(lambda: conn.connected, what="connected")
@@ -260,6 +281,7 @@ def test_broker_restart_mid_stream_loses_nothing(
         producer = threading.Thread(target=put_results, args=(conn, outbox, ids, 0.003))
         producer.start()
         wait_until(lambda: len(received_ids(sub)) >= 100, what="first results")
+        assert producer.is_alive()  # the restart really lands mid-stream
         broker.restart()
         assert broker.persistence_file.exists()  # sessions and queued messages survived the restart
         producer.join(timeout=20)
@@ -313,7 +335,10 @@ def test_poison_messages_are_dropped_and_do_not_block_the_queue(
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_handlers_run_off_the_network_thread_and_failures_are_contained(
-    protocol: str, mosquitto: Mosquitto, connection_factory: ConnectionFactory, caplog: pytest.LogCaptureFixture
+    protocol: str,
+    mosquitto: Mosquitto,
+    connection_factory: ConnectionFactory,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     conn, _ = connection_factory(mosquitto, protocol)
     conn.start()
@@ -335,22 +360,71 @@ def test_handlers_run_off_the_network_thread_and_failures_are_contained(
     with pytest.raises(ValueError):
         conn.subscribe("edge/#/bad", bad)
 
+    # SUBSCRIBEs on one connection are handled in order: once the barrier works, all are active.
+    for _ in range(50):
+        publish_one(mosquitto, f"edge/{DEVICE}/barrier", b"ready")
+        if barrier:
+            break
+        time.sleep(0.05)
+    wait_until(lambda: bool(barrier), what="subscriptions active")
+    barrier.clear()
+
     with caplog.at_level(logging.ERROR, logger="agent.mqtt.connection"):
         publish_one(mosquitto, f"edge/{DEVICE}/cmd/one", b"1")
         publish_one(mosquitto, f"edge/{DEVICE}/cmd/two", b"2")
-        wait_until(lambda: len(good) == 2 and len(bad_calls) == 2, what="both handlers called twice")
-    assert [(t, p) for t, p, _ in good] == [(f"edge/{DEVICE}/cmd/one", b"1"), (f"edge/{DEVICE}/cmd/two", b"2")]
+        publish_one(mosquitto, f"edge/{DEVICE}/barrier", b"first")
+        wait_until(lambda: barrier[-1:] == [b"first"], what="first barrier")
+    expected = [(f"edge/{DEVICE}/cmd/one", b"1"), (f"edge/{DEVICE}/cmd/two", b"2")]
+    if protocol == "5":
+        # Subscription identifiers: one call per handler per message, despite overlapping filters.
+        assert [(t, p) for t, p, _ in good] == expected
+        assert bad_calls == [t for t, _ in expected]
+    else:
+        # MQTT 3.1.1: mosquitto sends one copy per matching filter, so handlers may see a message twice.
+        assert first_occurrences([f"{t}|{p!r}" for t, p, _ in good]) == [f"{t}|{p!r}" for t, p in expected]
+        assert first_occurrences(bad_calls) == [t for t, _ in expected]
     assert {name for _, _, name in good} == {"mqtt-handlers"}
-    assert sum("handler bug" in (r.exc_text or "") or "failed" in r.getMessage() for r in caplog.records) >= 2
+    failures = [r for r in caplog.records if "failed on a message" in r.getMessage()]
+    assert len(failures) == len(bad_calls) and all("handler bug" in (r.exc_text or "") for r in failures)
 
     unsubscribe_good()
     unsubscribe_good()  # idempotent
+    calls_before = len(good)
     publish_one(mosquitto, f"edge/{DEVICE}/cmd/three", b"3")
     publish_one(mosquitto, f"edge/{DEVICE}/barrier", b"done")
-    wait_until(lambda: barrier == [b"done"], what="barrier")
+    wait_until(lambda: barrier[-1:] == [b"done"], what="second barrier")
     # Messages are handled in order, so by the barrier "three" went to the still-subscribed handler only.
     assert bad_calls[-1] == f"edge/{DEVICE}/cmd/three"
-    assert len(good) == 2
+    assert len(good) == calls_before
+
+
+def test_puback_refusals_retry_transient_and_drop_permanent(tmp_path: Path) -> None:
+    # No broker makes "quota exceeded" on demand, so feed the PUBACK handling real paho reason codes.
+    outbox = Outbox(tmp_path / "outbox.db")
+    conn = MqttConnection(
+        make_config(Mosquitto(tmp_path / "unused"), "5"), DEVICE, outbox, lambda: ONLINE, lambda: OFFLINE
+    )
+    row = outbox.put("edge/dev1/results/p", b"{}")
+
+    conn._inflight[7] = (row, 1)
+    conn._inflight_rows.add(row)
+    conn._handle_ack(7, ReasonCode(PacketTypes.PUBACK, identifier=0x97))  # quota exceeded: transient
+    assert len(outbox) == 1 and row not in conn._inflight_rows
+    not_before, delay = conn._retry[row]
+    assert delay == 1.0 and not_before > time.monotonic()
+
+    conn._inflight[8] = (row, 1)
+    conn._handle_ack(8, ReasonCode(PacketTypes.PUBACK, identifier=0x97))
+    assert conn._retry[row][1] == 2.0  # backoff doubles
+
+    conn._inflight[9] = (row, 1)
+    conn._handle_ack(9, ReasonCode(PacketTypes.PUBACK, identifier=0x90))  # topic name invalid: never works
+    assert len(outbox) == 0 and row not in conn._retry
+    assert conn.stats()["rejected"] == 1 and "0x90" in conn.stats()["last_error"]
+
+    conn._handle_ack(10, ReasonCode(PacketTypes.PUBACK, identifier=0))  # unknown mid: ignored
+    conn.stop()  # never started: a no-op
+    outbox.close()
 
 
 def test_cast_delay_keeps_float() -> None:

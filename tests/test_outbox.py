@@ -20,7 +20,11 @@ def test_put_peek_ack_in_order(tmp_path: Path) -> None:
 
     first = box.peek(3)
     assert [m.id for m in first] == ids[:3]
-    assert [(m.topic, m.payload, m.qos) for m in first] == [("t/0", b"p0", 1), ("t/1", b"p1", 1), ("t/2", b"p2", 1)]
+    assert [(m.topic, m.payload, m.qos) for m in first] == [
+        ("t/0", b"p0", 1),
+        ("t/1", b"p1", 1),
+        ("t/2", b"p2", 1),
+    ]
     assert all(m.created > 0 for m in first)
 
     # In-flight rows are skipped, the next oldest ones are returned instead.
@@ -121,7 +125,10 @@ def test_corrupt_file_is_moved_aside(tmp_path: Path, caplog: pytest.LogCaptureFi
     assert len(aside) == 1
     assert aside[0].read_bytes().startswith(b"this is not a database")
     # The old WAL must not be replayed into the new database (SQLite may also have discarded it).
-    assert not (tmp_path / "outbox.db-wal").exists() or b"stale wal" not in (tmp_path / "outbox.db-wal").read_bytes()
+    assert (
+        not (tmp_path / "outbox.db-wal").exists()
+        or b"stale wal" not in (tmp_path / "outbox.db-wal").read_bytes()
+    )
     assert any("unreadable" in r.getMessage() for r in caplog.records)
 
     # The fresh outbox works.

@@ -36,6 +36,7 @@ from typing import Any, cast
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
@@ -47,6 +48,8 @@ from agent.mqtt.topics import status_topic
 log = logging.getLogger(__name__)
 
 Handler = Callable[[str, bytes], None]
+# topic, payload, MQTT 5 subscription identifiers of the copy (None: match by filter)
+_Incoming = tuple[str, bytes, frozenset[int] | None]
 
 # PUBACK reason codes that no retry can fix (MQTT 5 spec 3.4.2.1).
 _PERMANENT_PUBACK_REFUSALS = {
@@ -119,6 +122,7 @@ class MqttConnection:
         self._last_error: str | None = None
         self._unreachable_logged = False
         self._subscriptions: dict[int, _Subscription] = {}
+        self._filter_ids: dict[str, int] = {}  # filter -> MQTT 5 subscription identifier (stable)
         self._next_key = 0
 
         # Network thread -> publisher thread: ("ack", mid, reason) and ("down", generation), in order,
@@ -132,7 +136,7 @@ class MqttConnection:
         self._inflight_rows: set[int] = set()
         self._retry: dict[int, tuple[float, float]] = {}  # row id -> (not before, last delay)
 
-        self._inbox: queue.Queue[tuple[str, bytes] | None] = queue.Queue(maxsize=_INBOX_SIZE)
+        self._inbox: queue.Queue[_Incoming | None] = queue.Queue(maxsize=_INBOX_SIZE)
         self._publisher = threading.Thread(target=self._publisher_main, name="mqtt-outbox", daemon=True)
         self._dispatcher = threading.Thread(target=self._dispatcher_main, name="mqtt-handlers", daemon=True)
 
@@ -382,7 +386,11 @@ class MqttConnection:
         """Call `handler(topic, payload)` for each matching message; returns an unsubscribe function.
 
         Handlers run on one dispatcher thread (keep them short). A retained message may reach a
-        handler again after a reconnect, so handlers must be idempotent.
+        handler again after a reconnect, so handlers must be idempotent. With MQTT 5 each
+        broker-side subscription carries a subscription identifier, so a message that matches
+        several overlapping filters still reaches each handler once; MQTT 3.1.1 cannot say which
+        subscription a copy is for, so there a broker that sends one copy per matching filter
+        (mosquitto does) calls the handler once per copy.
         """
         _check_filter(topic_filter)
         if qos not in (0, 1, 2):
@@ -391,9 +399,10 @@ class MqttConnection:
             self._next_key += 1
             key = self._next_key
             self._subscriptions[key] = _Subscription(key, topic_filter, handler, qos)
+            sub_id = self._filter_ids.setdefault(topic_filter, len(self._filter_ids) + 1)
             connected = self._connected
         if connected:
-            self._client.subscribe(topic_filter, qos)
+            self._subscribe_one(topic_filter, qos, sub_id)
 
         def unsubscribe() -> None:
             with self._lock:
@@ -406,17 +415,26 @@ class MqttConnection:
 
         return unsubscribe
 
+    def _subscribe_one(self, topic_filter: str, qos: int, sub_id: int) -> None:
+        properties: Properties | None = None
+        if self._config.protocol == "5":
+            # One identifier per SUBSCRIBE packet, so filters are subscribed one at a time.
+            properties = Properties(PacketTypes.SUBSCRIBE)
+            properties.SubscriptionIdentifier = sub_id
+        result, _ = self._client.subscribe(topic_filter, qos, properties=properties)
+        if result != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            log.warning("could not subscribe to %s: %s", topic_filter, mqtt.error_string(result))
+
     def _resubscribe(self) -> None:
         with self._lock:
             wanted: dict[str, int] = {}
             for sub in self._subscriptions.values():
                 wanted[sub.topic_filter] = max(sub.qos, wanted.get(sub.topic_filter, 0))
+            ids = dict(self._filter_ids)
         for topic_filter, qos in wanted.items():
-            result, _ = self._client.subscribe(topic_filter, qos)
-            if result != MQTTErrorCode.MQTT_ERR_SUCCESS:
-                log.warning("could not resubscribe to %s: %s", topic_filter, mqtt.error_string(result))
+            self._subscribe_one(topic_filter, qos, ids[topic_filter])
 
-    def _inbox_put(self, item: tuple[str, bytes] | None) -> None:
+    def _inbox_put(self, item: _Incoming | None) -> None:
         try:
             self._inbox.put_nowait(item)
         except queue.Full:
@@ -430,14 +448,16 @@ class MqttConnection:
             item = self._inbox.get()
             if item is None:
                 return
-            topic, payload = item
+            topic, payload, sub_ids = item
             with self._lock:
                 subs = list(self._subscriptions.values())
+                ids = dict(self._filter_ids)
             for sub in subs:
-                try:
+                if sub_ids is not None:
+                    # MQTT 5: this copy is for exactly these broker-side subscriptions.
+                    matches = ids.get(sub.topic_filter) in sub_ids
+                else:
                     matches = mqtt.topic_matches_sub(sub.topic_filter, topic)
-                except ValueError:
-                    matches = False
                 if not matches:
                     continue
                 try:
@@ -560,4 +580,8 @@ class MqttConnection:
         except UnicodeDecodeError:
             log.warning("ignored a message whose topic is not UTF-8")
             return
-        self._inbox_put((topic, bytes(message.payload)))
+        sub_ids: frozenset[int] | None = None
+        if message.properties is not None and hasattr(message.properties, "SubscriptionIdentifier"):
+            raw = message.properties.SubscriptionIdentifier
+            sub_ids = frozenset(raw if isinstance(raw, list) else [raw])
+        self._inbox_put((topic, bytes(message.payload), sub_ids))

@@ -100,6 +100,7 @@ class VideoSource:
             while not self._stop.is_set():
                 capture = self._open()
                 if capture is None:
+                    self.reconnects += 1  # counts every retry, so a dead camera shows in status
                     self._wait_retry(delay)
                     delay = min(delay * 2, self.config.reopen_max_s)
                     continue

@@ -1,0 +1,64 @@
+"""Shared media helpers: the demo video renderer, the real cls model loaded, bounded waits.
+
+Test modules re-export the fixtures they use (`demo_video = media_fixtures.demo_video`) so
+they work whether or not this module is listed in conftest's pytest_plugins.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from agent.config import PreprocessConfig, ResizeConfig
+from providers import ModelArtifact
+
+SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "scripts"
+# The PP-OCR direction classifier's own preprocessing: BGR, 48x192, (img/255 - 0.5) / 0.5.
+CLS_PREPROCESS = PreprocessConfig(
+    color="bgr", mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5], resize=ResizeConfig(width=192, height=48)
+)
+CLS_LABELS = ["upright", "upside-down"]
+
+
+def demo_video_module() -> ModuleType:
+    """scripts/make_demo_video.py, imported as a module (render_sign, make_orientation_video, truth_at)."""
+    if str(SCRIPTS_DIR) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS_DIR))
+    import make_demo_video
+
+    return make_demo_video
+
+
+def cls_artifact(path: Path) -> ModelArtifact:
+    return ModelArtifact(path=path, format="onnx", sha256="0" * 64)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, interval: float = 0.01) -> bool:
+    """Poll `condition` until it is true or `timeout` seconds pass; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return condition()
+
+
+@pytest.fixture(scope="module")
+def short_video(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, object]]]:
+    """A 1.5 s, 20 fps (30 frames) rendering of the demo signs, with its ground truth."""
+    path = tmp_path_factory.mktemp("media") / "short.mp4"
+    truth = demo_video_module().make_orientation_video(path, fps=20, seconds_per_sign=0.25)
+    return path, truth

@@ -1,0 +1,345 @@
+"""The daemon end to end, as a user runs it: `edge-agent run` as a subprocess, a real mosquitto,
+a real trained model published to a file registry, a real video decoded by OpenCV."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.mosquitto import Mosquitto, free_port
+from tests.mqtt_fixtures import SubscriberFactory
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from make_demo_video import make_orientation_video, truth_at
+
+EDGE_AGENT = str(Path(sys.executable).parent / "edge-agent")
+DEVICE = "e2e-box"
+MODEL, VERSION = "text-direction", "2.0"
+LABELS = ["upright", "upside-down"]
+SECONDS_PER_SIGN = 1.0  # 6 signs: a 6 s video
+FPS_CAP = 2.0  # one result per 0.5 s of video: exactly 12 for the whole file
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    path = tmp_path_factory.mktemp("media") / "signs.mp4"
+    truth = make_orientation_video(path, fps=10, seconds_per_sign=SECONDS_PER_SIGN)
+    return path, truth
+
+
+@pytest.fixture
+def registry_dir(tmp_path: Path, cls_model_path: Path) -> Path:
+    """A file registry with the model published through the CLI, as a user would."""
+    root = tmp_path / "registry"
+    subprocess.run(
+        [EDGE_AGENT, "registry", "publish", str(cls_model_path), "--name", MODEL, "--version", VERSION,
+         "--registry", f"file://{root}"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return root
+
+
+def pipeline(
+    name: str, uri: str, model: str = MODEL, version: str = VERSION, **source: Any
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "model": {"name": model, "version": version},
+        "source": {"type": "video", "uri": uri, "fps": FPS_CAP, **source},
+        "preprocess": {
+            "resize": {"width": 192, "height": 48},
+            "color": "bgr",
+            "mean": [0.5, 0.5, 0.5],
+            "std": [0.5, 0.5, 0.5],
+        },
+        "postprocess": {"type": "classification", "softmax": False, "top_k": 2, "labels": LABELS},
+    }
+
+
+def write_config(
+    tmp_path: Path, port: int, registry: Path, pipelines: list[dict[str, Any]], **mqtt: Any
+) -> Path:
+    config = {
+        "device": {"id": DEVICE, "groups": ["tests"]},
+        "state_dir": str(tmp_path / "state"),
+        "mqtt": {"host": "127.0.0.1", "port": port, "reconnect_min_s": 0.2, "reconnect_max_s": 1.0, **mqtt},
+        "registry": {"url": f"file://{registry}"},
+        "pipelines": pipelines,
+    }
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def start_agent() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(config: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [EDGE_AGENT, "run", "-c", str(config), *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+        )  # fmt: skip
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 60) -> str:
+    """Wait for the agent to exit 0 and return its log (stderr)."""
+    _, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"edge-agent exited {proc.returncode}:\n{err[-4000:]}"
+    assert "Traceback" not in err, err[-4000:]
+    return err
+
+
+def results_of(messages: list[Any]) -> list[dict[str, Any]]:
+    return [json.loads(m.payload) for m in messages if "/results/" in m.topic]
+
+
+def parse_time(text: str) -> datetime:
+    assert text.endswith("Z") and "T" in text, text
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def outbox_pending(state_dir: Path) -> int:
+    path = state_dir / "outbox.sqlite"
+    if not path.exists():
+        return 0
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as db:
+        return int(db.execute("SELECT COUNT(*) FROM messages").fetchone()[0])
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.1)
+
+
+# --- the main job ----------------------------------------------------------------------------
+
+
+def test_results_arrive_over_mqtt_and_agree_with_the_video(
+    tmp_path: Path,
+    mosquitto: Mosquitto,
+    mqtt_subscriber_factory: SubscriberFactory,
+    registry_dir: Path,
+    video: tuple[Path, list[dict[str, Any]]],
+    start_agent: Callable[..., subprocess.Popen[str]],
+) -> None:
+    path, truth = video
+    config = write_config(tmp_path, mosquitto.port, registry_dir, [pipeline("signs", str(path))])
+    results_sub = mqtt_subscriber_factory(mosquitto, f"edge/{DEVICE}/results/#")
+    status_sub = mqtt_subscriber_factory(mosquitto, f"edge/{DEVICE}/status")
+
+    log = finish(start_agent(config, "--duration", "9"))
+
+    results = results_of(results_sub.wait_for(12, timeout=10))
+    assert len(results) == 12, [r["source"]["position_s"] for r in results]
+    assert [r["seq"] for r in results] == list(range(1, 13))
+    assert len({r["id"] for r in results}) == 12
+    for r in results:
+        assert set(r) >= {"id", "device", "pipeline", "seq", "captured_at", "produced_at", "model", "backend",
+                          "precision", "latency_ms", "source", "output"}  # fmt: skip
+        assert (r["device"], r["pipeline"]) == (DEVICE, "signs")
+        assert r["model"]["name"] == MODEL and r["model"]["version"] == VERSION
+        assert len(r["model"]["sha256"]) == 64
+        assert r["backend"] == "onnxruntime/CPUExecutionProvider" and r["precision"] == "fp32"
+        assert parse_time(r["captured_at"]) <= parse_time(r["produced_at"])
+        assert r["latency_ms"]["inference"] > 0
+        assert r["source"]["uri"] == str(path)
+        top = r["output"]["top"]
+        assert [t["label"] for t in top] == sorted(LABELS, key=lambda label: label != top[0]["label"])
+        assert abs(sum(t["score"] for t in top) - 1.0) < 1e-3
+        shown = truth_at(truth, r["source"]["position_s"])
+        assert shown is not None and top[0]["label"] == shown["orientation"], (r["source"], top, shown)
+    positions = [r["source"]["position_s"] for r in results]
+    assert positions == pytest.approx([i * 0.5 for i in range(12)], abs=0.05)
+
+    def saw_offline(msgs: list[Any]) -> bool:
+        return any(json.loads(m.payload)["status"] == "offline" for m in msgs)
+
+    statuses = [json.loads(m.payload) for m in status_sub.wait_until(saw_offline, timeout=10)]
+    online = [s for s in statuses if s["status"] == "online"]
+    assert online and any(s["pipelines"]["signs"]["state"] == "running" for s in online)
+    assert statuses[-1]["status"] == "offline" and statuses[-1]["agent_version"]
+    assert "chose onnxruntime/CPUExecutionProvider" in log
+
+    # The store holds the verified model; `models list --json` shows it.
+    listed = json.loads(subprocess.run(
+        [EDGE_AGENT, "models", "list", "-c", str(config), "--json"],
+        check=True, capture_output=True, text=True, timeout=30).stdout)  # fmt: skip
+    assert [(m["name"], m["version"]) for m in listed] == [(MODEL, VERSION)]
+    assert listed[0]["artifacts"][0]["sha256"] == results[0]["model"]["sha256"]
+
+
+def test_results_made_while_the_broker_is_down_all_arrive_when_it_comes_up(
+    tmp_path: Path,
+    mqtt_subscriber_factory: SubscriberFactory,
+    registry_dir: Path,
+    video: tuple[Path, list[dict[str, Any]]],
+    start_agent: Callable[..., subprocess.Popen[str]],
+) -> None:
+    path, _ = video
+    broker = Mosquitto(tmp_path / "broker", persistence=True)
+    broker.start()
+    try:
+        # A persistent session: the broker keeps what arrives for this watcher until it is back.
+        topic = f"edge/{DEVICE}/results/#"
+        sub = mqtt_subscriber_factory(broker, topic, persistent=True, client_id="watcher")
+        broker.stop()
+        config = write_config(tmp_path, broker.port, registry_dir, [pipeline("signs", str(path))])
+        proc = start_agent(config, "--duration", "12")
+        state_dir = tmp_path / "state"
+        wait_for(lambda: outbox_pending(state_dir) >= 4, timeout=20, what="results queued in the outbox")
+        assert proc.poll() is None, "the agent must keep running without a broker"
+        broker_up = time.time()
+        broker.start()
+        log = finish(proc)
+        results = results_of(sub.wait_for(12, timeout=20))
+        assert sorted(r["seq"] for r in results) == list(range(1, 13))
+        assert sum(parse_time(r["produced_at"]).timestamp() < broker_up for r in results) >= 4
+        assert outbox_pending(state_dir) == 0
+        assert "stay queued" not in log
+    finally:
+        broker.close()
+
+
+def test_a_bad_model_and_a_dead_source_do_not_stop_the_good_pipeline(
+    tmp_path: Path,
+    mosquitto: Mosquitto,
+    mqtt_subscriber_factory: SubscriberFactory,
+    registry_dir: Path,
+    video: tuple[Path, list[dict[str, Any]]],
+    start_agent: Callable[..., subprocess.Popen[str]],
+) -> None:
+    path, _ = video
+    # A version whose manifest is right about its bytes, but the bytes are not ONNX.
+    bad_dir = registry_dir / "broken-model" / "1"
+    bad_dir.mkdir(parents=True)
+    junk = b"this is a JPEG, not an ONNX model" * 10
+    (bad_dir / "model.onnx").write_bytes(junk)
+
+    manifest = {
+        "schema_version": 1, "name": "broken-model", "version": "1", "created": "2026-11-22T10:00:00Z",
+        "artifacts": [{"file": "model.onnx", "sha256": hashlib.sha256(junk).hexdigest(), "size": len(junk),
+                       "format": "onnx", "target": "any"}],
+    }  # fmt: skip
+    (bad_dir / "manifest.json").write_text(json.dumps(manifest))
+    dead_port = free_port()
+    config = write_config(
+        tmp_path,
+        mosquitto.port,
+        registry_dir,
+        [
+            pipeline("good", str(path), loop=True),
+            pipeline("bad-model", str(path), model="broken-model", version="1"),
+            pipeline("missing-file", str(tmp_path / "no-such-video.mp4"), reopen_min_s=0.2, reopen_max_s=0.5),
+            pipeline("dead-camera", f"rtsp://admin:hunter2@127.0.0.1:{dead_port}/stream", reopen_max_s=1.0),
+        ],
+    )
+    results_sub = mqtt_subscriber_factory(mosquitto, f"edge/{DEVICE}/results/#")
+    status_sub = mqtt_subscriber_factory(mosquitto, f"edge/{DEVICE}/status")
+    log = finish(start_agent(config, "--duration", "8"))
+
+    results = results_of(results_sub.wait_for(6, timeout=10))
+    assert {r["pipeline"] for r in results} == {"good"}
+    statuses = [json.loads(m.payload) for m in status_sub.messages]
+    online = [s for s in statuses if s["status"] == "online"]
+    last = online[-1]["pipelines"]
+    assert last["good"]["state"] == "running"
+    assert last["bad-model"]["state"] == "error"
+    assert "not a valid ONNX model" in last["bad-model"]["error"]
+    assert last["missing-file"]["state"] == "source-unavailable"
+    assert "does not exist" in last["missing-file"]["error"]
+    assert last["dead-camera"]["state"] == "source-unavailable"
+    assert "hunter2" not in json.dumps(online) and "hunter2" not in log
+    assert "pipeline bad-model not started" in log and "not a valid ONNX model" in log
+    status_file = json.loads((tmp_path / "state" / "status.json").read_text())
+    assert status_file["pipelines"]["missing-file"]["source"]["reconnects"] >= 3  # retried with backoff
+    assert status_file["pipelines"]["bad-model"]["attempts"] >= 1
+
+
+def test_sigterm_stops_gracefully_with_sd_notify(
+    tmp_path: Path,
+    mosquitto: Mosquitto,
+    mqtt_subscriber_factory: SubscriberFactory,
+    registry_dir: Path,
+    video: tuple[Path, list[dict[str, Any]]],
+    start_agent: Callable[..., subprocess.Popen[str]],
+) -> None:
+    path, _ = video
+    notify_path = tmp_path / "notify.sock"
+    notify_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify_sock.bind(str(notify_path))
+    notify_sock.settimeout(0.2)
+    config = write_config(tmp_path, mosquitto.port, registry_dir, [pipeline("signs", str(path), loop=True)])
+    results_sub = mqtt_subscriber_factory(mosquitto, f"edge/{DEVICE}/results/#")
+    status_sub = mqtt_subscriber_factory(mosquitto, f"edge/{DEVICE}/status")
+    proc = start_agent(config, env={"NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": "2000000"})
+
+    notes: list[str] = []
+    deadline = time.monotonic() + 30
+    while not any("WATCHDOG=1" in n for n in notes) or len(results_sub.messages) < 3:
+        assert time.monotonic() < deadline, f"no READY/WATCHDOG/results: {notes}"
+        with contextlib.suppress(TimeoutError):
+            notes.append(notify_sock.recv(4096).decode())
+    proc.send_signal(signal.SIGTERM)
+    finish(proc, timeout=30)
+    while True:
+        try:
+            notes.append(notify_sock.recv(4096).decode())
+        except TimeoutError:
+            break
+    notify_sock.close()
+
+    ready = next(i for i, n in enumerate(notes) if "READY=1" in n)
+    stopping = next(i for i, n in enumerate(notes) if "STOPPING=1" in n)
+    assert ready < stopping
+    assert any("WATCHDOG=1" in n for n in notes[ready:stopping])
+    assert any(n.startswith("STATUS=") or "\nSTATUS=" in n for n in notes)
+    # Everything produced was delivered before exit, in sequence, and `offline` was published.
+    status_file = json.loads((tmp_path / "state" / "status.json").read_text())
+    produced = status_file["pipelines"]["signs"]["results"]
+    results = results_of(results_sub.wait_for(produced, timeout=10))
+    assert [r["seq"] for r in results] == list(range(1, produced + 1))
+    assert outbox_pending(tmp_path / "state") == 0
+    status_sub.wait_until(lambda msgs: json.loads(msgs[-1].payload)["status"] == "offline", timeout=10)
+
+
+def test_systemd_unit_verifies(tmp_path: Path) -> None:
+    unit = (Path(__file__).resolve().parents[1] / "systemd" / "edge-agent.service").read_text()
+    for directive in ("Type=notify", "WatchdogSec=", "Restart=on-failure", "StateDirectory=edge-agent",
+                      "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes"):  # fmt: skip
+        assert directive in unit
+    # `verify` checks that ExecStart exists: point it at this checkout's console script.
+    local = unit.replace("/opt/edge-agent/venv/bin/edge-agent", EDGE_AGENT)
+    (tmp_path / "edge-agent.service").write_text(local)
+    analyze = shutil.which("systemd-analyze")
+    assert analyze, "systemd-analyze is installed by scripts/setup.sh"
+    done = subprocess.run([analyze, "verify", str(tmp_path / "edge-agent.service")],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    problems = [line for line in (done.stdout + done.stderr).splitlines() if "edge-agent.service" in line]
+    assert done.returncode == 0 and not problems, done.stdout + done.stderr
