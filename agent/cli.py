@@ -58,7 +58,8 @@ def _user_errors(as_json: bool = False) -> Iterator[None]:
             problems = exc.problems if isinstance(exc, ConfigError) else [exc.message]
             _echo_json({"ok": False, "errors": problems, "hint": exc.hint})
         else:
-            typer.echo(f"error: {exc.message}", err=True)
+            for line in exc.problems if isinstance(exc, ConfigError) else [exc.message]:
+                typer.echo(f"error: {line}", err=True)
             if exc.hint:
                 typer.echo(f"hint: {exc.hint}", err=True)
         raise typer.Exit(1) from None

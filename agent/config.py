@@ -13,11 +13,33 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 # Names end up in MQTT topics and file names: keep them to a safe alphabet.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+_NAME_RE = re.compile(NAME_PATTERN)
+
+
+def _check_name(value: str) -> str:
+    if not _NAME_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid name: use 1-64 letters, digits, '_', '.' or '-', starting with a "
+            "letter or digit (names become MQTT topic levels and file names)"
+        )
+    return value
+
+
+Name = Annotated[
+    str, AfterValidator(_check_name), WithJsonSchema({"type": "string", "pattern": NAME_PATTERN})
+]
 
 
 class StrictModel(BaseModel):
@@ -133,8 +155,9 @@ class PreprocessConfig(StrictModel):
     resize: ResizeConfig | None = Field(None, description="Defaults to the model's fixed input size.")
     color: Literal["rgb", "bgr", "gray"] = "rgb"
     scale: float = Field(1 / 255, description="Pixel values are multiplied by this first.")
-    mean: list[float] = Field(default_factory=lambda: [0.0, 0.0, 0.0])
-    std: list[float] = Field(default_factory=lambda: [1.0, 1.0, 1.0])
+    # One value applies to every channel, so the defaults fit gray as well as rgb/bgr.
+    mean: list[float] = Field(default_factory=lambda: [0.0])
+    std: list[float] = Field(default_factory=lambda: [1.0])
     layout: Literal["nchw", "nhwc"] = "nchw"
     dtype: Literal["float32", "float16", "uint8"] = "float32"
 
@@ -145,7 +168,8 @@ class PreprocessConfig(StrictModel):
             values = getattr(self, key)
             if len(values) not in (1, channels):
                 raise ValueError(
-                    f"{key} needs 1 or {channels} values for color {self.color}, got {len(values)}"
+                    f"{key} needs {'1 value' if channels == 1 else f'1 or {channels} values'} "
+                    f"for color {self.color}, got {len(values)}"
                 )
         if any(s == 0 for s in self.std):
             raise ValueError("std values must not be 0")

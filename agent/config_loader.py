@@ -7,6 +7,7 @@ errors from pydantic are mapped back to `file:line: key.path: message`.
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import json
 import os
@@ -223,6 +224,9 @@ def _message(error: Mapping[str, Any], path: PathKey, missing_leaf: bool, data: 
     if kind == "union_tag_invalid":
         tag = (error.get("ctx") or {}).get("tag")
         return f"unknown type {tag!r}; expected one of: {_expected_tags(error)}"
+    if kind == "string_type" and isinstance(error.get("input"), (int, float, bool, datetime.date)):
+        # YAML turned an unquoted 2.0 / 2024-01-01 / yes into a number, date or bool.
+        return f'expected a string, got {_short(error["input"])}: quote it in the YAML, e.g. "2.0"'
     message = str(error["msg"])
     message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
     if not missing_leaf and kind not in ("value_error", "assertion_error"):

@@ -26,7 +26,7 @@ from agent import __version__
 from agent.config import AgentConfig, PipelineConfig
 from agent.errors import EdgeAgentError
 from agent.fsutil import atomic_write_bytes
-from agent.mqtt import MqttConnection, Outbox, results_topic
+from agent.mqtt import MqttConnection, Outbox, OutboxMessage, results_topic
 from agent.pipeline import LoadedModel, Pipeline
 from agent.registry import open_registry
 from agent.sd_notify import notify, watchdog_interval_s
@@ -46,6 +46,17 @@ def iso_utc(timestamp: float) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
+# Results are serialised with this placeholder; the publisher swaps in the real send time.
+# JSON escapes quotes inside strings, so these exact bytes can only be our key.
+_PUBLISHED_AT_PLACEHOLDER = b'"published_at":null'
+
+
+def stamp_published_at(message: OutboxMessage) -> bytes:
+    """The payload as sent: `published_at` set to now (results only; other messages unchanged)."""
+    stamp = b'"published_at":"' + iso_utc(time.time()).encode() + b'"'
+    return message.payload.replace(_PUBLISHED_AT_PLACEHOLDER, stamp, 1)
+
+
 class ResultWriter:
     """The pipelines' sink: completes each result and writes it to the outbox."""
 
@@ -63,6 +74,7 @@ class ResultWriter:
             "seq": self.outbox.next_sequence(f"results/{pipeline}"),
             "captured_at": iso_utc(result.pop("captured_at")),
             "produced_at": iso_utc(produced),
+            "published_at": None,  # set when sent: see stamp_published_at
             **result,
         }
         topic = results_topic(self.config.mqtt.topic_prefix, self.config.device.id, pipeline)
@@ -95,6 +107,7 @@ class Agent:
             self.outbox,
             birth_payload=lambda: self._status_payload("online"),
             offline_payload=lambda: self._status_payload("offline"),
+            prepare_payload=stamp_published_at,
         )
         self.writer = ResultWriter(config, self.outbox, self.mqtt.notify_new_message)
         self.slots = [PipelineSlot(p) for p in config.pipelines if p.enabled]

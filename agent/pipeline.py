@@ -160,8 +160,15 @@ class Pipeline:
             },
             "output": output,
         }
+        try:
+            self.sink.submit(self.name, result)
+        except Exception as exc:  # e.g. the outbox's disk is full: count it, keep the pipeline alive
+            with self._lock:
+                self.errors += 1
+                self.last_error = f"cannot store result: {exc}"
+            log.error("pipeline %s: cannot store result of frame %d: %s", self.name, frame.index, exc)
+            return
         with self._lock:
             self.results += 1
             self._errors_in_row = 0
             self._latency_sum_ms += inference_ms
-        self.sink.submit(self.name, result)

@@ -53,7 +53,7 @@ def get_backend(name: str) -> Backend:
     module_name, class_name, kwargs = _BACKENDS[name]
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except Exception as exc:  # a broken install can raise OSError etc., not only ImportError
         return UnavailableBackend(name, f"cannot import its runtime: {exc}")
     backend: Backend = getattr(module, class_name)(**kwargs)
     return backend

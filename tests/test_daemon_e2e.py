@@ -161,13 +161,13 @@ def test_results_arrive_over_mqtt_and_agree_with_the_video(
     assert [r["seq"] for r in results] == list(range(1, 13))
     assert len({r["id"] for r in results}) == 12
     for r in results:
-        assert set(r) >= {"id", "device", "pipeline", "seq", "captured_at", "produced_at", "model", "backend",
-                          "precision", "latency_ms", "source", "output"}  # fmt: skip
+        assert set(r) == {"id", "device", "pipeline", "seq", "captured_at", "produced_at", "published_at",
+                          "model", "backend", "precision", "latency_ms", "source", "output"}  # fmt: skip
         assert (r["device"], r["pipeline"]) == (DEVICE, "signs")
         assert r["model"]["name"] == MODEL and r["model"]["version"] == VERSION
         assert len(r["model"]["sha256"]) == 64
         assert r["backend"] == "onnxruntime/CPUExecutionProvider" and r["precision"] == "fp32"
-        assert parse_time(r["captured_at"]) <= parse_time(r["produced_at"])
+        assert parse_time(r["captured_at"]) <= parse_time(r["produced_at"]) <= parse_time(r["published_at"])
         assert r["latency_ms"]["inference"] > 0
         assert r["source"]["uri"] == str(path)
         top = r["output"]["top"]
@@ -220,7 +220,10 @@ def test_results_made_while_the_broker_is_down_all_arrive_when_it_comes_up(
         log = finish(proc)
         results = results_of(sub.wait_for(12, timeout=20))
         assert sorted(r["seq"] for r in results) == list(range(1, 13))
-        assert sum(parse_time(r["produced_at"]).timestamp() < broker_up for r in results) >= 4
+        waited = [r for r in results if parse_time(r["produced_at"]).timestamp() < broker_up]
+        assert len(waited) >= 4
+        # They were sent when the broker came up, not when they were made.
+        assert all(parse_time(r["published_at"]).timestamp() >= broker_up - 0.01 for r in waited)
         assert outbox_pending(state_dir) == 0
         assert "stay queued" not in log
     finally:

@@ -21,7 +21,9 @@ What it guarantees:
   naming the reason, and retried only every `reconnect_max_s` (the broker's user list may be
   fixed without restarting the box).
 - `subscribe(filter, handler)` handlers run on one dispatcher thread, never on paho's network
-  thread, and one handler's exception is logged and contained.
+  thread, and one handler's exception is logged and contained. With MQTT 5, subscription
+  identifiers route each incoming copy to the handlers it was sent for (overlapping filters do
+  not double-call a handler).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.config import MqttConfig
 from agent.errors import ConfigError
-from agent.mqtt.outbox import Outbox
+from agent.mqtt.outbox import Outbox, OutboxMessage
 from agent.mqtt.topics import status_topic
 
 log = logging.getLogger(__name__)
@@ -99,10 +101,13 @@ class MqttConnection:
         outbox: Outbox,
         birth_payload: Callable[[], bytes],
         offline_payload: Callable[[], bytes],
+        prepare_payload: Callable[[OutboxMessage], bytes] | None = None,
     ) -> None:
         self._config = config
         self._outbox = outbox
         self._birth_payload = birth_payload
+        # Last touch before a message leaves (e.g. stamping its send time); the outbox row is unchanged.
+        self._prepare_payload = prepare_payload
         self._offline_payload = offline_payload
         self.status_topic = status_topic(config.topic_prefix, device_id)
         self.client_id = config.client_id or f"edge-agent-{device_id}"
@@ -233,6 +238,9 @@ class MqttConnection:
                 log.warning("could not publish the offline status: %s", exc)
         self._client.disconnect()
         self._client.loop_stop()
+        if not self._publisher.is_alive():
+            # PUBACKs that arrived while we said goodbye: apply them so the next run does not resend.
+            self._drain_events()
         self._inbox_put(None)
         self._dispatcher.join(timeout=5.0)
         with self._lock:
@@ -319,7 +327,8 @@ class MqttConnection:
             if self._stopping.is_set() or not self.connected:
                 return
             try:
-                info = self._client.publish(message.topic, message.payload, qos=message.qos)
+                payload = self._prepare_payload(message) if self._prepare_payload else message.payload
+                info = self._client.publish(message.topic, payload, qos=message.qos)
             except ValueError as exc:
                 # Wildcards in the topic, payload too large, ...: it can never be sent.
                 self._reject(message.id, message.topic, f"paho refused it: {exc}")
@@ -483,6 +492,8 @@ class MqttConnection:
             if reason_code.is_failure:
                 self._on_refused(reason_code)
                 return
+            if self._stopping.is_set():
+                return  # a reconnect racing stop(): don't undo the offline status with a birth
             # paho would resend what was in flight on the old link; the outbox resends it instead,
             # so there is one copy per row and the PUBACK bookkeeping stays in one place. This runs
             # before `connected` turns true so no new outbox publish can be dropped with them.

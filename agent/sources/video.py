@@ -34,9 +34,7 @@ def redact_uri(uri: str) -> str:
     parts = urlsplit(uri)
     if parts.password is None:
         return uri
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
+    host = parts.netloc.rpartition("@")[2]  # as written: keeps [IPv6] brackets, never parses the port
     return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 

@@ -1,0 +1,868 @@
+"""agent.yaml loading: exact `FILE:LINE: key.path: message` errors, ${ENV} interpolation, good configs.
+
+Every YAML document is written to tmp_path so the file path and the line numbers in the expected
+messages are deterministic. `environ=` is passed explicitly so the host's environment never leaks in.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from agent.config import AgentConfig, MqttConfig, OutboxConfig
+from agent.config_loader import load_config, parse_config
+from agent.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "configs" / "agent.example.yaml"
+DEMO = REPO / "configs" / "demo.yaml"
+
+TOP_KEYS = "device, log_level, mqtt, pipelines, registry, state_dir"
+SOURCE_KEYS = "fps, loop, reopen_max_s, reopen_min_s, type, uri"
+NAME_RULE = (
+    "is not a valid name: use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit "
+    "(names become MQTT topic levels and file names)"
+)
+
+
+def bad_name(value: str) -> str:
+    return f"{value!r} {NAME_RULE}"
+
+
+def write(tmp_path: Path, text: str, name: str = "agent.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+    return path
+
+
+def problems_of(path: Path, environ: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={} if environ is None else environ)
+    problems = info.value.problems
+    assert info.value.message == "\n".join(problems)
+    return problems
+
+
+# --- bad configs: one case each, (yaml, [(line, "key.path: message"), ...]) ----------------------
+
+# A valid pipeline block (lines 3-9 of the documents that use it); cases edit one line of it.
+PIPELINE = textwrap.dedent(
+    """\
+    registry:
+      url: file:///srv/registry
+    pipelines:
+      - name: cam
+        model: {name: m, version: "1"}
+        source: {type: video, uri: "0"}
+        postprocess: {type: raw}
+    """
+)
+
+BAD_CONFIGS: dict[str, tuple[str, list[tuple[int, str]]]] = {
+    "unknown_top_level_key": (
+        """
+        device:
+          id: box-1
+        mqqt:
+          port: 1883
+        """,
+        [(3, f"mqqt: unknown key; did you mean 'mqtt'? (allowed here: {TOP_KEYS})")],
+    ),
+    "unknown_key_in_pipeline_source": (
+        """
+        device:
+          id: box-1
+        registry:
+          url: file:///srv/registry
+        pipelines:
+          - name: cam
+            model: {name: m, version: "1"}
+            source:
+              type: video
+              uri: /dev/video0
+              fsp: 5
+            postprocess: {type: raw}
+        """,
+        [(11, f"pipelines[0].source.fsp: unknown key; did you mean 'fps'? (allowed here: {SOURCE_KEYS})")],
+    ),
+    "unknown_key_without_close_match": (
+        """
+        device:
+          id: box-1
+        registry:
+          url: file:///srv/registry
+        pipelines:
+          - name: cam
+            model: {name: m, version: "1"}
+            source: {type: video, uri: "0"}
+            postprocess:
+              type: raw
+              top_k: 3
+        """,
+        [(11, "pipelines[0].postprocess.top_k: unknown key (allowed here: max_values, type)")],
+    ),
+    "string_for_int": (
+        """
+        device:
+          id: box-1
+        mqtt:
+          keepalive_s: often
+        """,
+        [
+            (
+                4,
+                "mqtt.keepalive_s: Input should be a valid integer, unable to parse string as an integer "
+                "(got 'often')",
+            )
+        ],
+    ),
+    "port_out_of_range": (
+        """
+        device:
+          id: box-1
+        mqtt:
+          host: broker.local
+          port: 99999
+        """,
+        [(5, "mqtt.port: Input should be less than or equal to 65535 (got 99999)")],
+    ),
+    "outbox_below_minimum": (
+        """
+        device:
+          id: box-1
+        mqtt:
+          outbox:
+            max_messages: 10
+        """,
+        [(5, "mqtt.outbox.max_messages: Input should be greater than or equal to 100 (got 10)")],
+    ),
+    "missing_device_id": (
+        """
+        device:
+          groups: [lobby]
+        log_level: info
+        """,
+        [(1, "device.id: required key is missing")],
+    ),
+    "missing_device_section": (
+        """
+        log_level: info
+        """,
+        [(1, "device: required key is missing")],
+    ),
+    "missing_model_version_in_second_pipeline": (
+        """
+        device:
+          id: box-1
+        registry:
+          url: file:///srv/registry
+        pipelines:
+          - name: cam
+            model: {name: m, version: "1"}
+            source: {type: video, uri: "0"}
+            postprocess: {type: raw}
+          - name: cam2
+            model:
+              name: m
+            source: {type: video, uri: "1"}
+            postprocess: {type: raw}
+        """,
+        [(11, "pipelines[1].model.version: required key is missing")],
+    ),
+    "postprocess_without_type": (
+        """
+        device:
+          id: box-1
+        registry:
+          url: file:///srv/registry
+        pipelines:
+          - name: cam
+            model: {name: m, version: "1"}
+            source: {type: video, uri: "0"}
+            postprocess:
+              top_k: 3
+        """,
+        [(9, "pipelines[0].postprocess: required key 'type' is missing (one of: classification, raw)")],
+    ),
+    "unknown_source_type": (
+        """
+        device:
+          id: box-1
+        registry:
+          url: file:///srv/registry
+        pipelines:
+          - name: cam
+            model: {name: m, version: "1"}
+            source:
+              type: webcam
+              uri: "0"
+            postprocess: {type: raw}
+        """,
+        [(8, "pipelines[0].source: unknown type 'webcam'; expected one of: video")],
+    ),
+    "bad_protocol": (
+        """
+        device:
+          id: box-1
+        mqtt:
+          protocol: 4
+        """,
+        [(4, "mqtt.protocol: Input should be '5' or '3.1.1' (got '4')")],
+    ),
+    "bad_layout": (
+        """
+        device:
+          id: box-1
+        registry:
+          url: file:///srv/registry
+        pipelines:
+          - name: cam
+            model: {name: m, version: "1"}
+            source: {type: video, uri: "0"}
+            preprocess:
+              layout: chw
+            postprocess: {type: raw}
+        """,
+        [(10, "pipelines[0].preprocess.layout: Input should be 'nchw' or 'nhwc' (got 'chw')")],
+    ),
+    "bad_log_level": (
+        """
+        device:
+          id: box-1
+        log_level: verbose
+        """,
+        [(3, "log_level: Input should be 'debug', 'info', 'warning' or 'error' (got 'verbose')")],
+    ),
+    "duplicate_pipeline_names": (
+        """
+        device:
+          id: box-1
+        registry:
+          url: file:///srv/registry
+        pipelines:
+          - name: cam
+            model: {name: m, version: "1"}
+            source: {type: video, uri: "0"}
+            postprocess: {type: raw}
+          - name: cam
+            model: {name: m, version: "2"}
+            source: {type: video, uri: "1"}
+            postprocess: {type: raw}
+        """,
+        [(5, "pipelines: pipeline name 'cam' is used twice")],
+    ),
+    "duplicate_yaml_key": (
+        """
+        device:
+          id: box-1
+        mqtt:
+          host: a.local
+          port: 1883
+          host: b.local
+        """,
+        [(6, "mqtt.host: duplicate key (first at line 4)")],
+    ),
+    "unset_env_var_without_default": (
+        """
+        device:
+          id: box-1
+        mqtt:
+          host: ${MQTT_HOST}
+        """,
+        [
+            (
+                4,
+                "mqtt.host: environment variable MQTT_HOST is not set "
+                "(write ${MQTT_HOST:-default} to give a default)",
+            )
+        ],
+    ),
+    "pipeline_name_with_slash": (
+        "device:\n  id: box-1\n" + PIPELINE.replace("name: cam", "name: lobby/cam"),
+        [(6, f"pipelines[0].name: {bad_name('lobby/cam')}")],
+    ),
+    "pipeline_name_with_hash": (
+        # unquoted on purpose: `#` not preceded by a space is part of a plain scalar, not a comment
+        "device:\n  id: box-1\n" + PIPELINE.replace("name: cam", "name: cam#2"),
+        [(6, f"pipelines[0].name: {bad_name('cam#2')}")],
+    ),
+    "device_group_with_plus": (
+        """
+        device:
+          id: box-1
+          groups:
+            - lobby
+            - floor+1
+        """,
+        [(5, f"device.groups[1]: {bad_name('floor+1')}")],
+    ),
+    "registry_unsupported_scheme": (
+        "device:\n  id: box-1\n" + PIPELINE.replace("file:///srv/registry", "https://models.example.com/reg"),
+        [(4, "registry.url: only file:// registries are supported so far, e.g. file:///srv/registry")],
+    ),
+    "pipelines_without_registry": (
+        """
+        device:
+          id: box-1
+        pipelines:
+          - name: cam
+            model: {name: m, version: "1"}
+            source: {type: video, uri: "0"}
+            postprocess: {type: raw}
+        """,
+        [(1, "(top): pipelines name models, so a registry is required")],
+    ),
+    "tls_cert_without_key": (
+        """
+        device:
+          id: box-1
+        mqtt:
+          port: 8883
+          tls:
+            ca_file: /etc/edge-agent/ca.crt
+            cert_file: /etc/edge-agent/client.crt
+        """,
+        [(5, "mqtt.tls: cert_file and key_file must be given together")],
+    ),
+    "password_without_username": (
+        """
+        device:
+          id: box-1
+        mqtt:
+          host: broker.local
+          password: hunter2
+        """,
+        [(3, "mqtt: password given without username")],
+    ),
+    "reconnect_max_below_min": (
+        """
+        device:
+          id: box-1
+        mqtt:
+          reconnect_min_s: 10
+          reconnect_max_s: 2
+        """,
+        [(3, "mqtt: reconnect_max_s must be >= reconnect_min_s")],
+    ),
+    "mean_of_wrong_length": (
+        """
+        device:
+          id: box-1
+        registry:
+          url: file:///srv/registry
+        pipelines:
+          - name: cam
+            model: {name: m, version: "1"}
+            source: {type: video, uri: "0"}
+            preprocess:
+              color: rgb
+              mean: [0.5, 0.5]
+            postprocess: {type: raw}
+        """,
+        [(9, "pipelines[0].preprocess: mean needs 1 or 3 values for color rgb, got 2")],
+    ),
+    "gray_with_three_std_values": (
+        """
+        device:
+          id: box-1
+        registry:
+          url: file:///srv/registry
+        pipelines:
+          - name: cam
+            model: {name: m, version: "1"}
+            source: {type: video, uri: "0"}
+            preprocess:
+              color: gray
+              std: [0.5, 0.5, 0.5]
+            postprocess: {type: raw}
+        """,
+        [(9, "pipelines[0].preprocess: std needs 1 value for color gray, got 3")],
+    ),
+    "std_containing_zero": (
+        """
+        device:
+          id: box-1
+        registry:
+          url: file:///srv/registry
+        pipelines:
+          - name: cam
+            model: {name: m, version: "1"}
+            source: {type: video, uri: "0"}
+            preprocess:
+              std: [0.5, 0, 0.5]
+            postprocess: {type: raw}
+        """,
+        [(9, "pipelines[0].preprocess: std values must not be 0")],
+    ),
+    "empty_source_uri": (
+        """
+        device:
+          id: box-1
+        registry:
+          url: file:///srv/registry
+        pipelines:
+          - name: cam
+            model: {name: m, version: "1"}
+            source:
+              type: video
+              uri: "  "
+            postprocess: {type: raw}
+        """,
+        [(10, "pipelines[0].source.uri: uri must not be empty")],
+    ),
+    "unquoted_float_version": (
+        "device:\n  id: box-1\n" + PIPELINE.replace('version: "1"', "version: 2.0"),
+        [(7, 'pipelines[0].model.version: expected a string, got 2.0: quote it in the YAML, e.g. "2.0"')],
+    ),
+    "pipelines_not_a_list": (
+        """
+        device:
+          id: box-1
+        pipelines:
+          cam: {}
+        """,
+        [(3, 'pipelines: Input should be a valid list (got {"cam": {}})')],
+    ),
+    "non_string_key": (
+        """
+        device:
+          id: box-1
+        1883: port
+        """,
+        [(3, "(top): key 1883 must be a string")],
+    ),
+    "several_errors_in_document_order": (
+        """
+        device:
+          id: box 1
+        mqtt:
+          port: 0
+          keepalive_s: 1
+          outbox:
+            max_inflight: lots
+        registry:
+          url: file:///srv/registry
+        pipelines:
+          - name: cam
+            model: {name: m, version: "1"}
+            source: {type: video, uri: "0", fps: 0}
+            postprocess:
+              type: classification
+              top_k: 0
+              labelz: [a, b]
+        """,
+        [
+            (2, f"device.id: {bad_name('box 1')}"),
+            (4, "mqtt.port: Input should be greater than or equal to 1 (got 0)"),
+            (5, "mqtt.keepalive_s: Input should be greater than or equal to 5 (got 1)"),
+            (
+                7,
+                "mqtt.outbox.max_inflight: Input should be a valid integer, "
+                "unable to parse string as an integer (got 'lots')",
+            ),
+            (13, "pipelines[0].source.fps: Input should be greater than 0 (got 0)"),
+            (16, "pipelines[0].postprocess.top_k: Input should be greater than or equal to 1 (got 0)"),
+            (
+                17,
+                "pipelines[0].postprocess.labelz: unknown key; did you mean 'labels'? "
+                "(allowed here: labels, output, softmax, top_k, type)",
+            ),
+        ],
+    ),
+    "several_unset_env_vars": (
+        """
+        device:
+          id: ${DEVICE_ID}
+          groups:
+            - lobby
+            - ${GROUP}
+        mqtt:
+          host: ${MQTT_HOST:-localhost}
+          username: ${MQTT_USER}
+        """,
+        [
+            (
+                2,
+                "device.id: environment variable DEVICE_ID is not set "
+                "(write ${DEVICE_ID:-default} to give a default)",
+            ),
+            (
+                5,
+                "device.groups[1]: environment variable GROUP is not set "
+                "(write ${GROUP:-default} to give a default)",
+            ),
+            (
+                8,
+                "mqtt.username: environment variable MQTT_USER is not set "
+                "(write ${MQTT_USER:-default} to give a default)",
+            ),
+        ],
+    ),
+}
+
+
+def test_there_are_many_distinct_bad_configs() -> None:
+    texts = [textwrap.dedent(text) for text, _ in BAD_CONFIGS.values()]
+    assert len(set(texts)) == len(texts) >= 14
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_bad_config_reports_exact_lines(tmp_path: Path, case: str) -> None:
+    text, expected = BAD_CONFIGS[case]
+    path = write(tmp_path, text)
+    assert problems_of(path) == [f"{path}:{line}: {message}" for line, message in expected]
+
+
+def test_parse_config_names_the_source(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config("device:\n  id: box-1\nmqtt:\n  port: 99999\n", source="edge/box-1/config", environ={})
+    assert info.value.problems == [
+        "edge/box-1/config:4: mqtt.port: Input should be less than or equal to 65535 (got 99999)"
+    ]
+
+
+def test_yaml_syntax_error_has_line_and_column(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        device:
+          id: box-1
+        mqtt:
+          host: broker: 1883
+        """,
+    )
+    assert problems_of(path) == [f"{path}:4:15: YAML syntax error: mapping values are not allowed here"]
+
+
+def test_unclosed_flow_sequence_is_a_syntax_error(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        device:
+          id: box-1
+          groups: [lobby, hall
+        mqtt:
+          port: 1883
+        """,
+    )
+    # PyYAML notices the missing `]` only at the next key (line 4), not where the `[` opened
+    assert problems_of(path) == [f"{path}:4:5: YAML syntax error: expected ',' or ']', but got ':'"]
+
+
+def test_tab_indentation_is_a_syntax_error(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("device:\n\tid: box-1\n", encoding="utf-8")
+    assert problems_of(path) == [
+        f"{path}:2:1: YAML syntax error: found character '\\t' that cannot start any token"
+    ]
+
+
+def test_control_character_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("device:\n  id: box\x00-1\n", encoding="utf-8")
+    assert problems_of(path) == [f"{path}:2:10: YAML syntax error: character #x0000 is not allowed"]
+
+
+def test_file_that_is_not_utf8_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_bytes(b"device:\n  id: caf\xe9\n")
+    assert problems_of(path) == [f"{path}: cannot read config file: not UTF-8 text (byte 17)"]
+
+
+def test_recursive_alias_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        device: &dev
+          id: box-1
+          groups: *dev
+        """,
+    )
+    assert problems_of(path) == [
+        f"{path}: YAML error: the document nests too deeply (or an alias refers to itself)"
+    ]
+
+
+@pytest.mark.parametrize(
+    "text", ["", "\n\n", "# only a comment\n", "---\n"], ids=["empty", "blank", "comment", "marker"]
+)
+def test_empty_file(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(text, encoding="utf-8")
+    assert problems_of(path) == [f"{path}:1: the config is empty; expected a mapping with at least 'device'"]
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [("- device: {id: box-1}\n", "a list"), ("just text\n", "a str"), ("42\n", "a int")],
+    ids=["list", "string", "int"],
+)
+def test_top_level_not_a_mapping(tmp_path: Path, text: str, kind: str) -> None:
+    path = write(tmp_path, text)
+    assert problems_of(path) == [f"{path}:1: the config is {kind}; expected a mapping with at least 'device'"]
+
+
+def test_file_that_does_not_exist(tmp_path: Path) -> None:
+    path = tmp_path / "nope" / "agent.yaml"
+    assert problems_of(path) == [f"{path}: cannot read config file: No such file or directory"]
+
+
+def test_directory_instead_of_file(tmp_path: Path) -> None:
+    assert problems_of(tmp_path) == [f"{tmp_path}: cannot read config file: Is a directory"]
+
+
+def test_config_error_is_raised_without_pydantic_chain(tmp_path: Path) -> None:
+    path = write(tmp_path, "device:\n  id: box-1\nmqtt:\n  port: 99999\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    assert info.value.__cause__ is None
+    assert info.value.__suppress_context__
+
+
+# --- ${ENV} interpolation ------------------------------------------------------------------------
+
+
+def test_env_plain_default_and_literal(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        device:
+          id: ${DEVICE_ID}
+        mqtt:
+          host: ${MQTT_HOST:-127.0.0.1}
+          client_id: ${CLIENT:-agent}-${DEVICE_ID}
+          username: $${NOT_EXPANDED}
+          password: pre-$${A}-${SECRET:-}-post
+        """,
+    )
+    cfg = load_config(path, environ={"DEVICE_ID": "box-7", "NOT_EXPANDED": "oops", "A": "oops"})
+    assert cfg.device.id == "box-7"
+    assert cfg.mqtt.host == "127.0.0.1"
+    assert cfg.mqtt.client_id == "agent-box-7"
+    assert cfg.mqtt.username == "${NOT_EXPANDED}"
+    assert cfg.mqtt.password == "pre-${A}--post"
+
+
+def test_env_value_overrides_default(tmp_path: Path) -> None:
+    path = write(tmp_path, "device:\n  id: box-1\nmqtt:\n  host: ${MQTT_HOST:-127.0.0.1}\n")
+    assert load_config(path, environ={"MQTT_HOST": "broker.lan"}).mqtt.host == "broker.lan"
+    # set but empty is still "set": no fallback to the default, and an empty host is then rejected
+    assert problems_of(path, {"MQTT_HOST": ""}) == [
+        f"{path}:4: mqtt.host: String should have at least 1 character (got '')"
+    ]
+
+
+def test_env_value_is_not_expanded_again(tmp_path: Path) -> None:
+    path = write(tmp_path, "device:\n  id: box-1\nmqtt:\n  username: ${USER_NAME}\n")
+    cfg = load_config(path, environ={"USER_NAME": "${OTHER}"})
+    assert cfg.mqtt.username == "${OTHER}"
+
+
+def test_env_in_lists(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        device:
+          id: box-1
+          groups:
+            - ${SITE}
+            - floor-${FLOOR:-0}
+          # in a flow sequence `{` is an indicator, so the reference must be quoted
+        """,
+    )
+    cfg = load_config(path, environ={"SITE": "hq"})
+    assert cfg.device.groups == ["hq", "floor-0"]
+    flow = write(tmp_path, 'device:\n  id: box-1\n  groups: ["${SITE}", "b-${B:-2}"]\n', name="flow.yaml")
+    assert load_config(flow, environ={"SITE": "hq"}).device.groups == ["hq", "b-2"]
+
+
+def test_env_in_nested_keys(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        device:
+          id: box-1
+        registry:
+          url: file://${REGISTRY_DIR}
+        mqtt:
+          tls:
+            ca_file: ${CERTS}/ca.crt
+            cert_file: ${CERTS}/client.crt
+            key_file: ${CERTS}/client.key
+          outbox:
+            max_messages: ${OUTBOX_MAX:-5000}
+        pipelines:
+          - name: ${PIPELINE:-cam}
+            model: {name: m, version: "${MODEL_VERSION}"}
+            source:
+              type: video
+              uri: ${CAMERA}
+              fps: ${FPS:-2.5}
+            postprocess: {type: raw}
+        """,
+    )
+    env = {
+        "REGISTRY_DIR": "/srv/reg",
+        "CERTS": "/etc/certs",
+        "MODEL_VERSION": "3.1",
+        "CAMERA": "rtsp://cam/1",
+    }
+    cfg = load_config(path, environ=env)
+    assert cfg.registry is not None
+    assert cfg.registry.url == "file:///srv/reg"
+    assert cfg.mqtt.tls is not None
+    assert cfg.mqtt.tls.ca_file == Path("/etc/certs/ca.crt")
+    assert cfg.mqtt.tls.key_file == Path("/etc/certs/client.key")
+    assert cfg.mqtt.outbox.max_messages == 5000  # a string from the environment, validated as an int
+    (pipeline,) = cfg.pipelines
+    assert pipeline.name == "cam"
+    assert pipeline.model.version == "3.1"
+    assert pipeline.source.uri == "rtsp://cam/1"
+    assert pipeline.source.fps == 2.5
+
+
+PORT_FROM_ENV = """
+device:
+  id: box-1
+mqtt:
+  host: broker.local
+  port: ${PORT}
+"""
+
+
+def test_env_value_is_validated_after_interpolation(tmp_path: Path) -> None:
+    path = write(tmp_path, PORT_FROM_ENV)
+    assert load_config(path, environ={"PORT": "8883"}).mqtt.port == 8883
+    assert problems_of(path, {"PORT": "abc"}) == [
+        f"{path}:5: mqtt.port: Input should be a valid integer, "
+        "unable to parse string as an integer (got 'abc')"
+    ]
+    assert problems_of(path, {"PORT": "70000"}) == [
+        f"{path}:5: mqtt.port: Input should be less than or equal to 65535 (got '70000')"
+    ]
+
+
+def test_env_value_breaking_the_name_rule(tmp_path: Path) -> None:
+    path = write(tmp_path, "device:\n  id: ${DEVICE_ID}\n")
+    assert problems_of(path, {"DEVICE_ID": "box/1"}) == [f"{path}:2: device.id: {bad_name('box/1')}"]
+
+
+def test_env_errors_come_before_validation(tmp_path: Path) -> None:
+    # An unset variable is reported alone: validating a half-interpolated document would add noise.
+    path = write(tmp_path, "device:\n  id: ${DEVICE_ID}\nmqtt:\n  port: 99999\n")
+    assert problems_of(path) == [
+        f"{path}:2: device.id: environment variable DEVICE_ID is not set "
+        "(write ${DEVICE_ID:-default} to give a default)"
+    ]
+
+
+def test_environ_defaults_to_os_environ(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The one test that uses the process environment: it checks the environ=None default.
+    monkeypatch.setenv("EDGE_TEST_DEVICE_ID", "from-os-environ")
+    path = write(tmp_path, "device:\n  id: ${EDGE_TEST_DEVICE_ID}\n")
+    assert load_config(path).device.id == "from-os-environ"
+    assert parse_config(path.read_text()).device.id == "from-os-environ"
+
+
+# --- good configs --------------------------------------------------------------------------------
+
+
+def test_example_config_validates() -> None:
+    cfg = load_config(EXAMPLE, environ={})
+    assert cfg.device.id == "lobby-cam-01"
+    assert cfg.device.groups == ["lobby", "building-7"]
+    assert cfg.mqtt.host == "127.0.0.1"
+    assert cfg.registry is not None
+    assert cfg.registry.url == "file:///srv/edge-registry"
+    assert [p.name for p in cfg.pipelines] == ["entrance", "raw-debug"]
+    entrance, raw = cfg.pipelines
+    assert entrance.model.version == "2.0"
+    assert entrance.preprocess.resize is not None
+    assert (entrance.preprocess.resize.width, entrance.preprocess.resize.height) == (192, 48)
+    assert entrance.postprocess.type == "classification"
+    assert entrance.postprocess.labels == ["upright", "upside-down"]
+    assert raw.enabled is False
+    assert raw.source.uri == "0"
+    assert raw.postprocess.type == "raw"
+
+
+def test_example_config_env_overrides() -> None:
+    cfg = load_config(EXAMPLE, environ={"EDGE_DEVICE_ID": "dock-2", "MQTT_HOST": "mqtt.site"})
+    assert (cfg.device.id, cfg.mqtt.host) == ("dock-2", "mqtt.site")
+
+
+def test_example_config_documents_the_defaults() -> None:
+    """The example says it lists "every key, with its default": hold it to that."""
+    example = load_config(EXAMPLE, environ={})
+    minimal = parse_config("device:\n  id: lobby-cam-01\n", environ={})
+    assert example.mqtt == minimal.mqtt == MqttConfig()
+    assert example.mqtt.outbox == OutboxConfig()
+    assert example.state_dir == minimal.state_dir == Path("/var/lib/edge-agent")
+    assert example.log_level == minimal.log_level == "info"
+    mqtt = minimal.mqtt
+    assert (mqtt.host, mqtt.port, mqtt.protocol, mqtt.topic_prefix) == ("127.0.0.1", 1883, "5", "edge")
+    assert (mqtt.client_id, mqtt.username, mqtt.password, mqtt.tls) == (None, None, None, None)
+    assert (mqtt.keepalive_s, mqtt.reconnect_min_s, mqtt.reconnect_max_s) == (30, 1.0, 60.0)
+    assert mqtt.outbox.max_messages == 100_000
+    assert mqtt.outbox.max_inflight == 20
+    assert mqtt.outbox.flush_timeout_s == 10.0
+    assert minimal.registry is None
+    assert minimal.pipelines == []
+
+    # Pipeline keys the example marks as defaults.
+    entrance = example.pipelines[0]
+    bare = parse_config(
+        "device: {id: a}\nregistry: {url: 'file:///r'}\n"
+        "pipelines: [{name: p, model: {name: m, version: '1'}, source: {type: video, uri: '0'},"
+        " postprocess: {type: raw}}]\n",
+        environ={},
+    ).pipelines[0]
+    assert bare.enabled is entrance.enabled is True
+    for key in ("loop", "reopen_min_s", "reopen_max_s"):
+        assert getattr(bare.source, key) == getattr(entrance.source, key), key
+    for key in ("input", "scale", "layout", "dtype"):
+        assert getattr(bare.preprocess, key) == getattr(entrance.preprocess, key), key
+    assert bare.preprocess.scale == 1 / 255
+    assert bare.postprocess.type == "raw"
+    assert bare.postprocess.max_values == example.pipelines[1].postprocess.max_values == 1000
+
+
+def test_gray_pipeline_with_default_mean_and_std() -> None:
+    cfg = parse_config(
+        "device: {id: a}\nregistry: {url: 'file:///r'}\n"
+        "pipelines: [{name: p, model: {name: m, version: '1'}, source: {type: video, uri: '0'},"
+        " preprocess: {color: gray}, postprocess: {type: raw}}]\n",
+        environ={},
+    )
+    preprocess = cfg.pipelines[0].preprocess
+    assert (preprocess.color, preprocess.mean, preprocess.std) == ("gray", [0.0], [1.0])
+
+
+def test_protocol_accepts_int_and_dotted_version(tmp_path: Path) -> None:
+    assert parse_config("device: {id: a}\nmqtt: {protocol: 5}\n", environ={}).mqtt.protocol == "5"
+    assert parse_config("device: {id: a}\nmqtt: {protocol: 3.1.1}\n", environ={}).mqtt.protocol == "3.1.1"
+
+
+def test_demo_config_validates(tmp_path: Path) -> None:
+    work = tmp_path / "demo work"
+    text = DEMO.read_text(encoding="utf-8").replace("@PORT@", "1883").replace("@WORK@", str(work))
+    assert "@" not in text
+    cfg = load_config(write(tmp_path, text, name="demo.yaml"), environ={})
+    assert cfg.device.id == "demo-box"
+    assert cfg.state_dir == work / "state"
+    assert cfg.mqtt.port == 1883
+    assert cfg.registry is not None
+    assert cfg.registry.url == f"file://{work}/registry"
+    (pipeline,) = cfg.pipelines
+    assert pipeline.name == "sign-orientation"
+    assert pipeline.source.uri == f"{work}/signs.mp4"
+    assert pipeline.postprocess.type == "classification"
+
+
+def test_config_objects_are_frozen() -> None:
+    cfg = load_config(EXAMPLE, environ={})
+    assert isinstance(cfg, AgentConfig)
+    with pytest.raises(ValueError, match="frozen"):
+        cfg.mqtt.port = 1  # type: ignore[misc]
