@@ -28,6 +28,9 @@ _ENV_REF = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 PathKey = tuple[str | int, ...]
 
+# Far beyond any real config; stops "billion laughs" alias expansion (configs also arrive over MQTT).
+_MAX_NODES = 100_000
+
 
 def load_config(path: Path, environ: Mapping[str, str] | None = None) -> AgentConfig:
     """Read, interpolate and validate one agent config file. Raises ConfigError."""
@@ -106,6 +109,8 @@ def _build(
     source: str,
     problems: list[str],
 ) -> Any:
+    if len(lines) >= _MAX_NODES:
+        raise ConfigError([f"{source}: the document has more than {_MAX_NODES} values (alias expansion?)"])
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         result: dict[Any, Any] = {}

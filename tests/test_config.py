@@ -7,6 +7,7 @@ messages are deterministic. `environ=` is passed explicitly so the host's enviro
 from __future__ import annotations
 
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -866,3 +867,17 @@ def test_config_objects_are_frozen() -> None:
     assert isinstance(cfg, AgentConfig)
     with pytest.raises(ValueError, match="frozen"):
         cfg.mqtt.port = 1  # type: ignore[misc]
+
+
+def test_alias_expansion_bomb_is_refused_quickly(tmp_path: Path) -> None:
+    # Each level repeats the previous one 10 times: 10**8 values if expanded.
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 9):
+        levels.append(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]")
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(levels) + "\n")
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert caught.value.problems == [f"{path}: the document has more than 100000 values (alias expansion?)"]
+    assert time.monotonic() - started < 30
