@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 _STATUS_FILE_EVERY_S = 5.0
 _REBUILD_MIN_S = 10.0
 _REBUILD_MAX_S = 600.0
+_BUILDER_JOIN_S = 30.0
 
 
 def iso_utc(timestamp: float) -> str:
@@ -120,10 +121,14 @@ class Agent:
         """Run until `stop` is set (SIGTERM/SIGINT) or `duration_s` passes."""
         deadline = None if duration_s is None else time.monotonic() + duration_s
         self.mqtt.start()
-        for slot in self.slots:
-            self._try_build(slot)
+        # Pipelines are built off the main thread: a slow model pull must not hold back
+        # READY, the watchdog or the status of the pipelines that already run.
+        builder = threading.Thread(
+            target=self._builder_main, args=(stop,), name="pipeline-builder", daemon=True
+        )
+        builder.start()
         notify("READY=1", f"STATUS={self._summary()}")
-        log.info("edge-agent %s running as %s: %s", __version__, self.config.device.id, self._summary())
+        log.info("edge-agent %s running as %s", __version__, self.config.device.id)
         watchdog = watchdog_interval_s()
         next_status_file = 0.0
         try:
@@ -132,19 +137,31 @@ class Agent:
                 if deadline is not None and now >= deadline:
                     log.info("run duration reached, stopping")
                     break
-                self._retry_failed()
                 self._report_state_changes()
                 if now >= next_status_file:
                     self.write_status_file()
                     next_status_file = now + _STATUS_FILE_EVERY_S
                 if watchdog is not None and self._healthy():
                     notify("WATCHDOG=1")
-                wait = 1.0 if watchdog is None else min(1.0, watchdog)
+                wait = 0.5 if watchdog is None else min(0.5, watchdog)
                 if deadline is not None:
                     wait = max(0.0, min(wait, deadline - time.monotonic()))
                 stop.wait(wait)
         finally:
+            stop.set()
+            builder.join(_BUILDER_JOIN_S)
             self.shutdown()
+
+    def _builder_main(self, stop: threading.Event) -> None:
+        """Build every pipeline, then retry the failed ones with backoff until stopped."""
+        while not stop.is_set():
+            now = time.monotonic()
+            for slot in self.slots:
+                if stop.is_set():
+                    return
+                if slot.pipeline is None and now >= slot.retry_at:
+                    self._try_build(slot, stop)
+            stop.wait(0.5)
 
     def shutdown(self) -> None:
         notify("STOPPING=1", "STATUS=stopping")
@@ -169,18 +186,24 @@ class Agent:
 
     # --- pipelines ---------------------------------------------------------------------
 
-    def _try_build(self, slot: PipelineSlot) -> None:
+    def _try_build(self, slot: PipelineSlot, stop: threading.Event) -> None:
         config = slot.config
         slot.attempts += 1
         try:
-            slot.pipeline = self._build(config)
-        except (EdgeAgentError, BackendError, OSError) as exc:
+            pipeline = self._build(config)
+        except Exception as exc:  # whatever a model or source does wrong, the daemon runs on
             delay = min(_REBUILD_MIN_S * 2 ** (slot.attempts - 1), _REBUILD_MAX_S)
             slot.error, slot.retry_at = str(exc), time.monotonic() + delay
-            log.error("pipeline %s not started: %s (retry in %.0f s)", config.name, exc, delay)
+            expected = isinstance(exc, (EdgeAgentError, BackendError, OSError))
+            log.error("pipeline %s not started: %s (retry in %.0f s)", config.name, exc, delay,
+                      exc_info=not expected)  # fmt: skip
+            return
+        if stop.is_set():  # built while the daemon was asked to stop: do not start it
+            pipeline.model.session.close()
             return
         slot.error = None
-        slot.pipeline.start()
+        pipeline.start()
+        slot.pipeline = pipeline
         log.info("pipeline %s started", config.name)
 
     def _build(self, config: PipelineConfig) -> Pipeline:
@@ -201,12 +224,6 @@ class Agent:
             session.close()
             raise
         return pipeline
-
-    def _retry_failed(self) -> None:
-        now = time.monotonic()
-        for slot in self.slots:
-            if slot.pipeline is None and now >= slot.retry_at:
-                self._try_build(slot)
 
     # --- status ------------------------------------------------------------------------
 
