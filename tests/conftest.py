@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.mqtt_fixtures", "tests.store_fixtures"]
+pytest_plugins = ["tests.mqtt_fixtures", "tests.store_fixtures", "tests.media_fixtures"]

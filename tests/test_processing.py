@@ -118,7 +118,9 @@ def test_preprocess_float16(frame: np.ndarray) -> None:
 @pytest.mark.parametrize(("color", "layout"), [("rgb", "nhwc"), ("bgr", "nchw")])
 def test_preprocess_uint8_passes_raw_pixels(frame: np.ndarray, color: str, layout: str) -> None:
     # Quantised models take raw pixels: scale/mean/std must not be applied.
-    config = PreprocessConfig(color=color, mean=[9.0, 9.0, 9.0], std=[3.0, 3.0, 3.0], layout=layout, dtype="uint8")
+    config = PreprocessConfig(
+        color=color, mean=[9.0, 9.0, 9.0], std=[3.0, 3.0, 3.0], layout=layout, dtype="uint8"
+    )
     shape = (1, 12, 14, 3) if layout == "nhwc" else (1, 3, 12, 14)
     tensor = Preprocessor(config, [_spec(shape, "uint8")])(frame)
     assert tensor.dtype == np.uint8
@@ -309,7 +311,7 @@ def test_labels_count_mismatch_raises() -> None:
 
 
 def test_labels_count_mismatch_with_dynamic_batch() -> None:
-    with pytest.raises(ModelError, match="2 names .* 1000 classes"):
+    with pytest.raises(ModelError, match=r"2 names .* 1000 classes"):
         build_postprocessor(_cls_config(labels=["a", "b"]), [_spec(("N", 1000))])
 
 
@@ -338,7 +340,9 @@ def test_output_selection_by_name() -> None:
 def test_default_output_is_the_first() -> None:
     outputs = [_spec((1, 2), name="first"), _spec((1, 3), name="second")]
     post = build_postprocessor(_cls_config(softmax=False), outputs)
-    assert post({"first": np.array([[0.1, 0.9]]), "second": np.array([[1.0, 0.0, 0.0]])})["top"][0]["index"] == 1
+    assert (
+        post({"first": np.array([[0.1, 0.9]]), "second": np.array([[1.0, 0.0, 0.0]])})["top"][0]["index"] == 1
+    )
 
 
 # --- postprocess: raw ----------------------------------------------------------------------------
@@ -352,8 +356,18 @@ def test_raw_truncates_and_flags() -> None:
     result = post({"big": value, "small": small})
     json.dumps(result)
     big = result["outputs"]["big"]
-    assert big == {"shape": [1, 2, 3], "dtype": "float32", "values": [0.0, 1.0, 2.0, 3.0, 4.0], "truncated": True}
-    assert result["outputs"]["small"] == {"shape": [1, 2], "dtype": "int64", "values": [1, 2], "truncated": False}
+    assert big == {
+        "shape": [1, 2, 3],
+        "dtype": "float32",
+        "values": [0.0, 1.0, 2.0, 3.0, 4.0],
+        "truncated": True,
+    }
+    assert result["outputs"]["small"] == {
+        "shape": [1, 2],
+        "dtype": "int64",
+        "values": [1, 2],
+        "truncated": False,
+    }
 
 
 def test_raw_exactly_max_values_is_not_truncated() -> None:

@@ -1,0 +1,250 @@
+"""A whole pipeline without MQTT: real video -> real PP-OCR direction classifier -> collected results."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from agent.config import ClassificationPostprocess, ModelRef, PipelineConfig, VideoSourceConfig
+from agent.pipeline import LoadedModel, Pipeline
+from providers import BackendError, Session, TensorSpec, select_backend
+from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, cls_artifact, demo_video_module, wait_until
+
+VIDEO_FPS = 10
+SECONDS_PER_SIGN = 1.0  # 6 signs: a 6 s video of 60 frames
+LATENCY_KEYS = {"preprocess", "inference", "postprocess", "capture_to_result"}
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.results: list[tuple[str, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+
+    def submit(self, pipeline: str, result: dict[str, Any]) -> None:
+        with self._lock:
+            self.results.append((pipeline, result))
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.results)
+
+
+class FlakySession(Session):
+    """The real session, except that every `every`-th run raises (or every run, with every=1)."""
+
+    def __init__(self, inner: Session, every: int) -> None:
+        self.inner = inner
+        self.every = every
+        self.backend = inner.backend
+        self.precision = inner.precision
+        self.calls = 0
+        self.failures = 0
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return self.inner.inputs
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return self.inner.outputs
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.calls += 1
+        if self.calls % self.every == 0:
+            self.failures += 1
+            raise BackendError(f"simulated device hiccup on call {self.calls}")
+        return self.inner.run(feeds)
+
+
+@pytest.fixture(scope="module")
+def orientation_video(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, object]]]:
+    path = tmp_path_factory.mktemp("pipeline") / "signs.mp4"
+    truth = demo_video_module().make_orientation_video(path, fps=VIDEO_FPS, seconds_per_sign=SECONDS_PER_SIGN)
+    return path, truth
+
+
+@pytest.fixture(scope="module")
+def loaded(cls_model_path: Path) -> LoadedModel:
+    session, choice = select_backend([cls_artifact(cls_model_path)])
+    return LoadedModel(name="pp-ocr-cls", version="2.0", sha256="ab" * 32, session=session, choice=choice)
+
+
+def _config(uri: Path, fps: float | None) -> PipelineConfig:
+    return PipelineConfig(
+        name="orientation",
+        model=ModelRef(name="pp-ocr-cls", version="2.0"),
+        source=VideoSourceConfig(type="video", uri=str(uri), fps=fps),
+        preprocess=CLS_PREPROCESS,
+        # The model already outputs probabilities: no second softmax.
+        postprocess=ClassificationPostprocess(
+            type="classification", softmax=False, top_k=2, labels=CLS_LABELS
+        ),
+    )
+
+
+@pytest.fixture
+def started() -> Iterator[list[Pipeline]]:
+    pipelines: list[Pipeline] = []
+    yield pipelines
+    for pipeline in pipelines:
+        pipeline.stop(timeout=5)
+
+
+def test_pipeline_end_to_end_matches_ground_truth(
+    orientation_video: tuple[Path, list[dict[str, object]]], loaded: LoadedModel, started: list[Pipeline]
+) -> None:
+    path, truth = orientation_video
+    sink = ListSink()
+    pipeline = Pipeline(_config(path, fps=2), loaded, sink)
+    started.append(pipeline)
+    assert pipeline.preprocess.shape == (1, 3, 48, 192)
+    pipeline.warm_up()
+    pipeline.start()
+    assert wait_until(lambda: pipeline.finished, timeout=30, interval=0.05)
+    pipeline.stop(timeout=5)
+
+    status = pipeline.status()
+    assert status["state"] == "finished"
+    assert status["errors"] == 0 and status["last_error"] is None
+    assert status["backend"] == "onnxruntime/CPUExecutionProvider"
+    assert status["model"] == "pp-ocr-cls@2.0"
+    assert status["source"]["state"] == "finished"
+    assert status["mean_inference_ms"] is not None and status["mean_inference_ms"] > 0
+
+    # 60 frames at 10 fps capped to 2 fps: 12 frames reach the model (a few may be dropped).
+    handed = status["source"]["frames_decoded"] - status["source"]["frames_skipped_by_fps"]
+    assert handed == 12
+    assert status["results"] == sink.count() == handed - pipeline.slot.dropped
+    assert sink.count() >= 8
+
+    seen_orientations = set()
+    for name, result in sink.results:
+        assert name == "orientation"
+        json.dumps(result)
+        assert set(result) == {
+            "captured_at",
+            "model",
+            "backend",
+            "precision",
+            "latency_ms",
+            "source",
+            "output",
+        }
+        assert isinstance(result["captured_at"], float) and abs(result["captured_at"] - time.time()) < 120
+        assert result["model"] == {"name": "pp-ocr-cls", "version": "2.0", "sha256": "ab" * 32}
+        assert result["backend"] == "onnxruntime/CPUExecutionProvider"
+        assert result["precision"] == "fp32"
+        assert set(result["latency_ms"]) == LATENCY_KEYS
+        assert all(isinstance(v, float) and v >= 0 for v in result["latency_ms"].values())
+        source = result["source"]
+        assert set(source) == {"uri", "frame", "position_s", "frames_dropped"}
+        assert source["uri"] == str(path)
+        assert source["position_s"] == pytest.approx((source["frame"] - 1) / VIDEO_FPS, abs=1e-3)
+        top = result["output"]["top"]
+        assert [t["label"] for t in top] in (CLS_LABELS, CLS_LABELS[::-1])
+        assert top[0]["score"] >= top[1]["score"]
+        assert top[0]["score"] + top[1]["score"] == pytest.approx(1.0, abs=1e-3)
+        expected = demo_video_module().truth_at(truth, source["position_s"])
+        assert expected is not None
+        assert top[0]["label"] == expected["orientation"], (source, top, expected)
+        seen_orientations.add(top[0]["label"])
+    assert seen_orientations == set(CLS_LABELS)
+    positions = [r["source"]["position_s"] for _, r in sink.results]
+    assert positions == sorted(positions)
+    assert (np.diff(positions) >= 0.5 - 1e-3).all()  # the 2 fps cap, on the video's timeline
+
+
+def test_pipeline_keeps_going_when_some_frames_fail(
+    tmp_path: Path, loaded: LoadedModel, started: list[Pipeline]
+) -> None:
+    path = tmp_path / "fast.mp4"
+    truth = demo_video_module().make_orientation_video(path, fps=30, seconds_per_sign=0.4)  # 72 frames, 2.4 s
+    flaky = FlakySession(loaded.session, every=3)
+    model = LoadedModel(loaded.name, loaded.version, loaded.sha256, flaky, loaded.choice)
+    sink = ListSink()
+    pipeline = Pipeline(_config(path, fps=None), model, sink)
+    started.append(pipeline)
+    pipeline.start()
+    assert wait_until(lambda: pipeline.finished, timeout=30, interval=0.05)
+    pipeline.stop(timeout=5)
+
+    status = pipeline.status()
+    assert flaky.calls >= 30
+    assert status["errors"] == flaky.failures == flaky.calls // 3
+    assert status["results"] == sink.count() == flaky.calls - flaky.failures
+    assert status["last_error"] is not None and "simulated device hiccup" in status["last_error"]
+    assert status["state"] == "finished"  # occasional failures never make it degraded
+    assert status["error"] is None
+    # Results after failures are still right.
+    correct = 0
+    for _, result in sink.results:
+        expected = demo_video_module().truth_at(truth, result["source"]["position_s"])
+        assert expected is not None
+        correct += result["output"]["top"][0]["label"] == expected["orientation"]
+    assert correct >= 0.9 * sink.count()
+    frames = [r["source"]["frame"] for _, r in sink.results]
+    assert frames == sorted(frames) and frames[-1] > 0.8 * 72
+
+
+class FailingSink(ListSink):
+    """Refuses every other result, as an outbox on a full disk would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def submit(self, pipeline: str, result: dict[str, Any]) -> None:
+        self.calls += 1
+        if self.calls % 2 == 0:
+            raise OSError(28, "No space left on device")
+        super().submit(pipeline, result)
+
+
+def test_pipeline_counts_sink_failures_and_keeps_going(
+    tmp_path: Path, loaded: LoadedModel, started: list[Pipeline]
+) -> None:
+    path = tmp_path / "fast.mp4"
+    demo_video_module().make_orientation_video(path, fps=30, seconds_per_sign=0.2)  # 36 frames, 1.2 s
+    sink = FailingSink()
+    pipeline = Pipeline(_config(path, fps=None), loaded, sink)
+    started.append(pipeline)
+    pipeline.start()
+    assert wait_until(lambda: pipeline.finished, timeout=30, interval=0.05)
+    pipeline.stop(timeout=5)
+    status = pipeline.status()
+    assert sink.calls >= 10
+    assert status["results"] == sink.count() == (sink.calls + 1) // 2
+    assert status["errors"] == sink.calls // 2
+    assert status["last_error"] is not None
+    assert status["last_error"].startswith("cannot store result") and "No space left" in status["last_error"]
+    assert status["state"] == "finished"
+
+
+def test_pipeline_reports_degraded_when_every_frame_fails(
+    tmp_path: Path, loaded: LoadedModel, started: list[Pipeline]
+) -> None:
+    path = tmp_path / "fast.mp4"
+    demo_video_module().make_orientation_video(path, fps=30, seconds_per_sign=0.5)  # 90 frames, 3 s
+    broken = FlakySession(loaded.session, every=1)
+    model = LoadedModel(loaded.name, loaded.version, loaded.sha256, broken, loaded.choice)
+    sink = ListSink()
+    pipeline = Pipeline(_config(path, fps=None), model, sink)
+    started.append(pipeline)
+    pipeline.start()
+    assert wait_until(lambda: pipeline.status()["errors"] >= 12, timeout=20)
+    status = pipeline.status()
+    assert status["state"] == "degraded", status
+    assert "simulated device hiccup" in status["error"]
+    assert status["results"] == 0 and sink.count() == 0
+    started_stop = time.monotonic()
+    pipeline.stop(timeout=5)
+    assert time.monotonic() - started_stop < 3.0
+    assert pipeline.finished
+    assert pipeline.status()["state"] == "stopped"

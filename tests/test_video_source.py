@@ -1,0 +1,336 @@
+"""LatestFrameSlot and VideoSource with real videos decoded by OpenCV. Every wait is bounded."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.config import VideoSourceConfig
+from agent.sources import Frame, LatestFrameSlot, VideoSource, redact_uri
+from tests import media_fixtures
+from tests.media_fixtures import free_port, wait_until
+
+short_video = media_fixtures.short_video  # 30 frames at 20 fps: 1.5 s
+
+SHORT_FRAMES, SHORT_FPS = 30, 20.0
+
+
+def _frame(index: int) -> Frame:
+    return Frame(image=np.full((2, 2, 3), index % 256, np.uint8), index=index, captured_at=time.time())
+
+
+def _source(uri: str | Path, **kwargs: object) -> tuple[VideoSource, LatestFrameSlot]:
+    config = VideoSourceConfig(type="video", uri=str(uri), **kwargs)  # type: ignore[arg-type]
+    slot = LatestFrameSlot()
+    return VideoSource(config, "cam", slot), slot
+
+
+def _drain(source: VideoSource, slot: LatestFrameSlot, timeout: float, delay: float = 0.0) -> list[Frame]:
+    """Read frames until the slot closes (the source ended) or `timeout`; sleep `delay` after each."""
+    frames: list[Frame] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        frame = slot.get(timeout=0.2)
+        if frame is None:
+            if slot.closed:
+                break
+            continue
+        frames.append(frame)
+        if delay:
+            time.sleep(delay)
+    return frames
+
+
+@pytest.fixture
+def running() -> Iterator[list[VideoSource]]:
+    """Sources a test started; each is stopped (bounded) at teardown even if the test fails."""
+    sources: list[VideoSource] = []
+    yield sources
+    for source in sources:
+        source.stop(timeout=5)
+
+
+# --- LatestFrameSlot -----------------------------------------------------------------------------
+
+
+def test_slot_keeps_only_newest_and_counts_drops() -> None:
+    slot = LatestFrameSlot()
+    for i in range(1, 6):
+        slot.put(_frame(i))
+    assert slot.dropped == 4
+    frame = slot.get(timeout=1.0)
+    assert frame is not None and frame.index == 5
+    slot.put(_frame(6))
+    assert slot.dropped == 4  # the slot was empty: nothing was dropped
+    got = slot.get(timeout=1.0)
+    assert got is not None and got.index == 6
+
+
+def test_slot_get_times_out_with_none() -> None:
+    slot = LatestFrameSlot()
+    started = time.monotonic()
+    assert slot.get(timeout=0.1) is None
+    elapsed = time.monotonic() - started
+    assert 0.09 <= elapsed < 2.0
+
+
+def test_slot_wakes_a_blocked_reader_on_put() -> None:
+    slot = LatestFrameSlot()
+    timer = threading.Timer(0.05, slot.put, args=(_frame(1),))
+    timer.start()
+    try:
+        started = time.monotonic()
+        frame = slot.get(timeout=5.0)
+        assert frame is not None and frame.index == 1
+        assert time.monotonic() - started < 3.0
+    finally:
+        timer.cancel()
+
+
+def test_slot_close_wakes_a_blocked_reader() -> None:
+    slot = LatestFrameSlot()
+    result: list[object] = []
+    reader = threading.Thread(target=lambda: result.append(slot.get(timeout=10.0)), daemon=True)
+    started = time.monotonic()
+    reader.start()
+    time.sleep(0.05)
+    slot.close()
+    reader.join(timeout=3.0)
+    assert not reader.is_alive()
+    assert result == [None]
+    assert time.monotonic() - started < 3.0
+    assert slot.closed
+
+
+def test_slot_close_returns_what_is_left_then_none() -> None:
+    slot = LatestFrameSlot()
+    slot.put(_frame(1))
+    slot.close()
+    frame = slot.get(timeout=1.0)
+    assert frame is not None and frame.index == 1
+    started = time.monotonic()
+    assert slot.get(timeout=5.0) is None
+    assert time.monotonic() - started < 1.0  # closed and empty: no waiting
+
+
+# --- redact_uri ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        ("rtsp://user:secret@127.0.0.1:1/x", "rtsp://user:***@127.0.0.1:1/x"),
+        ("rtsp://admin:p%40ss@cam.local/stream?ch=1#f", "rtsp://admin:***@cam.local/stream?ch=1#f"),
+        ("http://u:p@w@host:8080/video.mjpg", "http://u:***@host:8080/video.mjpg"),
+        ("rtsp://user:secret@[fe80::1]:554/x", "rtsp://user:***@[fe80::1]:554/x"),
+        ("rtsp://user:secret@[::1]/x", "rtsp://user:***@[::1]/x"),
+        ("rtsp://onlyuser@cam/x", "rtsp://onlyuser@cam/x"),
+        ("http://cam.local/video.mjpg", "http://cam.local/video.mjpg"),
+        ("/srv/videos/a:b@c.mp4", "/srv/videos/a:b@c.mp4"),
+        ("0", "0"),
+        ("/dev/video2", "/dev/video2"),
+    ],
+)
+def test_redact_uri(uri: str, expected: str) -> None:
+    assert redact_uri(uri) == expected
+
+
+def test_redact_uri_with_a_bad_port_still_hides_the_password() -> None:
+    redacted = redact_uri("rtsp://user:secret@cam:99999/x")
+    assert "secret" not in redacted
+    assert redacted == "rtsp://user:***@cam:99999/x"
+
+
+# --- VideoSource on files ------------------------------------------------------------------------
+
+
+def test_file_plays_at_its_rate_and_finishes(short_video: tuple[Path, list], running: list) -> None:
+    path, _ = short_video
+    source, slot = _source(path)
+    running.append(source)
+    assert source.kind == "file" and source.state == "starting"
+    started = time.monotonic()
+    source.start()
+    frames = _drain(source, slot, timeout=20)
+    elapsed = time.monotonic() - started
+    assert slot.closed
+    assert wait_until(lambda: source.state == "finished", timeout=5)
+    stats = source.stats()
+    assert stats["state"] == "finished" and stats["error"] is None
+    assert stats["frames_decoded"] == SHORT_FRAMES
+    assert stats["frames_skipped_by_fps"] == 0
+    assert len(frames) + slot.dropped == SHORT_FRAMES
+    assert len(frames) >= SHORT_FRAMES * 0.7  # a fast reader sees (almost) every frame
+    # Paced like a camera: not faster than the file's duration (it sleeps), not wildly slower.
+    duration = SHORT_FRAMES / SHORT_FPS
+    assert 0.85 <= elapsed / duration < 6.0
+    indices = [f.index for f in frames]
+    assert indices == sorted(indices) and len(set(indices)) == len(indices)
+    for frame in frames:
+        assert frame.image.shape == (80, 320, 3) and frame.image.dtype == np.uint8
+        assert frame.position_s == pytest.approx((frame.index - 1) / SHORT_FPS, abs=1e-6)
+    captured = [f.captured_at for f in frames]
+    assert captured == sorted(captured)
+    assert (captured[-1] - captured[0]) / ((frames[-1].index - frames[0].index) / SHORT_FPS) >= 0.85
+    source.stop(timeout=5)
+    assert source.state == "finished"  # stop after the end keeps the outcome
+
+
+def test_fps_cap_reduces_delivered_frames(short_video: tuple[Path, list], running: list) -> None:
+    path, _ = short_video
+    source, slot = _source(path, fps=5)
+    running.append(source)
+    source.start()
+    frames = _drain(source, slot, timeout=20)
+    assert wait_until(lambda: source.state == "finished", timeout=5)
+    stats = source.stats()
+    handed = len(frames) + slot.dropped
+    assert stats["frames_decoded"] == SHORT_FRAMES
+    assert stats["frames_skipped_by_fps"] == SHORT_FRAMES - handed
+    # 20 fps file capped at 5 fps: about a quarter of the frames reach the model.
+    assert 0.2 <= handed / SHORT_FRAMES <= 0.34
+    positions = [f.position_s for f in frames]
+    assert all(p is not None for p in positions)
+    gaps = np.diff(np.array(positions, dtype=float))
+    assert (gaps >= 0.2 - 1e-6).all()  # never more often than the cap, on the video's timeline
+
+
+def test_loop_keeps_going_past_the_end(tmp_path: Path, running: list) -> None:
+    path = tmp_path / "tiny.mp4"
+    media_fixtures.demo_video_module().make_orientation_video(path, fps=30, seconds_per_sign=0.1)
+    total = 18  # 6 signs x 3 frames
+    source, slot = _source(path, loop=True)
+    running.append(source)
+    source.start()
+    frames: list[Frame] = []
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and source.stats()["frames_decoded"] < 2.5 * total:
+        frame = slot.get(timeout=0.2)
+        if frame is not None:
+            frames.append(frame)
+    assert source.stats()["frames_decoded"] >= 2.5 * total
+    assert source.state == "streaming"
+    assert not slot.closed
+    indices = [f.index for f in frames]
+    assert indices == sorted(indices) and max(indices) > 2 * total  # frame numbers keep counting
+    positions = [f.position_s for f in frames]
+    assert any(b < a for a, b in itertools.pairwise(positions))  # rewound to the start
+    assert max(p for p in positions if p is not None) < total / 30.0
+    started = time.monotonic()
+    source.stop(timeout=5)
+    assert time.monotonic() - started < 3.0
+    assert source.state == "stopped"
+    assert slot.closed
+
+
+def test_slow_consumer_gets_newest_frames_only(short_video: tuple[Path, list], running: list) -> None:
+    path, _ = short_video
+    source, slot = _source(path)
+    running.append(source)
+    source.start()
+    frames = _drain(source, slot, timeout=20, delay=0.2)  # a model 4x slower than the camera
+    assert wait_until(lambda: source.state == "finished", timeout=5)
+    assert len(frames) + slot.dropped == SHORT_FRAMES  # nothing queued, nothing lost untracked
+    assert slot.dropped >= SHORT_FRAMES / 2
+    assert source.stats()["frames_dropped"] == slot.dropped
+    assert len(frames) < SHORT_FRAMES / 2
+    indices = [f.index for f in frames]
+    assert indices == sorted(indices)
+    assert np.mean(np.diff(indices)) > 2  # it skips ahead to newer frames
+    assert indices[-1] == SHORT_FRAMES  # the very last frame is still delivered
+    # The slot never holds more than one frame: once closed, one get empties it for good.
+    assert slot.get(timeout=0.5) is None
+
+
+def test_slot_holds_one_frame_while_nobody_reads(short_video: tuple[Path, list], running: list) -> None:
+    path, _ = short_video
+    source, slot = _source(path)
+    running.append(source)
+    source.start()
+    assert wait_until(lambda: source.state == "finished", timeout=20)
+    assert slot.dropped == SHORT_FRAMES - 1
+    last = slot.get(timeout=1.0)
+    assert last is not None and last.index == SHORT_FRAMES
+    assert slot.get(timeout=0.5) is None
+
+
+def test_missing_file_retries_with_backoff_and_stops_promptly(
+    tmp_path: Path, running: list, caplog: pytest.LogCaptureFixture
+) -> None:
+    missing = tmp_path / "nope.mp4"
+    source, slot = _source(missing, reopen_min_s=0.05, reopen_max_s=0.2)
+    running.append(source)
+    attempts: list[float] = []
+    real_open = source._open
+
+    def counting_open():  # type: ignore[no-untyped-def]
+        attempts.append(time.monotonic())
+        return real_open()
+
+    source._open = counting_open  # type: ignore[method-assign]
+    caplog.set_level(logging.ERROR, logger="agent.sources.video")
+    source.start()
+    assert wait_until(lambda: len(attempts) >= 7, timeout=10)
+    stats = source.stats()
+    assert stats["state"] == "retrying"
+    assert stats["error"] == f"video file {missing} does not exist"
+    assert source.outage_started is not None
+    gaps = np.diff(attempts[:7])
+    # Delays double from 0.05 s and are capped at 0.2 s (waits never end early; they may run late).
+    assert gaps[0] >= 0.045 and gaps[1] >= 0.09
+    assert (gaps[2:] >= 0.18).all()
+    assert gaps[2:].min() < 0.4  # capped: uncapped doubling would give 0.4, 0.8, 1.6 s
+    # The same error is logged once, not once per attempt.
+    assert sum("does not exist" in r.getMessage() for r in caplog.records) == 1
+    started = time.monotonic()
+    source.stop(timeout=5)
+    assert time.monotonic() - started < 1.0
+    assert source._thread is not None and not source._thread.is_alive()
+    assert source.state == "stopped"
+    assert source.stats()["error"] == f"video file {missing} does not exist"
+    assert slot.closed and slot.get(timeout=0.1) is None
+    count = len(attempts)
+    assert source.stats()["reconnects"] == count  # every failed open is counted in status
+    time.sleep(0.3)
+    assert len(attempts) == count  # no attempts after stop
+
+
+def test_refused_url_retries_with_clear_error(running: list) -> None:
+    uri = f"http://127.0.0.1:{free_port()}/x.mjpg"
+    source, slot = _source(uri, reopen_min_s=0.05, reopen_max_s=0.2)
+    running.append(source)
+    assert source.kind == "url"
+    source.start()
+    assert wait_until(lambda: source.state == "retrying", timeout=10)
+    stats = source.stats()
+    assert stats["error"] == f"cannot open url source {uri}"
+    assert stats["frames_decoded"] == 0
+    assert slot.get(timeout=0.05) is None
+    started = time.monotonic()
+    source.stop(timeout=5)
+    assert time.monotonic() - started < 2.0
+    assert source.state == "stopped"
+
+
+def test_refused_url_does_not_leak_the_password(running: list, caplog: pytest.LogCaptureFixture) -> None:
+    uri = "rtsp://user:secret@127.0.0.1:1/x"
+    caplog.set_level(logging.DEBUG, logger="agent.sources.video")
+    source, _ = _source(uri, reopen_min_s=0.05, reopen_max_s=0.2)
+    running.append(source)
+    assert source.display_uri == "rtsp://user:***@127.0.0.1:1/x"
+    source.start()
+    assert wait_until(lambda: source.state == "retrying", timeout=10)
+    stats = source.stats()
+    assert stats["error"] == "cannot open url source rtsp://user:***@127.0.0.1:1/x"
+    assert "secret" not in repr(stats)
+    source.stop(timeout=5)
+    assert "secret" not in repr(source.stats())
+    assert caplog.records, "the failure is logged"
+    assert all("secret" not in r.getMessage() for r in caplog.records)
