@@ -11,6 +11,7 @@ PYTHON="${PYTHON:-python3}"
 need_apt=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)  # TLS tests make their certificates
 "$PYTHON" -c "import venv, ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -6,10 +6,7 @@ they work whether or not this module is listed in conftest's pytest_plugins.
 
 from __future__ import annotations
 
-import socket
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -37,23 +34,6 @@ def demo_video_module() -> ModuleType:
 
 def cls_artifact(path: Path) -> ModelArtifact:
     return ModelArtifact(path=path, format="onnx", sha256="0" * 64)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, interval: float = 0.01) -> bool:
-    """Poll `condition` until it is true or `timeout` seconds pass; returns its last value."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(interval)
-    return condition()
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,8 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
+from tests.waits import free_port
+
 START_TIMEOUT_S = 10.0
 
 
@@ -30,12 +32,6 @@ def find_mosquitto() -> str:
     if found is None:
         raise RuntimeError("mosquitto is not installed (apt-get install mosquitto)")
     return found
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _port_open(host: str, port: int) -> bool:

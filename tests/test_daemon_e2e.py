@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.mosquitto import Mosquitto, free_port
+from tests.mosquitto import Mosquitto
 from tests.mqtt_fixtures import SubscriberFactory
+from tests.waits import free_port, wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from make_demo_video import make_orientation_video, truth_at
@@ -131,13 +132,6 @@ def outbox_pending(state_dir: Path) -> int:
         return int(db.execute("SELECT COUNT(*) FROM messages").fetchone()[0])
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.1)
-
-
 # --- the main job ----------------------------------------------------------------------------
 
 
@@ -213,7 +207,7 @@ def test_results_made_while_the_broker_is_down_all_arrive_when_it_comes_up(
         config = write_config(tmp_path, broker.port, registry_dir, [pipeline("signs", str(path))])
         proc = start_agent(config, "--duration", "12")
         state_dir = tmp_path / "state"
-        wait_for(lambda: outbox_pending(state_dir) >= 4, timeout=20, what="results queued in the outbox")
+        wait_until(lambda: outbox_pending(state_dir) >= 4, "results queued in the outbox", timeout=20)
         assert proc.poll() is None, "the agent must keep running without a broker"
         broker_up = time.time()
         broker.start()

@@ -24,6 +24,7 @@ from agent.config import MqttConfig, OutboxConfig
 from agent.mqtt import MqttConnection, Outbox, results_topic
 from tests.mosquitto import Mosquitto, Subscriber, cast_delay
 from tests.mqtt_fixtures import SubscriberFactory
+from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE = "dev1"
@@ -64,14 +65,6 @@ def connection_factory(tmp_path: Path) -> Iterator[ConnectionFactory]:
     for conn, outbox in made:
         conn.stop(publish_offline=False)
         outbox.close()
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def publish_one(broker: Mosquitto, topic: str, payload: bytes) -> None:

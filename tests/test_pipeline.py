@@ -15,7 +15,8 @@ import pytest
 from agent.config import ClassificationPostprocess, ModelRef, PipelineConfig, VideoSourceConfig
 from agent.pipeline import LoadedModel, Pipeline
 from providers import BackendError, Session, TensorSpec, select_backend
-from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, cls_artifact, demo_video_module, wait_until
+from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, cls_artifact, demo_video_module
+from tests.waits import wait_until
 
 VIDEO_FPS = 10
 SECONDS_PER_SIGN = 1.0  # 6 signs: a 6 s video of 60 frames

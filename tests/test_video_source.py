@@ -15,7 +15,7 @@ import pytest
 from agent.config import VideoSourceConfig
 from agent.sources import Frame, LatestFrameSlot, VideoSource, redact_uri
 from tests import media_fixtures
-from tests.media_fixtures import free_port, wait_until
+from tests.waits import free_port, wait_until
 
 short_video = media_fixtures.short_video  # 30 frames at 20 fps: 1.5 s
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -527,7 +528,7 @@ class MqttConnection:
         if code in _AUTH_CONNACK_REFUSALS:
             log.error(
                 "%s; check mqtt.username / mqtt.password / client certificate and the broker's ACL "
-                "(retrying every %.0f s)",
+                "(retrying every %g s)",
                 why,
                 self._config.reconnect_max_s,
             )
@@ -540,14 +541,16 @@ class MqttConnection:
             log.error("%s; retrying with backoff", why)
 
     def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
+        # paho calls this from its `except OSError` around the connect attempt, so the error is at
+        # hand: name it, or a TLS failure (untrusted certificate) reads like a broker that is down.
+        error = sys.exc_info()[1]
+        why = f"cannot reach MQTT broker {self._broker}" + (f": {error}" if error is not None else "")
         with self._lock:
-            self._last_error = f"cannot reach MQTT broker {self._broker}"
+            self._last_error = why
             first = not self._unreachable_logged
             self._unreachable_logged = True
         if first:
-            log.warning(
-                "cannot reach MQTT broker %s; retrying with backoff, results wait in the outbox", self._broker
-            )
+            log.warning("%s; retrying with backoff, results wait in the outbox", why)
 
     def _on_disconnect(
         self,
@@ -567,6 +570,10 @@ class MqttConnection:
                     self._disconnects += 1
                     if not stopping:
                         self._last_error = f"disconnected: {reason_code}"
+                elif not stopping and self._last_error is None:
+                    # Dropped before CONNACK (e.g. TLS 1.3 refusing a missing client certificate):
+                    # say so, without hiding a more precise CONNACK refusal seen earlier.
+                    self._last_error = f"connection to {self._broker} closed before CONNACK: {reason_code}"
             self._events.put(("down", generation, None))
             self._wake.set()
             if was_connected and not stopping:

@@ -1,0 +1,509 @@
+"""MqttConnection against a real mosquitto with TLS, mutual TLS and username/password (nothing patched).
+
+Certificates come from the `openssl` CLI at test time (a throwaway EC CA, a server certificate for
+the IP 127.0.0.1, a client certificate for mutual TLS, and a second CA that signed nothing we use);
+the password file comes from `mosquitto_passwd`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from agent.config import MqttConfig, OutboxConfig, TlsConfig
+from agent.errors import ConfigError
+from agent.mqtt import MqttConnection, Outbox, results_topic
+from tests.mosquitto import Mosquitto
+from tests.waits import free_port, wait_until
+
+DEVICE = "dev1"
+ONLINE = b'{"state": "online"}'
+OFFLINE = b'{"state": "offline"}'
+STATUS_TOPIC = f"edge/{DEVICE}/status"
+RESULTS_TOPIC = results_topic("edge", DEVICE, "people")
+TOOL_TIMEOUT_S = 20.0
+USER = "edge-box"
+PASSWORD = "s3cret-pass"  # a throwaway test credential
+# How long a connection that must fail is watched: many reconnect attempts at 0.1-0.5 s backoff.
+REFUSED_WATCH_S = 2.0
+
+
+# -- tools and certificates -------------------------------------------------------------------------
+
+
+def _tool(name: str, package: str) -> str:
+    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin:/usr/bin")
+    if found is None:
+        pytest.fail(f"{name} is not installed; these tests need it (apt-get install {package})")
+    return found
+
+
+def _run(args: list[str], cwd: Path) -> None:
+    try:
+        done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{' '.join(args)} did not finish within {TOOL_TIMEOUT_S} s")
+    if done.returncode != 0:
+        pytest.fail(f"{' '.join(args)} failed with {done.returncode}:\n{done.stdout}\n{done.stderr}")
+
+
+@dataclass(frozen=True)
+class Pki:
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+    other_ca: Path  # a CA that signed neither the server nor the client certificate
+
+
+def _make_ca(openssl: str, workdir: Path, name: str) -> tuple[Path, Path]:
+    cert, key = workdir / f"{name}.crt", workdir / f"{name}.key"
+    # -addext: basicConstraints and keyUsage are what a strict verifier wants from a CA.
+    _run(
+        [
+            openssl, "req", "-x509", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", f"/CN={name}",
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+        workdir,
+    )  # fmt: skip
+    return cert, key
+
+
+def _make_leaf(
+    openssl: str, workdir: Path, name: str, subject: str, extensions: list[str], ca: tuple[Path, Path]
+) -> tuple[Path, Path]:
+    cert, key, csr, ext = (workdir / f"{name}.{suffix}" for suffix in ("crt", "key", "csr", "ext"))
+    ext.write_text(
+        "\n".join(
+            [
+                "basicConstraints=critical,CA:FALSE",
+                "keyUsage=critical,digitalSignature",
+                "subjectKeyIdentifier=hash",
+                "authorityKeyIdentifier=keyid",
+                *extensions,
+            ]
+        )
+        + "\n"
+    )
+    _run(
+        [
+            openssl, "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", str(key), "-out", str(csr), "-subj", subject,
+        ],
+        workdir,
+    )  # fmt: skip
+    _run(
+        [
+            openssl, "x509", "-req", "-in", str(csr), "-CA", str(ca[0]), "-CAkey", str(ca[1]),
+            "-set_serial", str(time.time_ns()), "-days", "2", "-extfile", str(ext), "-out", str(cert),
+        ],
+        workdir,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    openssl = _tool("openssl", "openssl")
+    workdir = tmp_path_factory.mktemp("pki")
+    ca = _make_ca(openssl, workdir, "edge-test-ca")
+    other_ca, _ = _make_ca(openssl, workdir, "edge-test-other-ca")
+    server_cert, server_key = _make_leaf(
+        openssl,
+        workdir,
+        "server",
+        "/CN=127.0.0.1",
+        ["extendedKeyUsage=serverAuth", "subjectAltName=IP:127.0.0.1"],
+        ca,
+    )
+    client_cert, client_key = _make_leaf(
+        openssl, workdir, "client", f"/CN=edge-agent-{DEVICE}", ["extendedKeyUsage=clientAuth"], ca
+    )
+    return Pki(ca[0], server_cert, server_key, client_cert, client_key, other_ca)
+
+
+def _tls_listener(pki: Pki, *, require_certificate: bool = False) -> str:
+    lines = [f"cafile {pki.ca}", f"certfile {pki.server_cert}", f"keyfile {pki.server_key}"]
+    if require_certificate:
+        lines.append("require_certificate true")
+    return "\n".join(lines)
+
+
+@pytest.fixture
+def brokers(tmp_path: Path) -> Iterator[Callable[..., Mosquitto]]:
+    """`start(**Mosquitto kwargs)` -> a started broker, closed after the test."""
+    made: list[Mosquitto] = []
+
+    def start(**kwargs: Any) -> Mosquitto:
+        broker = Mosquitto(tmp_path / f"mosquitto-{len(made)}", **kwargs)
+        made.append(broker)
+        broker.start()
+        return broker
+
+    try:
+        yield start
+    finally:
+        for broker in made:
+            broker.close()
+
+
+# -- a recording subscriber that can do TLS and credentials ---------------------------------------------
+
+
+class Watcher:
+    """A paho subscriber (MQTT 3.1.1, QoS 1) on `edge/<device>/#` that records (topic, payload)."""
+
+    def __init__(
+        self,
+        broker: Mosquitto,
+        *,
+        ca: Path | None = None,
+        cert: Path | None = None,
+        key: Path | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self._cond = threading.Condition()
+        self._messages: list[tuple[str, bytes]] = []
+        self._subscribed = threading.Event()
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=f"watcher-{free_port()}-{time.monotonic_ns()}"
+        )
+        if ca is not None:
+            self.client.tls_set(
+                ca_certs=str(ca),
+                certfile=str(cert) if cert else None,
+                keyfile=str(key) if key else None,
+            )
+        if username is not None:
+            self.client.username_pw_set(username, password)
+        self.client.on_connect = self._on_connect
+        self.client.on_subscribe = lambda *args: self._subscribed.set()
+        self.client.on_message = self._on_message
+        self.client.connect(broker.host, broker.port, keepalive=10)
+        self.client.loop_start()
+        if not self._subscribed.wait(timeout_s):
+            self.close()
+            raise AssertionError(f"watcher got no SUBACK within {timeout_s} s:\n{broker.log_tail()}")
+
+    def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        if not reason.is_failure:
+            client.subscribe(f"edge/{DEVICE}/#", 1)
+
+    def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        with self._cond:
+            self._messages.append((message.topic, bytes(message.payload)))
+            self._cond.notify_all()
+
+    def statuses(self) -> list[bytes]:
+        with self._cond:
+            return [payload for topic, payload in self._messages if topic == STATUS_TOPIC]
+
+    def result_ids(self) -> list[str]:
+        with self._cond:
+            return [json.loads(p)["id"] for topic, p in self._messages if topic == RESULTS_TOPIC]
+
+    def wait_until(self, predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not predicate():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"timed out after {timeout} s waiting for {what}: {self._messages}")
+                self._cond.wait(remaining)
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+@pytest.fixture
+def watchers() -> Iterator[Callable[..., Watcher]]:
+    made: list[Watcher] = []
+
+    def make(broker: Mosquitto, **kwargs: Any) -> Watcher:
+        watcher = Watcher(broker, **kwargs)
+        made.append(watcher)
+        return watcher
+
+    try:
+        yield make
+    finally:
+        for watcher in made:
+            watcher.close()
+
+
+# -- the agent's side -------------------------------------------------------------------------------
+
+
+ConnectionFactory = Callable[..., MqttConnection]
+
+
+@pytest.fixture
+def outbox(tmp_path: Path) -> Iterator[Outbox]:
+    box = Outbox(tmp_path / "outbox.db")
+    try:
+        yield box
+    finally:
+        box.close()
+
+
+@pytest.fixture
+def connections(outbox: Outbox) -> Iterator[ConnectionFactory]:
+    """`connect(broker, protocol="5", **MqttConfig overrides)` -> a started MqttConnection on `outbox`."""
+    made: list[MqttConnection] = []
+
+    def connect(broker: Mosquitto, protocol: str = "5", **overrides: Any) -> MqttConnection:
+        values: dict[str, Any] = {
+            "host": broker.host,
+            "port": broker.port,
+            "protocol": protocol,
+            "keepalive_s": 5,
+            "reconnect_min_s": 0.1,
+            "reconnect_max_s": 0.5,
+            "outbox": OutboxConfig(max_inflight=10),
+            **overrides,
+        }
+        conn = MqttConnection(MqttConfig(**values), DEVICE, outbox, lambda: ONLINE, lambda: OFFLINE)
+        made.append(conn)
+        conn.start()
+        return conn
+
+    try:
+        yield connect
+    finally:
+        for conn in made:
+            conn.stop(publish_offline=False)
+
+
+def put_results(conn: MqttConnection | None, outbox: Outbox, ids: list[str]) -> None:
+    for result_id in ids:
+        outbox.put(RESULTS_TOPIC, json.dumps({"id": result_id}).encode())
+        if conn is not None:
+            conn.notify_new_message()
+
+
+def assert_delivers(
+    conn: MqttConnection, outbox: Outbox, watcher: Watcher, queued: list[str], new: list[str]
+) -> None:
+    """`conn` connects, says online, and delivers the `queued` ids and `new` ones put once connected."""
+    wait_until(lambda: conn.connected, "connected", state=conn.stats)
+    watcher.wait_until(lambda: ONLINE in watcher.statuses(), "the birth message")
+    put_results(conn, outbox, new)
+    ids = queued + new
+    watcher.wait_until(lambda: set(ids) <= set(watcher.result_ids()), f"results {ids}")
+    assert conn.flush(5.0), f"outbox not empty: {outbox.pending()} left (stats: {conn.stats()})"
+    stats = conn.stats()
+    assert stats["connected"] and stats["connects"] == 1 and stats["last_error"] is None, stats
+    assert stats["published"] == len(ids) and stats["rejected"] == 0, stats
+    # Queued results go out oldest first, before the ones put after connecting (at-least-once: a
+    # copy may come twice, so compare first arrivals).
+    assert list(dict.fromkeys(i for i in watcher.result_ids() if i in ids)) == ids
+
+
+def assert_never_connects(conn: MqttConnection, outbox: Outbox, queued: int) -> None:
+    """`conn` keeps trying for REFUSED_WATCH_S but never connects; the `queued` results stay put."""
+    deadline = time.monotonic() + REFUSED_WATCH_S
+    while time.monotonic() < deadline:
+        assert not conn.connected, conn.stats()
+        time.sleep(0.05)
+    stats = conn.stats()
+    assert not stats["connected"] and stats["connects"] == 0 and stats["published"] == 0, stats
+    assert stats["inflight"] == 0 and stats["rejected"] == 0, stats
+    assert outbox.pending() == queued
+    assert not conn.flush(0.2)
+
+
+def assert_refused(conn: MqttConnection, outbox: Outbox, queued: int, error_words: tuple[str, ...]) -> str:
+    """Like `assert_never_connects`, and `last_error` names one of `error_words` (lower case)."""
+    wait_until(
+        lambda: any(w in (conn.stats()["last_error"] or "").lower() for w in error_words),
+        f"last_error naming one of {error_words}",
+        timeout=5.0,
+        state=conn.stats,
+    )
+    assert_never_connects(conn, outbox, queued)
+    error = str(conn.stats()["last_error"])
+    assert any(w in error.lower() for w in error_words), error
+    return error
+
+
+def plain_client_connects(broker: Mosquitto, watch_s: float = 1.0) -> bool:
+    """Whether a client without TLS gets connected to `broker` within `watch_s`."""
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"plain-{time.monotonic_ns()}")
+    try:
+        client.connect(broker.host, broker.port, keepalive=5)
+    except OSError:
+        return False
+    client.loop_start()
+    try:
+        deadline = time.monotonic() + watch_s
+        while time.monotonic() < deadline:
+            if client.is_connected():
+                return True
+            time.sleep(0.05)
+        return False
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def no_tracebacks(caplog: pytest.LogCaptureFixture) -> None:
+    crashed = [r for r in caplog.records if r.exc_info or "Caught exception" in r.getMessage()]
+    assert not crashed, [r.getMessage() for r in crashed]
+
+
+# -- TLS --------------------------------------------------------------------------------------------
+
+
+def test_tls_with_server_verification_delivers(
+    pki: Pki,
+    brokers: Callable[..., Mosquitto],
+    watchers: Callable[..., Watcher],
+    connections: ConnectionFactory,
+    outbox: Outbox,
+) -> None:
+    broker = brokers(extra_config=_tls_listener(pki))
+    # The listener really is TLS-only: a plain MQTT client never gets a CONNACK.
+    assert not plain_client_connects(broker)
+    watcher = watchers(broker, ca=pki.ca)
+
+    conn = connections(broker, tls=TlsConfig(ca_file=pki.ca))
+    assert_delivers(conn, outbox, watcher, [], [f"r{i}" for i in range(5)])
+    assert watcher.statuses() == [ONLINE]
+
+
+def test_tls_with_the_wrong_ca_never_connects_and_keeps_the_results(
+    pki: Pki,
+    brokers: Callable[..., Mosquitto],
+    watchers: Callable[..., Watcher],
+    connections: ConnectionFactory,
+    outbox: Outbox,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    broker = brokers(extra_config=_tls_listener(pki))
+    watcher = watchers(broker, ca=pki.ca)
+    put_results(None, outbox, ["a", "b", "c"])
+
+    bad = connections(broker, tls=TlsConfig(ca_file=pki.other_ca))
+    error = assert_refused(bad, outbox, 3, ("certificate verify failed",))
+    assert f"127.0.0.1:{broker.port}" in error
+    # It kept retrying (one handshake per attempt), never got as far as MQTT, and stops cleanly.
+    assert broker.log_tail(500).count("alert unknown ca") >= 2, broker.log_tail(50)
+    # The operator reads why in the agent's log too, not just "cannot reach".
+    assert any(
+        r.name == "agent.mqtt.connection" and "certificate verify failed" in r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING
+    )
+    started = time.monotonic()
+    bad.stop()
+    assert time.monotonic() - started < 5.0
+    assert watcher.statuses() == [] and watcher.result_ids() == []
+    no_tracebacks(caplog)
+
+    # Nothing was lost: with the right CA the same outbox delivers all of it.
+    good = connections(broker, tls=TlsConfig(ca_file=pki.ca))
+    assert_delivers(good, outbox, watcher, ["a", "b", "c"], ["d"])
+
+
+def test_mutual_tls_needs_the_client_certificate(
+    pki: Pki,
+    brokers: Callable[..., Mosquitto],
+    watchers: Callable[..., Watcher],
+    connections: ConnectionFactory,
+    outbox: Outbox,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    broker = brokers(extra_config=_tls_listener(pki, require_certificate=True))
+    watcher = watchers(broker, ca=pki.ca, cert=pki.client_cert, key=pki.client_key)
+    put_results(None, outbox, ["m1", "m2"])
+
+    anonymous = connections(broker, tls=TlsConfig(ca_file=pki.ca))
+    assert_never_connects(anonymous, outbox, 2)
+    # With TLS 1.3 the client's handshake completes and the broker's alert only arrives on the first
+    # read, after CONNECT: paho logs it (through the agent's logger) and treats it as a lost link.
+    wait_until(
+        lambda: any("certificate required" in r.getMessage() for r in caplog.records),
+        "the agent's log to name the missing certificate",
+        timeout=5.0,
+    )
+    assert broker.log_tail(500).count("peer did not return a certificate") >= 2, broker.log_tail(50)
+    assert "closed before CONNACK" in str(anonymous.stats()["last_error"])
+    anonymous.stop()
+    assert watcher.statuses() == [] and watcher.result_ids() == []
+    no_tracebacks(caplog)
+
+    with_cert = connections(
+        broker, tls=TlsConfig(ca_file=pki.ca, cert_file=pki.client_cert, key_file=pki.client_key)
+    )
+    assert_delivers(with_cert, outbox, watcher, ["m1", "m2"], ["m3"])
+
+
+# -- username and password ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def password_broker(brokers: Callable[..., Mosquitto], tmp_path: Path) -> Mosquitto:
+    passwd = _tool("mosquitto_passwd", "mosquitto")
+    password_file = tmp_path / "passwd"
+    _run([passwd, "-b", "-c", str(password_file), USER, PASSWORD], tmp_path)
+    os.chmod(password_file, 0o600)
+    return brokers(allow_anonymous=False, extra_config=f"password_file {password_file}")
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_username_and_password(
+    protocol: str,
+    password_broker: Mosquitto,
+    watchers: Callable[..., Watcher],
+    connections: ConnectionFactory,
+    outbox: Outbox,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    broker = password_broker
+    watcher = watchers(broker, username=USER, password=PASSWORD)
+    put_results(None, outbox, ["p1", "p2", "p3"])
+
+    anonymous = connections(broker, protocol)
+    assert_refused(anonymous, outbox, 3, ("not authori", "bad user name or password"))
+    anonymous.stop()
+
+    wrong = connections(broker, protocol, username=USER, password="wrong-" + PASSWORD)
+    error = assert_refused(wrong, outbox, 3, ("not authori", "bad user name or password"))
+    assert "refused the connection" in error and f"127.0.0.1:{broker.port}" in error
+    assert any(
+        "refused the connection" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records
+    )
+    wrong.stop()
+    assert watcher.statuses() == [] and watcher.result_ids() == []
+    no_tracebacks(caplog)
+
+    right = connections(broker, protocol, username=USER, password=PASSWORD)
+    assert_delivers(right, outbox, watcher, ["p1", "p2", "p3"], ["p4"])
+
+
+def test_tls_files_that_do_not_exist_are_a_config_error(tmp_path: Path, outbox: Outbox) -> None:
+    config = MqttConfig(tls=TlsConfig(ca_file=tmp_path / "missing-ca.crt"))
+    with pytest.raises(ConfigError, match="cannot load the TLS files"):
+        MqttConnection(config, DEVICE, outbox, lambda: ONLINE, lambda: OFFLINE)
