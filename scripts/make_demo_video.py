@@ -22,7 +22,7 @@ SIGNS: list[tuple[str, bool]] = [
     ("Gate B open", True),
     ("Parking bay 7", False),
     ("EXIT ONLY", True),
-    ("Hello World 2026", False),
+    ("Bike rack 4", False),
     ("Loading dock 3", True),
 ]
 # A camera framed tight on one line of text: the classifier is trained on text-line crops
