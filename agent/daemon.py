@@ -15,9 +15,11 @@ import json
 import logging
 import os
 import socket
+import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -61,7 +63,7 @@ def stamp_published_at(message: OutboxMessage) -> bytes:
 class ResultWriter:
     """The pipelines' sink: completes each result and writes it to the outbox."""
 
-    def __init__(self, config: AgentConfig, outbox: Outbox, on_written: Any) -> None:
+    def __init__(self, config: AgentConfig, outbox: Outbox, on_written: Callable[[], None]) -> None:
         self.config = config
         self.outbox = outbox
         self.on_written = on_written
@@ -99,8 +101,14 @@ class Agent:
         self.config = config
         self.started_at = time.time()
         state_dir = config.state_dir
-        state_dir.mkdir(parents=True, exist_ok=True)
-        self.outbox = Outbox(state_dir / "outbox.sqlite", config.mqtt.outbox.max_messages)
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+            self.outbox = Outbox(state_dir / "outbox.sqlite", config.mqtt.outbox.max_messages)
+        except (OSError, sqlite3.Error) as exc:
+            raise EdgeAgentError(
+                f"cannot use state_dir {state_dir}: {exc}",
+                hint="it must be a writable directory (under systemd: StateDirectory=edge-agent)",
+            ) from exc
         self.store = ModelStore(state_dir / "store")
         self.mqtt = MqttConnection(
             config.mqtt,

@@ -340,3 +340,16 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     problems = [line for line in (done.stdout + done.stderr).splitlines() if "edge-agent.service" in line]
     assert done.returncode == 0 and not problems, done.stdout + done.stderr
+
+
+def test_an_unusable_state_dir_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the state directory should be")
+    config = tmp_path / "agent.yaml"
+    config.write_text(yaml.safe_dump({"device": {"id": DEVICE}, "state_dir": str(blocker / "state")}))
+    done = subprocess.run([EDGE_AGENT, "run", "-c", str(config), "--duration", "1"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1
+    assert f"error: cannot use state_dir {blocker / 'state'}:" in done.stderr
+    assert "hint: it must be a writable directory" in done.stderr
+    assert "Traceback" not in done.stderr
