@@ -50,6 +50,13 @@ class DeviceConfig(StrictModel):
     id: Name = Field(description="Unique id of this box; used in every MQTT topic.")
     groups: list[Name] = Field(default_factory=list, description="Fleet groups this box belongs to.")
 
+    @field_validator("id")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        if value == "groups":
+            raise ValueError("'groups' is reserved: <prefix>/groups/... carries fleet group topics")
+        return value
+
 
 class TlsConfig(StrictModel):
     ca_file: Path | None = Field(None, description="CA bundle that signed the broker's certificate.")
@@ -84,6 +91,12 @@ class MqttConfig(StrictModel):
     username: str | None = None
     password: str | None = None
     tls: TlsConfig | None = Field(None, description="Enable TLS by giving this section.")
+    max_payload_bytes: int = Field(
+        262_144,
+        ge=1024,
+        le=268_435_455,
+        description="Largest message sent; bigger results are refused and counted (brokers limit it too).",
+    )
     reconnect_min_s: float = Field(1.0, gt=0, description="First reconnect delay; doubles up to the max.")
     reconnect_max_s: float = Field(60.0, gt=0)
     outbox: OutboxConfig = Field(default_factory=OutboxConfig)

@@ -26,11 +26,12 @@ from typing import Any
 
 from agent import __version__
 from agent.config import AgentConfig, PipelineConfig
-from agent.errors import EdgeAgentError
+from agent.errors import EdgeAgentError, ModelError
 from agent.fsutil import atomic_write_bytes
 from agent.mqtt import MqttConnection, Outbox, OutboxMessage, results_topic
 from agent.pipeline import LoadedModel, Pipeline
 from agent.registry import open_registry
+from agent.retry import backoff_delay
 from agent.sd_notify import notify, watchdog_interval_s
 from agent.store import ModelStore
 from providers import BackendError, ModelArtifact, select_backend
@@ -40,7 +41,10 @@ log = logging.getLogger(__name__)
 _STATUS_FILE_EVERY_S = 5.0
 _REBUILD_MIN_S = 10.0
 _REBUILD_MAX_S = 600.0
-_BUILDER_JOIN_S = 30.0
+_BUILDER_JOIN_S = 5.0  # a build stuck in a download must not eat the stop budget
+_STOP_PIPELINES_S = 10.0
+# A pipeline stuck this long in one frame (a hung driver, a blocked read) stops the watchdog pings.
+_STALL_S = 120.0
 
 
 def iso_utc(timestamp: float) -> str:
@@ -81,7 +85,15 @@ class ResultWriter:
             **result,
         }
         topic = results_topic(self.config.mqtt.topic_prefix, self.config.device.id, pipeline)
-        self.outbox.put(topic, json.dumps(message, separators=(",", ":")).encode(), qos=1)
+        # allow_nan=False: NaN is not JSON; a model emitting it fails the frame (counted), not the reader.
+        payload = json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
+        limit = self.config.mqtt.max_payload_bytes
+        if len(payload) > limit:
+            raise ModelError(
+                f"result of {len(payload)} bytes is over mqtt.max_payload_bytes ({limit}); "
+                "lower postprocess.max_values or raise the limit"
+            )
+        self.outbox.put(topic, payload, qos=1)
         self.on_written()
 
 
@@ -120,7 +132,6 @@ class Agent:
         )
         self.writer = ResultWriter(config, self.outbox, self.mqtt.notify_new_message)
         self.slots = [PipelineSlot(p) for p in config.pipelines if p.enabled]
-        self._lock = threading.Lock()
         self._last_states: dict[str, str] = {}
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -168,15 +179,22 @@ class Agent:
                 if stop.is_set():
                     return
                 if slot.pipeline is None and now >= slot.retry_at:
-                    self._try_build(slot, stop)
+                    try:
+                        self._try_build(slot, stop)
+                    except Exception:  # the builder must outlive any one pipeline's trouble
+                        log.exception("pipeline %s: unexpected error while building", slot.config.name)
+                        slot.retry_at = time.monotonic() + _REBUILD_MAX_S
             stop.wait(0.5)
 
     def shutdown(self) -> None:
         notify("STOPPING=1", "STATUS=stopping")
         log.info("stopping: finishing in-flight frames")
-        for slot in self.slots:
-            if slot.pipeline is not None:
-                slot.pipeline.stop()
+        running = [slot.pipeline for slot in self.slots if slot.pipeline is not None]
+        for pipeline in running:  # all sources at once, then wait for all against one deadline
+            pipeline.request_stop()
+        deadline = time.monotonic() + _STOP_PIPELINES_S
+        for pipeline in running:
+            pipeline.stop(max(0.1, deadline - time.monotonic()))
         timeout = self.config.mqtt.outbox.flush_timeout_s
         if self.outbox.pending():
             log.info("flushing %d queued results (up to %.0f s)", self.outbox.pending(), timeout)
@@ -198,9 +216,9 @@ class Agent:
         config = slot.config
         slot.attempts += 1
         try:
-            pipeline = self._build(config)
+            pipeline = self._build(config, verify=slot.attempts > 1)
         except Exception as exc:  # whatever a model or source does wrong, the daemon runs on
-            delay = min(_REBUILD_MIN_S * 2 ** (slot.attempts - 1), _REBUILD_MAX_S)
+            delay = backoff_delay(slot.attempts, _REBUILD_MIN_S, _REBUILD_MAX_S)
             slot.error, slot.retry_at = str(exc), time.monotonic() + delay
             expected = isinstance(exc, (EdgeAgentError, BackendError, OSError))
             log.error("pipeline %s not started: %s (retry in %.0f s)", config.name, exc, delay,
@@ -214,12 +232,14 @@ class Agent:
         slot.pipeline = pipeline
         log.info("pipeline %s started", config.name)
 
-    def _build(self, config: PipelineConfig) -> Pipeline:
+    def _build(self, config: PipelineConfig, verify: bool = False) -> Pipeline:
         assert self.config.registry is not None  # the config model requires it with pipelines
         registry = open_registry(self.config.registry.url)
-        installed = self.store.pull(registry, config.model.name, config.model.version)
+        # After a failure, re-hash the installed blobs: a bit-rotted file of the right size
+        # would otherwise fail to load for ever. The first attempt trusts sizes (fast start).
+        installed = self.store.pull(registry, config.model.name, config.model.version, verify=verify)
         artifacts = [
-            ModelArtifact(installed.artifact_path(a), a.format, a.sha256)
+            ModelArtifact(installed.artifact_path(a), a.format, a.sha256, name=a.file)
             for a in installed.manifest.artifacts
         ]
         session, choice = select_backend(artifacts)
@@ -274,10 +294,17 @@ class Agent:
         return f"{running}/{len(states)} pipelines running, {self.outbox.pending()} results queued"
 
     def _healthy(self) -> bool:
-        """Watchdog pings stop when a started pipeline's worker thread has died."""
+        """Watchdog pings stop when a pipeline's worker died or is stuck in one frame."""
         for slot in self.slots:
             p = slot.pipeline
-            if p is not None and p.finished and p.source.state not in ("finished", "stopped"):
+            if p is None:
+                continue
+            if p.finished and p.source.state != "finished":
+                log.error("pipeline %s: worker thread ended unexpectedly", p.name)
+                return False
+            stuck_s = p.busy_for_s()
+            if stuck_s > _STALL_S:
+                log.error("pipeline %s: stuck in one frame for %.0f s", p.name, stuck_s)
                 return False
         return True
 
@@ -294,9 +321,11 @@ class Agent:
         }
 
     def write_status_file(self) -> None:
-        """state_dir/status.json, for `edge-agent status` and for people on the box."""
+        """state_dir/status.json, for people and scripts on the box."""
         path = self.config.state_dir / "status.json"
         try:
-            atomic_write_bytes(path, json.dumps(self.status(), indent=2, default=str).encode())
+            # Rewritten every few seconds: skip fsync, which would wear out flash storage.
+            data = json.dumps(self.status(), indent=2, default=str).encode()
+            atomic_write_bytes(path, data, durable=False)
         except OSError as exc:
             log.warning("cannot write %s: %s", path, exc)

@@ -89,21 +89,27 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write `data` to a temp file beside `path`, fsync it, then rename it over `path`."""
+def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
+    """Write `data` to a temp file beside `path`, then rename it over `path`.
+
+    `durable` fsyncs the file and its directory so the new content survives a power cut; files
+    rewritten every few seconds skip it to spare flash storage (a reader still never sees half).
+    """
     tmp = temp_name(path)
     try:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def copy_hashing(src: BinaryIO, dst: BinaryIO, max_bytes: int | None = None) -> tuple[str, int]:

@@ -56,6 +56,7 @@ class Pipeline:
         self.last_error: str | None = None
         self._latency_sum_ms = 0.0
         self._done = threading.Event()
+        self._busy_since: float | None = None
 
     def warm_up(self) -> None:
         """Run the model once at its real input shape before it serves a live frame."""
@@ -66,11 +67,21 @@ class Pipeline:
         self._thread.start()
         self.source.start()
 
+    def request_stop(self) -> None:
+        """Ask the source to end; the worker finishes the frame in flight and exits."""
+        self.source.request_stop()
+
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the source, finish the frame in flight, then return."""
+        """Stop the source, finish the frame in flight, then return (waits at most ~timeout)."""
+        deadline = time.monotonic() + timeout
         self.source.stop(timeout)
         if self._thread is not None:
-            self._thread.join(timeout)
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+
+    def busy_for_s(self) -> float:
+        """How long the worker has been in the current frame (0 when idle): a stuck driver shows here."""
+        started = self._busy_since
+        return 0.0 if started is None else time.monotonic() - started
 
     @property
     def finished(self) -> bool:
@@ -117,6 +128,24 @@ class Pipeline:
             self._done.set()
 
     def _process(self, frame: Frame) -> None:
+        self._busy_since = time.monotonic()
+        try:
+            self._process_frame(frame)
+        finally:
+            self._busy_since = None
+
+    def _failed(self, frame: Frame, what: str, exc: Exception) -> None:
+        """Count a failed frame; log the first failure and every 100th (not a line per frame)."""
+        with self._lock:
+            self.errors += 1
+            self._errors_in_row += 1
+            self.last_error = f"{what}: {exc}"
+            errors = self.errors
+        if errors == 1 or errors % 100 == 0:
+            log.error("pipeline %s: frame %d: %s (%d failed frames so far): %s", self.name, frame.index, what,
+                      errors, exc)  # fmt: skip
+
+    def _process_frame(self, frame: Frame) -> None:
         try:
             t0 = time.perf_counter()
             tensor = self.preprocess(frame.image)
@@ -126,19 +155,7 @@ class Pipeline:
             output = self.postprocess(outputs)
             t3 = time.perf_counter()
         except Exception as exc:  # one bad frame must not stop the pipeline
-            with self._lock:
-                self.errors += 1
-                self._errors_in_row += 1
-                self.last_error = str(exc)
-                first_or_periodic = self.errors == 1 or self.errors % 100 == 0
-            if first_or_periodic:
-                log.error(
-                    "pipeline %s: frame %d failed (%d errors so far): %s",
-                    self.name,
-                    frame.index,
-                    self.errors,
-                    exc,
-                )
+            self._failed(frame, "inference failed", exc)
             return
         inference_ms = (t2 - t1) * 1000
         result = {
@@ -163,10 +180,7 @@ class Pipeline:
         try:
             self.sink.submit(self.name, result)
         except Exception as exc:  # e.g. the outbox's disk is full: count it, keep the pipeline alive
-            with self._lock:
-                self.errors += 1
-                self.last_error = f"cannot store result: {exc}"
-            log.error("pipeline %s: cannot store result of frame %d: %s", self.name, frame.index, exc)
+            self._failed(frame, "cannot store the result", exc)
             return
         with self._lock:
             self.results += 1

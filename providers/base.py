@@ -38,6 +38,12 @@ class ModelArtifact:
     path: Path
     format: str  # "onnx", "tflite", "openvino-ir"
     sha256: str
+    name: str = ""  # the file name people know it by (store blobs are named by hash)
+
+    @property
+    def label(self) -> str:
+        """How messages name this artifact."""
+        return self.name or self.path.name
 
 
 @dataclass(frozen=True)

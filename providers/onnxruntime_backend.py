@@ -101,7 +101,7 @@ class OnnxRuntimeBackend(Backend):
                 str(artifact.path), sess_options=session_options, providers=[self.execution_provider]
             )
         except Exception as exc:
-            raise BackendError(f"{self.name} cannot load {artifact.path.name}: {_one_line(exc)}") from exc
+            raise BackendError(f"{self.name} cannot load {artifact.label}: {_one_line(exc)}") from exc
         # onnxruntime silently falls back to CPU when an EP cannot take the model.
         used = session.get_providers()
         if not used or used[0] != self.execution_provider:

@@ -32,11 +32,13 @@ class Choice:
     candidates: list[Candidate] = field(default_factory=list)
 
     def explain(self) -> str:
-        lines = [f"chose {self.backend} for {self.artifact.path.name}"]
-        for c in self.candidates:
-            verdict = "chosen" if (c.backend, c.artifact) == (self.backend, self.artifact) else c.reason
-            lines.append(f"  {c.backend} on {c.artifact.format} {c.artifact.path.name}: {verdict}")
-        return "\n".join(lines)
+        others = [
+            f"{c.backend} on {c.artifact.label}: {c.reason}"
+            for c in self.candidates
+            if (c.backend, c.artifact) != (self.backend, self.artifact)
+        ]
+        text = f"chose {self.backend} for {self.artifact.label}"
+        return text + (f" (not chosen: {'; '.join(others)})" if others else "")
 
 
 class NoBackendError(BackendError):

@@ -423,3 +423,30 @@ def test_puback_refusals_retry_transient_and_drop_permanent(tmp_path: Path) -> N
 def test_cast_delay_keeps_float() -> None:
     # The helper only exists to satisfy paho's int annotation; the value must pass through untouched.
     assert cast_delay(0.25) == 0.25
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_an_oversized_message_is_refused_and_does_not_block_the_queue(
+    protocol: str,
+    tmp_path: Path,
+    mqtt_subscriber_factory: SubscriberFactory,
+    connection_factory: ConnectionFactory,
+) -> None:
+    # The broker's limit (announced in the MQTT 5 CONNACK) is smaller than the agent's default; over
+    # 3.1.1 nothing is announced, so the agent's own max_payload_bytes has to catch it.
+    with Mosquitto(tmp_path / "broker", extra_config="max_packet_size 3000") as broker:
+        broker.start()
+        sub = mqtt_subscriber_factory(broker, f"edge/{DEVICE}/results/#")
+        limit = {"max_payload_bytes": 262_144} if protocol == "5" else {"max_payload_bytes": 2048}
+        conn, outbox = connection_factory(broker, protocol, **limit)
+        topic = results_topic("edge", DEVICE, "raw")
+        outbox.put(topic, b"x" * 10_000)  # first in line, and too big
+        outbox.put(topic, b"small-1")
+        outbox.put(topic, b"small-2")
+        conn.start()
+        got = sub.wait_until(lambda msgs: len(msgs) >= 2, timeout=10)
+        assert [m.payload for m in got] == [b"small-1", b"small-2"]
+        wait_until(lambda: len(outbox) == 0, what="the outbox to empty")
+        stats = conn.stats()
+        assert stats["rejected"] == 1 and stats["disconnects"] == 0, stats
+        assert "10000 bytes is over the limit" in str(stats["last_error"])

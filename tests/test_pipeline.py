@@ -224,7 +224,8 @@ def test_pipeline_counts_sink_failures_and_keeps_going(
     assert status["results"] == sink.count() == (sink.calls + 1) // 2
     assert status["errors"] == sink.calls // 2
     assert status["last_error"] is not None
-    assert status["last_error"].startswith("cannot store result") and "No space left" in status["last_error"]
+    assert status["last_error"].startswith("cannot store the result")
+    assert "No space left" in status["last_error"]
     assert status["state"] == "finished"
 
 
@@ -249,3 +250,51 @@ def test_pipeline_reports_degraded_when_every_frame_fails(
     assert time.monotonic() - started_stop < 3.0
     assert pipeline.finished
     assert pipeline.status()["state"] == "stopped"
+
+
+class SlowSession(FlakySession):
+    """The real session, but every run takes `delay_s` (a hung or very slow accelerator)."""
+
+    def __init__(self, inner: Session, delay_s: float) -> None:
+        super().__init__(inner, every=10**9)
+        self.delay_s = delay_s
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        time.sleep(self.delay_s)
+        return super().run(feeds)
+
+
+def test_busy_for_shows_a_worker_stuck_in_one_frame(
+    orientation_video: tuple[Path, list[dict[str, object]]], loaded: LoadedModel, started: list[Pipeline]
+) -> None:
+    path, _ = orientation_video
+    slow = SlowSession(loaded.session, delay_s=1.5)
+    model = LoadedModel(loaded.name, loaded.version, loaded.sha256, slow, loaded.choice)
+    pipeline = Pipeline(_config(path, fps=2), model, ListSink())
+    started.append(pipeline)
+    assert pipeline.busy_for_s() == 0.0
+    pipeline.start()
+    assert wait_until(lambda: pipeline.busy_for_s() > 1.0, timeout=10)
+    assert wait_until(lambda: pipeline.results >= 1, timeout=10)
+
+
+class NanSession(FlakySession):
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs = super().run(feeds)
+        return {name: np.full_like(value, np.nan) for name, value in outputs.items()}
+
+
+def test_nan_outputs_fail_the_frame_instead_of_publishing_invalid_json(
+    orientation_video: tuple[Path, list[dict[str, object]]], loaded: LoadedModel, started: list[Pipeline]
+) -> None:
+    path, _ = orientation_video
+    model = LoadedModel(
+        loaded.name, loaded.version, loaded.sha256, NanSession(loaded.session, 10**9), loaded.choice
+    )
+    sink = ListSink()
+    pipeline = Pipeline(_config(path, fps=5), model, sink)
+    started.append(pipeline)
+    pipeline.start()
+    assert wait_until(lambda: pipeline.status()["errors"] >= 3, timeout=15)
+    assert sink.count() == 0
+    assert "NaN or infinite" in str(pipeline.status()["last_error"])

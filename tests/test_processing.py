@@ -377,3 +377,14 @@ def test_raw_exactly_max_values_is_not_truncated() -> None:
     assert out["values"] == [1.0, 1.0, 1.0, 1.0]
     assert out["dtype"] == "float16"
     assert out["shape"] == [2, 2]
+
+
+def test_raw_turns_non_finite_values_into_null() -> None:
+    from agent.config import RawPostprocess
+    from agent.processing.postprocess import Raw
+
+    out = Raw(RawPostprocess(type="raw", max_values=10))(
+        {"y": np.array([[1.5, np.nan, np.inf, -np.inf]], np.float32)}
+    )
+    assert out["outputs"]["y"]["values"] == [1.5, None, None, None]
+    json.dumps(out, allow_nan=False)  # valid JSON now

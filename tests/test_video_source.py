@@ -334,3 +334,29 @@ def test_refused_url_does_not_leak_the_password(running: list, caplog: pytest.Lo
     assert "secret" not in repr(source.stats())
     assert caplog.records, "the failure is logged"
     assert all("secret" not in r.getMessage() for r in caplog.records)
+
+
+def test_a_file_system_error_is_retried_not_fatal(tmp_path: Path) -> None:
+    # A path too long for the file system makes the existence check itself raise (ENAMETOOLONG).
+    uri = str(tmp_path / ("x" * 5000 + ".mp4"))
+    config = VideoSourceConfig(type="video", uri=uri, reopen_min_s=0.05, reopen_max_s=0.1)
+    source = VideoSource(config, "long-name", LatestFrameSlot())
+    source.start()
+    try:
+        assert wait_until(lambda: source.stats()["reconnects"] >= 3, timeout=10)
+        stats = source.stats()
+        assert stats["state"] == "retrying"
+        assert "unexpected error reading" in str(stats["error"]) and "File name too long" in str(
+            stats["error"]
+        )
+    finally:
+        source.stop(timeout=5)
+    assert source.state == "stopped"
+
+
+def test_backoff_doubles_is_capped_and_never_overflows() -> None:
+    from agent.retry import backoff_delay
+
+    assert [backoff_delay(n, 1.0, 30.0) for n in range(1, 8)] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert backoff_delay(0, 0.5, 10.0) == 0.5
+    assert backoff_delay(10**6, 10.0, 600.0) == 600.0  # a pipeline retried for months

@@ -50,6 +50,9 @@ from agent.mqtt.topics import status_topic
 
 log = logging.getLogger(__name__)
 
+# Bytes of an MQTT PUBLISH besides topic and payload: fixed header, packet id, properties.
+_PACKET_OVERHEAD = 64
+
 Handler = Callable[[str, bytes], None]
 # topic, payload, MQTT 5 subscription identifiers of the copy (None: match by filter)
 _Incoming = tuple[str, bytes, frozenset[int] | None]
@@ -114,6 +117,7 @@ class MqttConnection:
         self.client_id = config.client_id or f"edge-agent-{device_id}"
         self._broker = f"{config.host}:{config.port}"
         self._max_inflight = config.outbox.max_inflight
+        self._max_payload = config.max_payload_bytes  # lowered by an MQTT 5 broker's CONNACK
 
         self._lock = threading.Lock()  # guards the state below and the subscription table
         self._connected = False
@@ -278,6 +282,8 @@ class MqttConnection:
         while True:
             if self._outbox.pending() == 0:
                 return True
+            if not self.connected:
+                return False  # nothing can leave now; the rows wait for the next start
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
@@ -327,8 +333,17 @@ class MqttConnection:
         for message in self._outbox.peek(room, exclude=self._inflight_rows | waiting):
             if self._stopping.is_set() or not self.connected:
                 return
+            payload = self._prepare_payload(message) if self._prepare_payload else message.payload
+            # Topic, payload and header must fit: leave room for the fixed header and properties.
+            if len(payload) + len(message.topic.encode()) + _PACKET_OVERHEAD > self._max_payload:
+                self._reject(
+                    message.id,
+                    message.topic,
+                    f"{len(payload)} bytes is over the limit of "
+                    f"{self._max_payload} (mqtt.max_payload_bytes or the broker's maximum packet size)",
+                )
+                continue
             try:
-                payload = self._prepare_payload(message) if self._prepare_payload else message.payload
                 info = self._client.publish(message.topic, payload, qos=message.qos)
             except ValueError as exc:
                 # Wildcards in the topic, payload too large, ...: it can never be sent.
@@ -499,6 +514,12 @@ class MqttConnection:
             # so there is one copy per row and the PUBACK bookkeeping stays in one place. This runs
             # before `connected` turns true so no new outbox publish can be dropped with them.
             client.drop_out_messages()
+            # An MQTT 5 broker may announce a smaller packet limit than ours; a bigger message
+            # would make it drop the link, and the outbox would resend it first, for ever.
+            broker_limit = getattr(properties, "MaximumPacketSize", None) if properties else None
+            self._max_payload = min(
+                self._config.max_payload_bytes, broker_limit or self._config.max_payload_bytes
+            )
             log.info("connected to MQTT broker %s", self._broker)
             # Birth first: a watcher sees "online" before this connection's results.
             self._publish_birth()

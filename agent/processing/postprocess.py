@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
@@ -39,6 +40,8 @@ class Classification(Postprocessor):
         if scores.ndim > 1 and scores.shape[0] != 1:
             raise ModelError(f"output {self.output.name!r} has batch size {scores.shape[0]}, expected 1")
         scores = scores.reshape(-1)
+        if not np.isfinite(scores).all():
+            raise ModelError(f"output {self.output.name!r} contains NaN or infinite values")
         if self.config.softmax:
             shifted = np.exp(scores - scores.max())  # subtract the max so exp cannot overflow
             scores = shifted / shifted.sum()
@@ -69,10 +72,14 @@ class Raw(Postprocessor):
         for name, value in outputs.items():
             array = np.asarray(value)
             flat = array.reshape(-1)
+            values: list[Any] = flat[: self.max_values].tolist()
+            if array.dtype.kind == "f":
+                # JSON has no NaN/Infinity: such values become null.
+                values = [v if math.isfinite(v) else None for v in values]
             result[name] = {
                 "shape": list(array.shape),
                 "dtype": str(array.dtype),
-                "values": flat[: self.max_values].tolist(),
+                "values": values,
                 "truncated": bool(flat.size > self.max_values),
             }
         return {"outputs": result}

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import cv2
 
 from agent.config import VideoSourceConfig
+from agent.retry import backoff_delay
 from agent.sources.frames import Frame, LatestFrameSlot
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,10 @@ class VideoSource:
         self._thread = threading.Thread(target=self._run, name=f"source-{self.name}", daemon=True)
         self._thread.start()
 
+    def request_stop(self) -> None:
+        """Ask the decoder thread to end, without waiting for it."""
+        self._stop.set()
+
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -92,37 +97,40 @@ class VideoSource:
             self.state, self.error = state, error
 
     def _run(self) -> None:
-        delay = self.config.reopen_min_s
+        failures = 0  # in a row; sets the backoff
         index = 0
         try:
             while not self._stop.is_set():
-                capture = self._open()
-                if capture is None:
-                    self.reconnects += 1  # counts every retry, so a dead camera shows in status
-                    self._wait_retry(delay)
-                    delay = min(delay * 2, self.config.reopen_max_s)
-                    continue
                 try:
-                    outcome, index = self._read_until_end(capture, index)
-                finally:
-                    capture.release()
+                    outcome, index = self._open_and_read(index)
+                except Exception as exc:  # OpenCV or the file system failing must not end the source
+                    log.exception("source %s: unexpected error", self.name)
+                    self._fail(f"unexpected error reading {self.display_uri}: {exc}")
+                    outcome = "failed"
                 if outcome == "finished":
                     self._set_state("finished")
                     log.info("source %s: end of %s", self.name, self.display_uri)
                     return
-                if outcome == "rewind":
+                if outcome in ("stopped", "rewind"):
                     continue
-                if outcome == "broken":  # it worked for a while: reopen now, backoff afresh
+                with self._lock:
                     self.reconnects += 1
-                    delay = self.config.reopen_min_s
-                elif outcome == "failed":
-                    self.reconnects += 1
-                    self._wait_retry(delay)
-                    delay = min(delay * 2, self.config.reopen_max_s)
+                # "broken": it delivered frames, then stopped: reopen after the shortest delay.
+                failures = 1 if outcome == "broken" else failures + 1
+                self._stop.wait(backoff_delay(failures, self.config.reopen_min_s, self.config.reopen_max_s))
         finally:
             if self.state != "finished":
                 self._set_state("stopped", self.error)
             self.slot.close()
+
+    def _open_and_read(self, index: int) -> tuple[str, int]:
+        capture = self._open()
+        if capture is None:
+            return "failed", index
+        try:
+            return self._read_until_end(capture, index)
+        finally:
+            capture.release()
 
     def _open(self) -> cv2.VideoCapture | None:
         uri = self.config.uri
@@ -194,9 +202,6 @@ class VideoSource:
         if self.error != message:
             log.error("source %s: %s; retrying with backoff", self.name, message)
         self._set_state("retrying", message)
-
-    def _wait_retry(self, delay: float) -> None:
-        self._stop.wait(delay)
 
 
 def _kind(uri: str) -> str:

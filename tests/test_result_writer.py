@@ -1,0 +1,87 @@
+"""The daemon's ResultWriter: what a result message looks like on its way into the outbox."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.config import AgentConfig
+from agent.config_loader import parse_config
+from agent.daemon import ResultWriter, stamp_published_at
+from agent.errors import ConfigError, ModelError
+from agent.mqtt import Outbox
+
+
+def _writer(tmp_path: Path, max_payload_bytes: int = 262_144) -> tuple[ResultWriter, Outbox, list[int]]:
+    config = AgentConfig.model_validate(
+        {
+            "device": {"id": "box-7"},
+            "mqtt": {"max_payload_bytes": max_payload_bytes},
+            "state_dir": str(tmp_path),
+        }
+    )
+    outbox = Outbox(tmp_path / "outbox.sqlite")
+    written: list[int] = []
+    return ResultWriter(config, outbox, lambda: written.append(1)), outbox, written
+
+
+def _result(**extra: object) -> dict[str, object]:
+    return {"captured_at": 1_763_800_000.25, "output": {"top": []}, **extra}
+
+
+def test_results_get_id_seq_and_times_and_published_at_is_stamped_at_send(tmp_path: Path) -> None:
+    writer, outbox, written = _writer(tmp_path)
+    writer.submit("door", _result())
+    writer.submit("door", _result())
+    writer.submit("yard", _result())
+    rows = outbox.peek(10)
+    assert [r.topic for r in rows] == ["edge/box-7/results/door"] * 2 + ["edge/box-7/results/yard"]
+    stored = [json.loads(r.payload) for r in rows]
+    assert [(m["pipeline"], m["seq"]) for m in stored] == [("door", 1), ("door", 2), ("yard", 1)]
+    assert len({m["id"] for m in stored}) == 3
+    assert stored[0]["captured_at"] == "2025-11-22T08:26:40.250Z"
+    assert all(m["published_at"] is None for m in stored)  # not sent yet
+    sent = json.loads(stamp_published_at(rows[0]))
+    assert sent["published_at"].endswith("Z") and sent["published_at"] >= sent["produced_at"]
+    assert {k: v for k, v in sent.items() if k != "published_at"} == {
+        k: v for k, v in stored[0].items() if k != "published_at"
+    }
+    assert written == [1, 1, 1]
+    outbox.close()
+
+
+def test_a_label_that_looks_like_the_placeholder_is_left_alone(tmp_path: Path) -> None:
+    writer, outbox, _ = _writer(tmp_path)
+    writer.submit("door", _result(output={"top": [{"label": '"published_at":null'}]}))
+    sent = json.loads(stamp_published_at(outbox.peek(1)[0]))
+    assert sent["output"]["top"][0]["label"] == '"published_at":null'
+    assert sent["published_at"] is not None
+    outbox.close()
+
+
+def test_a_result_over_max_payload_bytes_is_refused_before_the_outbox(tmp_path: Path) -> None:
+    writer, outbox, written = _writer(tmp_path, max_payload_bytes=1024)
+    with pytest.raises(
+        ModelError, match=r"over mqtt.max_payload_bytes \(1024\); lower postprocess.max_values"
+    ):
+        writer.submit("raw", _result(output={"values": list(range(1000))}))
+    assert outbox.pending() == 0 and written == []
+    outbox.close()
+
+
+def test_nan_never_reaches_the_outbox(tmp_path: Path) -> None:
+    writer, outbox, _ = _writer(tmp_path)
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        writer.submit("raw", _result(output={"score": float("nan")}))
+    assert outbox.pending() == 0
+    outbox.close()
+
+
+def test_device_id_groups_is_reserved() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config("device:\n  id: groups\n", source="agent.yaml")
+    assert caught.value.problems == [
+        "agent.yaml:2: device.id: 'groups' is reserved: <prefix>/groups/... carries fleet group topics"
+    ]
