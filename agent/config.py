@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -205,9 +205,48 @@ class RawPostprocess(StrictModel):
 PostprocessConfig = Annotated[ClassificationPostprocess | RawPostprocess, Field(discriminator="type")]
 
 
+class BackendChoiceConfig(StrictModel):
+    """Which backends a pipeline may use; patterns are globs over backend names."""
+
+    prefer: list[str] = Field(
+        default_factory=list, description="Try these first, in this order, e.g. ['openvino/*']."
+    )
+    deny: list[str] = Field(default_factory=list, description="Never use these, e.g. ['tflite/*'].")
+    fixed: str | None = Field(
+        None, description="Use only this backend, e.g. onnxruntime/CPUExecutionProvider."
+    )
+
+
+class SelectionConfig(BackendChoiceConfig):
+    """Agent-wide backend selection: policy, proof (benchmark + output check) and backend options."""
+
+    benchmark: bool = Field(True, description="Prove the top candidates on a real sample before choosing.")
+    max_trials: int = Field(3, ge=1, le=20, description="How many ranked candidates to benchmark.")
+    warmup: int = Field(3, ge=1, le=1000)
+    runs: int = Field(20, ge=1, le=100_000)
+    budget_s: float = Field(5.0, gt=0, description="Timed runs stop after this long per candidate.")
+    timeout_s: float = Field(
+        180.0, gt=0, description="A candidate that takes longer (load+runs) is rejected."
+    )
+    sample_timeout_s: float = Field(15.0, gt=0, description="How long to wait for a sample from the source.")
+    rtol: float = Field(1e-2, ge=0, description="Output check: relative tolerance against the CPU reference.")
+    atol: float = Field(1e-3, ge=0, description="Output check: absolute tolerance.")
+    max_mismatch: float = Field(
+        0.001, ge=0, le=1, description="Share of an output's values allowed outside the tolerance."
+    )
+    options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Options per backend name, e.g. {'openvino/CPU': {'hint': 'throughput'}}; "
+        "each backend checks its own keys when it loads.",
+    )
+
+
 class PipelineConfig(StrictModel):
     name: Name
     model: ModelRef
+    backend: BackendChoiceConfig = Field(
+        default_factory=BackendChoiceConfig, description="Adds to (and fixed overrides) the agent's backends."
+    )
     source: SourceConfig
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
     postprocess: PostprocessConfig
@@ -220,6 +259,7 @@ class AgentConfig(StrictModel):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     registry: RegistryConfig | None = Field(None, description="Where models are pulled from.")
+    backends: SelectionConfig = Field(default_factory=SelectionConfig, description="Backend selection.")
     pipelines: list[PipelineConfig] = Field(default_factory=list)
 
     @field_validator("pipelines")

@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from agent import __version__
+from agent.backend_choice import choose_and_load
 from agent.config import AgentConfig, PipelineConfig
 from agent.errors import EdgeAgentError, ModelError
 from agent.fsutil import atomic_write_bytes
@@ -34,7 +35,7 @@ from agent.registry import open_registry
 from agent.retry import backoff_delay
 from agent.sd_notify import notify, watchdog_interval_s
 from agent.store import ModelStore
-from providers import BackendError, ModelArtifact, select_backend
+from providers import BackendError, ModelArtifact
 
 log = logging.getLogger(__name__)
 
@@ -242,9 +243,9 @@ class Agent:
             ModelArtifact(installed.artifact_path(a), a.format, a.sha256, name=a.file)
             for a in installed.manifest.artifacts
         ]
-        session, choice = select_backend(artifacts)
-        log.info("pipeline %s: %s", config.name, choice.explain())
-        loaded = LoadedModel(installed.name, installed.version, choice.artifact.sha256, session, choice)
+        session, decision = choose_and_load(self.config, config, artifacts, installed.ref)
+        log.info("pipeline %s: %s", config.name, decision.explain())
+        loaded = LoadedModel(installed.name, installed.version, decision.artifact_sha256, session, decision)
         try:
             pipeline = Pipeline(config, loaded, self.writer)
             pipeline.warm_up()

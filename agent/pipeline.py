@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from agent.config import PipelineConfig
 from agent.processing import Preprocessor, build_postprocessor
 from agent.sources import Frame, LatestFrameSlot, VideoSource
-from providers import Choice, Session
+from providers import Decision, Session
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class LoadedModel:
     version: str
     sha256: str
     session: Session
-    choice: Choice
+    decision: Decision | None = None  # how the backend was chosen (None: given, not selected)
 
 
 class Pipeline:
@@ -105,7 +105,7 @@ class Pipeline:
             "state": state,
             "error": last_error if degraded else source["error"],
             "model": f"{self.model.name}@{self.model.version}",
-            "backend": self.model.choice.backend,
+            "backend": self.model.session.backend,
             "results": results,
             "errors": errors,
             "last_error": last_error,
@@ -161,7 +161,7 @@ class Pipeline:
         result = {
             "captured_at": frame.captured_at,
             "model": {"name": self.model.name, "version": self.model.version, "sha256": self.model.sha256},
-            "backend": self.model.choice.backend,
+            "backend": self.model.session.backend,
             "precision": self.model.session.precision,
             "latency_ms": {
                 "preprocess": round((t1 - t0) * 1000, 3),

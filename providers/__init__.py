@@ -7,6 +7,7 @@ not installed is reported by its `probe()`, it never breaks the import of this p
 from providers.base import (
     Backend,
     BackendError,
+    BackendOptions,
     ModelArtifact,
     ProbeResult,
     Session,
@@ -14,20 +15,37 @@ from providers.base import (
     TensorSpec,
 )
 from providers.registry import all_backends, get_backend
-from providers.select import Candidate, Choice, NoBackendError, select_backend
+from providers.select import (
+    CandidateReport,
+    Decision,
+    NoBackendError,
+    SelectionPolicy,
+    decide,
+    load_decided,
+    screen,
+)
+from providers.trial import TrialRequest, TrialResult, run_trial, run_trial_isolated
 
 __all__ = [
     "Backend",
     "BackendError",
-    "Candidate",
-    "Choice",
+    "BackendOptions",
+    "CandidateReport",
+    "Decision",
     "ModelArtifact",
     "NoBackendError",
     "ProbeResult",
+    "SelectionPolicy",
     "Session",
     "Support",
     "TensorSpec",
+    "TrialRequest",
+    "TrialResult",
     "all_backends",
+    "decide",
     "get_backend",
-    "select_backend",
+    "load_decided",
+    "run_trial",
+    "run_trial_isolated",
+    "screen",
 ]

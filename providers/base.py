@@ -6,11 +6,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 Dim = int | str | None  # a fixed size, a symbolic name, or unknown
+OptionsT = TypeVar("OptionsT", bound="BackendOptions")
 
 
 class BackendError(Exception):
@@ -59,8 +61,29 @@ class ProbeResult:
 
 @dataclass(frozen=True)
 class Support:
+    """Whether a backend can run an artifact; when not, why, naming the operators it lacks."""
+
     ok: bool
     reason: str = ""
+    unsupported_ops: tuple[str, ...] = ()
+
+
+class BackendOptions(BaseModel):
+    """Base of every backend's options model (from YAML): unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def parse_options(model: type[OptionsT], options: Mapping[str, Any] | None, backend: str) -> OptionsT:
+    """Validate a backend's options, or raise BackendError naming the backend and each bad key."""
+    try:
+        return model.model_validate(dict(options or {}))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(options)'}: {e['msg']}" for e in exc.errors()
+        )
+        known = ", ".join(model.model_fields) or "none"
+        raise BackendError(f"{backend}: bad options: {problems} (known options: {known})") from None
 
 
 class Session(ABC):
@@ -100,9 +123,17 @@ class Session(ABC):
 
 
 class Backend(ABC):
-    """One runtime on one device, e.g. "onnxruntime/CPUExecutionProvider"."""
+    """One runtime on one device, e.g. "onnxruntime/CPUExecutionProvider", "openvino/NPU".
+
+    `name` is "<runtime>/<device>". `formats` are the artifact formats it can read.
+    `options_model` validates the options YAML gives for it.
+    """
 
     name: str
+    runtime: str
+    device: str
+    formats: frozenset[str] = frozenset()
+    options_model: type[BackendOptions] = BackendOptions
 
     @abstractmethod
     def probe(self) -> ProbeResult:

@@ -1,14 +1,32 @@
-"""onnxruntime with one execution provider (CPU for now; other EPs reuse this class)."""
+"""onnxruntime, one Backend per execution provider (TensorRT, CUDA, OpenVINO, ..., CPU).
+
+Every EP this product cares about is listed, available in this build or not, so `probe()` can
+say what to install. After loading, the session is checked to really use the EP asked for:
+onnxruntime falls back to the CPU silently when an EP cannot initialise.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+from pydantic import Field
 
-from providers.base import Backend, BackendError, ModelArtifact, ProbeResult, Session, Support, TensorSpec
+from providers.base import (
+    Backend,
+    BackendError,
+    BackendOptions,
+    ModelArtifact,
+    ProbeResult,
+    Session,
+    Support,
+    TensorSpec,
+    parse_options,
+)
 
 # onnxruntime reports element types as "tensor(float)"; map them to numpy dtype names.
 _ORT_TYPES = {
@@ -24,7 +42,56 @@ _ORT_TYPES = {
     "tensor(string)": "str",
 }
 
-_OPTION_KEYS = {"intra_op_threads", "inter_op_threads"}
+CPU_EP = "CPUExecutionProvider"
+
+
+class CpuOptions(BackendOptions):
+    intra_op_threads: int | None = Field(None, ge=1, description="Threads inside one operator.")
+    inter_op_threads: int | None = Field(None, ge=1, description="Operators run in parallel.")
+
+
+class CudaOptions(CpuOptions):
+    device_id: int = Field(0, ge=0)
+
+
+class TensorRtOptions(CudaOptions):
+    fp16: bool = Field(False, description="Let TensorRT build FP16 kernels (checked against CPU outputs).")
+    engine_cache_dir: str | None = Field(None, description="Keep built engines here (builds take minutes).")
+    timing_cache_dir: str | None = Field(None, description="Keep TensorRT's timing cache here.")
+
+
+class OpenVinoEpOptions(CpuOptions):
+    device_type: str = Field("CPU", description="OpenVINO device: CPU, GPU, NPU, AUTO:GPU,CPU ...")
+    cache_dir: str | None = Field(None, description="Keep compiled blobs here.")
+
+
+@dataclass(frozen=True)
+class _Ep:
+    options: type[CpuOptions]
+    install_hint: str
+
+
+# The EPs an edge box may have, most wanted first (the ranking itself lives in providers/select.py).
+_EPS: dict[str, _Ep] = {
+    "TensorrtExecutionProvider": _Ep(
+        TensorRtOptions,
+        "install onnxruntime-gpu with TensorRT (on Jetson: the JetPack onnxruntime-gpu wheel)",
+    ),
+    "CUDAExecutionProvider": _Ep(CudaOptions, "install onnxruntime-gpu matching the CUDA version"),
+    "ROCMExecutionProvider": _Ep(CudaOptions, "install onnxruntime-rocm"),
+    "OpenVINOExecutionProvider": _Ep(OpenVinoEpOptions, "install onnxruntime-openvino"),
+    "CoreMLExecutionProvider": _Ep(CpuOptions, "CoreML exists only on Apple devices"),
+    "XnnpackExecutionProvider": _Ep(CpuOptions, "build onnxruntime with --use_xnnpack"),
+    CPU_EP: _Ep(CpuOptions, "reinstall onnxruntime"),
+}
+
+
+def discover() -> list[Backend]:
+    """One backend per known EP, plus any other EP this build offers."""
+    # AzureExecutionProvider calls a cloud endpoint: not a local backend.
+    extra = [ep for ep in ort.get_available_providers() if ep not in _EPS and ep != "AzureExecutionProvider"]
+    names = list(_EPS) + extra
+    return [OnnxRuntimeBackend(ep) for ep in names]
 
 
 def _spec(arg: Any) -> TensorSpec:
@@ -33,10 +100,10 @@ def _spec(arg: Any) -> TensorSpec:
 
 
 class OnnxRuntimeSession(Session):
-    def __init__(self, session: ort.InferenceSession, backend: str) -> None:
+    def __init__(self, session: ort.InferenceSession, backend: str, precision: str) -> None:
         self._session = session
         self.backend = backend
-        self.precision = "fp32"  # the CPU EP computes in the model's own types
+        self.precision = precision
         self._inputs = [_spec(a) for a in session.get_inputs()]
         self._outputs = [_spec(a) for a in session.get_outputs()]
         self._output_names = [o.name for o in self._outputs]
@@ -53,18 +120,25 @@ class OnnxRuntimeSession(Session):
         try:
             values = self._session.run(self._output_names, dict(feeds))
         except Exception as exc:  # onnxruntime raises its own exception types
-            raise BackendError(f"{self.backend}: run failed: {_one_line(exc)}") from exc
+            raise BackendError(f"{self.backend}: run failed: {one_line(exc)}") from exc
         return dict(zip(self._output_names, values, strict=True))
 
     def close(self) -> None:
         # Dropping the only reference frees the native session.
-        del self._session
+        self._session = None
 
 
 class OnnxRuntimeBackend(Backend):
-    def __init__(self, execution_provider: str = "CPUExecutionProvider") -> None:
-        self.execution_provider = execution_provider
+    runtime = "onnxruntime"
+    formats = frozenset({"onnx"})
+
+    def __init__(self, execution_provider: str = CPU_EP) -> None:
+        self.execution_provider = self.device = execution_provider
         self.name = f"onnxruntime/{execution_provider}"
+        ep = _EPS.get(execution_provider, _Ep(CpuOptions, "use an onnxruntime build with it"))
+        self.options_model = ep.options
+        self._install_hint = ep.install_hint
+        self._support_cache: dict[str, Support] = {}
 
     def probe(self) -> ProbeResult:
         available = ort.get_available_providers()
@@ -73,44 +147,88 @@ class OnnxRuntimeBackend(Backend):
             return ProbeResult(
                 self.name,
                 False,
-                f"this onnxruntime build has no {self.execution_provider} (it has: {', '.join(available)})",
+                f"this onnxruntime build has no {self.execution_provider}: {self._install_hint}",
                 versions,
             )
-        return ProbeResult(self.name, True, "ok", versions, devices=("cpu",))
+        return ProbeResult(self.name, True, "ok", versions, devices=(self.execution_provider,))
 
     def supports(self, artifact: ModelArtifact) -> Support:
-        if artifact.format != "onnx":
+        """Format, then operator coverage: a session that may not fall back to the CPU.
+
+        The answer is cached per artifact hash (building a session is the costly part).
+        """
+        if artifact.format not in self.formats:
             return Support(False, f"onnxruntime runs ONNX files, not {artifact.format}")
-        return Support(True)
+        if artifact.sha256 in self._support_cache:
+            return self._support_cache[artifact.sha256]
+        try:
+            self._session(artifact, {}, strict=True)
+            support = Support(True)
+        except BackendError as exc:
+            ops = tuple(sorted(set(_MISSING_OP.findall(str(exc)))))
+            reason = f"unsupported operators: {', '.join(ops)}" if ops else str(exc)
+            support = Support(False, reason, ops)
+        self._support_cache[artifact.sha256] = support
+        return support
 
     def load(self, artifact: ModelArtifact, options: Mapping[str, Any] | None = None) -> Session:
-        options = dict(options or {})
-        unknown = set(options) - _OPTION_KEYS
-        if unknown:
-            raise BackendError(
-                f"{self.name}: unknown options {sorted(unknown)}; known: {sorted(_OPTION_KEYS)}"
-            )
+        parsed = parse_options(self.options_model, options, self.name)
+        session = self._session(artifact, parsed.model_dump(exclude_none=True), strict=False)
+        precision = "fp16" if getattr(parsed, "fp16", False) else "fp32"
+        return OnnxRuntimeSession(session, self.name, precision)
+
+    def _session(
+        self, artifact: ModelArtifact, options: Mapping[str, Any], strict: bool
+    ) -> ort.InferenceSession:
         session_options = ort.SessionOptions()
         session_options.log_severity_level = 3  # warnings about unused initializers are noise here
         if "intra_op_threads" in options:
             session_options.intra_op_num_threads = int(options["intra_op_threads"])
         if "inter_op_threads" in options:
             session_options.inter_op_num_threads = int(options["inter_op_threads"])
+        if strict and self.execution_provider != CPU_EP:
+            # Operator coverage: fail instead of quietly running unsupported nodes on the CPU.
+            session_options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        provider = (self.execution_provider, _provider_options(self.execution_provider, options))
         try:
             session = ort.InferenceSession(
-                str(artifact.path), sess_options=session_options, providers=[self.execution_provider]
+                str(artifact.path), sess_options=session_options, providers=[provider]
             )
         except Exception as exc:
-            raise BackendError(f"{self.name} cannot load {artifact.label}: {_one_line(exc)}") from exc
-        # onnxruntime silently falls back to CPU when an EP cannot take the model.
+            raise BackendError(f"{self.name} cannot load {artifact.label}: {one_line(exc)}") from exc
+        # onnxruntime silently falls back to CPU when an EP cannot initialise.
         used = session.get_providers()
         if not used or used[0] != self.execution_provider:
             raise BackendError(
                 f"{self.name}: session fell back to {used} instead of {self.execution_provider}"
             )
-        return OnnxRuntimeSession(session, self.name)
+        return session
 
 
-def _one_line(exc: BaseException) -> str:
+def _provider_options(ep: str, options: Mapping[str, Any]) -> dict[str, str]:
+    """Our option names -> the EP's own provider options (strings, as onnxruntime wants them)."""
+    out: dict[str, str] = {}
+    if "device_id" in options:
+        out["device_id"] = str(options["device_id"])
+    if ep == "TensorrtExecutionProvider":
+        out["trt_fp16_enable"] = str(bool(options.get("fp16", False)))
+        if options.get("engine_cache_dir"):
+            out["trt_engine_cache_enable"] = "True"
+            out["trt_engine_cache_path"] = str(options["engine_cache_dir"])
+        if options.get("timing_cache_dir"):
+            out["trt_timing_cache_enable"] = "True"
+            out["trt_timing_cache_path"] = str(options["timing_cache_dir"])
+    if ep == "OpenVINOExecutionProvider":
+        out["device_type"] = str(options.get("device_type", "CPU"))
+        if options.get("cache_dir"):
+            out["cache_dir"] = str(options["cache_dir"])
+    return out
+
+
+# "Could not find an implementation for ZipMap(1) node with name 'ZipMap'" and the like.
+_MISSING_OP = re.compile(r"implementation for (\w+)\(\d+\) node")
+
+
+def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text if len(text) <= 300 else text[:297] + "..."

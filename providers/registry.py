@@ -1,8 +1,9 @@
-"""The explicit list of backends, imported lazily.
+"""The explicit list of runtimes, imported lazily; each runtime module discovers its backends.
 
-A backend module is imported only when asked for, so a box without OpenVINO (or with a
-broken install of it) still runs onnxruntime; the import error becomes that backend's
-probe reason instead of a crash.
+A runtime module is imported only when backends are listed, so a box without OpenVINO (or with
+a broken install of it) still runs onnxruntime: the import error becomes that runtime's probe
+reason instead of a crash. Each module's `discover()` returns one Backend per device or
+execution provider it knows of, available or not; `probe()` says which and why.
 """
 
 from __future__ import annotations
@@ -11,23 +12,22 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from providers.base import Backend, ModelArtifact, ProbeResult, Session, Support
+from providers.base import Backend, BackendError, ModelArtifact, ProbeResult, Session, Support
 
-# name -> (module, class, constructor kwargs). Preference order lives in providers/select.py.
-_BACKENDS: dict[str, tuple[str, str, dict[str, Any]]] = {
-    "onnxruntime/CPUExecutionProvider": (
-        "providers.onnxruntime_backend",
-        "OnnxRuntimeBackend",
-        {"execution_provider": "CPUExecutionProvider"},
-    ),
+# runtime -> module with `discover() -> list[Backend]`. Preference order lives in providers/select.py.
+_RUNTIMES: dict[str, str] = {
+    "onnxruntime": "providers.onnxruntime_backend",
+    "openvino": "providers.openvino_backend",
+    "tflite": "providers.tflite_backend",
 }
 
 
 class UnavailableBackend(Backend):
-    """Stands in for a backend whose module failed to import."""
+    """Stands in for a runtime whose module failed to import."""
 
     def __init__(self, name: str, reason: str) -> None:
         self.name = name
+        self.runtime, _, self.device = name.partition("/")
         self._reason = reason
 
     def probe(self) -> ProbeResult:
@@ -37,27 +37,31 @@ class UnavailableBackend(Backend):
         return Support(False, self._reason)
 
     def load(self, artifact: ModelArtifact, options: Mapping[str, Any] | None = None) -> Session:
-        from providers.base import BackendError
-
         raise BackendError(f"{self.name} is not available: {self._reason}")
 
 
-def backend_names() -> list[str]:
-    return list(_BACKENDS)
-
-
-def get_backend(name: str) -> Backend:
-    """The backend called `name`; an UnavailableBackend when its runtime cannot be imported."""
-    if name not in _BACKENDS:
-        raise KeyError(f"unknown backend {name!r}; known: {', '.join(_BACKENDS)}")
-    module_name, class_name, kwargs = _BACKENDS[name]
+def runtime_backends(runtime: str) -> list[Backend]:
+    """The backends one runtime offers; one UnavailableBackend when it cannot even be imported."""
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(_RUNTIMES[runtime])
+        backends: list[Backend] = module.discover()
     except Exception as exc:  # a broken install can raise OSError etc., not only ImportError
-        return UnavailableBackend(name, f"cannot import its runtime: {exc}")
-    backend: Backend = getattr(module, class_name)(**kwargs)
-    return backend
+        return [UnavailableBackend(f"{runtime}/*", f"cannot import its runtime: {exc}")]
+    return backends
 
 
 def all_backends() -> list[Backend]:
-    return [get_backend(name) for name in _BACKENDS]
+    return [backend for runtime in _RUNTIMES for backend in runtime_backends(runtime)]
+
+
+def backend_names() -> list[str]:
+    return [b.name for b in all_backends()]
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called `name` (e.g. "openvino/CPU"); KeyError listing the known names."""
+    backends = all_backends()
+    for backend in backends:
+        if backend.name == name:
+            return backend
+    raise KeyError(f"unknown backend {name!r}; known: {', '.join(b.name for b in backends)}")

@@ -1,79 +1,347 @@
-"""Pick a backend for a model: filter candidates with reasons, rank, load the first that works.
+"""Pick the backend for a model: filter with reasons, rank, prove the best few, choose.
 
-Selection is a function over data (backends' probe results and the model's artifacts), so it
-can be tested without hardware. Issue 4 adds ranking by hardware, on-device benchmarks and
-output checks; the shape (every rejected candidate keeps its reason) stays.
+1. Candidates are every backend x every artifact of the model version.
+2. Each is kept or rejected with a reason: policy (deny / fixed), probe (runtime or device
+   missing), format, operator coverage.
+3. The rest are ranked: the policy's `prefer` patterns first, then DEFAULT_PREFERENCE.
+4. Unless benchmarking is off, the top `max_trials` run in child processes (timeout each) on a
+   real sample input, next to a CPU reference: a candidate whose outputs differ from the
+   reference beyond the tolerances is rejected, however fast. The fastest correct one wins.
+5. The Decision lists every candidate with its verdict and numbers (`explain()`).
+
+This module is data in, data out: no files, no hardware access; tests feed it backends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import fnmatch
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import numpy as np
 
 from providers.base import Backend, BackendError, ModelArtifact, Session
 from providers.registry import all_backends
+from providers.trial import TrialRequest, TrialResult, run_trial_isolated
+
+# Most wanted first; glob patterns over backend names. TensorRT and CUDA on NVIDIA, then the
+# dedicated NPUs/TPUs, GPUs, then CPUs (OpenVINO's CPU plugin before onnxruntime's CPU EP).
+DEFAULT_PREFERENCE: tuple[str, ...] = (
+    "onnxruntime/TensorrtExecutionProvider",
+    "onnxruntime/CUDAExecutionProvider",
+    "tflite/edgetpu",
+    "openvino/NPU*",
+    "openvino/GPU*",
+    "onnxruntime/ROCMExecutionProvider",
+    "onnxruntime/OpenVINOExecutionProvider",
+    "onnxruntime/CoreMLExecutionProvider",
+    "openvino/CPU",
+    "onnxruntime/XnnpackExecutionProvider",
+    "onnxruntime/CPUExecutionProvider",
+    "tflite/cpu",
+    "openvino/AUTO",
+    "*",
+)
+
+# Where reference outputs come from: the plainest CPU backend that can read the artifact.
+REFERENCE_BACKENDS: tuple[str, ...] = ("onnxruntime/CPUExecutionProvider", "tflite/cpu", "openvino/CPU")
 
 
 @dataclass(frozen=True)
-class Candidate:
-    backend: str
-    artifact: ModelArtifact
-    ok: bool
-    reason: str
+class SelectionPolicy:
+    prefer: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    fixed: str | None = None
+    benchmark: bool = True
+    max_trials: int = 3
+    warmup: int = 3
+    runs: int = 20
+    budget_s: float = 5.0
+    timeout_s: float = 180.0
+    rtol: float = 1e-2
+    atol: float = 1e-3
+    max_mismatch: float = 0.001  # share of an output's values allowed outside the tolerance
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def options_for(self, backend: str) -> dict[str, Any]:
+        return dict(self.options.get(backend, {}))
 
 
 @dataclass
-class Choice:
-    """The backend chosen for a model, and why every other candidate was not."""
-
+class CandidateReport:
     backend: str
-    artifact: ModelArtifact
-    candidates: list[Candidate] = field(default_factory=list)
+    artifact: str  # label
+    format: str
+    sha256: str
+    verdict: str  # "chosen", "rejected", "passed" (correct, not chosen), "untried"
+    reason: str = ""
+    rank: int | None = None
+    precision: str | None = None
+    median_ms: float | None = None
+    p90_ms: float | None = None
+    max_abs_diff: float | None = None
+    peak_rss_mb: float | None = None
+
+
+@dataclass
+class Decision:
+    backend: str
+    artifact_sha256: str
+    artifact: str
+    precision: str | None
+    candidates: list[CandidateReport]
+    reference: str | None = None  # the backend whose outputs were the reference
+    checked: bool = False  # outputs compared with the reference on a real sample
+    note: str = ""
 
     def explain(self) -> str:
+        head = f"chose {self.backend} for {self.artifact}"
+        chosen = next((c for c in self.candidates if c.verdict == "chosen"), None)
+        if chosen and chosen.median_ms is not None:
+            head += f" ({chosen.median_ms:.2f} ms median, {chosen.precision})"
+        if self.reference:
+            head += f"; outputs checked against {self.reference}" if self.checked else ""
+        if self.note:
+            head += f"; {self.note}"
         others = [
-            f"{c.backend} on {c.artifact.label}: {c.reason}"
+            f"{c.backend} on {c.artifact}: {c.verdict}{_numbers(c)}" + (f": {c.reason}" if c.reason else "")
             for c in self.candidates
-            if (c.backend, c.artifact) != (self.backend, self.artifact)
+            if c.verdict != "chosen"
         ]
-        text = f"chose {self.backend} for {self.artifact.label}"
-        return text + (f" (not chosen: {'; '.join(others)})" if others else "")
+        return head + (f" (others: {'; '.join(others)})" if others else "")
+
+    def order(self) -> list[CandidateReport]:
+        """Usable candidates, best first: the chosen one, then those that passed, then untried."""
+        rank = {"chosen": 0, "passed": 1, "untried": 2}
+        usable = [c for c in self.candidates if c.verdict in rank]
+        return sorted(usable, key=lambda c: (rank[c.verdict], c.rank if c.rank is not None else 1 << 30))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Decision:
+        values = dict(data)
+        values["candidates"] = [CandidateReport(**c) for c in values.get("candidates", [])]
+        return cls(**values)
 
 
 class NoBackendError(BackendError):
-    def __init__(self, candidates: list[Candidate]) -> None:
-        reasons = "; ".join(f"{c.backend}: {c.reason}" for c in candidates) or "no backends are registered"
-        super().__init__(f"no backend can run this model ({reasons})")
+    def __init__(self, candidates: list[CandidateReport]) -> None:
+        reasons = "; ".join(f"{c.backend} on {c.artifact}: {c.reason}" for c in candidates)
+        super().__init__(f"no backend can run this model ({reasons or 'no backends are registered'})")
         self.candidates = candidates
 
 
-def select_backend(
-    artifacts: Sequence[ModelArtifact],
-    options: Mapping[str, Mapping[str, Any]] | None = None,
-    backends: Sequence[Backend] | None = None,
-) -> tuple[Session, Choice]:
-    """Load the model on the first candidate that probes, supports and loads it.
+def preference_index(name: str, policy: SelectionPolicy) -> tuple[int, int]:
+    """Sort key: the policy's prefer list first, then the default preference."""
+    for i, pattern in enumerate(policy.prefer):
+        if fnmatch.fnmatchcase(name, pattern):
+            return (0, i)
+    for i, pattern in enumerate(DEFAULT_PREFERENCE):
+        if fnmatch.fnmatchcase(name, pattern):
+            return (1, i)
+    return (2, 0)
 
-    `options` maps a backend name to its load options. Raises NoBackendError listing every
-    candidate's reason when none works.
-    """
-    candidates: list[Candidate] = []
+
+def _report(backend: str, artifact: ModelArtifact, verdict: str, reason: str = "") -> CandidateReport:
+    return CandidateReport(backend, artifact.label, artifact.format, artifact.sha256, verdict, reason)
+
+
+def screen(
+    artifacts: Sequence[ModelArtifact], policy: SelectionPolicy, backends: Sequence[Backend] | None = None
+) -> tuple[list[tuple[Backend, ModelArtifact]], list[CandidateReport]]:
+    """Filter every (backend, artifact) with reasons; return the ranked survivors and the rejected."""
+    kept: list[tuple[Backend, ModelArtifact]] = []
+    rejected: list[CandidateReport] = []
     for backend in backends if backends is not None else all_backends():
-        probe = backend.probe()
+        name = backend.name
+        denied = next((p for p in policy.deny if fnmatch.fnmatchcase(name, p)), None)
+        probe = None if denied or (policy.fixed and name != policy.fixed) else backend.probe()
         for artifact in artifacts:
-            if not probe.available:
-                candidates.append(Candidate(backend.name, artifact, False, probe.reason))
-                continue
-            support = backend.supports(artifact)
-            if not support.ok:
-                candidates.append(Candidate(backend.name, artifact, False, support.reason))
-                continue
-            try:
-                session = backend.load(artifact, (options or {}).get(backend.name))
-            except BackendError as exc:
-                candidates.append(Candidate(backend.name, artifact, False, str(exc)))
-                continue
-            candidates.append(Candidate(backend.name, artifact, True, "ok"))
-            return session, Choice(backend.name, artifact, candidates)
-    raise NoBackendError(candidates)
+            if denied:
+                rejected.append(_report(name, artifact, "rejected", f"denied by policy ({denied})"))
+            elif policy.fixed and name != policy.fixed:
+                rejected.append(
+                    _report(name, artifact, "rejected", f"policy fixes the backend to {policy.fixed}")
+                )
+            elif probe is not None and not probe.available:
+                rejected.append(_report(name, artifact, "rejected", probe.reason))
+            elif artifact.format not in backend.formats:
+                rejected.append(_report(name, artifact, "rejected", f"cannot read {artifact.format} files"))
+            else:
+                support = backend.supports(artifact)
+                if support.ok:
+                    kept.append((backend, artifact))
+                else:
+                    rejected.append(_report(name, artifact, "rejected", support.reason))
+    kept.sort(key=lambda pair: preference_index(pair[0].name, policy))
+    return kept, rejected
+
+
+Trial = Callable[[TrialRequest, float], TrialResult]
+
+
+def decide(
+    artifacts: Sequence[ModelArtifact],
+    policy: SelectionPolicy,
+    sample: Mapping[str, np.ndarray] | None,
+    backends: Sequence[Backend] | None = None,
+    trial: Trial = run_trial_isolated,
+) -> Decision:
+    """Choose a backend. With a sample and benchmarking on, the top candidates are proven.
+
+    Raises NoBackendError (every candidate's reason) when nothing can run the model.
+    """
+    ranked, rejected = screen(artifacts, policy, backends)
+    if not ranked:
+        raise NoBackendError(rejected)
+    reports = [_report(b.name, a, "untried") for b, a in ranked]
+    for i, report in enumerate(reports):
+        report.rank = i + 1
+    if not policy.benchmark or sample is None:
+        note = "benchmark off" if not policy.benchmark else "outputs not checked: no sample input"
+        reports[0].verdict = "chosen"
+        return Decision(ranked[0][0].name, ranked[0][1].sha256, ranked[0][1].label, None, reports + rejected,
+                        note=note)  # fmt: skip
+
+    results: dict[int, TrialResult] = {}
+    for i, (backend, artifact) in enumerate(ranked[: policy.max_trials]):
+        options = policy.options_for(backend.name)
+        request = TrialRequest(
+            backend.name, artifact, sample, options, policy.warmup, policy.runs, policy.budget_s
+        )
+        results[i] = trial(request, policy.timeout_s)
+    reference_name, reference = _reference(ranked, results, policy, sample, trial)
+    for i, result in results.items():
+        report = reports[i]
+        if not result.ok:
+            report.verdict, report.reason = "rejected", result.error
+            continue
+        report.precision = result.precision
+        report.median_ms, report.p90_ms = result.median_ms, result.percentile(90)
+        report.peak_rss_mb = round(result.peak_rss_mb, 1)
+        if reference is None:
+            report.verdict = "passed"
+            continue
+        diff, problem = compare_outputs(result.outputs, reference.outputs, policy)
+        report.max_abs_diff = diff
+        report.verdict, report.reason = ("rejected", problem) if problem else ("passed", "")
+
+    passed = [i for i in results if reports[i].verdict == "passed"]
+    if not passed:
+        # Nothing proven correct among the tried: fall back to the ranking for the rest, if any.
+        untried = [i for i in range(len(ranked)) if i not in results]
+        if not untried:
+            raise NoBackendError([r for r in reports if r.verdict == "rejected"] + rejected)
+        best, note = untried[0], "no tried candidate passed; the next in rank was not tried"
+    else:
+        best = min(passed, key=lambda i: reports[i].median_ms or float("inf"))
+        note = ""
+    reports[best].verdict = "chosen"
+    backend, artifact = ranked[best]
+    return Decision(
+        backend.name, artifact.sha256, artifact.label, reports[best].precision, reports + rejected,
+        reference=reference_name, checked=reference is not None and bool(passed), note=note,
+    )  # fmt: skip
+
+
+def _reference(
+    ranked: list[tuple[Backend, ModelArtifact]],
+    results: Mapping[int, TrialResult],
+    policy: SelectionPolicy,
+    sample: Mapping[str, np.ndarray],
+    trial: Trial,
+) -> tuple[str | None, TrialResult | None]:
+    """Reference outputs from the plainest CPU backend that runs one of the artifacts.
+
+    When that backend was among the trials, its run is the reference (no second run).
+    """
+    for name in REFERENCE_BACKENDS:
+        index = next((i for i, (b, _) in enumerate(ranked) if b.name == name), None)
+        if index is None:
+            continue
+        result = results.get(index)
+        if result is None:
+            request = TrialRequest(
+                name, ranked[index][1], sample, {}, warmup=1, runs=1, budget_s=policy.budget_s
+            )
+            result = trial(request, policy.timeout_s)
+        if result.ok:
+            return name, result
+    return None, None
+
+
+def compare_outputs(
+    outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], policy: SelectionPolicy
+) -> tuple[float | None, str]:
+    """(max abs difference, "" or what is wrong). Outputs are matched by name, else by position.
+
+    An element matches when |out - ref| <= atol + rtol * |ref|. Up to `max_mismatch` of the
+    elements of an output may miss (reduced precision moves a few pixels of a large map a lot
+    while the map as a whole agrees); a small output (a few scores) must match everywhere.
+    """
+    if set(outputs) == set(reference):
+        pairs = [(name, outputs[name], reference[name]) for name in reference]
+    elif len(outputs) == len(reference):
+        pairs = [
+            (name, out, ref) for (name, ref), out in zip(reference.items(), outputs.values(), strict=True)
+        ]
+    else:
+        return None, f"{len(outputs)} outputs, the reference has {len(reference)}"
+    worst = 0.0
+    for name, out, ref in pairs:
+        out, ref = np.asarray(out), np.asarray(ref)
+        if out.shape != ref.shape:
+            return None, f"output {name!r} has shape {list(out.shape)}, the reference {list(ref.shape)}"
+        if ref.dtype.kind not in "fc":
+            if not np.array_equal(out, ref):
+                return None, f"output {name!r} differs from the reference"
+            continue
+        out64, ref64 = out.astype(np.float64), ref.astype(np.float64)
+        if not np.isfinite(out64).all() and np.isfinite(ref64).all():
+            return None, f"output {name!r} has NaN or infinite values where the reference has none"
+        if not out.size:
+            continue
+        diff = np.abs(out64 - ref64)
+        worst = max(worst, float(np.nanmax(diff)))
+        missed = float(np.mean(~np.isclose(out64, ref64, rtol=policy.rtol, atol=policy.atol, equal_nan=True)))
+        if missed > policy.max_mismatch:
+            return worst, (
+                f"output {name!r} differs from the reference: {missed:.1%} of values off by more than "
+                f"atol {policy.atol:g} + rtol {policy.rtol:g}, up to {float(np.nanmax(diff)):.3g}"
+            )
+    return worst, ""
+
+
+def _numbers(report: CandidateReport) -> str:
+    parts = []
+    if report.median_ms is not None:
+        parts.append(f"{report.median_ms:.2f} ms")
+    if report.precision:
+        parts.append(report.precision)
+    if report.max_abs_diff is not None:
+        parts.append(f"max diff {report.max_abs_diff:.2g}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def load_decided(
+    decision: Decision,
+    artifacts: Sequence[ModelArtifact],
+    policy: SelectionPolicy,
+    backends: Sequence[Backend] | None = None,
+) -> tuple[Session, CandidateReport, list[str]]:
+    """Load the chosen backend here; when it fails, the next usable one. Returns the failures too."""
+    by_name = {b.name: b for b in (backends if backends is not None else all_backends())}
+    by_sha = {a.sha256: a for a in artifacts}
+    failures: list[str] = []
+    for report in decision.order():
+        backend, artifact = by_name.get(report.backend), by_sha.get(report.sha256)
+        if backend is None or artifact is None:
+            continue
+        try:
+            return backend.load(artifact, policy.options_for(backend.name)), report, failures
+        except BackendError as exc:
+            failures.append(f"{report.backend}: {exc}")
+    raise BackendError(f"no decided backend could load the model: {'; '.join(failures) or 'none left'}")

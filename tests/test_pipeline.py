@@ -14,7 +14,8 @@ import pytest
 
 from agent.config import ClassificationPostprocess, ModelRef, PipelineConfig, VideoSourceConfig
 from agent.pipeline import LoadedModel, Pipeline
-from providers import BackendError, Session, TensorSpec, select_backend
+from providers import BackendError, Session, TensorSpec
+from providers.onnxruntime_backend import OnnxRuntimeBackend
 from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, cls_artifact, demo_video_module
 from tests.waits import wait_until
 
@@ -73,8 +74,8 @@ def orientation_video(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, l
 
 @pytest.fixture(scope="module")
 def loaded(cls_model_path: Path) -> LoadedModel:
-    session, choice = select_backend([cls_artifact(cls_model_path)])
-    return LoadedModel(name="pp-ocr-cls", version="2.0", sha256="ab" * 32, session=session, choice=choice)
+    session = OnnxRuntimeBackend().load(cls_artifact(cls_model_path))
+    return LoadedModel(name="pp-ocr-cls", version="2.0", sha256="ab" * 32, session=session)
 
 
 def _config(uri: Path, fps: float | None) -> PipelineConfig:
@@ -168,7 +169,7 @@ def test_pipeline_keeps_going_when_some_frames_fail(
     path = tmp_path / "fast.mp4"
     truth = demo_video_module().make_orientation_video(path, fps=30, seconds_per_sign=0.4)  # 72 frames, 2.4 s
     flaky = FlakySession(loaded.session, every=3)
-    model = LoadedModel(loaded.name, loaded.version, loaded.sha256, flaky, loaded.choice)
+    model = LoadedModel(loaded.name, loaded.version, loaded.sha256, flaky)
     sink = ListSink()
     pipeline = Pipeline(_config(path, fps=None), model, sink)
     started.append(pipeline)
@@ -235,7 +236,7 @@ def test_pipeline_reports_degraded_when_every_frame_fails(
     path = tmp_path / "fast.mp4"
     demo_video_module().make_orientation_video(path, fps=30, seconds_per_sign=0.5)  # 90 frames, 3 s
     broken = FlakySession(loaded.session, every=1)
-    model = LoadedModel(loaded.name, loaded.version, loaded.sha256, broken, loaded.choice)
+    model = LoadedModel(loaded.name, loaded.version, loaded.sha256, broken)
     sink = ListSink()
     pipeline = Pipeline(_config(path, fps=None), model, sink)
     started.append(pipeline)
@@ -269,7 +270,7 @@ def test_busy_for_shows_a_worker_stuck_in_one_frame(
 ) -> None:
     path, _ = orientation_video
     slow = SlowSession(loaded.session, delay_s=1.5)
-    model = LoadedModel(loaded.name, loaded.version, loaded.sha256, slow, loaded.choice)
+    model = LoadedModel(loaded.name, loaded.version, loaded.sha256, slow)
     pipeline = Pipeline(_config(path, fps=2), model, ListSink())
     started.append(pipeline)
     assert pipeline.busy_for_s() == 0.0
@@ -288,9 +289,7 @@ def test_nan_outputs_fail_the_frame_instead_of_publishing_invalid_json(
     orientation_video: tuple[Path, list[dict[str, object]]], loaded: LoadedModel, started: list[Pipeline]
 ) -> None:
     path, _ = orientation_video
-    model = LoadedModel(
-        loaded.name, loaded.version, loaded.sha256, NanSession(loaded.session, 10**9), loaded.choice
-    )
+    model = LoadedModel(loaded.name, loaded.version, loaded.sha256, NanSession(loaded.session, 10**9))
     sink = ListSink()
     pipeline = Pipeline(_config(path, fps=5), model, sink)
     started.append(pipeline)

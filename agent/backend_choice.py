@@ -1,0 +1,206 @@
+"""Choosing a pipeline's backend on this box: policy from the config, a real sample from the
+pipeline's own source, the decision proven by `providers.decide`, cached and explained.
+
+The decision is cached in `<state_dir>/decisions/` keyed by the model's artifact hashes, this
+box's hardware fingerprint, the runtimes' versions and the policy, so a restart does not
+benchmark again, and a driver upgrade or a new accelerator does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent.config import AgentConfig, PipelineConfig, SourceConfig
+from agent.fsutil import atomic_write_bytes
+from agent.hardware import detect_hardware
+from agent.processing import Preprocessor
+from agent.sources import LatestFrameSlot, VideoSource
+from providers import (
+    Backend,
+    BackendError,
+    Decision,
+    ModelArtifact,
+    SelectionPolicy,
+    Session,
+    all_backends,
+    decide,
+    load_decided,
+)
+from providers.select import REFERENCE_BACKENDS
+
+log = logging.getLogger(__name__)
+
+
+def policy_for(config: AgentConfig, pipeline: PipelineConfig | None = None) -> SelectionPolicy:
+    """The agent's selection settings, with the pipeline's prefer/deny/fixed on top."""
+    agent = config.backends
+    prefer = list(pipeline.backend.prefer) + list(agent.prefer) if pipeline else list(agent.prefer)
+    deny = list(agent.deny) + (list(pipeline.backend.deny) if pipeline else [])
+    fixed = (pipeline.backend.fixed if pipeline else None) or agent.fixed
+    return SelectionPolicy(
+        prefer=tuple(prefer),
+        deny=tuple(deny),
+        fixed=fixed,
+        benchmark=agent.benchmark,
+        max_trials=agent.max_trials,
+        warmup=agent.warmup,
+        runs=agent.runs,
+        budget_s=agent.budget_s,
+        timeout_s=agent.timeout_s,
+        rtol=agent.rtol,
+        atol=agent.atol,
+        max_mismatch=agent.max_mismatch,
+        options=_with_cache_dirs(agent.options, config.state_dir / "cache"),
+    )
+
+
+def _with_cache_dirs(options: Mapping[str, Mapping[str, Any]], cache: Path) -> dict[str, dict[str, Any]]:
+    """Compiled engines and blobs are cached under the state dir unless the config says otherwise:
+    they are built before a model serves, and a restart must not build them again."""
+    merged = {name: dict(values) for name, values in options.items()}
+    for backend in all_backends():
+        if backend.name.startswith("openvino/") and backend.name != "openvino/*":
+            merged.setdefault(backend.name, {}).setdefault("cache_dir", str(cache / "openvino"))
+        if backend.name == "onnxruntime/TensorrtExecutionProvider":
+            merged.setdefault(backend.name, {}).setdefault("engine_cache_dir", str(cache / "tensorrt"))
+    return merged
+
+
+def reference_specs_session(artifacts: Sequence[ModelArtifact], backends: Sequence[Backend]) -> Session:
+    """A plain CPU session, in this process, to learn the model's inputs (for preprocessing)."""
+    by_name = {b.name: b for b in backends}
+    problems = []
+    for name in REFERENCE_BACKENDS:
+        backend = by_name.get(name)
+        if backend is None:
+            continue
+        for artifact in artifacts:
+            if artifact.format in backend.formats:
+                try:
+                    return backend.load(artifact)
+                except BackendError as exc:
+                    problems.append(str(exc))
+    raise BackendError(f"no CPU backend can read this model: {'; '.join(problems) or 'no readable artifact'}")
+
+
+def grab_sample(
+    source: SourceConfig, name: str, preprocess: Preprocessor, timeout_s: float
+) -> dict[str, np.ndarray] | None:
+    """One real input from the pipeline's own source, preprocessed; None if none came in time."""
+    slot = LatestFrameSlot()
+    probe_source = VideoSource(source, f"{name}-sample", slot)
+    probe_source.start()
+    try:
+        frame = slot.get(timeout_s)
+    finally:
+        probe_source.stop(timeout=5)
+    if frame is None:
+        return None
+    return {preprocess.input.name: preprocess(frame.image)}
+
+
+def decision_key(
+    artifacts: Sequence[ModelArtifact], policy: SelectionPolicy, backends: Sequence[Backend]
+) -> str:
+    facts = {
+        "artifacts": sorted(a.sha256 for a in artifacts),
+        "hardware": detect_hardware().fingerprint(),
+        "runtimes": sorted({f"{k}={v}" for b in backends for k, v in b.probe().versions.items()}),
+        "available": sorted(b.name for b in backends if b.probe().available),
+        "policy": json.dumps(asdict(policy), sort_keys=True, default=str),
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+class DecisionStore:
+    """Decisions on disk: by key (the cache) and by pipeline name (for `edge-agent explain`)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.root = state_dir / "decisions"
+
+    def get(self, key: str) -> Decision | None:
+        path = self.root / f"{key}.json"
+        try:
+            return Decision.from_dict(json.loads(path.read_text())["decision"])
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring unreadable cached decision %s: %s", path, exc)
+            return None
+
+    def put(self, key: str, decision: Decision, pipeline: str, model: str) -> None:
+        record = {"key": key, "pipeline": pipeline, "model": model, "decided_at": time.time(),
+                  "decision": decision.to_dict()}  # fmt: skip
+        data = json.dumps(record, indent=2).encode()
+        self.root.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self.root / f"{key}.json", data)
+        (self.root / "pipelines").mkdir(exist_ok=True)
+        atomic_write_bytes(self.root / "pipelines" / f"{pipeline}.json", data)
+
+    def for_pipeline(self, pipeline: str) -> dict[str, Any] | None:
+        try:
+            record: dict[str, Any] = json.loads((self.root / "pipelines" / f"{pipeline}.json").read_text())
+            return record
+        except (OSError, ValueError):
+            return None
+
+    def all_pipelines(self) -> list[dict[str, Any]]:
+        folder = self.root / "pipelines"
+        records = []
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            try:
+                records.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                continue
+        return records
+
+
+def choose_and_load(
+    config: AgentConfig,
+    pipeline: PipelineConfig,
+    artifacts: Sequence[ModelArtifact],
+    model_ref: str,
+) -> tuple[Session, Decision]:
+    """Decide (or reuse the cached decision) and load the chosen backend in this process."""
+    backends = all_backends()
+    policy = policy_for(config, pipeline)
+    store = DecisionStore(config.state_dir)
+    key = decision_key(artifacts, policy, backends)
+    decision = store.get(key)
+    if decision is None:
+        sample = None
+        if policy.benchmark:
+            reference = reference_specs_session(artifacts, backends)
+            try:
+                preprocess = Preprocessor(pipeline.preprocess, reference.inputs)
+            finally:
+                reference.close()
+            sample = grab_sample(pipeline.source, pipeline.name, preprocess, config.backends.sample_timeout_s)
+            if sample is None:
+                waited = config.backends.sample_timeout_s
+                log.warning("pipeline %s: no frame from its source within %.0f s; choosing by rank, "
+                            "outputs not checked", pipeline.name, waited)  # fmt: skip
+        log.info("pipeline %s: choosing a backend for %s%s", pipeline.name, model_ref,
+                 " (benchmarking the top candidates)" if sample is not None else "")  # fmt: skip
+        decision = decide(artifacts, policy, sample, backends)
+        if decision.checked or not policy.benchmark:
+            store.put(key, decision, pipeline.name, model_ref)  # an unchecked choice is made again next time
+    else:
+        log.info("pipeline %s: using the cached backend decision %s", pipeline.name, key)
+    session, used, failures = load_decided(decision, artifacts, policy, backends)
+    for failure in failures:
+        log.warning("pipeline %s: %s; falling back to the next backend", pipeline.name, failure)
+    if used.backend != decision.backend:
+        decision.note = (
+            decision.note + "; " if decision.note else ""
+        ) + f"running on fallback {used.backend}"
+    return session, decision

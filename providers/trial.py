@@ -1,0 +1,128 @@
+"""Try one backend on one artifact: load, warm up, time it, keep its outputs.
+
+`run_trial_isolated` does it in a child process with a timeout, so a driver that hangs or a
+runtime that crashes natively costs that candidate, never the daemon.
+"""
+
+from __future__ import annotations
+
+import pickle
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from providers.base import BackendError, ModelArtifact
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    backend: str
+    artifact: ModelArtifact
+    feeds: Mapping[str, np.ndarray]
+    options: Mapping[str, Any] = field(default_factory=dict)
+    warmup: int = 3
+    runs: int = 20
+    budget_s: float = 10.0  # stop timing after this long, even before `runs`
+
+
+@dataclass
+class TrialResult:
+    backend: str
+    ok: bool
+    error: str = ""
+    precision: str = ""
+    load_s: float = 0.0
+    latencies_ms: list[float] = field(default_factory=list)
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    peak_rss_mb: float = 0.0
+
+    def percentile(self, q: float) -> float | None:
+        if not self.latencies_ms:
+            return None
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+    @property
+    def median_ms(self) -> float | None:
+        return statistics.median(self.latencies_ms) if self.latencies_ms else None
+
+
+def run_trial(request: TrialRequest) -> TrialResult:
+    """In this process: load, warm up, run `runs` times (within `budget_s`), keep the last outputs."""
+    from providers.registry import get_backend
+
+    try:
+        backend = get_backend(request.backend)
+        started = time.perf_counter()
+        session = backend.load(request.artifact, request.options)
+        load_s = time.perf_counter() - started
+        outputs: dict[str, np.ndarray] = {}
+        for _ in range(max(1, request.warmup)):
+            outputs = session.run(request.feeds)
+        latencies: list[float] = []
+        deadline = time.perf_counter() + request.budget_s
+        for _ in range(max(1, request.runs)):
+            t0 = time.perf_counter()
+            outputs = session.run(request.feeds)
+            latencies.append((time.perf_counter() - t0) * 1000)
+            if time.perf_counter() > deadline:
+                break
+        precision = session.precision
+        session.close()
+    except (BackendError, KeyError) as exc:
+        return TrialResult(request.backend, False, str(exc).strip("'\""))
+    except Exception as exc:  # a runtime's own error types
+        return TrialResult(request.backend, False, f"{type(exc).__name__}: {exc}")
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    return TrialResult(request.backend, True, "", precision, load_s, latencies, outputs, peak_mb)
+
+
+def run_trial_isolated(request: TrialRequest, timeout_s: float) -> TrialResult:
+    """`run_trial` in a fresh Python process (`python -m providers.trial`), bounded by `timeout_s`.
+
+    A new interpreter rather than fork: the daemon has threads, and a forked copy of their locks
+    can deadlock; and rather than multiprocessing's spawn, which re-imports the caller's main module.
+    Request and result travel as pickles in a private temp dir; the child's stderr is kept for the
+    reason when it crashes.
+    """
+    with tempfile.TemporaryDirectory(prefix="edge-agent-trial-") as tmp:
+        request_path, result_path = Path(tmp) / "request.pickle", Path(tmp) / "result.pickle"
+        request_path.write_bytes(pickle.dumps(request))
+        command = [sys.executable, "-m", "providers.trial", str(request_path), str(result_path)]
+        try:
+            done = subprocess.run(command, capture_output=True, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            return TrialResult(
+                request.backend, False, f"no answer within {timeout_s:g} s (hung while loading or running)"
+            )
+        if done.returncode == 0 and result_path.exists():
+            result: TrialResult = pickle.loads(result_path.read_bytes())
+            return result
+        how = (
+            f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit code {done.returncode}"
+        )
+        tail = " ".join(done.stderr.decode(errors="replace").split()[-40:])
+        return TrialResult(request.backend, False, f"the trial process crashed ({how}): {tail}"[:500])
+
+
+def _main(argv: list[str]) -> int:
+    # Run as __main__, this file's classes would pickle as "__main__.TrialResult": use the
+    # importable module's, which the parent can unpickle.
+    from providers import trial
+
+    request: TrialRequest = pickle.loads(Path(argv[0]).read_bytes())
+    Path(argv[1]).write_bytes(pickle.dumps(trial.run_trial(request)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
