@@ -21,9 +21,10 @@ import numpy as np
 
 from agent.config import AgentConfig, PipelineConfig, SourceConfig
 from agent.fsutil import atomic_write_bytes
-from agent.hardware import detect_hardware
+from agent.hardware import HardwareInfo, detect_hardware
 from agent.processing import Preprocessor
 from agent.sources import LatestFrameSlot, VideoSource
+from agent.transform import upgraded_artifacts
 from providers import (
     Backend,
     BackendError,
@@ -108,12 +109,24 @@ def grab_sample(
     return {preprocess.input.name: preprocess(frame.image)}
 
 
+def hardware_notes(hardware: HardwareInfo) -> dict[str, str]:
+    """Backend name -> what this box has for it, e.g. {"openvino/NPU": "Intel NPU (Meteor Lake) found"}."""
+    notes: dict[str, str] = {}
+    for accelerator in hardware.accelerators:
+        for runtime in accelerator.runtimes:
+            notes.setdefault(runtime, f"{accelerator.model} found")
+    return notes
+
+
 def decision_key(
-    artifacts: Sequence[ModelArtifact], policy: SelectionPolicy, backends: Sequence[Backend]
+    artifacts: Sequence[ModelArtifact],
+    policy: SelectionPolicy,
+    backends: Sequence[Backend],
+    hardware: HardwareInfo,
 ) -> str:
     facts = {
         "artifacts": sorted(a.sha256 for a in artifacts),
-        "hardware": detect_hardware().fingerprint(),
+        "hardware": hardware.fingerprint(),
         "runtimes": sorted({f"{k}={v}" for b in backends for k, v in b.probe().versions.items()}),
         "available": sorted(b.name for b in backends if b.probe().available),
         "policy": json.dumps(asdict(policy), sort_keys=True, default=str),
@@ -173,8 +186,13 @@ def choose_and_load(
     """Decide (or reuse the cached decision) and load the chosen backend in this process."""
     backends = all_backends()
     policy = policy_for(config, pipeline)
+    hardware = detect_hardware()
+    cpu_reference = next((b for b in backends if b.name == REFERENCE_BACKENDS[0]), None)
+    if cpu_reference is not None:  # old opsets the reference refuses get an upgraded twin
+        derived_dir = config.state_dir / "store" / "derived"
+        artifacts = [*artifacts, *upgraded_artifacts(artifacts, derived_dir, cpu_reference)]
     store = DecisionStore(config.state_dir)
-    key = decision_key(artifacts, policy, backends)
+    key = decision_key(artifacts, policy, backends, hardware)
     decision = store.get(key)
     if decision is None:
         sample = None
@@ -191,7 +209,7 @@ def choose_and_load(
                             "outputs not checked", pipeline.name, waited)  # fmt: skip
         log.info("pipeline %s: choosing a backend for %s%s", pipeline.name, model_ref,
                  " (benchmarking the top candidates)" if sample is not None else "")  # fmt: skip
-        decision = decide(artifacts, policy, sample, backends)
+        decision = decide(artifacts, policy, sample, backends, hardware=hardware_notes(hardware))
         if decision.checked or not policy.benchmark:
             store.put(key, decision, pipeline.name, model_ref)  # an unchecked choice is made again next time
     else:

@@ -150,33 +150,48 @@ def _report(backend: str, artifact: ModelArtifact, verdict: str, reason: str = "
 
 
 def screen(
-    artifacts: Sequence[ModelArtifact], policy: SelectionPolicy, backends: Sequence[Backend] | None = None
+    artifacts: Sequence[ModelArtifact],
+    policy: SelectionPolicy,
+    backends: Sequence[Backend] | None = None,
+    hardware: Mapping[str, str] | None = None,
 ) -> tuple[list[tuple[Backend, ModelArtifact]], list[CandidateReport]]:
-    """Filter every (backend, artifact) with reasons; return the ranked survivors and the rejected."""
+    """Filter every (backend, artifact) with reasons; return the ranked survivors and the rejected.
+
+    `hardware` maps backend names to what this box has for them ("NVIDIA H100 80GB HBM3 found"):
+    a runtime missing for hardware that is present is said first, with what to install.
+    """
+    notes = hardware or {}
+    backends = list(backends if backends is not None else all_backends())
     kept: list[tuple[Backend, ModelArtifact]] = []
     rejected: list[CandidateReport] = []
-    for backend in backends if backends is not None else all_backends():
+    for backend in backends:
         name = backend.name
         denied = next((p for p in policy.deny if fnmatch.fnmatchcase(name, p)), None)
         probe = None if denied or (policy.fixed and name != policy.fixed) else backend.probe()
         for artifact in artifacts:
             if denied:
-                rejected.append(_report(name, artifact, "rejected", f"denied by policy ({denied})"))
+                reason = f"denied by policy ({denied})"
             elif policy.fixed and name != policy.fixed:
-                rejected.append(
-                    _report(name, artifact, "rejected", f"policy fixes the backend to {policy.fixed}")
-                )
+                reason = f"policy fixes the backend to {policy.fixed}"
             elif probe is not None and not probe.available:
-                rejected.append(_report(name, artifact, "rejected", probe.reason))
+                reason = (f"{notes[name]}, but " if name in notes else "") + probe.reason
             elif artifact.format not in backend.formats:
-                rejected.append(_report(name, artifact, "rejected", f"cannot read {artifact.format} files"))
+                reason = f"cannot read {artifact.format} files"
             else:
                 support = backend.supports(artifact)
                 if support.ok:
                     kept.append((backend, artifact))
-                else:
-                    rejected.append(_report(name, artifact, "rejected", support.reason))
+                    continue
+                reason = support.reason
+            rejected.append(_report(name, artifact, "rejected", reason))
+    known = {b.name for b in backends}
+    for name, found in notes.items():  # hardware that no backend of edge-agent can drive
+        if name not in known:
+            reason = f"{found}, but edge-agent has no {name} backend"
+            rejected.extend(_report(name, a, "rejected", reason) for a in artifacts)
     kept.sort(key=lambda pair: preference_index(pair[0].name, policy))
+    # What this box has hardware for comes first in the explanation, then by preference.
+    rejected.sort(key=lambda r: (r.backend not in notes, preference_index(r.backend, policy)))
     return kept, rejected
 
 
@@ -189,12 +204,13 @@ def decide(
     sample: Mapping[str, np.ndarray] | None,
     backends: Sequence[Backend] | None = None,
     trial: Trial = run_trial_isolated,
+    hardware: Mapping[str, str] | None = None,
 ) -> Decision:
     """Choose a backend. With a sample and benchmarking on, the top candidates are proven.
 
     Raises NoBackendError (every candidate's reason) when nothing can run the model.
     """
-    ranked, rejected = screen(artifacts, policy, backends)
+    ranked, rejected = screen(artifacts, policy, backends, hardware)
     if not ranked:
         raise NoBackendError(rejected)
     reports = [_report(b.name, a, "untried") for b, a in ranked]
