@@ -151,8 +151,13 @@ class DecisionStore:
             return None
 
     def put(self, key: str, decision: Decision, pipeline: str, model: str) -> None:
-        record = {"key": key, "pipeline": pipeline, "model": model, "decided_at": time.time(),
-                  "decision": decision.to_dict()}  # fmt: skip
+        record = {
+            "key": key,
+            "pipeline": pipeline,
+            "model": model,
+            "decided_at": time.time(),
+            "decision": decision.to_dict(),
+        }
         data = json.dumps(record, indent=2).encode()
         self.root.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(self.root / f"{key}.json", data)
@@ -205,10 +210,18 @@ def choose_and_load(
             sample = grab_sample(pipeline.source, pipeline.name, preprocess, config.backends.sample_timeout_s)
             if sample is None:
                 waited = config.backends.sample_timeout_s
-                log.warning("pipeline %s: no frame from its source within %.0f s; choosing by rank, "
-                            "outputs not checked", pipeline.name, waited)  # fmt: skip
-        log.info("pipeline %s: choosing a backend for %s%s", pipeline.name, model_ref,
-                 " (benchmarking the top candidates)" if sample is not None else "")  # fmt: skip
+                log.warning(
+                    "pipeline %s: no frame from its source within %.0f s; choosing by rank, "
+                    "outputs not checked",
+                    pipeline.name,
+                    waited,
+                )
+        log.info(
+            "pipeline %s: choosing a backend for %s%s",
+            pipeline.name,
+            model_ref,
+            " (benchmarking the top candidates)" if sample is not None else "",
+        )
         decision = decide(artifacts, policy, sample, backends, hardware=hardware_notes(hardware))
         if decision.checked or not policy.benchmark:
             store.put(key, decision, pipeline.name, model_ref)  # an unchecked choice is made again next time

@@ -252,6 +252,219 @@ def models_pull(config: ConfigOption = DEFAULT_CONFIG, as_json: JsonOption = Fal
         _echo_json(pulled)
 
 
+# --- backends -------------------------------------------------------------------------------
+
+
+@app.command()
+def providers(as_json: JsonOption = False) -> None:
+    """The hardware found and every backend: available or not, why, and versions."""
+    from agent.inventory import providers_report
+
+    report = providers_report()
+    if as_json:
+        _echo_json(report)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    hw = report["hardware"]
+    cpu = hw["cpu"]
+    console.print(
+        f"[bold]CPU[/bold] {cpu['model']} ({cpu['arch']}, {cpu['logical_cores']} threads), "
+        f"flags: {', '.join(cpu['flags']) or '-'}"
+    )
+    if not hw["accelerators"]:
+        console.print("[bold]Accelerators[/bold] none found")
+    for acc in hw["accelerators"]:
+        hint = f" - {acc['install_hint']}" if acc.get("install_hint") else ""
+        console.print(f"[bold]Accelerator[/bold] {acc['kind']}: {acc['model']}{hint}")
+    table = Table("backend", "available", "why / versions")
+    for row in report["backends"]:
+        versions = ", ".join(f"{k} {v}" for k, v in row["versions"].items())
+        detail = versions if row["available"] else row["reason"]
+        table.add_row(row["backend"], "yes" if row["available"] else "no", detail)
+    console.print(table)
+
+
+@models_app.command("check")
+def models_check(
+    model: Annotated[str, typer.Argument(help="A model file, or NAME[@VERSION] in the store.")],
+    config: ConfigOption = DEFAULT_CONFIG,
+    state_dir: StateDirOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Which backends can run MODEL, and for those that cannot, why (naming unsupported operators)."""
+    from agent.inventory import check_model, resolve_model
+    from agent.store import ModelStore
+
+    with _user_errors(as_json):
+        store_dir = state_dir if state_dir is not None or Path(model).is_file() else _state_dir(config, None)
+        ref, artifacts = resolve_model(model, ModelStore((store_dir or Path(".")) / "store"))
+        rows = check_model(artifacts)
+    if as_json:
+        _echo_json({"model": ref, "backends": rows})
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("backend", "artifact", "runs it", "why not", title=f"{ref}")
+    for row in rows:
+        table.add_row(row["backend"], row["artifact"], "yes" if row["supported"] else "no", row["reason"])
+    Console().print(table)
+
+
+@app.command()
+def explain(
+    name: Annotated[str, typer.Argument(help="A pipeline name, or a model NAME[@VERSION].")],
+    config: ConfigOption = DEFAULT_CONFIG,
+    state_dir: StateDirOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Why a pipeline (or model) runs on its backend: every candidate, its verdict and numbers."""
+    from agent.backend_choice import DecisionStore
+
+    with _user_errors(as_json):
+        decisions = DecisionStore(_state_dir(config, state_dir))
+        records = [
+            r
+            for r in decisions.all_pipelines()
+            if name in (r["pipeline"], r["model"], r["model"].split("@")[0])
+        ]
+        if not records:
+            known = ", ".join(sorted({r["pipeline"] for r in decisions.all_pipelines()})) or "none yet"
+            raise EdgeAgentError(
+                f"no backend decision recorded for {name!r} (pipelines with one: {known})",
+                hint="decisions are made when `edge-agent run` starts a pipeline",
+            )
+    if as_json:
+        _echo_json(records)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from providers import Decision
+
+    console = Console()
+    for record in records:
+        decision = Decision.from_dict(record["decision"])
+        console.print(
+            f"[bold]{record['pipeline']}[/bold] ({record['model']}): {decision.backend} "
+            f"on {decision.artifact}" + (f", precision {decision.precision}" if decision.precision else "")
+        )
+        if decision.reference:
+            checked = "checked" if decision.checked else "not checked"
+            console.print(f"  outputs {checked} against {decision.reference}")
+        if decision.note:
+            console.print(f"  note: {decision.note}")
+        table = Table("backend", "artifact", "verdict", "median ms", "precision", "max diff", "reason")
+        for c in decision.candidates:
+            table.add_row(
+                c.backend,
+                c.artifact,
+                c.verdict,
+                _num(c.median_ms),
+                c.precision or "",
+                _num(c.max_abs_diff, ".2g"),
+                c.reason,
+            )
+        console.print(table)
+
+
+def _num(value: float | None, fmt: str = ".2f") -> str:
+    return "" if value is None else format(value, fmt)
+
+
+@app.command()
+def bench(
+    model: Annotated[str, typer.Argument(help="A model file, or NAME[@VERSION] in the store.")],
+    backend: Annotated[str, typer.Option("--backend", help="A backend name, or 'all'.")] = "all",
+    runs: Annotated[int, typer.Option("--runs", min=1, help="Timed runs per backend.")] = 100,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs first.")] = 10,
+    config: ConfigOption = DEFAULT_CONFIG,
+    state_dir: StateDirOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Latency (p50/p90/p99), throughput and peak memory of MODEL per backend, each in its own process.
+
+    Inputs are random tensors of the model's input shapes (open dimensions = 1): for speed, not accuracy.
+    """
+    from agent.backend_choice import DecisionStore, reference_specs_session
+    from agent.inventory import bench as run_bench
+    from agent.inventory import resolve_model, synthetic_feeds
+    from agent.store import ModelStore
+    from providers import all_backends
+
+    with _user_errors(as_json):
+        is_file = Path(model).is_file()
+        store_root = state_dir if state_dir is not None or is_file else _state_dir(config, None)
+        ref, artifacts = resolve_model(model, ModelStore((store_root or Path(".")) / "store"))
+        backends = all_backends()
+        if backend != "all":
+            backends = [b for b in backends if b.name == backend]
+            if not backends:
+                raise EdgeAgentError(f"unknown backend {backend!r}", hint="edge-agent providers lists them")
+        specs = reference_specs_session(artifacts, all_backends())
+        feeds = synthetic_feeds(specs.inputs)
+        specs.close()
+        selected = (
+            {r["decision"]["backend"] for r in DecisionStore(store_root).all_pipelines() if r["model"] == ref}
+            if store_root
+            else set()
+        )
+        if as_json:
+            rows = run_bench(artifacts, feeds, backends, runs, warmup)
+        else:
+            from rich.progress import Progress
+
+            with Progress(transient=True) as progress:
+                task = progress.add_task("benchmarking", total=None)
+                rows = run_bench(
+                    artifacts,
+                    feeds,
+                    backends,
+                    runs,
+                    warmup,
+                    progress=lambda what: progress.update(task, description=what),
+                )
+    for row in rows:
+        row["selected"] = row["backend"] in selected
+    if as_json:
+        _echo_json({"model": ref, "runs": runs, "warmup": warmup, "results": rows})
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        "backend",
+        "artifact",
+        "precision",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "per s",
+        "peak MB",
+        "",
+        title=f"{ref}: {runs} runs after {warmup} warm-up",
+    )
+    for row in rows:
+        if not row["ok"]:
+            table.add_row(row["backend"], row["artifact"], "failed", "", "", "", "", "", row["error"][:60])
+            continue
+        table.add_row(
+            row["backend"],
+            row["artifact"],
+            row["precision"],
+            _num(row["p50_ms"], ".3f"),
+            _num(row["p90_ms"], ".3f"),
+            _num(row["p99_ms"], ".3f"),
+            _num(row["throughput_per_s"], ".1f"),
+            _num(row["peak_rss_mb"], ".0f"),
+            "selected" if row["selected"] else "",
+        )
+    Console().print(table)
+
+
 @app.command()
 def version() -> None:
     """Print the agent's version."""
@@ -260,3 +473,7 @@ def version() -> None:
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

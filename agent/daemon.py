@@ -222,8 +222,13 @@ class Agent:
             delay = backoff_delay(slot.attempts, _REBUILD_MIN_S, _REBUILD_MAX_S)
             slot.error, slot.retry_at = str(exc), time.monotonic() + delay
             expected = isinstance(exc, (EdgeAgentError, BackendError, OSError))
-            log.error("pipeline %s not started: %s (retry in %.0f s)", config.name, exc, delay,
-                      exc_info=not expected)  # fmt: skip
+            log.error(
+                "pipeline %s not started: %s (retry in %.0f s)",
+                config.name,
+                exc,
+                delay,
+                exc_info=not expected,
+            )
             return
         if stop.is_set():  # built while the daemon was asked to stop: do not start it
             pipeline.model.session.close()

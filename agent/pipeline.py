@@ -142,8 +142,14 @@ class Pipeline:
             self.last_error = f"{what}: {exc}"
             errors = self.errors
         if errors == 1 or errors % 100 == 0:
-            log.error("pipeline %s: frame %d: %s (%d failed frames so far): %s", self.name, frame.index, what,
-                      errors, exc)  # fmt: skip
+            log.error(
+                "pipeline %s: frame %d: %s (%d failed frames so far): %s",
+                self.name,
+                frame.index,
+                what,
+                errors,
+                exc,
+            )
 
     def _process_frame(self, frame: Frame) -> None:
         try:

@@ -219,8 +219,9 @@ def decide(
     if not policy.benchmark or sample is None:
         note = "benchmark off" if not policy.benchmark else "outputs not checked: no sample input"
         reports[0].verdict = "chosen"
-        return Decision(ranked[0][0].name, ranked[0][1].sha256, ranked[0][1].label, None, reports + rejected,
-                        note=note)  # fmt: skip
+        return Decision(
+            ranked[0][0].name, ranked[0][1].sha256, ranked[0][1].label, None, reports + rejected, note=note
+        )
 
     results: dict[int, TrialResult] = {}
     for i, (backend, artifact) in enumerate(ranked[: policy.max_trials]):
@@ -258,9 +259,15 @@ def decide(
     reports[best].verdict = "chosen"
     backend, artifact = ranked[best]
     return Decision(
-        backend.name, artifact.sha256, artifact.label, reports[best].precision, reports + rejected,
-        reference=reference_name, checked=reference is not None and bool(passed), note=note,
-    )  # fmt: skip
+        backend.name,
+        artifact.sha256,
+        artifact.label,
+        reports[best].precision,
+        reports + rejected,
+        reference=reference_name,
+        checked=reference is not None and bool(passed),
+        note=note,
+    )
 
 
 def _reference(

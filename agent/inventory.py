@@ -1,0 +1,176 @@
+"""What this box has and can run: hardware, backends (available or not, and why), model support.
+
+The functions behind `edge-agent providers`, `models check` and `bench`; plain data out, so the
+CLI only formats it and tests call the same code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent.backend_choice import hardware_notes
+from agent.errors import EdgeAgentError, StoreError
+from agent.hardware import HardwareInfo, detect_hardware
+from agent.registry.file_registry import SUFFIX_FORMATS, version_sort_key
+from agent.store import ModelStore
+from providers import (
+    Backend,
+    ModelArtifact,
+    TensorSpec,
+    TrialRequest,
+    TrialResult,
+    all_backends,
+    run_trial_isolated,
+)
+
+
+def providers_report(
+    hardware: HardwareInfo | None = None, backends: Sequence[Backend] | None = None
+) -> dict[str, Any]:
+    """Hardware found and every backend with available/why, naming hardware left unused."""
+    hardware = hardware or detect_hardware()
+    notes = hardware_notes(hardware)
+    rows = []
+    for backend in backends if backends is not None else all_backends():
+        probe = backend.probe()
+        reason = probe.reason
+        if not probe.available and backend.name in notes:
+            reason = f"{notes[backend.name]}, but {reason}"
+        rows.append(
+            {
+                "backend": backend.name,
+                "available": probe.available,
+                "reason": reason,
+                "versions": dict(probe.versions),
+                "devices": list(probe.devices),
+            }
+        )
+    known = {row["backend"] for row in rows}
+    for name, found in notes.items():
+        if name not in known:
+            reason = f"{found}, but edge-agent has no {name} backend"
+            rows.append(
+                {"backend": name, "available": False, "reason": reason, "versions": {}, "devices": []}
+            )
+    return {"hardware": hardware.to_dict(), "backends": rows}
+
+
+def resolve_model(spec: str, store: ModelStore) -> tuple[str, list[ModelArtifact]]:
+    """A model file path, or NAME[@VERSION] installed in the store (the newest version by default)."""
+    path = Path(spec)
+    if path.is_file():
+        fmt = SUFFIX_FORMATS.get(path.suffix.lower())
+        if fmt is None:
+            raise EdgeAgentError(
+                f"{path}: unknown model format {path.suffix!r}; expected one of {', '.join(SUFFIX_FORMATS)}"
+            )
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        return str(path), [ModelArtifact(path.resolve(), fmt, digest, name=path.name)]
+    name, _, version = spec.partition("@")
+    if not version:
+        versions = sorted((m.version for m in store.list() if m.name == name), key=version_sort_key)
+        if not versions:
+            raise StoreError(
+                f"{spec!r} is neither a model file nor a model installed in {store.root}",
+                hint="give a path, or pull it first: edge-agent models pull -c CONFIG",
+            )
+        version = versions[-1]
+    installed = store.get(name, version)
+    artifacts = [
+        ModelArtifact(installed.artifact_path(a), a.format, a.sha256, name=a.file)
+        for a in installed.manifest.artifacts
+    ]
+    return installed.ref, artifacts
+
+
+def check_model(
+    artifacts: Sequence[ModelArtifact], backends: Sequence[Backend] | None = None
+) -> list[dict[str, Any]]:
+    """Per backend and artifact: can it run it, and if not, why (naming unsupported operators)."""
+    rows = []
+    for backend in backends if backends is not None else all_backends():
+        probe = backend.probe()
+        for artifact in artifacts:
+            ops: tuple[str, ...] = ()
+            if not probe.available:
+                ok, reason = False, f"backend not available: {probe.reason}"
+            elif artifact.format not in backend.formats:
+                ok, reason = False, f"cannot read {artifact.format} files"
+            else:
+                support = backend.supports(artifact)
+                ok, reason, ops = support.ok, support.reason, support.unsupported_ops
+            rows.append(
+                {
+                    "backend": backend.name,
+                    "artifact": artifact.label,
+                    "format": artifact.format,
+                    "supported": ok,
+                    "reason": reason,
+                    "unsupported_ops": list(ops),
+                }
+            )
+    return rows
+
+
+def synthetic_feeds(inputs: Sequence[TensorSpec], seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs for timing only (not for output checks): open dimensions become 1."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in inputs:
+        shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in spec.shape)
+        if np.dtype(spec.dtype).kind == "f":
+            feeds[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
+        else:
+            feeds[spec.name] = np.zeros(shape, dtype=spec.dtype)
+    return feeds
+
+
+def bench(
+    artifacts: Sequence[ModelArtifact],
+    feeds: dict[str, np.ndarray],
+    backends: Sequence[Backend],
+    runs: int,
+    warmup: int,
+    timeout_s: float = 600.0,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Time every (available backend x readable artifact) in its own process."""
+    rows = []
+    for backend in backends:
+        if not backend.probe().available:
+            continue
+        for artifact in artifacts:
+            if artifact.format not in backend.formats:
+                continue
+            if progress:
+                progress(f"{backend.name} on {artifact.label}")
+            request = TrialRequest(backend.name, artifact, feeds, {}, warmup=warmup, runs=runs, budget_s=3600)
+            rows.append(_bench_row(run_trial_isolated(request, timeout_s), artifact))
+    return rows
+
+
+def _bench_row(result: TrialResult, artifact: ModelArtifact) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "backend": result.backend,
+        "artifact": artifact.label,
+        "ok": result.ok,
+        "error": result.error,
+    }
+    if result.ok and result.latencies_ms:
+        mean = sum(result.latencies_ms) / len(result.latencies_ms)
+        row.update(
+            precision=result.precision,
+            runs=len(result.latencies_ms),
+            p50_ms=round(result.percentile(50) or 0, 3),
+            p90_ms=round(result.percentile(90) or 0, 3),
+            p99_ms=round(result.percentile(99) or 0, 3),
+            throughput_per_s=round(1000 / mean, 1) if mean > 0 else None,
+            peak_rss_mb=round(result.peak_rss_mb, 1),
+            load_s=round(result.load_s, 3),
+        )
+    return row
