@@ -37,13 +37,16 @@ python scripts/demo_subscriber.py --port "$PORT" --truth "$WORK/truth.json" --re
 SUB=$!
 for _ in $(seq 100); do [ -e "$WORK/sub.ready" ] && break; sleep 0.1; done
 
-echo "== 5. edge-agent run (the video lasts 9 s; the agent stops after 12 s)"
-edge-agent run -c "$WORK/agent.yaml" --duration 12 --log-level info 2> "$WORK/agent.log" &
+echo "== 5. edge-agent run: it picks a backend (benchmarks the candidates on a real frame, checks"
+echo "      their outputs against the CPU reference), then plays the 9 s video; it stops after 22 s"
+edge-agent run -c "$WORK/agent.yaml" --duration 22 --log-level info 2> "$WORK/agent.log" &
 AGENT=$!
 wait $AGENT || { echo "edge-agent failed; its log:"; cat "$WORK/agent.log"; exit 1; }
 wait $SUB
 status=$?
 echo
+echo "Why the agent runs the model where it does (edge-agent explain):"
+COLUMNS=${COLUMNS:-180} edge-agent explain sign-orientation -c "$WORK/agent.yaml"
 echo "Agent log: $WORK/agent.log. Models in the store:"
-edge-agent models list -c "$WORK/agent.yaml"
+COLUMNS=${COLUMNS:-180} edge-agent models list -c "$WORK/agent.yaml"
 exit $status
