@@ -23,6 +23,7 @@ from agent.config import AgentConfig, PipelineConfig, SourceConfig
 from agent.fsutil import atomic_write_bytes
 from agent.hardware import HardwareInfo, detect_hardware
 from agent.processing import Preprocessor
+from agent.retry import backoff_delay
 from agent.sources import LatestFrameSlot, VideoSource
 from agent.transform import upgraded_artifacts
 from providers import (
@@ -187,8 +188,11 @@ def choose_and_load(
     pipeline: PipelineConfig,
     artifacts: Sequence[ModelArtifact],
     model_ref: str,
-) -> tuple[Session, Decision]:
-    """Decide (or reuse the cached decision) and load the chosen backend in this process."""
+) -> tuple[Session, Decision, list[ModelArtifact]]:
+    """Decide (or reuse the cached decision) and load the chosen backend in this process.
+
+    Returns the session, the decision, and the artifacts it chose among (derived ones included).
+    """
     backends = all_backends()
     policy = policy_for(config, pipeline)
     hardware = detect_hardware()
@@ -234,4 +238,75 @@ def choose_and_load(
         decision.note = (
             decision.note + "; " if decision.note else ""
         ) + f"running on fallback {used.backend}"
-    return session, decision
+    return session, decision, list(artifacts)
+
+
+class DecisionSwitcher:
+    """Runtime fallback along a decision's order (agent.pipeline.BackendSwitcher).
+
+    A backend that keeps failing while serving (an accelerator unplugged, a driver error) is
+    demoted and the next usable candidate takes over; the demoted one is retried later with
+    backoff and taken back once it loads and runs again.
+    """
+
+    def __init__(
+        self,
+        decision: Decision,
+        artifacts: Sequence[ModelArtifact],
+        policy: SelectionPolicy,
+        warm_up: Mapping[str, tuple[int, ...]] | None = None,
+        backends: Sequence[Backend] | None = None,
+        retry_first_s: float = 60.0,
+        retry_max_s: float = 3600.0,
+    ) -> None:
+        self.order = decision.order()
+        self.artifacts = {a.sha256: a for a in artifacts}
+        self.policy = policy
+        self.warm_up_shapes = warm_up
+        self.backends = {b.name: b for b in (backends if backends is not None else all_backends())}
+        self.retry_first_s, self.retry_max_s = retry_first_s, retry_max_s
+        self._demoted: dict[str, tuple[int, float]] = {}  # backend -> (failures, retry at)
+
+    def _load(self, index: int) -> Session | None:
+        report = self.order[index]
+        backend, artifact = self.backends.get(report.backend), self.artifacts.get(report.sha256)
+        if backend is None or artifact is None:
+            return None
+        try:
+            session = backend.load(artifact, self.policy.options_for(backend.name))
+            session.warm_up(self.warm_up_shapes)
+            return session
+        except Exception as exc:  # a runtime's own errors too: this is a probe of health
+            self._demote(report.backend)
+            log.warning("backend %s still unusable: %s", report.backend, exc)
+            return None
+
+    def _demote(self, name: str) -> None:
+        failures = self._demoted.get(name, (0, 0.0))[0] + 1
+        delay = backoff_delay(failures, self.retry_first_s, self.retry_max_s)
+        self._demoted[name] = (failures, time.monotonic() + delay)
+
+    def _index(self, name: str) -> int:
+        return next((i for i, c in enumerate(self.order) if c.backend == name), len(self.order))
+
+    def fallback(self, failed: str) -> Session | None:
+        self._demote(failed)
+        for i in range(len(self.order)):
+            if self.order[i].backend in self._demoted:
+                continue
+            session = self._load(i)
+            if session is not None:
+                return session
+        return None
+
+    def retry_preferred(self, current: str) -> Session | None:
+        now = time.monotonic()
+        for i in range(self._index(current)):
+            name = self.order[i].backend
+            if name in self._demoted and self._demoted[name][1] > now:
+                continue
+            session = self._load(i)
+            if session is not None:
+                self._demoted.pop(name, None)
+                return session
+        return None

@@ -193,6 +193,15 @@ StateDirOption = Annotated[
 ]
 
 
+def _model_state_dir(model: str, config: Path, state_dir: Path | None) -> Path | None:
+    """Where MODEL is looked up: None for a model file, else the state dir (from the config unless given)."""
+    if state_dir is not None or Path(model).is_file():
+        return state_dir
+    if "/" in model:  # a path, never a model name: say so, not that the config is missing
+        raise EdgeAgentError(f"{model}: no such model file")
+    return _state_dir(config, None)
+
+
 @models_app.command("list")
 def models_list(
     config: ConfigOption = DEFAULT_CONFIG, state_dir: StateDirOption = None, as_json: JsonOption = False
@@ -299,7 +308,7 @@ def models_check(
     from agent.store import ModelStore
 
     with _user_errors(as_json):
-        store_dir = state_dir if state_dir is not None or Path(model).is_file() else _state_dir(config, None)
+        store_dir = _model_state_dir(model, config, state_dir)
         ref, artifacts = resolve_model(model, ModelStore((store_dir or Path(".")) / "store"))
         rows = check_model(artifacts)
     if as_json:
@@ -387,7 +396,8 @@ def bench(
 ) -> None:
     """Latency (p50/p90/p99), throughput and peak memory of MODEL per backend, each in its own process.
 
-    Inputs are random tensors of the model's input shapes (open dimensions = 1): for speed, not accuracy.
+    Inputs are random tensors of the model's input shapes (an open batch dimension = 1, other open
+    dimensions = 224): for speed, not accuracy.
     """
     from agent.backend_choice import DecisionStore, reference_specs_session
     from agent.inventory import bench as run_bench
@@ -396,8 +406,7 @@ def bench(
     from providers import all_backends
 
     with _user_errors(as_json):
-        is_file = Path(model).is_file()
-        store_root = state_dir if state_dir is not None or is_file else _state_dir(config, None)
+        store_root = _model_state_dir(model, config, state_dir)
         ref, artifacts = resolve_model(model, ModelStore((store_root or Path(".")) / "store"))
         backends = all_backends()
         if backend != "all":

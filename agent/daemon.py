@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from agent import __version__
-from agent.backend_choice import choose_and_load
+from agent.backend_choice import DecisionSwitcher, choose_and_load, policy_for
 from agent.config import AgentConfig, PipelineConfig
 from agent.errors import EdgeAgentError, ModelError
 from agent.fsutil import atomic_write_bytes
@@ -248,12 +248,15 @@ class Agent:
             ModelArtifact(installed.artifact_path(a), a.format, a.sha256, name=a.file)
             for a in installed.manifest.artifacts
         ]
-        session, decision = choose_and_load(self.config, config, artifacts, installed.ref)
+        session, decision, candidates = choose_and_load(self.config, config, artifacts, installed.ref)
         log.info("pipeline %s: %s", config.name, decision.explain())
         loaded = LoadedModel(installed.name, installed.version, decision.artifact_sha256, session, decision)
         try:
             pipeline = Pipeline(config, loaded, self.writer)
             pipeline.warm_up()
+            shapes = {pipeline.preprocess.input.name: pipeline.preprocess.shape}
+            policy = policy_for(self.config, config)
+            pipeline.switcher = DecisionSwitcher(decision, candidates, policy, warm_up=shapes)
         except Exception:
             session.close()
             raise

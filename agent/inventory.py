@@ -117,12 +117,20 @@ def check_model(
     return rows
 
 
+OPEN_DIM_SIZE = 224  # an image side most vision models accept
+
+
 def synthetic_feeds(inputs: Sequence[TensorSpec], seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs for timing only (not for output checks): open dimensions become 1."""
+    """Inputs for timing only (not for output checks): an open batch (first) dimension becomes 1,
+    other open dimensions OPEN_DIM_SIZE (many convolutional models fail on a 1x1 image, and timing
+    one would say nothing)."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for spec in inputs:
-        shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in spec.shape)
+        shape = tuple(
+            d if isinstance(d, int) and d > 0 else (1 if i == 0 else OPEN_DIM_SIZE)
+            for i, d in enumerate(spec.shape)
+        )
         if np.dtype(spec.dtype).kind == "f":
             feeds[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
         else:

@@ -16,16 +16,30 @@ from typing import Any, Protocol
 from agent.config import PipelineConfig
 from agent.processing import Preprocessor, build_postprocessor
 from agent.sources import Frame, LatestFrameSlot, VideoSource
-from providers import Decision, Session
+from providers import BackendError, Decision, Session
 
 log = logging.getLogger(__name__)
 
 # How many failed frames in a row before the pipeline reports itself degraded.
 _DEGRADED_AFTER_ERRORS = 10
+# Backend failures in a row before the next candidate backend takes over.
+_SWITCH_AFTER_ERRORS = 5
+# How often a pipeline running on a fallback asks whether its better backend works again.
+_RETRY_PREFERRED_EVERY_S = 30.0
 
 
 class ResultSink(Protocol):
     def submit(self, pipeline: str, result: dict[str, Any]) -> None: ...
+
+
+class BackendSwitcher(Protocol):
+    """Supplies other sessions for the same model when the current backend keeps failing."""
+
+    def fallback(self, failed: str) -> Session | None:
+        """Demote `failed`; load and return the next candidate (None when there is none)."""
+
+    def retry_preferred(self, current: str) -> Session | None:
+        """A better-ranked demoted backend that loads again (its backoff has passed), else None."""
 
 
 @dataclass
@@ -38,8 +52,17 @@ class LoadedModel:
 
 
 class Pipeline:
-    def __init__(self, config: PipelineConfig, model: LoadedModel, sink: ResultSink) -> None:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        model: LoadedModel,
+        sink: ResultSink,
+        switcher: BackendSwitcher | None = None,
+    ) -> None:
         self.config = config
+        self.switcher = switcher
+        self.backend_switches: list[str] = []  # "a -> b: why", newest last
+        self._next_preferred_retry = time.monotonic() + _RETRY_PREFERRED_EVERY_S
         self.name = config.name
         self.model = model
         self.sink = sink
@@ -106,6 +129,7 @@ class Pipeline:
             "error": last_error if degraded else source["error"],
             "model": f"{self.model.name}@{self.model.version}",
             "backend": self.model.session.backend,
+            "backend_switches": list(self.backend_switches[-5:]),
             "results": results,
             "errors": errors,
             "last_error": last_error,
@@ -119,6 +143,7 @@ class Pipeline:
         try:
             while True:
                 frame = self.slot.get(timeout=0.5)
+                self._maybe_return_to_preferred()
                 if frame is None:
                     if self.slot.closed:
                         return  # source ended or stopped, and the last frame is done
@@ -133,6 +158,33 @@ class Pipeline:
             self._process_frame(frame)
         finally:
             self._busy_since = None
+
+    # --- backend switching (worker thread only: it is the session's one user) ----------------
+
+    def _swap(self, session: Session, why: str) -> None:
+        old = self.model.session
+        self.model.session = session
+        note = f"{old.backend} -> {session.backend}: {why}"
+        self.backend_switches.append(note)
+        with self._lock:
+            self._errors_in_row = 0
+        log.warning("pipeline %s: switched backend %s", self.name, note)
+        old.close()
+
+    def _switch_to_fallback(self, error: str) -> None:
+        if self.switcher is None:
+            return
+        replacement = self.switcher.fallback(self.model.session.backend)
+        if replacement is not None:
+            self._swap(replacement, f"{_SWITCH_AFTER_ERRORS} failures in a row ({error})")
+
+    def _maybe_return_to_preferred(self) -> None:
+        if self.switcher is None or time.monotonic() < self._next_preferred_retry:
+            return
+        self._next_preferred_retry = time.monotonic() + _RETRY_PREFERRED_EVERY_S
+        better = self.switcher.retry_preferred(self.model.session.backend)
+        if better is not None:
+            self._swap(better, "the preferred backend works again")
 
     def _failed(self, frame: Frame, what: str, exc: Exception) -> None:
         """Count a failed frame; log the first failure and every 100th (not a line per frame)."""
@@ -162,6 +214,8 @@ class Pipeline:
             t3 = time.perf_counter()
         except Exception as exc:  # one bad frame must not stop the pipeline
             self._failed(frame, "inference failed", exc)
+            if isinstance(exc, BackendError) and self._errors_in_row >= _SWITCH_AFTER_ERRORS:
+                self._switch_to_fallback(str(exc))
             return
         inference_ms = (t2 - t1) * 1000
         result = {

@@ -1,0 +1,148 @@
+"""Runtime fallback: a backend that keeps failing while serving is demoted, the next candidate takes
+over without stopping the pipeline, and the better one is taken back once it works again.
+
+An accelerator cannot be unplugged here, so its failure is simulated by a session that raises the
+BackendError a dead device gives; every other part (the switcher, real backends, the real model,
+a real video) is the real thing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from agent import pipeline as pipeline_module
+from agent.backend_choice import DecisionSwitcher
+from agent.config import ClassificationPostprocess, ModelRef, PipelineConfig, VideoSourceConfig
+from agent.pipeline import LoadedModel, Pipeline
+from providers import (
+    BackendError,
+    CandidateReport,
+    Decision,
+    ModelArtifact,
+    SelectionPolicy,
+    Session,
+    TensorSpec,
+)
+from providers.onnxruntime_backend import OnnxRuntimeBackend
+from providers.openvino_backend import OpenVinoBackend
+from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, demo_video_module
+from tests.waits import wait_until
+
+ORT, OV = "onnxruntime/CPUExecutionProvider", "openvino/CPU"
+
+
+class UnpluggedSession(Session):
+    """What a session on a device that went away does: every run fails."""
+
+    def __init__(self, inner: Session) -> None:
+        self.inner, self.backend, self.precision = inner, inner.backend, inner.precision
+        self.calls = 0
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return self.inner.inputs
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return self.inner.outputs
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.calls += 1
+        raise BackendError(f"{self.backend}: run failed: device lost (simulated unplug)")
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.results: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def submit(self, pipeline: str, result: dict[str, Any]) -> None:
+        with self.lock:
+            self.results.append(result)
+
+    def backends(self) -> list[str]:
+        with self.lock:
+            return [r["backend"] for r in self.results]
+
+
+@pytest.fixture
+def artifact(cls_model_path: Path) -> ModelArtifact:
+    return ModelArtifact(cls_model_path, "onnx", "c" * 64, name="cls.onnx")
+
+
+def _decision(artifact: ModelArtifact) -> Decision:
+    def report(backend: str, verdict: str, rank: int) -> CandidateReport:
+        return CandidateReport(backend, artifact.label, "onnx", artifact.sha256, verdict, rank=rank)
+
+    return Decision(
+        ORT, artifact.sha256, artifact.label, "fp32", [report(ORT, "chosen", 1), report(OV, "passed", 2)]
+    )
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[list[Pipeline]]:
+    started: list[Pipeline] = []
+    yield started
+    for p in started:
+        p.stop(timeout=5)
+
+
+def _pipeline(tmp_path: Path, artifact: ModelArtifact, switcher: DecisionSwitcher, sink: Sink) -> Pipeline:
+    video = tmp_path / "signs.mp4"
+    demo_video_module().make_orientation_video(video, fps=10, seconds_per_sign=1.0)
+    config = PipelineConfig(
+        name="door",
+        model=ModelRef(name="cls", version="2.0"),
+        source=VideoSourceConfig(type="video", uri=str(video), fps=10, loop=True),
+        preprocess=CLS_PREPROCESS,
+        postprocess=ClassificationPostprocess(type="classification", softmax=False, labels=CLS_LABELS),
+    )
+    dead = UnpluggedSession(OnnxRuntimeBackend().load(artifact))
+    model = LoadedModel("cls", "2.0", artifact.sha256, dead, _decision(artifact))
+    return Pipeline(config, model, sink, switcher)
+
+
+def test_a_failing_backend_is_replaced_by_the_next_candidate_and_taken_back_later(
+    tmp_path: Path, artifact: ModelArtifact, running: list[Pipeline], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pipeline_module, "_RETRY_PREFERRED_EVERY_S", 0.5)
+    switcher = DecisionSwitcher(
+        _decision(artifact), [artifact], SelectionPolicy(), warm_up={"x": (1, 3, 48, 192)},
+        backends=[OnnxRuntimeBackend(), OpenVinoBackend("CPU")], retry_first_s=2.0, retry_max_s=4.0,
+    )  # fmt: skip
+    sink = Sink()
+    pipeline = _pipeline(tmp_path, artifact, switcher, sink)
+    running.append(pipeline)
+    pipeline.start()
+    # Five failures in a row, then OpenVINO serves: no stop, results keep coming.
+    assert wait_until(lambda: OV in sink.backends(), "results from the fallback backend", timeout=30)
+    assert pipeline.backend_switches[0].startswith(f"{ORT} -> {OV}: 5 failures in a row")
+    assert "device lost" in pipeline.backend_switches[0]
+    assert pipeline.status()["errors"] == 5 and pipeline.status()["state"] == "running"
+    # After the backoff (2 s), onnxruntime is tried again; it loads and runs, so it is taken back.
+    assert wait_until(lambda: sink.backends()[-1:] == [ORT], "results from onnxruntime again", timeout=30)
+    assert pipeline.backend_switches[-1] == f"{OV} -> {ORT}: the preferred backend works again"
+    status = pipeline.status()
+    assert status["backend"] == ORT and len(status["backend_switches"]) == 2
+    truth_labels = {r["output"]["top"][0]["label"] for r in sink.results}
+    assert truth_labels <= set(CLS_LABELS)
+
+
+def test_with_no_candidate_left_the_pipeline_reports_degraded(
+    tmp_path: Path, artifact: ModelArtifact, running: list[Pipeline]
+) -> None:
+    # Only the failing backend is known: the fallback finds nothing and the pipeline says so.
+    switcher = DecisionSwitcher(_decision(artifact), [artifact], SelectionPolicy(), backends=[])
+    sink = Sink()
+    pipeline = _pipeline(tmp_path, artifact, switcher, sink)
+    running.append(pipeline)
+    pipeline.start()
+    assert wait_until(lambda: pipeline.status()["state"] == "degraded", "degraded", timeout=30)
+    assert pipeline.backend_switches == [] and sink.results == []
+    assert "device lost" in str(pipeline.status()["error"])
