@@ -210,17 +210,26 @@ def decide(
 
     Raises NoBackendError (every candidate's reason) when nothing can run the model.
     """
+    backends = list(backends if backends is not None else all_backends())
     ranked, rejected = screen(artifacts, policy, backends, hardware)
     if not ranked:
         raise NoBackendError(rejected)
     reports = [_report(b.name, a, "untried") for b, a in ranked]
     for i, report in enumerate(reports):
         report.rank = i + 1
+    # The explanation names what this box has hardware for (and what it lacks) before the fallbacks.
+    found = [r for r in rejected if r.backend in (hardware or {})]
+    others = [r for r in rejected if r.backend not in (hardware or {})]
     if not policy.benchmark or sample is None:
         note = "benchmark off" if not policy.benchmark else "outputs not checked: no sample input"
         reports[0].verdict = "chosen"
         return Decision(
-            ranked[0][0].name, ranked[0][1].sha256, ranked[0][1].label, None, reports + rejected, note=note
+            ranked[0][0].name,
+            ranked[0][1].sha256,
+            ranked[0][1].label,
+            None,
+            found + reports + others,
+            note=note,
         )
 
     results: dict[int, TrialResult] = {}
@@ -230,7 +239,7 @@ def decide(
             backend.name, artifact, sample, options, policy.warmup, policy.runs, policy.budget_s
         )
         results[i] = trial(request, policy.timeout_s)
-    reference_name, reference = _reference(ranked, results, policy, sample, trial)
+    reference_name, reference = _reference(ranked, results, policy, sample, trial, artifacts, backends)
     for i, result in results.items():
         report = reports[i]
         if not result.ok:
@@ -263,7 +272,7 @@ def decide(
         artifact.sha256,
         artifact.label,
         reports[best].precision,
-        reports + rejected,
+        found + reports + others,
         reference=reference_name,
         checked=reference is not None and bool(passed),
         note=note,
@@ -276,20 +285,26 @@ def _reference(
     policy: SelectionPolicy,
     sample: Mapping[str, np.ndarray],
     trial: Trial,
+    artifacts: Sequence[ModelArtifact],
+    backends: Sequence[Backend],
 ) -> tuple[str | None, TrialResult | None]:
     """Reference outputs from the plainest CPU backend that runs one of the artifacts.
 
-    When that backend was among the trials, its run is the reference (no second run).
+    When that backend was among the trials, its run is the reference (no second run). The policy's
+    deny and fixed do not apply: they say where the model may run, not what is right, and a
+    candidate checked only against itself would not be checked at all.
     """
     for name in REFERENCE_BACKENDS:
         index = next((i for i, (b, _) in enumerate(ranked) if b.name == name), None)
-        if index is None:
-            continue
-        result = results.get(index)
+        if index is not None:
+            artifact, result = ranked[index][1], results.get(index)
+        else:
+            usable, _ = screen(artifacts, SelectionPolicy(), [b for b in backends if b.name == name])
+            if not usable:
+                continue
+            artifact, result = usable[0][1], None
         if result is None:
-            request = TrialRequest(
-                name, ranked[index][1], sample, {}, warmup=1, runs=1, budget_s=policy.budget_s
-            )
+            request = TrialRequest(name, artifact, sample, {}, warmup=1, runs=1, budget_s=policy.budget_s)
             result = trial(request, policy.timeout_s)
         if result.ok:
             return name, result
