@@ -1,0 +1,318 @@
+"""Choosing a pipeline's backend: hardware from fixture trees (EDGE_AGENT_SYSROOT), the policy from the
+config, a real frame from the pipeline's own video, the decision cached under the state dir.
+
+The fixture trees imitate boxes this machine is not (a Jetson, an H100, Coral, NCS2, NPU, Hailo,
+Rockchip): the hardware is found there, and its runtime is missing here, so selection must say so
+first, with what to install, and then fall back to a CPU backend of this machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import pytest
+
+from agent.backend_choice import DecisionStore, choose_and_load, grab_sample, hardware_notes, policy_for
+from agent.config import (
+    AgentConfig,
+    BackendChoiceConfig,
+    ClassificationPostprocess,
+    DeviceConfig,
+    ModelRef,
+    PipelineConfig,
+    RegistryConfig,
+    SelectionConfig,
+    VideoSourceConfig,
+)
+from agent.hardware import SYSROOT_ENV, detect_hardware
+from agent.processing import Preprocessor
+from providers import ModelArtifact, SelectionPolicy, decide, get_backend, screen
+from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, demo_video_module
+
+SYSROOTS = Path(__file__).resolve().parent / "fixtures" / "sysroots"
+ORT_CPU = "onnxruntime/CPUExecutionProvider"
+CPU_BACKENDS = {"openvino/CPU", ORT_CPU, "openvino/AUTO"}
+TRT_HINT = "install onnxruntime-gpu with TensorRT (on Jetson: the JetPack onnxruntime-gpu wheel)"
+EDGETPU_MISSING = "Edge TPU runtime libedgetpu not installed (apt-get install libedgetpu1-std)"
+
+
+def _openvino_sees() -> str:
+    return ", ".join(ov.Core().available_devices)
+
+
+# tree -> {backend: the exact reason its candidate is rejected with on this machine}
+EXPECTED: dict[str, dict[str, str]] = {
+    "x86_64-nvidia-h100": {
+        "onnxruntime/TensorrtExecutionProvider": "NVIDIA H100 80GB HBM3 found, but this onnxruntime build "
+        f"has no TensorrtExecutionProvider: {TRT_HINT}",
+        "onnxruntime/CUDAExecutionProvider": "NVIDIA H100 80GB HBM3 found, but this onnxruntime build has "
+        "no CUDAExecutionProvider: install onnxruntime-gpu matching the CUDA version",
+    },
+    "jetson-agx-orin": {
+        "onnxruntime/TensorrtExecutionProvider": "NVIDIA Jetson AGX Orin Developer Kit found, but this "
+        f"onnxruntime build has no TensorrtExecutionProvider: {TRT_HINT}",
+        "onnxruntime/CUDAExecutionProvider": "NVIDIA Jetson AGX Orin Developer Kit found, but this "
+        "onnxruntime build has no CUDAExecutionProvider: install onnxruntime-gpu matching the CUDA version",
+    },
+    "x86_64-intel-npu": {
+        "openvino/NPU": "Intel AI Boost NPU (Meteor Lake) found, but no OpenVINO NPU device: the NPU driver "
+        "(intel-level-zero-npu / linux-npu-driver) is not installed or /dev/accel is missing "
+        "(OpenVINO sees: {sees})",
+        "openvino/GPU": "Intel Arc Graphics (Meteor Lake) found, but no OpenVINO GPU device: ",
+    },
+    "x86_64-coral-usb": {
+        "tflite/edgetpu": f"Google Coral USB Accelerator (Edge TPU) found, but {EDGETPU_MISSING}",
+    },
+    "x86_64-coral-pcie": {
+        "tflite/edgetpu": f"Google Coral Edge TPU (PCIe/M.2) found, but {EDGETPU_MISSING}",
+        "openvino/GPU": "Intel UHD Graphics (Alder Lake-N) found, but no OpenVINO GPU device: ",
+    },
+    "x86_64-ncs2": {
+        "openvino/MYRIAD": "Intel Neural Compute Stick 2 (Movidius Myriad X) found, but edge-agent has no "
+        "openvino/MYRIAD backend",
+        "openvino/GPU": "Intel Iris Plus Graphics 655 (Coffee Lake) found, but no OpenVINO GPU device: ",
+    },
+    "rpi5-hailo": {
+        "hailort": "Hailo-8/Hailo-8L AI accelerator found, but edge-agent has no hailort backend",
+    },
+    "rock5b-rk3588": {
+        "rknn": "Rockchip RK3588 NPU found, but edge-agent has no rknn backend",
+    },
+}
+
+
+def _artifact(path: Path) -> ModelArtifact:
+    return ModelArtifact(path, "onnx", hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+# --- 8. fixture trees --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tree", sorted(EXPECTED))
+def test_hardware_of_the_box_is_named_first_with_what_is_missing_then_a_cpu_fallback(
+    tree: str, cls_model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(SYSROOT_ENV, str(SYSROOTS / tree))
+    notes = hardware_notes(detect_hardware())  # reads the tree named by EDGE_AGENT_SYSROOT
+    expected = EXPECTED[tree]
+    assert set(notes) == set(expected)
+    artifact = _artifact(cls_model_path)
+
+    kept, rejected = screen([artifact], SelectionPolicy(), hardware=notes)
+
+    assert {b.name for b, _ in kept} == CPU_BACKENDS
+    first = rejected[: len(expected)]
+    assert {r.backend for r in first} == set(expected)  # the box's own hardware comes first
+    for report in first:
+        assert report.reason.startswith(f"{notes[report.backend]}, but "), report.reason
+        wanted = expected[report.backend].format(sees=_openvino_sees())
+        if wanted.endswith(": "):  # the Intel iGPUs: the rest is the OpenVINO probe's own reason
+            assert report.reason.startswith(wanted) and "intel-opencl-icd" in report.reason
+        else:
+            assert report.reason == wanted
+    assert not any(
+        r.reason.endswith(" found") or " found, but " in r.reason for r in rejected[len(expected) :]
+    )
+
+    decision = decide([artifact], SelectionPolicy(benchmark=False), None, hardware=notes)
+    assert decision.backend in CPU_BACKENDS and decision.note == "benchmark off"
+    text = decision.explain()
+    fallbacks = [
+        text.index(f"{name} on {artifact.label}: untried") for name in CPU_BACKENDS - {decision.backend}
+    ]
+    for backend in expected:
+        line = f"{backend} on {artifact.label}: rejected: {notes[backend]}, but "
+        assert line in text
+        assert text.index(line) < min(fallbacks), text
+
+
+def test_a_box_with_nothing_but_cpus_has_no_hardware_lines(cls_model_path: Path) -> None:
+    notes = hardware_notes(detect_hardware(SYSROOTS / "x86_64-cpu-only"))
+    assert notes == {}
+    decision = decide([_artifact(cls_model_path)], SelectionPolicy(benchmark=False), None, hardware=notes)
+    assert " found, but " not in decision.explain()
+
+
+# --- 9. choose_and_load with a real config and a real video ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sign_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("video") / "signs.mp4"
+    truth = demo_video_module().make_orientation_video(path, fps=10, seconds_per_sign=0.5)
+    assert truth[0]["orientation"] == "upright"
+    return path
+
+
+def _config(state_dir: Path, uri: str, *, deny: tuple[str, ...] = (), **selection: object) -> AgentConfig:
+    pipeline = PipelineConfig(
+        name="signs",
+        model=ModelRef(name="pp-ocr-cls", version="2.0"),
+        backend=BackendChoiceConfig(deny=list(deny)),
+        source=VideoSourceConfig(type="video", uri=uri),
+        preprocess=CLS_PREPROCESS,
+        postprocess=ClassificationPostprocess(type="classification", labels=CLS_LABELS),
+    )
+    backends = SelectionConfig(**{"runs": 3, "warmup": 1, "budget_s": 1.0, "max_trials": 2, **selection})
+    return AgentConfig(
+        device=DeviceConfig(id="box-1"),
+        state_dir=state_dir,
+        registry=RegistryConfig(
+            url=f"file://{state_dir.parent / 'registry'}"
+        ),  # choose_and_load never reads it
+        backends=backends,
+        pipelines=[pipeline],
+    )
+
+
+def test_choose_and_load_benchmarks_once_then_reuses_the_cached_decision(
+    tmp_path: Path, cls_model_path: Path, sign_video: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="agent.backend_choice")
+    artifacts = [_artifact(cls_model_path)]
+    config = _config(tmp_path / "state", str(sign_video))
+    pipeline = config.pipelines[0]
+
+    started = time.perf_counter()
+    session, decision, _ = choose_and_load(config, pipeline, artifacts, "pp-ocr-cls@2.0")
+    first_s = time.perf_counter() - started
+    try:
+        assert session.backend == decision.backend
+        frame = demo_video_module().render_sign("EDGE CAMERA 42", False, np.random.default_rng(1))
+        preprocess = Preprocessor(CLS_PREPROCESS, session.inputs)
+        [probs] = session.run({preprocess.input.name: preprocess(frame)}).values()
+        assert int(probs.argmax()) == 0  # upright
+    finally:
+        session.close()
+    assert decision.checked is True and decision.reference == ORT_CPU
+    tried = [c for c in decision.candidates if c.median_ms is not None]
+    assert len(tried) == 2 and all(c.max_abs_diff is not None and c.precision for c in tried)
+    decisions = tmp_path / "state" / "decisions"
+    [cached] = decisions.glob("*.json")
+    record = json.loads((decisions / "pipelines" / "signs.json").read_text())
+    assert (record["pipeline"], record["model"], record["key"]) == ("signs", "pp-ocr-cls@2.0", cached.stem)
+    assert record["decision"]["backend"] == decision.backend and record["decision"]["checked"] is True
+    assert DecisionStore(tmp_path / "state").get(cached.stem) == decision
+    assert "using the cached backend decision" not in caplog.text
+
+    caplog.clear()
+    started = time.perf_counter()
+    session, again, _ = choose_and_load(config, pipeline, artifacts, "pp-ocr-cls@2.0")
+    second_s = time.perf_counter() - started
+    session.close()
+    assert again == decision
+    assert f"pipeline signs: using the cached backend decision {cached.stem}" in caplog.text
+    assert second_s < first_s / 2, (first_s, second_s)
+
+    # Another policy is another decision: the chosen backend denied, the next one wins.
+    changed = _config(tmp_path / "state", str(sign_video), deny=(decision.backend,))
+    caplog.clear()
+    session, other, _ = choose_and_load(changed, changed.pipelines[0], artifacts, "pp-ocr-cls@2.0")
+    session.close()
+    assert "using the cached backend decision" not in caplog.text
+    assert other.backend != decision.backend and other.checked is True
+    assert f"denied by policy ({decision.backend})" in other.explain()
+    assert len(list(decisions.glob("*.json"))) == 2
+
+
+def test_a_source_that_cannot_be_opened_gives_an_unchecked_decision_that_is_not_cached(
+    tmp_path: Path, cls_model_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="agent.backend_choice")
+    config = _config(tmp_path / "state", str(tmp_path / "missing.mp4"), sample_timeout_s=1.0)
+    started = time.perf_counter()
+    session, decision, _ = choose_and_load(config, config.pipelines[0], [_artifact(cls_model_path)], "cls@2")
+    elapsed = time.perf_counter() - started
+    session.close()
+    assert decision.checked is False and decision.reference is None
+    assert decision.note == "outputs not checked: no sample input"
+    assert "outputs not checked" in decision.explain()
+    assert all(c.median_ms is None for c in decision.candidates)  # nothing was benchmarked
+    assert "no frame from its source within 1 s" in caplog.text
+    assert not list((tmp_path / "state").glob("decisions/**/*.json"))
+    assert DecisionStore(tmp_path / "state").for_pipeline("signs") is None
+    assert elapsed < 30, elapsed
+
+
+def test_grab_sample_reads_the_first_frame_of_the_video(sign_video: Path, cls_model_path: Path) -> None:
+    session = get_backend(ORT_CPU).load(_artifact(cls_model_path))
+    preprocess = Preprocessor(CLS_PREPROCESS, session.inputs)
+    try:
+        sample = grab_sample(VideoSourceConfig(type="video", uri=str(sign_video)), "t", preprocess, 10.0)
+        assert sample is not None and sample[preprocess.input.name].shape == (1, 3, 48, 192)
+        [probs] = session.run(sample).values()
+    finally:
+        session.close()
+    assert int(probs.argmax()) == 0  # "EDGE CAMERA 42", upright
+
+
+def test_choose_and_load_on_a_jetson_tree_explains_the_missing_runtime_and_caches_unbenchmarked(
+    tmp_path: Path, cls_model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(SYSROOT_ENV, str(SYSROOTS / "jetson-agx-orin"))
+    config = _config(tmp_path / "state", str(tmp_path / "unused.mp4"), benchmark=False)
+    session, decision, _ = choose_and_load(config, config.pipelines[0], [_artifact(cls_model_path)], "cls@2")
+    session.close()
+    assert decision.backend in CPU_BACKENDS and decision.note == "benchmark off"
+    text = decision.explain()
+    assert "(others: onnxruntime/TensorrtExecutionProvider on " in text
+    assert (
+        ": rejected: NVIDIA Jetson AGX Orin Developer Kit found, but this onnxruntime build has no " in text
+    )
+    assert DecisionStore(tmp_path / "state").for_pipeline("signs") is not None  # benchmark off: cached
+
+
+# --- 10. policy_for ----------------------------------------------------------------------------------
+
+
+def test_policy_for_merges_agent_and_pipeline(tmp_path: Path) -> None:
+    config = AgentConfig(
+        device=DeviceConfig(id="box-1"),
+        state_dir=tmp_path / "state",
+        backends=SelectionConfig(
+            prefer=["openvino/*"],
+            deny=["tflite/*"],
+            fixed="openvino/CPU",
+            runs=7,
+            rtol=0.05,
+            options={"openvino/AUTO": {"cache_dir": "/srv/ov-cache", "hint": "throughput"}},
+        ),
+    )
+    pipeline = PipelineConfig(
+        name="p",
+        model=ModelRef(name="m", version="1"),
+        backend=BackendChoiceConfig(
+            prefer=[ORT_CPU], deny=["openvino/AUTO"], fixed="onnxruntime/CPUExecutionProvider"
+        ),
+        source=VideoSourceConfig(type="video", uri="0"),
+        postprocess=ClassificationPostprocess(type="classification"),
+    )
+
+    merged = policy_for(config, pipeline)
+    assert merged.prefer == (ORT_CPU, "openvino/*")  # the pipeline's before the agent's
+    assert merged.deny == ("tflite/*", "openvino/AUTO")
+    assert merged.fixed == ORT_CPU
+    assert (merged.runs, merged.rtol, merged.benchmark) == (7, 0.05, True)
+
+    agent_only = policy_for(config)
+    assert (agent_only.prefer, agent_only.deny, agent_only.fixed) == (
+        ("openvino/*",),
+        ("tflite/*",),
+        "openvino/CPU",
+    )
+    plain = pipeline.model_copy(update={"backend": BackendChoiceConfig()})
+    assert policy_for(config, plain).fixed == "openvino/CPU"  # no pipeline fixed: the agent's
+
+    default_cache = str(tmp_path / "state" / "cache" / "openvino")
+    assert merged.options_for("openvino/CPU") == {"cache_dir": default_cache}
+    assert merged.options_for("openvino/AUTO") == {"cache_dir": "/srv/ov-cache", "hint": "throughput"}
+    trt = merged.options_for("onnxruntime/TensorrtExecutionProvider")
+    assert trt == {"engine_cache_dir": str(tmp_path / "state" / "cache" / "tensorrt")}
+    assert merged.options_for(ORT_CPU) == {}
+    assert "openvino/*" not in merged.options

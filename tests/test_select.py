@@ -1,0 +1,450 @@
+"""Backend selection with the real backends of this machine: onnxruntime CPU, OpenVINO CPU and AUTO,
+TFLite CPU. Real models (PP-OCR cls on a rendered sign, BlazeFace on a photo, scikit-learn on iris) and
+one made wrong on purpose for one backend (onnx's float64 Add with broadcasting, on which OpenVINO
+computes values near 1e199). Every trial runs in a child process, as it does in the daemon.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from pathlib import Path
+
+import cv2
+import numpy as np
+import onnx
+import openvino as ov
+import pytest
+from onnx import numpy_helper
+from skimage import data as skimage_data
+from skl2onnx import to_onnx
+from sklearn.datasets import load_iris
+from sklearn.linear_model import LogisticRegression
+
+from agent.processing import Preprocessor
+from agent.transform import upgraded_artifacts
+from providers import (
+    BackendError,
+    CandidateReport,
+    Decision,
+    ModelArtifact,
+    NoBackendError,
+    SelectionPolicy,
+    TrialRequest,
+    decide,
+    get_backend,
+    load_decided,
+    run_trial_isolated,
+    screen,
+)
+from providers.select import compare_outputs
+from tests.media_fixtures import CLS_PREPROCESS, demo_video_module
+
+ORT_CPU = "onnxruntime/CPUExecutionProvider"
+# Small benchmarks: each trial is a fresh Python process (~1 s); the numbers only have to exist.
+QUICK = {"runs": 3, "warmup": 1, "budget_s": 1.0, "timeout_s": 60.0}
+# (artifacts: the original and its upgraded twin, inputs, the expected output)
+AddBroadcast = tuple[list[ModelArtifact], dict[str, np.ndarray], np.ndarray]
+ADD_BROADCAST = Path(onnx.__file__).parent / "backend/test/data/pytorch-operator/test_operator_add_broadcast"
+
+
+def _artifact(path: Path, fmt: str = "onnx", name: str = "") -> ModelArtifact:
+    return ModelArtifact(path, fmt, hashlib.sha256(path.read_bytes()).hexdigest(), name)
+
+
+def _report(decision: Decision, backend: str, artifact: str | None = None) -> CandidateReport:
+    matches = [
+        c
+        for c in decision.candidates
+        if c.backend == backend and (artifact is None or c.artifact == artifact)
+    ]
+    assert len(matches) == 1, (backend, artifact, [(c.backend, c.artifact) for c in decision.candidates])
+    return matches[0]
+
+
+def _tensor(path: Path) -> np.ndarray:
+    proto = onnx.TensorProto()
+    proto.ParseFromString(path.read_bytes())
+    return numpy_helper.to_array(proto)
+
+
+# --- 1. PP-OCR cls on a rendered sign ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cls_sample(cls_model_path: Path) -> dict[str, np.ndarray]:
+    """An upside-down rendered sign, preprocessed as the pipeline does (BGR, 192x48, (x/255-0.5)/0.5)."""
+    image = demo_video_module().render_sign("Gate B open", True, np.random.default_rng(3))
+    session = get_backend(ORT_CPU).load(_artifact(cls_model_path))
+    try:
+        preprocess = Preprocessor(CLS_PREPROCESS, session.inputs)
+    finally:
+        session.close()
+    tensor = preprocess(image)
+    assert tensor.shape == (1, 3, 48, 192)
+    return {preprocess.input.name: tensor}
+
+
+def test_cls_on_a_rendered_sign_is_benchmarked_checked_and_explained(
+    cls_model_path: Path, cls_sample: dict[str, np.ndarray]
+) -> None:
+    artifact = _artifact(cls_model_path)
+    decision = decide([artifact], SelectionPolicy(**QUICK), cls_sample)
+
+    assert decision.reference == ORT_CPU
+    assert decision.checked is True
+    tried = [c for c in decision.candidates if c.median_ms is not None]
+    assert {c.backend for c in tried} == {ORT_CPU, "openvino/CPU", "openvino/AUTO"}
+    for candidate in tried:
+        assert candidate.precision in {"fp32", "bf16", "fp16"}, candidate
+        assert candidate.max_abs_diff is not None and candidate.max_abs_diff < 1e-2, candidate
+        assert candidate.verdict in {"chosen", "passed"}, candidate
+    chosen = next(c for c in decision.candidates if c.verdict == "chosen")
+    assert chosen.backend == decision.backend and chosen.precision == decision.precision
+    correct = [c for c in decision.candidates if c.verdict in {"chosen", "passed"}]
+    assert chosen.median_ms == min(c.median_ms for c in correct if c.median_ms is not None)
+    assert _report(decision, ORT_CPU).max_abs_diff == 0.0  # the reference against itself
+
+    # Every backend that passed gives the right class (1: upside down), loaded here in-process.
+    for candidate in correct:
+        session = get_backend(candidate.backend).load(artifact)
+        try:
+            [probs] = session.run(cls_sample).values()
+        finally:
+            session.close()
+        assert probs.shape == (1, 2) and int(probs.argmax()) == 1, (candidate.backend, probs)
+
+    text = decision.explain()
+    assert text.startswith(f"chose {decision.backend} for {artifact.label} ({chosen.median_ms:.2f} ms median")
+    assert f"outputs checked against {ORT_CPU}" in text
+    for candidate in correct:
+        if candidate is not chosen:
+            assert f"{candidate.backend} on {artifact.label}: passed ({candidate.median_ms:.2f} ms" in text
+
+
+# --- 2. a model made wrong on purpose for OpenVINO ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def add_broadcast(tmp_path_factory: pytest.TempPathFactory) -> AddBroadcast:
+    """onnx's opset-6 float64 Add with broadcasting, plus its upgraded twin; inputs, expected output."""
+    original = _artifact(ADD_BROADCAST / "model.onnx")
+    reference = get_backend(ORT_CPU)
+    assert reference.supports(original).reason == "unsupported operators: Add"
+    derived = upgraded_artifacts([original], tmp_path_factory.mktemp("derived"), reference)
+    assert len(derived) == 1 and derived[0].label == "model.onnx (upgraded from opset 6 to 13)"
+    feeds = {"0": _tensor(ADD_BROADCAST / "test_data_set_0/input_0.pb")}
+    feeds["1"] = _tensor(ADD_BROADCAST / "test_data_set_0/input_1.pb")
+    assert feeds["0"].dtype == np.float64 and feeds["0"].shape == (2, 3) and feeds["1"].shape == (3,)
+    return [original, *derived], feeds, _tensor(ADD_BROADCAST / "test_data_set_0/output_0.pb")
+
+
+def test_fast_but_wrong_backend_is_rejected_by_the_output_check(add_broadcast: AddBroadcast) -> None:
+    artifacts, feeds, expected = add_broadcast
+    original, upgraded = artifacts
+    policy = SelectionPolicy(max_trials=4, **QUICK)
+    decision = decide(artifacts, policy, feeds)
+
+    assert decision.backend == ORT_CPU
+    assert decision.artifact == upgraded.label and decision.artifact_sha256 == upgraded.sha256
+    assert "upgraded from opset 6 to 13" in decision.artifact
+    assert decision.reference == ORT_CPU and decision.checked is True
+    wrong = [c for c in decision.candidates if c.backend.startswith("openvino/") and c.median_ms is not None]
+    assert {c.backend for c in wrong} == {"openvino/CPU", "openvino/AUTO"}
+    for candidate in wrong:
+        assert candidate.verdict == "rejected"
+        assert candidate.reason.startswith("output '2' differs from the reference: 50.0% of values off by")
+        assert candidate.max_abs_diff is not None and candidate.max_abs_diff > 1e100
+    refused = _report(decision, ORT_CPU, original.label)
+    assert (refused.verdict, refused.reason) == ("rejected", "unsupported operators: Add")
+    assert "openvino/CPU on model.onnx: rejected (" in decision.explain()
+
+    session, used, failures = load_decided(decision, artifacts, policy)
+    try:
+        outputs = session.run(feeds)
+    finally:
+        session.close()
+    assert (used.backend, used.artifact, failures) == (ORT_CPU, upgraded.label, [])
+    np.testing.assert_allclose(outputs["2"], expected, rtol=1e-12, atol=0)
+
+
+def test_a_fixed_policy_does_not_excuse_a_backend_from_the_output_check(
+    add_broadcast: AddBroadcast,
+) -> None:
+    """The policy says where a model may run, not what is right: the reference stays onnxruntime."""
+    artifacts, feeds, _ = add_broadcast
+    with pytest.raises(NoBackendError) as caught:
+        decide(artifacts, SelectionPolicy(fixed="openvino/CPU", **QUICK), feeds)
+    tried = [c for c in caught.value.candidates if c.backend == "openvino/CPU"]
+    assert len(tried) == 2
+    assert all("differs from the reference" in c.reason and c.max_abs_diff > 1e100 for c in tried)
+    assert "policy fixes the backend to openvino/CPU" in str(caught.value)
+
+
+# --- 3. scikit-learn with ONNX-ML operators ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def iris() -> tuple[np.ndarray, LogisticRegression]:
+    features, labels = load_iris(return_X_y=True)
+    features = features.astype(np.float32)
+    return features, LogisticRegression(max_iter=1000).fit(features, labels)
+
+
+@pytest.mark.parametrize(
+    ("zipmap", "label_output", "missing"),
+    [(False, "label", "LinearClassifier"), (True, "output_label", "LinearClassifier, ZipMap")],
+    ids=["no-zipmap", "zipmap"],
+)
+def test_sklearn_model_goes_to_onnxruntime_with_openvinos_missing_operators_named(
+    tmp_path: Path,
+    iris: tuple[np.ndarray, LogisticRegression],
+    zipmap: bool,
+    label_output: str,
+    missing: str,
+) -> None:
+    features, model = iris
+    options = None if zipmap else {id(model): {"zipmap": False}}
+    proto = to_onnx(model, features[:1], options=options)
+    assert ("ZipMap" in {n.op_type for n in proto.graph.node}) is zipmap
+    path = tmp_path / "iris-logreg.onnx"
+    path.write_bytes(proto.SerializeToString())
+    artifact = _artifact(path)
+
+    decision = decide([artifact], SelectionPolicy(**QUICK), {"X": features[:8]})
+
+    assert decision.backend == ORT_CPU and decision.checked is True
+    for name in ("openvino/CPU", "openvino/AUTO"):
+        report = _report(decision, name)
+        assert report.verdict == "rejected"
+        assert report.reason.startswith(f"{name} cannot read iris-logreg.onnx: ")
+        assert report.reason.endswith(f"; unsupported operators: {missing}")
+    session, used, _ = load_decided(decision, [artifact], SelectionPolicy())
+    try:
+        outputs = session.run({"X": features})
+    finally:
+        session.close()
+    assert used.backend == ORT_CPU
+    np.testing.assert_array_equal(outputs[label_output], model.predict(features))
+    if zipmap:  # ZipMap gives one {class: probability} dict per row, not a tensor
+        probabilities = outputs["output_probability"]
+        assert isinstance(probabilities, list) and len(probabilities) == len(features)
+        assert sorted(probabilities[0]) == [0, 1, 2]
+        got = np.array([[row[k] for k in (0, 1, 2)] for row in probabilities])
+    else:
+        got = outputs["probabilities"]
+    np.testing.assert_allclose(got, model.predict_proba(features), atol=1e-4)
+
+
+# --- 4. a .tflite detector on a real photo -------------------------------------------------------------
+
+
+def _letterbox(image: np.ndarray, size: int) -> np.ndarray:
+    """RGB uint8 -> float32 [1, size, size, 3] in [-1, 1], aspect kept, padded with black."""
+    scale = size / max(image.shape[:2])
+    h, w = round(image.shape[0] * scale), round(image.shape[1] * scale)
+    canvas = np.zeros((size, size, 3), np.uint8)
+    top, left = (size - h) // 2, (size - w) // 2
+    canvas[top : top + h, left : left + w] = cv2.resize(image, (w, h), interpolation=cv2.INTER_AREA)
+    return (canvas.astype(np.float32) / 127.5 - 1.0)[None]
+
+
+def test_tflite_detector_is_checked_against_tflite_on_a_real_photo() -> None:
+    spec = importlib.util.find_spec("mediapipe")  # located, never imported (it wants numpy < 2)
+    assert spec is not None and spec.submodule_search_locations
+    model = (
+        Path(spec.submodule_search_locations[0]) / "modules/face_detection/face_detection_short_range.tflite"
+    )
+    artifact = _artifact(model, "tflite")
+    sample = {"input": _letterbox(skimage_data.astronaut(), 128)}
+
+    ranked, rejected = screen([artifact], SelectionPolicy())
+    assert [b.name for b, _ in ranked] == ["openvino/CPU", "tflite/cpu", "openvino/AUTO"]
+    assert _reason(rejected, ORT_CPU) == "cannot read tflite files"
+    decision = decide([artifact], SelectionPolicy(**QUICK), sample)
+
+    assert decision.reference == "tflite/cpu" and decision.checked is True
+    assert decision.precision in {"fp32", "bf16", "fp16"}
+    for name in ("tflite/cpu", "openvino/CPU"):
+        report = _report(decision, name)
+        assert report.verdict in {"chosen", "passed"}, report
+        assert report.precision and report.median_ms is not None and report.max_abs_diff is not None
+    assert _report(decision, "tflite/cpu").max_abs_diff == 0.0
+
+    session, used, _ = load_decided(decision, [artifact], SelectionPolicy())
+    try:
+        outputs = session.run(sample)
+    finally:
+        session.close()
+    assert used.backend == decision.backend
+    assert outputs["regressors"].shape == (1, 896, 16) and outputs["classificators"].shape == (1, 896, 1)
+    best = 1 / (1 + np.exp(-float(outputs["classificators"].max())))
+    assert best > 0.9, best  # the astronaut's face
+
+
+def _reason(reports: list[CandidateReport], backend: str) -> str:
+    [report] = [r for r in reports if r.backend == backend]
+    return str(report.reason)
+
+
+# --- 5. policy, and a file no backend can read -----------------------------------------------------------
+
+
+def test_deny_keeps_every_matching_backend_out(cls_model_path: Path) -> None:
+    artifact = _artifact(cls_model_path)
+    decision = decide([artifact], SelectionPolicy(deny=("openvino/*",), benchmark=False), None)
+    assert decision.backend == ORT_CPU
+    openvino = [c for c in decision.candidates if c.backend.startswith("openvino/")]
+    assert {c.backend for c in openvino} >= {"openvino/CPU", "openvino/AUTO", "openvino/GPU", "openvino/NPU"}
+    assert all(c.verdict == "rejected" and c.reason == "denied by policy (openvino/*)" for c in openvino), (
+        openvino
+    )
+
+
+def test_fixed_backend_is_used_and_still_checked_against_the_reference(
+    cls_model_path: Path, cls_sample: dict[str, np.ndarray]
+) -> None:
+    artifact = _artifact(cls_model_path)
+    decision = decide([artifact], SelectionPolicy(fixed="openvino/CPU", **QUICK), cls_sample)
+    assert decision.backend == "openvino/CPU"
+    assert decision.reference == ORT_CPU and decision.checked is True  # not openvino/CPU against itself
+    others = [c for c in decision.candidates if c.backend != "openvino/CPU"]
+    assert others and all(
+        c.verdict == "rejected" and c.reason == "policy fixes the backend to openvino/CPU" for c in others
+    )
+    assert _report(decision, "openvino/CPU").max_abs_diff < 1e-2
+
+
+def test_prefer_without_benchmark_takes_the_first_preferred(cls_model_path: Path) -> None:
+    decision = decide(
+        [_artifact(cls_model_path)], SelectionPolicy(prefer=("openvino/AUTO",), benchmark=False), None
+    )
+    assert decision.backend == "openvino/AUTO"
+    assert decision.note == "benchmark off" and decision.checked is False and decision.reference is None
+    assert [c.backend for c in decision.order()] == ["openvino/AUTO", "openvino/CPU", ORT_CPU]
+    assert "; benchmark off (others: " in decision.explain()
+
+
+def test_a_file_that_is_no_model_gets_every_backends_reason(tmp_path: Path) -> None:
+    path = tmp_path / "notes.onnx"
+    path.write_text("this is a shopping list, not a model\n")
+    artifact = _artifact(path)
+    with pytest.raises(NoBackendError) as caught:
+        decide([artifact], SelectionPolicy(), None)
+    message = str(caught.value)
+    assert message.startswith("no backend can run this model (")
+    names = {c.backend for c in caught.value.candidates}
+    assert {ORT_CPU, "openvino/CPU", "openvino/AUTO", "tflite/cpu"} <= names
+    for candidate in caught.value.candidates:
+        assert candidate.verdict == "rejected" and candidate.reason
+        assert f"{candidate.backend} on notes.onnx: {candidate.reason}" in message
+    assert _reason(caught.value.candidates, "tflite/cpu") == "cannot read onnx files"
+    assert "openvino/CPU cannot read notes.onnx" in _reason(caught.value.candidates, "openvino/CPU")
+    assert "cannot load notes.onnx" in _reason(caught.value.candidates, ORT_CPU)
+
+
+# --- 6. the child process: timeout and unknown backends -------------------------------------------------
+
+
+def test_trial_that_takes_too_long_is_cut_off(
+    cls_model_path: Path, cls_sample: dict[str, np.ndarray]
+) -> None:
+    request = TrialRequest(ORT_CPU, _artifact(cls_model_path), cls_sample, warmup=1, runs=1)
+    result = run_trial_isolated(request, timeout_s=0.05)
+    assert result.ok is False
+    assert result.error == "no answer within 0.05 s (hung while loading or running)"
+
+
+def test_trial_on_an_unknown_backend_names_it(
+    cls_model_path: Path, cls_sample: dict[str, np.ndarray]
+) -> None:
+    request = TrialRequest("nosuch/NPU", _artifact(cls_model_path), cls_sample, warmup=1, runs=1)
+    result = run_trial_isolated(request, timeout_s=60)
+    assert result.ok is False and result.backend == "nosuch/NPU"
+    assert result.error.startswith("unknown backend 'nosuch/NPU'; known: ")
+    assert ORT_CPU in result.error
+
+
+def test_load_decided_names_every_failure_when_nothing_loads(tmp_path: Path, cls_model_path: Path) -> None:
+    artifact = _artifact(cls_model_path)
+    decision = decide([artifact], SelectionPolicy(benchmark=False), None)
+    gone = ModelArtifact(tmp_path / "gone.onnx", "onnx", artifact.sha256)  # same hash, file missing
+    with pytest.raises(BackendError, match=r"^no decided backend could load the model: openvino/CPU: "):
+        load_decided(decision, [gone], SelectionPolicy())
+
+
+# --- 7. compare_outputs -----------------------------------------------------------------------------------
+
+POLICY = SelectionPolicy()
+
+
+def test_outputs_are_matched_by_name_whatever_their_order() -> None:
+    a, b = np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(4, np.float32)
+    assert compare_outputs({"b": b, "a": a}, {"a": a, "b": b}, POLICY) == (0.0, "")
+    diff, problem = compare_outputs({"b": b, "a": a + 1}, {"a": a, "b": b}, POLICY)
+    assert diff == 1.0 and problem.startswith("output 'a' differs from the reference: 100.0% of values")
+
+
+def test_outputs_are_matched_by_position_when_names_differ() -> None:
+    a, b = np.zeros(3, np.float32), np.ones(3, np.float32)
+    assert compare_outputs({"x": a, "y": b}, {"p": a, "q": b}, POLICY) == (0.0, "")
+    diff, problem = compare_outputs({"x": b, "y": a}, {"p": a, "q": b}, POLICY)
+    assert diff == 1.0 and problem.startswith("output 'p' differs from the reference")
+    assert compare_outputs({"x": a}, {"p": a, "q": b}, POLICY) == (None, "1 outputs, the reference has 2")
+
+
+def test_shape_mismatch_is_reported() -> None:
+    out, ref = np.zeros((2, 3), np.float32), np.zeros((3, 2), np.float32)
+    assert compare_outputs({"a": out}, {"a": ref}, POLICY) == (
+        None,
+        "output 'a' has shape [2, 3], the reference [3, 2]",
+    )
+
+
+def test_nan_where_the_reference_has_none_is_wrong_but_shared_nan_is_not() -> None:
+    ref = np.array([1.0, 2.0, 3.0], np.float32)
+    out = ref.copy()
+    out[1] = np.nan
+    assert compare_outputs({"a": out}, {"a": ref}, POLICY) == (
+        None,
+        "output 'a' has NaN or infinite values where the reference has none",
+    )
+    assert compare_outputs({"a": out}, {"a": out.copy()}, POLICY) == (0.0, "")
+    assert compare_outputs({"a": ref * 1.005}, {"a": ref}, POLICY)[1] == ""  # within rtol 1e-2
+
+
+def test_integer_outputs_must_match_exactly() -> None:
+    labels = np.array([0, 1, 2, 2], np.int64)
+    assert compare_outputs({"label": labels.copy()}, {"label": labels}, POLICY) == (0.0, "")
+    off = labels.copy()
+    off[3] = 1
+    assert compare_outputs({"label": off}, {"label": labels}, POLICY) == (
+        None,
+        "output 'label' differs from the reference",
+    )
+
+
+def test_max_mismatch_allows_a_few_outliers_in_a_big_map_but_none_in_two_scores() -> None:
+    rng = np.random.default_rng(0)
+    ref = rng.random((100, 100), dtype=np.float32)  # 10000 values; max_mismatch 0.001 allows 10
+    few = ref.copy()
+    few.flat[rng.choice(ref.size, 5, replace=False)] += 0.5
+    diff, problem = compare_outputs({"map": few}, {"map": ref}, POLICY)
+    assert problem == "" and diff == pytest.approx(0.5, abs=1e-6)
+    many = ref.copy()
+    many.flat[rng.choice(ref.size, 20, replace=False)] += 0.5
+    diff, problem = compare_outputs({"map": many}, {"map": ref}, POLICY)
+    assert problem == (
+        "output 'map' differs from the reference: 0.2% of values off by more than "
+        "atol 0.001 + rtol 0.01, up to 0.5"
+    )
+    scores = np.array([0.2, 0.8], np.float32)
+    diff, problem = compare_outputs({"s": scores + np.float32([0.0, 0.1])}, {"s": scores}, POLICY)
+    assert problem.startswith("output 's' differs from the reference: 50.0% of values")
+    assert diff == pytest.approx(0.1, abs=1e-6)
+
+
+def test_openvino_sees_a_cpu_here() -> None:
+    """What the tests above take for granted about this machine."""
+    assert "CPU" in ov.Core().available_devices
+    assert get_backend(ORT_CPU).probe().available and get_backend("tflite/cpu").probe().available
