@@ -233,38 +233,57 @@ def decide(
         )
 
     results: dict[int, TrialResult] = {}
-    for i, (backend, artifact) in enumerate(ranked[: policy.max_trials]):
+
+    def run(i: int) -> None:
+        backend, artifact = ranked[i]
         options = policy.options_for(backend.name)
         request = TrialRequest(
             backend.name, artifact, sample, options, policy.warmup, policy.runs, policy.budget_s
         )
         results[i] = trial(request, policy.timeout_s)
+
+    for i in range(min(policy.max_trials, len(ranked))):
+        run(i)
     reference_name, reference = _reference(ranked, results, policy, sample, trial, artifacts, backends)
-    for i, result in results.items():
-        report = reports[i]
+    wrong_backends: set[str] = set()  # computed wrong outputs on this model
+
+    def judge(i: int) -> bool:
+        report, result = reports[i], results[i]
         if not result.ok:
             report.verdict, report.reason = "rejected", result.error
-            continue
+            return False
         report.precision = result.precision
         report.median_ms, report.p90_ms = result.median_ms, result.percentile(90)
         report.peak_rss_mb = round(result.peak_rss_mb, 1)
         if reference is None:
             report.verdict = "passed"
-            continue
+            return True
         diff, problem = compare_outputs(result.outputs, reference.outputs, policy)
         report.max_abs_diff = diff
-        report.verdict, report.reason = ("rejected", problem) if problem else ("passed", "")
+        if problem:
+            report.verdict, report.reason = "rejected", problem
+            wrong_backends.add(report.backend)
+            return False
+        report.verdict = "passed"
+        return True
 
-    passed = [i for i in results if reports[i].verdict == "passed"]
+    passed = [i for i in list(results) if judge(i)]
+    # None of the top candidates is right: keep going down the ranking until one is.
+    for i in range(len(results), len(ranked)):
+        if passed:
+            break
+        run(i)
+        if judge(i):
+            passed.append(i)
     if not passed:
-        # Nothing proven correct among the tried: fall back to the ranking for the rest, if any.
-        untried = [i for i in range(len(ranked)) if i not in results]
-        if not untried:
-            raise NoBackendError([r for r in reports if r.verdict == "rejected"] + rejected)
-        best, note = untried[0], "no tried candidate passed; the next in rank was not tried"
-    else:
-        best = min(passed, key=lambda i: reports[i].median_ms or float("inf"))
-        note = ""
+        raise NoBackendError([r for r in reports if r.verdict == "rejected"] + rejected)
+    # A backend shown wrong on this model is no fallback, not even on another artifact.
+    for report in reports:
+        if report.verdict == "untried" and report.backend in wrong_backends:
+            report.verdict = "rejected"
+            report.reason = "not tried: this backend computed wrong outputs on another artifact of this model"
+    best = min(passed, key=lambda i: reports[i].median_ms or float("inf"))
+    note = ""
     reports[best].verdict = "chosen"
     backend, artifact = ranked[best]
     return Decision(

@@ -158,6 +158,8 @@ def test_fast_but_wrong_backend_is_rejected_by_the_output_check(add_broadcast: A
     refused = _report(decision, ORT_CPU, original.label)
     assert (refused.verdict, refused.reason) == ("rejected", "unsupported operators: Add")
     assert "openvino/CPU on model.onnx: rejected (" in decision.explain()
+    # What OpenVINO was not tried on is no fallback either: it was shown wrong on this model.
+    assert [c.backend for c in decision.order()] == [ORT_CPU]
 
     session, used, failures = load_decided(decision, artifacts, policy)
     try:
@@ -166,6 +168,17 @@ def test_fast_but_wrong_backend_is_rejected_by_the_output_check(add_broadcast: A
         session.close()
     assert (used.backend, used.artifact, failures) == (ORT_CPU, upgraded.label, [])
     np.testing.assert_allclose(outputs["2"], expected, rtol=1e-12, atol=0)
+
+
+def test_when_the_top_candidates_are_all_wrong_selection_keeps_going_down_the_ranking(
+    add_broadcast: AddBroadcast,
+) -> None:
+    artifacts, feeds, _ = add_broadcast
+    # Only two trials, and the two best-ranked candidates are OpenVINO's (wrong here).
+    decision = decide(artifacts, SelectionPolicy(max_trials=2, **QUICK), feeds)
+    assert decision.backend == ORT_CPU and decision.checked is True
+    tried = [c for c in decision.candidates if c.median_ms is not None]
+    assert len(tried) > 2 and all(c.verdict == "rejected" for c in tried if c.backend != ORT_CPU)
 
 
 def test_a_fixed_policy_does_not_excuse_a_backend_from_the_output_check(
