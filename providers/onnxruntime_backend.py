@@ -121,7 +121,7 @@ class OnnxRuntimeSession(Session):
             values = self._session.run(self._output_names, dict(feeds))
         except Exception as exc:  # onnxruntime raises its own exception types
             raise BackendError(f"{self.backend}: run failed: {one_line(exc)}") from exc
-        return dict(zip(self._output_names, values, strict=True))
+        return {name: _as_array(value) for name, value in zip(self._output_names, values, strict=True)}
 
     def close(self) -> None:
         # Dropping the only reference frees the native session.
@@ -223,6 +223,14 @@ def _provider_options(ep: str, options: Mapping[str, Any]) -> dict[str, str]:
         if options.get("cache_dir"):
             out["cache_dir"] = str(options["cache_dir"])
     return out
+
+
+def _as_array(value: Any) -> np.ndarray:
+    """Outputs as arrays: a ZipMap's list of {label: probability} becomes [N, classes] by sorted label."""
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        keys = sorted(value[0])
+        return np.asarray([[row[k] for k in keys] for row in value], dtype=np.float32)
+    return np.asarray(value)
 
 
 # "Could not find an implementation for ZipMap(1) node with name 'ZipMap'" and the like.

@@ -213,3 +213,21 @@ def test_runtime_whose_module_raises_on_import_becomes_unavailable(
     assert isinstance(broken, UnavailableBackend) and broken.name == "broken/*"
     assert "libbroken.so" in broken.probe().reason
     assert CPU in [b.name for b in backends[:-1]]
+
+
+def test_zipmap_outputs_become_arrays(tmp_path: Path) -> None:
+    """scikit-learn classifiers export a ZipMap (a list of {label: probability}); sessions give arrays."""
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
+
+    features, labels = load_iris(return_X_y=True)
+    features = features.astype(np.float32)
+    model = LogisticRegression(max_iter=500).fit(features, labels)
+    path = tmp_path / "iris.onnx"
+    path.write_bytes(to_onnx(model, features[:1]).SerializeToString())
+    session = OnnxRuntimeBackend().load(ModelArtifact(path, "onnx", "0" * 64))
+    out = session.run({"X": features[:5]})
+    assert out["output_probability"].shape == (5, 3) and out["output_probability"].dtype == np.float32
+    np.testing.assert_allclose(out["output_probability"], model.predict_proba(features[:5]), atol=1e-5)
+    assert out["output_label"].tolist() == model.predict(features[:5]).tolist()
