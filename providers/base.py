@@ -133,6 +133,14 @@ class Backend(ABC):
     runtime: str
     device: str
     formats: frozenset[str] = frozenset()
+    # Formats made for this runtime. Another runtime's format it can also read (OpenVINO reading
+    # .tflite) makes a candidate of the second tier: chosen only when no native one works.
+    native_formats: frozenset[str] | None = None  # None: all of `formats`
+
+    def is_native(self, artifact_format: str) -> bool:
+        native = self.formats if self.native_formats is None else self.native_formats
+        return artifact_format in native
+
     options_model: type[BackendOptions] = BackendOptions
 
     @abstractmethod

@@ -329,6 +329,7 @@ class OpenVinoBackend(Backend):
 
     runtime = RUNTIME
     formats = FORMATS
+    native_formats = frozenset({"onnx", "openvino-ir"})  # .tflite belongs to LiteRT first
     options_model = OpenVinoOptions
 
     def __init__(self, device: str = "CPU") -> None:

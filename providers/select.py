@@ -3,10 +3,12 @@
 1. Candidates are every backend x every artifact of the model version.
 2. Each is kept or rejected with a reason: policy (deny / fixed), probe (runtime or device
    missing), format, operator coverage.
-3. The rest are ranked: the policy's `prefer` patterns first, then DEFAULT_PREFERENCE.
+3. The rest are ranked: native formats first (OpenVINO reading a .tflite file is second tier), then
+   the policy's `prefer` patterns, then DEFAULT_PREFERENCE.
 4. Unless benchmarking is off, the top `max_trials` run in child processes (timeout each) on a
    real sample input, next to a CPU reference: a candidate whose outputs differ from the
-   reference beyond the tolerances is rejected, however fast. The fastest correct one wins.
+   reference beyond the tolerances is rejected, however fast. The fastest correct one wins (among
+   native-format candidates when any is correct).
 5. The Decision lists every candidate with its verdict and numbers (`explain()`).
 
 This module is data in, data out: no files, no hardware access; tests feed it backends.
@@ -189,7 +191,9 @@ def screen(
         if name not in known:
             reason = f"{found}, but edge-agent has no {name} backend"
             rejected.extend(_report(name, a, "rejected", reason) for a in artifacts)
-    kept.sort(key=lambda pair: preference_index(pair[0].name, policy))
+    kept.sort(
+        key=lambda pair: (not pair[0].is_native(pair[1].format), preference_index(pair[0].name, policy))
+    )
     # What this box has hardware for comes first in the explanation, then by preference.
     rejected.sort(key=lambda r: (r.backend not in notes, preference_index(r.backend, policy)))
     return kept, rejected
@@ -282,7 +286,10 @@ def decide(
         if report.verdict == "untried" and report.backend in wrong_backends:
             report.verdict = "rejected"
             report.reason = "not tried: this backend computed wrong outputs on another artifact of this model"
-    best = min(passed, key=lambda i: reports[i].median_ms or float("inf"))
+    # The fastest correct candidate, native formats first (a .tflite model goes to LiteRT when it works).
+    best = min(
+        passed, key=lambda i: (not ranked[i][0].is_native(ranked[i][1].format), reports[i].median_ms or 1e18)
+    )
     note = ""
     reports[best].verdict = "chosen"
     backend, artifact = ranked[best]

@@ -239,11 +239,9 @@ def test_sklearn_model_goes_to_onnxruntime_with_openvinos_missing_operators_name
         session.close()
     assert used.backend == ORT_CPU
     np.testing.assert_array_equal(outputs[label_output], model.predict(features))
-    if zipmap:  # ZipMap gives one {class: probability} dict per row, not a tensor
-        probabilities = outputs["output_probability"]
-        assert isinstance(probabilities, list) and len(probabilities) == len(features)
-        assert sorted(probabilities[0]) == [0, 1, 2]
-        got = np.array([[row[k] for k in (0, 1, 2)] for row in probabilities])
+    if zipmap:  # ZipMap's {class: probability} rows come back as an array, columns by class
+        got = outputs["output_probability"]
+        assert isinstance(got, np.ndarray) and got.shape == (len(features), 3)
     else:
         got = outputs["probabilities"]
     np.testing.assert_allclose(got, model.predict_proba(features), atol=1e-4)
@@ -272,11 +270,13 @@ def test_tflite_detector_is_checked_against_tflite_on_a_real_photo() -> None:
     sample = {"input": _letterbox(skimage_data.astronaut(), 128)}
 
     ranked, rejected = screen([artifact], SelectionPolicy())
-    assert [b.name for b, _ in ranked] == ["openvino/CPU", "tflite/cpu", "openvino/AUTO"]
+    # LiteRT first: OpenVINO reads .tflite too, but as a second-tier (non-native) candidate.
+    assert [b.name for b, _ in ranked] == ["tflite/cpu", "openvino/CPU", "openvino/AUTO"]
     assert _reason(rejected, ORT_CPU) == "cannot read tflite files"
     decision = decide([artifact], SelectionPolicy(**QUICK), sample)
 
     assert decision.reference == "tflite/cpu" and decision.checked is True
+    assert decision.backend == "tflite/cpu"  # a .tflite artifact goes to TFLite when it works
     assert decision.precision in {"fp32", "bf16", "fp16"}
     for name in ("tflite/cpu", "openvino/CPU"):
         report = _report(decision, name)
