@@ -282,14 +282,13 @@ class OpenVinoSession(Session):
                 f"{[spec.name for spec in self._inputs]}"
             )
         try:
-            self._request.infer(
-                {self._input_index[name]: np.ascontiguousarray(value) for name, value in feeds.items()}
+            # share_inputs: no copy of the inputs into the request (they are not touched meanwhile);
+            # the outputs come back as copies (share_outputs=False), which the next run cannot overwrite.
+            results = self._request.infer(
+                {self._input_index[name]: np.ascontiguousarray(value) for name, value in feeds.items()},
+                share_inputs=True,
             )
-            # Copies: the request's output tensors are overwritten by the next run.
-            return {
-                spec.name: np.array(self._request.get_output_tensor(i).data, copy=True)
-                for i, spec in enumerate(self._outputs)
-            }
+            return {spec.name: results[i] for i, spec in enumerate(self._outputs)}
         except Exception as exc:
             raise BackendError(f"{self.backend}: run failed: {_ov_message(exc)}") from exc
 
