@@ -56,6 +56,7 @@ def policy_for(config: AgentConfig, pipeline: PipelineConfig | None = None) -> S
         max_trials=agent.max_trials,
         warmup=agent.warmup,
         runs=agent.runs,
+        min_time_s=agent.min_time_s,
         budget_s=agent.budget_s,
         timeout_s=agent.timeout_s,
         rtol=agent.rtol,

@@ -223,7 +223,8 @@ class SelectionConfig(BackendChoiceConfig):
     benchmark: bool = Field(True, description="Prove the top candidates on a real sample before choosing.")
     max_trials: int = Field(3, ge=1, le=20, description="How many ranked candidates to benchmark.")
     warmup: int = Field(3, ge=1, le=1000)
-    runs: int = Field(20, ge=1, le=100_000)
+    runs: int = Field(20, ge=1, le=100_000, description="At least this many timed runs per candidate ...")
+    min_time_s: float = Field(1.0, ge=0, description="... and at least this long (stable medians).")
     budget_s: float = Field(5.0, gt=0, description="Timed runs stop after this long per candidate.")
     timeout_s: float = Field(
         180.0, gt=0, description="A candidate that takes longer (load+runs) is rejected."

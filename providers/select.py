@@ -59,6 +59,7 @@ class SelectionPolicy:
     max_trials: int = 3
     warmup: int = 3
     runs: int = 20
+    min_time_s: float = 1.0
     budget_s: float = 5.0
     timeout_s: float = 180.0
     rtol: float = 1e-2

@@ -30,8 +30,9 @@ class TrialRequest:
     feeds: Mapping[str, np.ndarray]
     options: Mapping[str, Any] = field(default_factory=dict)
     warmup: int = 3
-    runs: int = 20
-    budget_s: float = 10.0  # stop timing after this long, even before `runs`
+    runs: int = 20  # at least this many timed runs ...
+    min_time_s: float = 0.0  # ... and at least this long (fast models need many runs for a stable median)
+    budget_s: float = 10.0  # but stop timing after this long
 
 
 @dataclass
@@ -57,7 +58,7 @@ class TrialResult:
 
 
 def run_trial(request: TrialRequest) -> TrialResult:
-    """In this process: load, warm up, run `runs` times (within `budget_s`), keep the last outputs."""
+    """In this process: load, warm up, time `runs` runs for at least `min_time_s` (within `budget_s`)."""
     from providers.registry import get_backend
 
     try:
@@ -69,12 +70,14 @@ def run_trial(request: TrialRequest) -> TrialResult:
         for _ in range(max(1, request.warmup)):
             outputs = session.run(request.feeds)
         latencies: list[float] = []
-        deadline = time.perf_counter() + request.budget_s
-        for _ in range(max(1, request.runs)):
+        begun = time.perf_counter()
+        while True:
             t0 = time.perf_counter()
             outputs = session.run(request.feeds)
-            latencies.append((time.perf_counter() - t0) * 1000)
-            if time.perf_counter() > deadline:
+            now = time.perf_counter()
+            latencies.append((now - t0) * 1000)
+            enough = len(latencies) >= max(1, request.runs) and now - begun >= request.min_time_s
+            if enough or now - begun >= request.budget_s:
                 break
         precision = session.precision
         session.close()
