@@ -287,10 +287,7 @@ def decide(
         if report.verdict == "untried" and report.backend in wrong_backends:
             report.verdict = "rejected"
             report.reason = "not tried: this backend computed wrong outputs on another artifact of this model"
-    # The fastest correct candidate, native formats first (a .tflite model goes to LiteRT when it works).
-    best = min(
-        passed, key=lambda i: (not ranked[i][0].is_native(ranked[i][1].format), reports[i].median_ms or 1e18)
-    )
+    best = _fastest(passed, ranked, reports)
     note = ""
     reports[best].verdict = "chosen"
     backend, artifact = ranked[best]
@@ -304,6 +301,26 @@ def decide(
         checked=reference is not None and bool(passed),
         note=note,
     )
+
+
+# Candidates this close to the fastest count as equally fast: one short trial each cannot tell them
+# apart on a busy box, so the better-ranked one is taken (fewer flip-flops between restarts).
+TIE_MARGIN = 0.05
+
+
+def _fastest(
+    passed: list[int], ranked: list[tuple[Backend, ModelArtifact]], reports: list[CandidateReport]
+) -> int:
+    """The fastest correct candidate: native formats first (a .tflite model goes to LiteRT when it
+    works), near-ties to the better rank."""
+
+    def foreign(i: int) -> bool:
+        return not ranked[i][0].is_native(ranked[i][1].format)
+
+    tier = min(foreign(i) for i in passed)
+    pool = [i for i in passed if foreign(i) == tier]
+    fastest = min(reports[i].median_ms or float("inf") for i in pool)
+    return min(i for i in pool if (reports[i].median_ms or float("inf")) <= fastest * (1 + TIE_MARGIN))
 
 
 def _reference(

@@ -102,7 +102,11 @@ def test_cls_on_a_rendered_sign_is_benchmarked_checked_and_explained(
     chosen = next(c for c in decision.candidates if c.verdict == "chosen")
     assert chosen.backend == decision.backend and chosen.precision == decision.precision
     correct = [c for c in decision.candidates if c.verdict in {"chosen", "passed"}]
-    assert chosen.median_ms == min(c.median_ms for c in correct if c.median_ms is not None)
+    fastest = min(c.median_ms for c in correct if c.median_ms is not None)
+    # The fastest, or a better-ranked one within the 5% the trials cannot resolve.
+    assert chosen.median_ms is not None and chosen.median_ms <= fastest * 1.05
+    near = [c for c in correct if c.median_ms is not None and c.median_ms <= fastest * 1.05]
+    assert chosen.rank == min(c.rank for c in near if c.rank is not None)
     assert _report(decision, ORT_CPU).max_abs_diff == 0.0  # the reference against itself
 
     # Every backend that passed gives the right class (1: upside down), loaded here in-process.
