@@ -59,7 +59,15 @@ def backend_names() -> list[str]:
 
 
 def get_backend(name: str) -> Backend:
-    """The backend called `name` (e.g. "openvino/CPU"); KeyError listing the known names."""
+    """The backend called `name` (e.g. "openvino/CPU"); KeyError listing the known names.
+
+    Only that backend's runtime is imported (a trial process needs one runtime, not all).
+    """
+    runtime = name.partition("/")[0]
+    if runtime in _RUNTIMES:
+        for backend in runtime_backends(runtime):
+            if backend.name == name:
+                return backend
     backends = all_backends()
     for backend in backends:
         if backend.name == name:

@@ -243,7 +243,14 @@ def decide(
         backend, artifact = ranked[i]
         options = policy.options_for(backend.name)
         request = TrialRequest(
-            backend.name, artifact, sample, options, policy.warmup, policy.runs, policy.budget_s
+            backend.name,
+            artifact,
+            sample,
+            options,
+            warmup=policy.warmup,
+            runs=policy.runs,
+            min_time_s=policy.min_time_s,
+            budget_s=policy.budget_s,
         )
         results[i] = trial(request, policy.timeout_s)
 
