@@ -19,6 +19,12 @@ class BackendError(Exception):
     """A backend cannot load or run a model; the message says why."""
 
 
+def one_line(exc: BaseException | str, limit: int = 300) -> str:
+    """A runtime's (often multi-line) error as one bounded line for logs and explanations."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     name: str

@@ -25,6 +25,7 @@ from providers.base import (
     Session,
     Support,
     TensorSpec,
+    one_line,
     parse_options,
 )
 
@@ -235,8 +236,3 @@ def _as_array(value: Any) -> np.ndarray:
 
 # "Could not find an implementation for ZipMap(1) node with name 'ZipMap'" and the like.
 _MISSING_OP = re.compile(r"implementation for (\w+)\(\d+\) node")
-
-
-def one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= 300 else text[:297] + "..."

@@ -39,6 +39,7 @@ from providers.base import (
     Session,
     Support,
     TensorSpec,
+    one_line,
     parse_options,
 )
 
@@ -211,9 +212,9 @@ def _runtime() -> _Runtime:
             return _Runtime(module, package, _version(package, module_name), "")
         except ModuleNotFoundError as exc:
             missing = exc.name and module_name.startswith(exc.name)
-            failures.append(f"{package}: {'not installed' if missing else _one_line(exc)}")
+            failures.append(f"{package}: {'not installed' if missing else one_line(exc)}")
         except Exception as exc:  # numpy ABI errors, a broken wheel, a probe model that computes wrong
-            failures.append(f"{package}: cannot build an Interpreter: {type(exc).__name__}: {_one_line(exc)}")
+            failures.append(f"{package}: cannot build an Interpreter: {type(exc).__name__}: {one_line(exc)}")
     reason = f"no working TFLite interpreter ({'; '.join(failures)}); pip install ai-edge-litert"
     return _Runtime(None, "", "", reason)
 
@@ -238,7 +239,7 @@ def _load_edgetpu_delegate(module: Any, library: str, device: str | None) -> Any
     try:
         plugin = ctypes.CDLL(library)
     except OSError as exc:
-        raise RuntimeError(f"cannot load {library}: {_one_line(exc)}") from exc
+        raise RuntimeError(f"cannot load {library}: {one_line(exc)}") from exc
     if not hasattr(plugin, "tflite_plugin_create_delegate"):
         raise RuntimeError(f"{library} is not a TFLite delegate library (no tflite_plugin_create_delegate)")
     try:
@@ -246,7 +247,7 @@ def _load_edgetpu_delegate(module: Any, library: str, device: str | None) -> Any
     except Exception as exc:
         raise RuntimeError(
             f"libedgetpu is installed ({library}) but no Edge TPU{' ' + device if device else ''} "
-            f"could be opened (is a Coral attached?): {_one_line(exc)}"
+            f"could be opened (is a Coral attached?): {one_line(exc)}"
         ) from exc
 
 
@@ -438,7 +439,7 @@ class TfliteSession(Session):
         except BackendError:
             raise
         except Exception as exc:
-            raise self._fail(_one_line(exc)) from exc
+            raise self._fail(one_line(exc)) from exc
 
     def close(self) -> None:
         self._interpreter = None  # the interpreter frees its arena (and releases its delegate) on GC
@@ -465,7 +466,7 @@ class TfliteBackend(Backend):
         try:
             return _probe(self.device)
         except Exception as exc:  # never raise: a surprise is a reason too
-            return ProbeResult(self.name, False, f"probe failed: {type(exc).__name__}: {_one_line(exc)}")
+            return ProbeResult(self.name, False, f"probe failed: {type(exc).__name__}: {one_line(exc)}")
 
     def _refusal(self, artifact: ModelArtifact) -> Support | None:
         """Why this device cannot take the artifact before any interpreter is built; None when it may."""
@@ -474,7 +475,7 @@ class TfliteBackend(Backend):
         try:
             compiled = is_edgetpu_model(artifact.path)
         except OSError as exc:
-            return Support(False, f"{self.name} cannot read {artifact.label}: {_one_line(exc)}")
+            return Support(False, f"{self.name} cannot read {artifact.label}: {one_line(exc)}")
         built_for_tpu = compiled or getattr(artifact, "target", "any") == "edgetpu"
         if self.device == "cpu" and built_for_tpu:
             why = f"{artifact.label} is compiled for the Edge TPU ({EDGETPU_OP}): only tflite/edgetpu runs it"
@@ -526,7 +527,7 @@ class TfliteBackend(Backend):
             interpreter.allocate_tensors()
         except Exception as exc:
             ops = _unsupported_ops(exc)
-            why = _one_line(exc)
+            why = one_line(exc)
             if ops:
                 runtime_name = f"{runtime.package} {runtime.version}"
                 why = f"unsupported operator {', '.join(ops)} (no kernel in {runtime_name})"
@@ -552,8 +553,3 @@ def _unsupported_ops(exc: BaseException | None) -> tuple[str, ...]:
             if op not in found:
                 found.append(op)
     return tuple(found)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."

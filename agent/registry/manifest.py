@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agent.config import Name
 from agent.errors import ModelError, RegistryError
+from providers.base import one_line
 
 log = logging.getLogger(__name__)
 
@@ -179,11 +180,6 @@ def key_path(loc: tuple[int | str, ...] | list[int | str]) -> str:
 # --- artifact content checks -----------------------------------------------------------------
 
 
-def _one_line(text: str, limit: int = 300) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
 def check_model_file(path: Path, format: str, file_name: str | None = None) -> None:
     """Raise ModelError unless `path` is plausibly a model of `format`.
 
@@ -222,7 +218,7 @@ def _check_onnx(path: Path, label: str) -> None:
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises several unrelated exception types
         raise ModelError(
-            f"{label} is not a valid ONNX model: onnxruntime cannot load it: {_one_line(str(exc))}"
+            f"{label} is not a valid ONNX model: onnxruntime cannot load it: {one_line(exc)}"
         ) from None
     log.debug("%s loads as ONNX: inputs %s", label, [i.name for i in session.get_inputs()])
     del session
