@@ -7,13 +7,15 @@ they work whether or not this module is listed in conftest's pytest_plugins.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 from agent.config import PreprocessConfig, ResizeConfig
-from providers import ModelArtifact
+from providers import BackendError, ModelArtifact, Session, TensorSpec
 
 SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "scripts"
 # The PP-OCR direction classifier's own preprocessing: BGR, 48x192, (img/255 - 0.5) / 0.5.
@@ -42,3 +44,31 @@ def short_video(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[di
     path = tmp_path_factory.mktemp("media") / "short.mp4"
     truth = demo_video_module().make_orientation_video(path, fps=20, seconds_per_sign=0.25)
     return path, truth
+
+
+class FlakySession(Session):
+    """The real session, except that every `every`-th run raises (or every run, with every=1)."""
+
+    def __init__(self, inner: Session, every: int, message: str = "simulated device hiccup") -> None:
+        self.inner = inner
+        self.message = message
+        self.every = every
+        self.backend = inner.backend
+        self.precision = inner.precision
+        self.calls = 0
+        self.failures = 0
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return self.inner.inputs
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return self.inner.outputs
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.calls += 1
+        if self.calls % self.every == 0:
+            self.failures += 1
+            raise BackendError(f"{self.backend}: run failed: {self.message} on call {self.calls}")
+        return self.inner.run(feeds)

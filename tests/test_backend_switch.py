@@ -9,11 +9,10 @@ a real video) is the real thing.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from agent import pipeline as pipeline_module
@@ -21,40 +20,17 @@ from agent.backend_choice import DecisionSwitcher
 from agent.config import ClassificationPostprocess, ModelRef, PipelineConfig, VideoSourceConfig
 from agent.pipeline import LoadedModel, Pipeline
 from providers import (
-    BackendError,
     CandidateReport,
     Decision,
     ModelArtifact,
     SelectionPolicy,
-    Session,
-    TensorSpec,
 )
 from providers.onnxruntime_backend import OnnxRuntimeBackend
 from providers.openvino_backend import OpenVinoBackend
-from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, demo_video_module
+from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, FlakySession, demo_video_module
 from tests.waits import wait_until
 
 ORT, OV = "onnxruntime/CPUExecutionProvider", "openvino/CPU"
-
-
-class UnpluggedSession(Session):
-    """What a session on a device that went away does: every run fails."""
-
-    def __init__(self, inner: Session) -> None:
-        self.inner, self.backend, self.precision = inner, inner.backend, inner.precision
-        self.calls = 0
-
-    @property
-    def inputs(self) -> list[TensorSpec]:
-        return self.inner.inputs
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        return self.inner.outputs
-
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        self.calls += 1
-        raise BackendError(f"{self.backend}: run failed: device lost (simulated unplug)")
 
 
 class Sink:
@@ -103,7 +79,9 @@ def _pipeline(tmp_path: Path, artifact: ModelArtifact, switcher: DecisionSwitche
         preprocess=CLS_PREPROCESS,
         postprocess=ClassificationPostprocess(type="classification", softmax=False, labels=CLS_LABELS),
     )
-    dead = UnpluggedSession(OnnxRuntimeBackend().load(artifact))
+    # What a session on a device that went away does: every run fails.
+    real = OnnxRuntimeBackend().load(artifact)
+    dead = FlakySession(real, every=1, message="device lost (simulated unplug)")
     model = LoadedModel("cls", "2.0", artifact.sha256, dead, _decision(artifact))
     return Pipeline(config, model, sink, switcher)
 

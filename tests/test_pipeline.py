@@ -14,9 +14,9 @@ import pytest
 
 from agent.config import ClassificationPostprocess, ModelRef, PipelineConfig, VideoSourceConfig
 from agent.pipeline import LoadedModel, Pipeline
-from providers import BackendError, Session, TensorSpec
+from providers import Session
 from providers.onnxruntime_backend import OnnxRuntimeBackend
-from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, cls_artifact, demo_video_module
+from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, FlakySession, cls_artifact, demo_video_module
 from tests.waits import wait_until
 
 VIDEO_FPS = 10
@@ -36,33 +36,6 @@ class ListSink:
     def count(self) -> int:
         with self._lock:
             return len(self.results)
-
-
-class FlakySession(Session):
-    """The real session, except that every `every`-th run raises (or every run, with every=1)."""
-
-    def __init__(self, inner: Session, every: int) -> None:
-        self.inner = inner
-        self.every = every
-        self.backend = inner.backend
-        self.precision = inner.precision
-        self.calls = 0
-        self.failures = 0
-
-    @property
-    def inputs(self) -> list[TensorSpec]:
-        return self.inner.inputs
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        return self.inner.outputs
-
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        self.calls += 1
-        if self.calls % self.every == 0:
-            self.failures += 1
-            raise BackendError(f"simulated device hiccup on call {self.calls}")
-        return self.inner.run(feeds)
 
 
 @pytest.fixture(scope="module")
