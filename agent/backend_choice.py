@@ -25,10 +25,10 @@ from agent.hardware import HardwareInfo, detect_hardware
 from agent.processing import Preprocessor
 from agent.retry import backoff_delay
 from agent.sources import LatestFrameSlot, VideoSource
+from agent.testdata import testdata_samples
 from agent.transform import upgraded_artifacts
 from providers import (
     Backend,
-    BackendError,
     Decision,
     ModelArtifact,
     SelectionPolicy,
@@ -37,7 +37,7 @@ from providers import (
     decide,
     load_decided,
 )
-from providers.select import REFERENCE_BACKENDS
+from providers.select import REFERENCE_BACKENDS, Progress, Sample, reference_session
 
 log = logging.getLogger(__name__)
 
@@ -78,23 +78,6 @@ def _with_cache_dirs(options: Mapping[str, Mapping[str, Any]], cache: Path) -> d
     return merged
 
 
-def reference_specs_session(artifacts: Sequence[ModelArtifact], backends: Sequence[Backend]) -> Session:
-    """A plain CPU session, in this process, to learn the model's inputs (for preprocessing)."""
-    by_name = {b.name: b for b in backends}
-    problems = []
-    for name in REFERENCE_BACKENDS:
-        backend = by_name.get(name)
-        if backend is None:
-            continue
-        for artifact in artifacts:
-            if artifact.format in backend.formats:
-                try:
-                    return backend.load(artifact)
-                except BackendError as exc:
-                    problems.append(str(exc))
-    raise BackendError(f"no CPU backend can read this model: {'; '.join(problems) or 'no readable artifact'}")
-
-
 def grab_sample(
     source: SourceConfig, name: str, preprocess: Preprocessor, timeout_s: float
 ) -> dict[str, np.ndarray] | None:
@@ -109,6 +92,37 @@ def grab_sample(
     if frame is None:
         return None
     return {preprocess.input.name: preprocess(frame.image)}
+
+
+def _samples(
+    config: AgentConfig,
+    pipeline: PipelineConfig,
+    artifacts: Sequence[ModelArtifact],
+    testdata: Sequence[tuple[ModelArtifact, str | None]],
+    backends: Sequence[Backend],
+) -> list[Sample]:
+    """What to prove candidates on: the model's test data, then (for the artifacts it does not
+    fit) a frame from the pipeline's own source. Empty when neither can be had."""
+    samples = testdata_samples(testdata, artifacts, backends)
+    if all(any(s.fits_artifact(a) for s in samples) for a in artifacts):
+        return samples
+    reference = reference_session(artifacts, backends)
+    try:
+        preprocess = Preprocessor(pipeline.preprocess, reference.inputs)
+    finally:
+        reference.close()
+    frame = grab_sample(pipeline.source, pipeline.name, preprocess, config.backends.sample_timeout_s)
+    if frame is not None:
+        return [*samples, Sample(frame, "a frame from the pipeline's source")]
+    log.warning(
+        "pipeline %s: no frame from its source within %.0f s; %s",
+        pipeline.name,
+        config.backends.sample_timeout_s,
+        "only the candidates its test data fits are proven"
+        if samples
+        else "choosing by rank, outputs not checked",
+    )
+    return samples
 
 
 def hardware_notes(hardware: HardwareInfo) -> dict[str, str]:
@@ -189,11 +203,17 @@ def choose_and_load(
     pipeline: PipelineConfig,
     artifacts: Sequence[ModelArtifact],
     model_ref: str,
+    testdata: Sequence[tuple[ModelArtifact, str | None]] = (),
+    progress: Progress | None = None,
 ) -> tuple[Session, Decision, list[ModelArtifact]]:
     """Decide (or reuse the cached decision) and load the chosen backend in this process.
 
-    Returns the session, the decision, and the artifacts it chose among (derived ones included).
+    Candidates are proven on the model's test data (`testdata`: archives with the model file each
+    is for) where it fits, else on a frame from the pipeline's own source. `progress` hears each
+    step (trials, engine builds) before it starts. Returns the session, the decision, and the
+    artifacts it chose among (derived ones included).
     """
+    say = progress or (lambda _text: None)
     backends = all_backends()
     policy = policy_for(config, pipeline)
     hardware = detect_hardware()
@@ -202,37 +222,27 @@ def choose_and_load(
         derived_dir = config.state_dir / "store" / "derived"
         artifacts = [*artifacts, *upgraded_artifacts(artifacts, derived_dir, cpu_reference)]
     store = DecisionStore(config.state_dir)
-    key = decision_key(artifacts, policy, backends, hardware)
+    key = decision_key([*artifacts, *(t for t, _ in testdata)], policy, backends, hardware)
     decision = store.get(key)
     if decision is None:
-        sample = None
         if policy.benchmark:
-            reference = reference_specs_session(artifacts, backends)
-            try:
-                preprocess = Preprocessor(pipeline.preprocess, reference.inputs)
-            finally:
-                reference.close()
-            sample = grab_sample(pipeline.source, pipeline.name, preprocess, config.backends.sample_timeout_s)
-            if sample is None:
-                waited = config.backends.sample_timeout_s
-                log.warning(
-                    "pipeline %s: no frame from its source within %.0f s; choosing by rank, "
-                    "outputs not checked",
-                    pipeline.name,
-                    waited,
-                )
+            say("getting inputs to prove backends on")
+        samples = _samples(config, pipeline, artifacts, testdata, backends) if policy.benchmark else []
         log.info(
             "pipeline %s: choosing a backend for %s%s",
             pipeline.name,
             model_ref,
-            " (benchmarking the top candidates)" if sample is not None else "",
+            f" (benchmarking the top candidates on {', '.join(s.origin for s in samples)})"
+            if samples
+            else "",
         )
-        decision = decide(artifacts, policy, sample, backends, hardware=hardware_notes(hardware))
+        notes = hardware_notes(hardware)
+        decision = decide(artifacts, policy, samples, backends, hardware=notes, progress=progress)
         if decision.checked or not policy.benchmark:
             store.put(key, decision, pipeline.name, model_ref)  # an unchecked choice is made again next time
     else:
         log.info("pipeline %s: using the cached backend decision %s", pipeline.name, key)
-    session, used, failures = load_decided(decision, artifacts, policy, backends)
+    session, used, failures = load_decided(decision, artifacts, policy, backends, progress)
     for failure in failures:
         log.warning("pipeline %s: %s; falling back to the next backend", pipeline.name, failure)
     if used.backend != decision.backend:

@@ -151,6 +151,16 @@ def registry_publish(
         Path | None, typer.Option("--metadata", help="JSON file of metadata for the manifest (labels, ...).")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing version.")] = False,
+    testdata: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--test-data",
+            help="A .npz of inputs (arrays named after the model's inputs) and optional expected:<output> "
+            "arrays; selection proves backends on it. Repeatable.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Publish a model file as NAME@VERSION: copies it in and writes its manifest (sha256, size, format)."""
@@ -159,7 +169,7 @@ def registry_publish(
     with _user_errors(as_json):
         extra = _read_json_file(metadata) if metadata else None
         manifest = FileRegistry.from_url(registry).publish(
-            file, name, version, target=target, metadata=extra, force=force
+            file, name, version, target=target, metadata=extra, force=force, testdata=testdata or []
         )
     if as_json:
         _echo_json(json.loads(manifest.to_bytes()))
@@ -309,8 +319,8 @@ def models_check(
 
     with _user_errors(as_json):
         store_dir = _model_state_dir(model, config, state_dir)
-        ref, artifacts = resolve_model(model, ModelStore((store_dir or Path(".")) / "store"))
-        rows = check_model(artifacts)
+        resolved = resolve_model(model, ModelStore((store_dir or Path(".")) / "store"))
+        ref, rows = resolved.ref, check_model(resolved.artifacts)
     if as_json:
         _echo_json({"model": ref, "backends": rows})
         return
@@ -363,7 +373,7 @@ def explain(
         )
         if decision.reference:
             checked = "checked" if decision.checked else "not checked"
-            console.print(f"  outputs {checked} against {decision.reference}")
+            console.print(f"  outputs {checked} against {decision.proof()}")
         if decision.note:
             console.print(f"  note: {decision.note}")
         table = Table("backend", "artifact", "verdict", "median ms", "precision", "max diff", "reason")
@@ -390,32 +400,43 @@ def bench(
     backend: Annotated[str, typer.Option("--backend", help="A backend name, or 'all'.")] = "all",
     runs: Annotated[int, typer.Option("--runs", min=1, help="Timed runs per backend.")] = 100,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs first.")] = 10,
+    shape: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--shape",
+            help="Shape of the random inputs: 1x3x48x192, or NAME=1x3x48x192 per input of several.",
+        ),
+    ] = None,
+    inputs: Annotated[
+        Path | None,
+        typer.Option("--inputs", help="A test data .npz (arrays named after the model's inputs) to time on."),
+    ] = None,
     config: ConfigOption = DEFAULT_CONFIG,
     state_dir: StateDirOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Latency (p50/p90/p99), throughput and peak memory of MODEL per backend, each in its own process.
 
-    Inputs are random tensors of the model's input shapes (an open batch dimension = 1, other open
-    dimensions = 224): for speed, not accuracy.
+    Inputs: --inputs, else the model's own test data (when its manifest has some), else random
+    tensors of the model's input shapes (--shape, else an open batch dimension = 1 and other open
+    dimensions = 224).
     """
-    from agent.backend_choice import DecisionStore, reference_specs_session
+    from agent.backend_choice import DecisionStore
     from agent.inventory import bench as run_bench
-    from agent.inventory import resolve_model, synthetic_feeds
+    from agent.inventory import bench_feeds, resolve_model
     from agent.store import ModelStore
     from providers import all_backends
 
     with _user_errors(as_json):
         store_root = _model_state_dir(model, config, state_dir)
-        ref, artifacts = resolve_model(model, ModelStore((store_root or Path(".")) / "store"))
+        resolved = resolve_model(model, ModelStore((store_root or Path(".")) / "store"))
+        ref, artifacts = resolved.ref, resolved.artifacts
         backends = all_backends()
         if backend != "all":
             backends = [b for b in backends if b.name == backend]
             if not backends:
                 raise EdgeAgentError(f"unknown backend {backend!r}", hint="edge-agent providers lists them")
-        specs = reference_specs_session(artifacts, all_backends())
-        feeds = synthetic_feeds(specs.inputs)
-        specs.close()
+        feeds, fed = bench_feeds(resolved, shape or [], inputs)
         selected = (
             {r["decision"]["backend"] for r in DecisionStore(store_root).all_pipelines() if r["model"] == ref}
             if store_root
@@ -439,7 +460,7 @@ def bench(
     for row in rows:
         row["selected"] = row["backend"] in selected
     if as_json:
-        _echo_json({"model": ref, "runs": runs, "warmup": warmup, "results": rows})
+        _echo_json({"model": ref, "runs": runs, "warmup": warmup, "inputs": fed, "results": rows})
         return
     from rich.console import Console
     from rich.table import Table
@@ -454,7 +475,7 @@ def bench(
         "per s",
         "peak MB",
         "",
-        title=f"{ref}: {runs} runs after {warmup} warm-up",
+        title=f"{ref}: {runs} runs after {warmup} warm-up, on {fed}",
     )
     for row in rows:
         if not row["ok"]:

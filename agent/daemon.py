@@ -35,7 +35,7 @@ from agent.registry import open_registry
 from agent.retry import backoff_delay
 from agent.sd_notify import notify, watchdog_interval_s
 from agent.store import ModelStore
-from providers import BackendError, ModelArtifact
+from providers import BackendError
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,8 @@ _BUILDER_JOIN_S = 5.0  # a build stuck in a download must not eat the stop budge
 _STOP_PIPELINES_S = 10.0
 # A pipeline stuck this long in one frame (a hung driver, a blocked read) stops the watchdog pings.
 _STALL_S = 120.0
+# A build step this long (a TensorRT engine build can take many minutes) is logged again meanwhile.
+_PHASE_LOG_EVERY_S = 30.0
 
 
 def iso_utc(timestamp: float) -> str:
@@ -107,6 +109,10 @@ class PipelineSlot:
     error: str | None = None
     attempts: int = 0
     retry_at: float = 0.0
+    # While it is being built: what it is doing (pulling, a backend trial, compiling an engine).
+    phase: str = ""
+    phase_started: float = 0.0  # monotonic
+    phase_logged: float = 0.0  # monotonic: when "still ..." was last logged
 
 
 class Agent:
@@ -133,7 +139,7 @@ class Agent:
         )
         self.writer = ResultWriter(config, self.outbox, self.mqtt.notify_new_message)
         self.slots = [PipelineSlot(p) for p in config.pipelines if p.enabled]
-        self._last_states: dict[str, str] = {}
+        self._last_states: dict[str, tuple[str, str]] = {}
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -158,6 +164,7 @@ class Agent:
                     log.info("run duration reached, stopping")
                     break
                 self._report_state_changes()
+                self._log_long_phases(now)
                 if now >= next_status_file:
                     self.write_status_file()
                     next_status_file = now + _STATUS_FILE_EVERY_S
@@ -213,12 +220,30 @@ class Agent:
 
     # --- pipelines ---------------------------------------------------------------------
 
+    def _set_phase(self, slot: PipelineSlot, text: str) -> None:
+        """What a pipeline being built does now: logged, and shown in the status until it runs."""
+        now = time.monotonic()
+        slot.phase, slot.phase_started, slot.phase_logged = text, now, now
+        if text:
+            log.info("pipeline %s: %s", slot.config.name, text)
+
+    def _log_long_phases(self, now: float) -> None:
+        for slot in self.slots:
+            if slot.phase and now - slot.phase_logged >= _PHASE_LOG_EVERY_S:
+                slot.phase_logged = now
+                log.info(
+                    "pipeline %s: still %s (%.0f s)", slot.config.name, slot.phase, now - slot.phase_started
+                )
+
     def _try_build(self, slot: PipelineSlot, stop: threading.Event) -> None:
         config = slot.config
         slot.attempts += 1
         try:
-            pipeline = self._build(config, verify=slot.attempts > 1)
+            pipeline = self._build(
+                config, verify=slot.attempts > 1, progress=lambda t: self._set_phase(slot, t)
+            )
         except Exception as exc:  # whatever a model or source does wrong, the daemon runs on
+            self._set_phase(slot, "")
             delay = backoff_delay(slot.attempts, _REBUILD_MIN_S, _REBUILD_MAX_S)
             slot.error, slot.retry_at = str(exc), time.monotonic() + delay
             expected = isinstance(exc, (EdgeAgentError, BackendError, OSError))
@@ -230,6 +255,7 @@ class Agent:
                 exc_info=not expected,
             )
             return
+        self._set_phase(slot, "")
         if stop.is_set():  # built while the daemon was asked to stop: do not start it
             pipeline.model.session.close()
             return
@@ -238,21 +264,29 @@ class Agent:
         slot.pipeline = pipeline
         log.info("pipeline %s started", config.name)
 
-    def _build(self, config: PipelineConfig, verify: bool = False) -> Pipeline:
+    def _build(
+        self, config: PipelineConfig, verify: bool = False, progress: Callable[[str], None] | None = None
+    ) -> Pipeline:
         assert self.config.registry is not None  # the config model requires it with pipelines
+        say = progress or (lambda _text: None)
+        say(f"pulling {config.model.name}@{config.model.version}")
         registry = open_registry(self.config.registry.url)
         # After a failure, re-hash the installed blobs: a bit-rotted file of the right size
         # would otherwise fail to load for ever. The first attempt trusts sizes (fast start).
         installed = self.store.pull(registry, config.model.name, config.model.version, verify=verify)
-        artifacts = [
-            ModelArtifact(installed.artifact_path(a), a.format, a.sha256, name=a.file)
-            for a in installed.manifest.artifacts
-        ]
-        session, decision, candidates = choose_and_load(self.config, config, artifacts, installed.ref)
+        session, decision, candidates = choose_and_load(
+            self.config,
+            config,
+            installed.model_artifacts(),
+            installed.ref,
+            installed.testdata_artifacts(),
+            progress=progress,
+        )
         log.info("pipeline %s: %s", config.name, decision.explain())
         loaded = LoadedModel(installed.name, installed.version, decision.artifact_sha256, session, decision)
         try:
             pipeline = Pipeline(config, loaded, self.writer)
+            say(f"warming up on {session.backend}")
             pipeline.warm_up()
             shapes = {pipeline.preprocess.input.name: pipeline.preprocess.shape}
             policy = policy_for(self.config, config)
@@ -272,6 +306,9 @@ class Agent:
             else:
                 state = "error" if slot.error else "starting"
                 states[slot.config.name] = {"state": state, "error": slot.error, "attempts": slot.attempts}
+                if slot.phase:
+                    states[slot.config.name]["phase"] = slot.phase
+                    states[slot.config.name]["phase_s"] = round(time.monotonic() - slot.phase_started, 1)
         return states
 
     def _status_payload(self, state: str) -> bytes:
@@ -285,13 +322,18 @@ class Agent:
         if state == "online":
             payload["started_at"] = iso_utc(self.started_at)
             payload["pipelines"] = {
-                name: {"state": s["state"], "error": s.get("error")}
+                name: {
+                    "state": s["state"],
+                    "error": s.get("error"),
+                    **({"phase": s["phase"]} if "phase" in s else {}),
+                }
                 for name, s in self.pipeline_states().items()
             }
         return json.dumps(payload, separators=(",", ":")).encode()
 
     def _report_state_changes(self) -> None:
-        states = {name: s["state"] for name, s in self.pipeline_states().items()}
+        """A pipeline's new state, or a new step while it is built, goes out in the MQTT status."""
+        states = {name: (s["state"], s.get("phase", "")) for name, s in self.pipeline_states().items()}
         if states != self._last_states:
             self._last_states = states
             notify(f"STATUS={self._summary()}")

@@ -49,9 +49,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeAlias, TypeVar
 
+# Detection's root, shared with the backends' probes (re-exported: callers import it from here).
+from providers.base import SYSROOT_ENV as SYSROOT_ENV
+from providers.base import sysroot as sysroot
+
 log = logging.getLogger(__name__)
 
-SYSROOT_ENV = "EDGE_AGENT_SYSROOT"
 
 # Accelerator kinds.
 NVIDIA_JETSON = "nvidia-jetson"
@@ -340,13 +343,6 @@ class _Tree:
         except (OSError, ValueError):
             return None
         return target.rstrip("/").rpartition("/")[2] or None
-
-
-def sysroot(root: Path | str | None = None) -> Path:
-    """The root to read: `root`, else $EDGE_AGENT_SYSROOT (read now), else "/"."""
-    if root is None:
-        root = os.environ.get(SYSROOT_ENV, "").strip() or "/"
-    return Path(os.path.abspath(root))
 
 
 # --------------------------------------------------------------------------- small parsers

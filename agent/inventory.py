@@ -7,7 +7,8 @@ CLI only formats it and tests call the same code.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from agent.errors import EdgeAgentError, StoreError
 from agent.hardware import HardwareInfo, detect_hardware
 from agent.registry.file_registry import SUFFIX_FORMATS, version_sort_key
 from agent.store import ModelStore
+from agent.testdata import load_testdata
 from providers import (
     Backend,
     ModelArtifact,
@@ -27,6 +29,7 @@ from providers import (
     all_backends,
     run_trial_isolated,
 )
+from providers.select import feeds_problem, reference_session
 
 
 def providers_report(
@@ -60,7 +63,14 @@ def providers_report(
     return {"hardware": hardware.to_dict(), "backends": rows}
 
 
-def resolve_model(spec: str, store: ModelStore) -> tuple[str, list[ModelArtifact]]:
+@dataclass(frozen=True)
+class ResolvedModel:
+    ref: str  # name@version, or the file path given
+    artifacts: list[ModelArtifact]  # the model files
+    testdata: list[tuple[ModelArtifact, str | None]]  # test data files, each with its model file
+
+
+def resolve_model(spec: str, store: ModelStore) -> ResolvedModel:
     """A model file path, or NAME[@VERSION] installed in the store (the newest version by default)."""
     path = Path(spec)
     if path.is_file():
@@ -70,7 +80,7 @@ def resolve_model(spec: str, store: ModelStore) -> tuple[str, list[ModelArtifact
                 f"{path}: unknown model format {path.suffix!r}; expected one of {', '.join(SUFFIX_FORMATS)}"
             )
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        return str(path), [ModelArtifact(path.resolve(), fmt, digest, name=path.name)]
+        return ResolvedModel(str(path), [ModelArtifact(path.resolve(), fmt, digest, name=path.name)], [])
     name, _, version = spec.partition("@")
     if not version:
         versions = sorted((m.version for m in store.list() if m.name == name), key=version_sort_key)
@@ -81,11 +91,7 @@ def resolve_model(spec: str, store: ModelStore) -> tuple[str, list[ModelArtifact
             )
         version = versions[-1]
     installed = store.get(name, version)
-    artifacts = [
-        ModelArtifact(installed.artifact_path(a), a.format, a.sha256, name=a.file)
-        for a in installed.manifest.artifacts
-    ]
-    return installed.ref, artifacts
+    return ResolvedModel(installed.ref, installed.model_artifacts(), installed.testdata_artifacts())
 
 
 def check_model(
@@ -120,14 +126,16 @@ def check_model(
 OPEN_DIM_SIZE = 224  # an image side most vision models accept
 
 
-def synthetic_feeds(inputs: Sequence[TensorSpec], seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs for timing only (not for output checks): an open batch (first) dimension becomes 1,
-    other open dimensions OPEN_DIM_SIZE (many convolutional models fail on a 1x1 image, and timing
-    one would say nothing)."""
+def synthetic_feeds(
+    inputs: Sequence[TensorSpec], seed: int = 0, shapes: Mapping[str, tuple[int, ...]] | None = None
+) -> dict[str, np.ndarray]:
+    """Inputs for timing only (not for output checks), of `shapes` where given; else an open batch
+    (first) dimension becomes 1, other open dimensions OPEN_DIM_SIZE (many convolutional models fail
+    on a 1x1 image, and timing one would say nothing)."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for spec in inputs:
-        shape = tuple(
+        shape = (shapes or {}).get(spec.name) or tuple(
             d if isinstance(d, int) and d > 0 else (1 if i == 0 else OPEN_DIM_SIZE)
             for i, d in enumerate(spec.shape)
         )
@@ -136,6 +144,67 @@ def synthetic_feeds(inputs: Sequence[TensorSpec], seed: int = 0) -> dict[str, np
         else:
             feeds[spec.name] = np.zeros(shape, dtype=spec.dtype)
     return feeds
+
+
+def parse_shapes(texts: Sequence[str], inputs: Sequence[TensorSpec]) -> dict[str, tuple[int, ...]]:
+    """--shape values ("1x3x48x192", or "NAME=1x3x48x192" when the model has several inputs)."""
+    names = [spec.name for spec in inputs]
+    shapes: dict[str, tuple[int, ...]] = {}
+    for text in texts:
+        name, sep, dims = text.rpartition("=")
+        if not sep:
+            if len(names) != 1:
+                raise EdgeAgentError(
+                    f"--shape {text!r}: the model has {len(names)} inputs ({', '.join(names)}); "
+                    "say which: --shape NAME=DIMS"
+                )
+            name = names[0]
+        elif name not in names:
+            raise EdgeAgentError(
+                f"--shape {text!r}: the model has no input {name!r} (it has: {', '.join(names)})"
+            )
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x"))
+        except ValueError:
+            shape = ()
+        if not shape or min(shape) < 1:
+            raise EdgeAgentError(
+                f"--shape {text!r}: dimensions must be positive integers joined by x, e.g. 1x3x224x224"
+            )
+        shapes[name] = shape
+    return shapes
+
+
+def bench_feeds(
+    resolved: ResolvedModel, shapes: Sequence[str], inputs: Path | None
+) -> tuple[dict[str, np.ndarray], str]:
+    """What `edge-agent bench` times on, and a description of it: the test data file given, else
+    the model's own test data, else random tensors (of `shapes` where given)."""
+    session = reference_session(resolved.artifacts)
+    try:
+        specs = session.inputs
+    finally:
+        session.close()
+    if inputs is not None:
+        sample = load_testdata(inputs)
+        problem = feeds_problem(specs, sample.feeds)
+        if problem:
+            raise EdgeAgentError(f"--inputs {inputs}: does not fit {resolved.ref}: {problem}")
+        return dict(sample.feeds), str(inputs)
+    if not shapes:
+        for artifact, _model_file in resolved.testdata:
+            try:
+                sample = load_testdata(artifact.path, artifact.label)
+            except EdgeAgentError:
+                continue
+            if not feeds_problem(specs, sample.feeds):
+                return dict(sample.feeds), sample.origin
+    feeds = synthetic_feeds(specs, shapes=parse_shapes(shapes, specs))
+    problem = feeds_problem(specs, feeds)
+    if problem:
+        raise EdgeAgentError(f"--shape: {problem}")
+    described = ", ".join(f"{name} {'x'.join(map(str, value.shape))}" for name, value in feeds.items())
+    return feeds, f"random inputs ({described})"
 
 
 def bench(

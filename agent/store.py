@@ -32,6 +32,7 @@ from agent.fsutil import atomic_write_bytes, copy_hashing, file_lock, fsync_dir,
 from agent.registry import Registry
 from agent.registry.file_registry import check_name, version_sort_key
 from agent.registry.manifest import MANIFEST_FILE, Artifact, Manifest, check_model_file
+from providers.base import ModelArtifact
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,20 @@ class InstalledModel:
         except KeyError as exc:
             raise StoreError(str(exc.args[0])) from None
         return self.blobs_dir / entry.sha256
+
+    def model_artifacts(self) -> builtins.list[ModelArtifact]:
+        """The model files, as the backends take them."""
+        return [
+            ModelArtifact(self.artifact_path(a), a.format, a.sha256, name=a.file)
+            for a in self.manifest.models()
+        ]
+
+    def testdata_artifacts(self) -> builtins.list[tuple[ModelArtifact, str | None]]:
+        """The test data files, each with the model file it is for (None: any it fits)."""
+        return [
+            (ModelArtifact(self.artifact_path(a), a.format, a.sha256, name=a.file), a.model_file)
+            for a in self.manifest.testdata()
+        ]
 
     def primary(self, format: str = "onnx") -> tuple[Artifact, Path]:
         """The first artifact of `format` and its blob path."""
@@ -209,7 +224,7 @@ class ModelStore:
             except ModelError as exc:
                 raise ModelError(
                     f"{what} from registry {registry.url}: {exc.message}",
-                    hint="the published file is not a usable model; publish a good file as a new version",
+                    hint="the published file is unusable; publish a good file as a new version",
                 ) from None
             except OSError as exc:
                 raise StoreError(f"cannot store {what} as {blob}: {exc}") from None

@@ -69,4 +69,4 @@ def _upgrade(artifact: ModelArtifact, opset: int, derived_dir: Path) -> ModelArt
             atomic_write_bytes(target, model.SerializeToString())
             log.info("upgraded %s from opset %d to %d", artifact.label, opset, TARGET_OPSET)
     digest = hashlib.sha256(target.read_bytes()).hexdigest()
-    return ModelArtifact(target, "onnx", digest, name=label)
+    return ModelArtifact(target, "onnx", digest, name=label, derived_from=artifact.name)

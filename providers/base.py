@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -12,6 +13,18 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 Dim = int | str | None  # a fixed size, a symbolic name, or unknown
+
+# Where the box's /proc, /sys, /dev and /etc are read from (tests point it at fixture trees).
+SYSROOT_ENV = "EDGE_AGENT_SYSROOT"
+
+
+def sysroot(root: Path | str | None = None) -> Path:
+    """The root to read: `root`, else $EDGE_AGENT_SYSROOT (read now), else "/"."""
+    if root is None:
+        root = os.environ.get(SYSROOT_ENV, "").strip() or "/"
+    return Path(os.path.abspath(root))
+
+
 OptionsT = TypeVar("OptionsT", bound="BackendOptions")
 
 
@@ -47,6 +60,7 @@ class ModelArtifact:
     format: str  # "onnx", "tflite", "openvino-ir"
     sha256: str
     name: str = ""  # the file name people know it by (store blobs are named by hash)
+    derived_from: str = ""  # for an artifact the agent made from another: that one's file name
 
     @property
     def label(self) -> str:

@@ -46,6 +46,7 @@ from providers.base import (
     Support,
     TensorSpec,
     parse_options,
+    sysroot,
 )
 
 RUNTIME = "openvino"
@@ -76,17 +77,11 @@ _PRECISIONS = {"f32": "fp32", "bf16": "bf16", "f16": "fp16", "f64": "fp64"}
 # What a device computes in when its compiled model does not say (OpenVINO's documented defaults).
 _DEFAULT_PRECISION = {"GPU": "fp16", "NPU": "fp16"}
 
-# Why a device family OpenVINO does not see is missing, and what to install.
+# Why a device family OpenVINO does not see is missing: (user-space runtime, its packages, the
+# device node the kernel driver makes, read under EDGE_AGENT_SYSROOT).
 _MISSING_DEVICE = {
-    "NPU": (
-        "the NPU driver (intel-level-zero-npu / linux-npu-driver) is not installed or /dev/accel is missing",
-        "/dev/accel",
-    ),
-    "GPU": (
-        "the Intel GPU compute runtime (intel-opencl-icd / intel-level-zero-gpu) is not installed "
-        "or /dev/dri is missing",
-        "/dev/dri",
-    ),
+    "NPU": ("the NPU user-space driver", "intel-level-zero-npu / linux-npu-driver", "/dev/accel"),
+    "GPU": ("the Intel GPU compute runtime", "intel-opencl-icd / intel-level-zero-gpu", "/dev/dri"),
 }
 
 # Operators named in OpenVINO's conversion errors (TFLite/TF: one op; ONNX: a list with domains).
@@ -369,9 +364,11 @@ class OpenVinoBackend(Backend):
         sees = f"OpenVINO sees: {', '.join(seen) or 'no device'}"
         if family not in _MISSING_DEVICE:
             return f"no OpenVINO {self.device} device ({sees})"
-        why, dev_node = _MISSING_DEVICE[family]
-        if Path(dev_node).exists():
-            why = f"{dev_node} exists but OpenVINO does not see the device: its driver/runtime is missing"
+        runtime, packages, dev_node = _MISSING_DEVICE[family]
+        if (sysroot() / dev_node.lstrip("/")).exists():  # the kernel driver is there, the runtime not
+            why = f"{dev_node} is there but OpenVINO cannot use it: install {runtime} ({packages})"
+        else:
+            why = f"{runtime} ({packages}) is not installed or {dev_node} is missing"
         return f"no OpenVINO {family} device: {why} ({sees})"
 
     # --- supports --------------------------------------------------------------------------------

@@ -6,9 +6,11 @@
 3. The rest are ranked: native formats first (OpenVINO reading a .tflite file is second tier), then
    the policy's `prefer` patterns, then DEFAULT_PREFERENCE.
 4. Unless benchmarking is off, the top `max_trials` run in child processes (timeout each) on a
-   real sample input, next to a CPU reference: a candidate whose outputs differ from the
-   reference beyond the tolerances is rejected, however fast. The fastest correct one wins (among
-   native-format candidates when any is correct).
+   real sample input (the model's own test data where it fits the artifact, else a frame from the
+   pipeline's source), next to a reference (the expected outputs shipped with the test data, else a
+   plain CPU backend's outputs): a candidate whose outputs differ from the reference beyond the
+   tolerances is rejected, however fast. The fastest correct one wins (among native-format
+   candidates when any is correct).
 5. The Decision lists every candidate with its verdict and numbers (`explain()`).
 
 This module is data in, data out: no files, no hardware access; tests feed it backends.
@@ -23,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from providers.base import Backend, BackendError, ModelArtifact, Session
+from providers.base import Backend, BackendError, ModelArtifact, Session, TensorSpec
 from providers.registry import all_backends
 from providers.trial import TrialRequest, TrialResult, run_trial_isolated
 
@@ -71,6 +73,36 @@ class SelectionPolicy:
         return dict(self.options.get(backend, {}))
 
 
+@dataclass(frozen=True)
+class Sample:
+    """Inputs to prove candidates on, and where they come from.
+
+    `expected` are outputs the model's publisher vouches for (shipped with its test data): when
+    present they are the reference. `fits` are the sha256s of the artifacts these inputs are for
+    (a .tflite variant may want NHWC where the .onnx wants NCHW); None: every artifact.
+    """
+
+    feeds: Mapping[str, np.ndarray]
+    origin: str = "a sample input"
+    expected: Mapping[str, np.ndarray] | None = None
+    fits: frozenset[str] | None = None
+
+    def fits_artifact(self, artifact: ModelArtifact) -> bool:
+        return self.fits is None or artifact.sha256 in self.fits
+
+
+Samples = Sequence[Sample] | Mapping[str, np.ndarray] | None
+
+
+def as_samples(samples: Samples) -> list[Sample]:
+    """A bare feeds dict is one sample that fits every artifact."""
+    if samples is None:
+        return []
+    if isinstance(samples, Mapping):
+        return [Sample(samples)]
+    return list(samples)
+
+
 @dataclass
 class CandidateReport:
     backend: str
@@ -97,14 +129,15 @@ class Decision:
     reference: str | None = None  # the backend whose outputs were the reference
     checked: bool = False  # outputs compared with the reference on a real sample
     note: str = ""
+    inputs: str = ""  # where the sample the chosen candidate was proven on came from
 
     def explain(self) -> str:
         head = f"chose {self.backend} for {self.artifact}"
         chosen = next((c for c in self.candidates if c.verdict == "chosen"), None)
         if chosen and chosen.median_ms is not None:
             head += f" ({chosen.median_ms:.2f} ms median, {chosen.precision})"
-        if self.reference:
-            head += f"; outputs checked against {self.reference}" if self.checked else ""
+        if self.reference and self.checked:
+            head += f"; outputs checked against {self.proof()}"
         if self.note:
             head += f"; {self.note}"
         others = [
@@ -113,6 +146,12 @@ class Decision:
             if c.verdict != "chosen"
         ]
         return head + (f" (others: {'; '.join(others)})" if others else "")
+
+    def proof(self) -> str:
+        """What the outputs were checked against, and on which inputs."""
+        if self.inputs and self.reference and self.inputs not in self.reference:
+            return f"{self.reference} on {self.inputs}"
+        return self.reference or ""
 
     def order(self) -> list[CandidateReport]:
         """Usable candidates, best first: the chosen one, then those that passed, then untried."""
@@ -201,21 +240,28 @@ def screen(
 
 
 Trial = Callable[[TrialRequest, float], TrialResult]
+Progress = Callable[[str], None]  # hears what selection is doing now, e.g. "trial 2: openvino/CPU on ..."
 
 
 def decide(
     artifacts: Sequence[ModelArtifact],
     policy: SelectionPolicy,
-    sample: Mapping[str, np.ndarray] | None,
+    samples: Samples,
     backends: Sequence[Backend] | None = None,
     trial: Trial = run_trial_isolated,
     hardware: Mapping[str, str] | None = None,
+    progress: Progress | None = None,
 ) -> Decision:
-    """Choose a backend. With a sample and benchmarking on, the top candidates are proven.
+    """Choose a backend. With samples and benchmarking on, the top candidates are proven.
 
-    Raises NoBackendError (every candidate's reason) when nothing can run the model.
+    Each candidate is proven on the first sample that fits its artifact; a candidate no sample
+    fits is not tried. `progress` hears of each trial before it starts (a trial includes building
+    the candidate's compiled engine, which can take minutes). Raises NoBackendError (every
+    candidate's reason) when nothing can run the model.
     """
+    say = progress or (lambda _text: None)
     backends = list(backends if backends is not None else all_backends())
+    inputs = as_samples(samples)
     ranked, rejected = screen(artifacts, policy, backends, hardware)
     if not ranked:
         raise NoBackendError(rejected)
@@ -225,8 +271,15 @@ def decide(
     # The explanation names what this box has hardware for (and what it lacks) before the fallbacks.
     found = [r for r in rejected if r.backend in (hardware or {})]
     others = [r for r in rejected if r.backend not in (hardware or {})]
-    if not policy.benchmark or sample is None:
-        note = "benchmark off" if not policy.benchmark else "outputs not checked: no sample input"
+    sample_of = [next((s for s, x in enumerate(inputs) if x.fits_artifact(a)), None) for _, a in ranked]
+    triable = [i for i in range(len(ranked)) if sample_of[i] is not None]
+    if not policy.benchmark or not triable:
+        if not policy.benchmark:
+            note = "benchmark off"
+        else:
+            note = "outputs not checked: " + (
+                "no sample input fits any artifact" if inputs else "no sample input"
+            )
         reports[0].verdict = "chosen"
         return Decision(
             ranked[0][0].name,
@@ -236,17 +289,20 @@ def decide(
             found + reports + others,
             note=note,
         )
+    for i in range(len(ranked)):
+        if sample_of[i] is None:
+            reports[i].reason = "not tried: no test input fits this artifact"
 
     results: dict[int, TrialResult] = {}
 
     def run(i: int) -> None:
         backend, artifact = ranked[i]
-        options = policy.options_for(backend.name)
+        say(f"trial {len(results) + 1}: {backend.name} on {artifact.label} (load, compile, time, check)")
         request = TrialRequest(
             backend.name,
             artifact,
-            sample,
-            options,
+            inputs[sample_of[i] or 0].feeds,
+            policy.options_for(backend.name),
             warmup=policy.warmup,
             runs=policy.runs,
             min_time_s=policy.min_time_s,
@@ -254,9 +310,14 @@ def decide(
         )
         results[i] = trial(request, policy.timeout_s)
 
-    for i in range(min(policy.max_trials, len(ranked))):
-        run(i)
-    reference_name, reference = _reference(ranked, results, policy, sample, trial, artifacts, backends)
+    references: dict[int, tuple[str | None, Mapping[str, np.ndarray] | None]] = {}
+
+    def reference_for(s: int) -> tuple[str | None, Mapping[str, np.ndarray] | None]:
+        if s not in references:
+            tried = {ranked[i][0].name: results[i] for i in results if sample_of[i] == s}
+            references[s] = _reference(inputs[s], tried, policy, trial, artifacts, backends, say)
+        return references[s]
+
     wrong_backends: set[str] = set()  # computed wrong outputs on this model
 
     def judge(i: int) -> bool:
@@ -267,10 +328,11 @@ def decide(
         report.precision = result.precision
         report.median_ms, report.p90_ms = result.median_ms, result.percentile(90)
         report.peak_rss_mb = round(result.peak_rss_mb, 1)
+        _name, reference = reference_for(sample_of[i] or 0)
         if reference is None:
             report.verdict = "passed"
             return True
-        diff, problem = compare_outputs(result.outputs, reference.outputs, policy)
+        diff, problem = compare_outputs(result.outputs, reference, policy)
         report.max_abs_diff = diff
         if problem:
             report.verdict, report.reason = "rejected", problem
@@ -279,9 +341,12 @@ def decide(
         report.verdict = "passed"
         return True
 
-    passed = [i for i in list(results) if judge(i)]
+    first = triable[: policy.max_trials]
+    for i in first:
+        run(i)
+    passed = [i for i in first if judge(i)]
     # None of the top candidates is right: keep going down the ranking until one is.
-    for i in range(len(results), len(ranked)):
+    for i in triable[len(first) :]:
         if passed:
             break
         run(i)
@@ -295,9 +360,10 @@ def decide(
             report.verdict = "rejected"
             report.reason = "not tried: this backend computed wrong outputs on another artifact of this model"
     best = _fastest(passed, ranked, reports)
-    note = ""
     reports[best].verdict = "chosen"
     backend, artifact = ranked[best]
+    sample = sample_of[best] or 0
+    reference_name, reference = reference_for(sample)
     return Decision(
         backend.name,
         artifact.sha256,
@@ -305,8 +371,8 @@ def decide(
         reports[best].precision,
         found + reports + others,
         reference=reference_name,
-        checked=reference is not None and bool(passed),
-        note=note,
+        checked=reference is not None,
+        inputs=inputs[sample].origin,
     )
 
 
@@ -331,47 +397,52 @@ def _fastest(
 
 
 def _reference(
-    ranked: list[tuple[Backend, ModelArtifact]],
-    results: Mapping[int, TrialResult],
+    sample: Sample,
+    tried: Mapping[str, TrialResult],
     policy: SelectionPolicy,
-    sample: Mapping[str, np.ndarray],
     trial: Trial,
     artifacts: Sequence[ModelArtifact],
     backends: Sequence[Backend],
-) -> tuple[str | None, TrialResult | None]:
-    """Reference outputs from the plainest CPU backend that runs one of the artifacts.
+    say: Progress,
+) -> tuple[str | None, Mapping[str, np.ndarray] | None]:
+    """(what the reference is, its outputs) for one sample, or (None, None) when none can be had.
 
-    When that backend was among the trials, its run is the reference (no second run). The policy's
-    deny and fixed do not apply: they say where the model may run, not what is right, and a
-    candidate checked only against itself would not be checked at all.
+    The outputs shipped with the test data come first. Else the plainest CPU backend that runs an
+    artifact this sample fits: when it was among the trials (`tried`, by backend name), its run
+    is the reference (no second run). The policy's deny and fixed do not apply: they say where
+    the model may run, not what is right, and a candidate checked only against itself would not
+    be checked at all.
     """
+    if sample.expected:
+        return f"the expected outputs in {sample.origin}", sample.expected
+    fitting = [a for a in artifacts if sample.fits_artifact(a)]
     for name in REFERENCE_BACKENDS:
-        index = next((i for i, (b, _) in enumerate(ranked) if b.name == name), None)
-        if index is not None:
-            artifact, result = ranked[index][1], results.get(index)
-        else:
-            usable, _ = screen(artifacts, SelectionPolicy(), [b for b in backends if b.name == name])
+        result = tried.get(name)
+        if result is None:
+            usable, _ = screen(fitting, SelectionPolicy(), [b for b in backends if b.name == name])
             if not usable:
                 continue
-            artifact, result = usable[0][1], None
-        if result is None:
-            request = TrialRequest(name, artifact, sample, {}, warmup=1, runs=1, budget_s=policy.budget_s)
+            say(f"reference outputs: {name} on {usable[0][1].label}")
+            request = TrialRequest(
+                name, usable[0][1], sample.feeds, {}, warmup=1, runs=1, budget_s=policy.budget_s
+            )
             result = trial(request, policy.timeout_s)
         if result.ok:
-            return name, result
+            return name, result.outputs
     return None, None
 
 
 def compare_outputs(
     outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], policy: SelectionPolicy
 ) -> tuple[float | None, str]:
-    """(max abs difference, "" or what is wrong). Outputs are matched by name, else by position.
+    """(max abs difference, "" or what is wrong). Outputs are matched by name (the reference may
+    name only some), else by position.
 
     An element matches when |out - ref| <= atol + rtol * |ref|. Up to `max_mismatch` of the
     elements of an output may miss (reduced precision moves a few pixels of a large map a lot
     while the map as a whole agrees); a small output (a few scores) must match everywhere.
     """
-    if set(outputs) == set(reference):
+    if set(reference) <= set(outputs):  # expected outputs may name only some of them
         pairs = [(name, outputs[name], reference[name]) for name in reference]
     elif len(outputs) == len(reference):
         pairs = [
@@ -420,8 +491,13 @@ def load_decided(
     artifacts: Sequence[ModelArtifact],
     policy: SelectionPolicy,
     backends: Sequence[Backend] | None = None,
+    progress: Progress | None = None,
 ) -> tuple[Session, CandidateReport, list[str]]:
-    """Load the chosen backend here; when it fails, the next usable one. Returns the failures too."""
+    """Load the chosen backend here; when it fails, the next usable one. Returns the failures too.
+
+    Loading builds the backend's compiled engine (TensorRT engine, OpenVINO blob) unless its cache
+    has it: `progress` hears of each load before it starts.
+    """
     by_name = {b.name: b for b in (backends if backends is not None else all_backends())}
     by_sha = {a.sha256: a for a in artifacts}
     failures: list[str] = []
@@ -429,8 +505,57 @@ def load_decided(
         backend, artifact = by_name.get(report.backend), by_sha.get(report.sha256)
         if backend is None or artifact is None:
             continue
+        options = policy.options_for(backend.name)
+        if progress:
+            cache = options.get("cache_dir") or options.get("engine_cache_dir")
+            progress(
+                f"loading {artifact.label} on {backend.name}"
+                + (f" (compiled engine cached in {cache})" if cache else "")
+            )
         try:
-            return backend.load(artifact, policy.options_for(backend.name)), report, failures
+            return backend.load(artifact, options), report, failures
         except BackendError as exc:
             failures.append(f"{report.backend}: {exc}")
     raise BackendError(f"no decided backend could load the model: {'; '.join(failures) or 'none left'}")
+
+
+def reference_session(
+    artifacts: Sequence[ModelArtifact], backends: Sequence[Backend] | None = None
+) -> Session:
+    """A plain CPU session in this process, on the first artifact one of REFERENCE_BACKENDS reads:
+    to learn a model's inputs (for preprocessing, or to check test data against them)."""
+    by_name = {b.name: b for b in (backends if backends is not None else all_backends())}
+    problems = []
+    for name in REFERENCE_BACKENDS:
+        backend = by_name.get(name)
+        if backend is None:
+            continue
+        for artifact in artifacts:
+            if artifact.format in backend.formats:
+                try:
+                    return backend.load(artifact)
+                except BackendError as exc:
+                    problems.append(str(exc))
+    raise BackendError(f"no CPU backend can read this model: {'; '.join(problems) or 'no readable artifact'}")
+
+
+def feeds_problem(specs: Sequence[TensorSpec], feeds: Mapping[str, np.ndarray]) -> str:
+    """What keeps `feeds` from being a model's inputs (names, ranks, fixed sizes, dtypes); "" if
+    nothing."""
+    wanted = {spec.name for spec in specs}
+    if set(feeds) != wanted:
+        missing, extra = sorted(wanted - set(feeds)), sorted(set(feeds) - wanted)
+        parts = [f"missing input {', '.join(map(repr, missing))}" if missing else ""]
+        parts.append(f"no model input named {', '.join(map(repr, extra))}" if extra else "")
+        return f"{'; '.join(p for p in parts if p)} (the model's inputs: {', '.join(sorted(wanted))})"
+    for spec in specs:
+        value = np.asarray(feeds[spec.name])
+        if value.ndim != len(spec.shape) or any(
+            isinstance(dim, int) and dim > 0 and dim != size
+            for dim, size in zip(spec.shape, value.shape, strict=True)
+        ):
+            shown = [d if isinstance(d, int) and d > 0 else "?" for d in spec.shape]
+            return f"input {spec.name!r} has shape {list(value.shape)}, the model wants {shown}"
+        if value.dtype != np.dtype(spec.dtype):
+            return f"input {spec.name!r} is {value.dtype}, the model wants {spec.dtype}"
+    return ""

@@ -455,10 +455,8 @@ class ModelResult:
 
 def artifacts_for(path: Path) -> list[ModelArtifact]:
     # A file path: resolve_model reads it directly and never touches the store.
-    _, artifacts = resolve_model(
-        str(path), ModelStore(Path(tempfile.gettempdir()) / "edge-agent-bench-unused")
-    )
-    return artifacts
+    store = ModelStore(Path(tempfile.gettempdir()) / "edge-agent-bench-unused")
+    return resolve_model(str(path), store).artifacts
 
 
 def select_and_measure(case: ModelCase, settings: Settings, gate: QuietGate) -> ModelResult:

@@ -61,9 +61,9 @@ EXPECTED: dict[str, dict[str, str]] = {
         "onnxruntime build has no CUDAExecutionProvider: install onnxruntime-gpu matching the CUDA version",
     },
     "x86_64-intel-npu": {
-        "openvino/NPU": "Intel AI Boost NPU (Meteor Lake) found, but no OpenVINO NPU device: the NPU driver "
-        "(intel-level-zero-npu / linux-npu-driver) is not installed or /dev/accel is missing "
-        "(OpenVINO sees: {sees})",
+        "openvino/NPU": "Intel AI Boost NPU (Meteor Lake) found, but no OpenVINO NPU device: /dev/accel is "
+        "there but OpenVINO cannot use it: install the NPU user-space driver (intel-level-zero-npu / "
+        "linux-npu-driver) (OpenVINO sees: {sees})",
         "openvino/GPU": "Intel Arc Graphics (Meteor Lake) found, but no OpenVINO GPU device: ",
     },
     "x86_64-coral-usb": {
@@ -114,6 +114,7 @@ def test_hardware_of_the_box_is_named_first_with_what_is_missing_then_a_cpu_fall
         wanted = expected[report.backend].format(sees=_openvino_sees())
         if wanted.endswith(": "):  # the Intel iGPUs: the rest is the OpenVINO probe's own reason
             assert report.reason.startswith(wanted) and "intel-opencl-icd" in report.reason
+            assert "/dev/dri is there but OpenVINO cannot use it" in report.reason  # read in the tree
         else:
             assert report.reason == wanted
     assert not any(
@@ -130,6 +131,16 @@ def test_hardware_of_the_box_is_named_first_with_what_is_missing_then_a_cpu_fall
         line = f"{backend} on {artifact.label}: rejected: {notes[backend]}, but "
         assert line in text
         assert text.index(line) < min(fallbacks), text
+
+
+def test_openvino_probe_reads_device_nodes_under_the_sysroot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NPU/GPU advice depends on whether the kernel made the device node, in the tree read."""
+    npu = get_backend("openvino/NPU")
+    monkeypatch.setenv(SYSROOT_ENV, str(SYSROOTS / "x86_64-intel-npu"))
+    assert "/dev/accel is there but OpenVINO cannot use it" in npu.probe().reason
+    monkeypatch.setenv(SYSROOT_ENV, str(SYSROOTS / "x86_64-cpu-only"))  # no dev/accel in this tree
+    reason = npu.probe().reason
+    assert "linux-npu-driver) is not installed or /dev/accel is missing" in reason, reason
 
 
 def test_a_box_with_nothing_but_cpus_has_no_hardware_lines(cls_model_path: Path) -> None:

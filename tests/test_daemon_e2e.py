@@ -296,6 +296,100 @@ def test_a_bad_model_and_a_dead_source_do_not_stop_the_good_pipeline(
     assert status_file["pipelines"]["bad-model"]["attempts"] >= 1
 
 
+def _signs_testdata(path: Path, cls_model_path: Path) -> Path:
+    """Two rendered signs (one upside down), preprocessed as the pipeline does, with the outputs the
+    model gives on onnxruntime CPU as the expected outputs."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from agent.processing import Preprocessor
+    from providers import TensorSpec
+    from tests.media_fixtures import CLS_PREPROCESS, demo_video_module
+
+    rng = np.random.default_rng(7)
+    render = demo_video_module().render_sign
+    preprocess = Preprocessor(CLS_PREPROCESS, [TensorSpec("x", (None, 3, 48, 192), "float32")])
+    batch = np.concatenate([preprocess(render("LOADING BAY 3", flip, rng)) for flip in (False, True)])
+    session = ort.InferenceSession(str(cls_model_path), providers=["CPUExecutionProvider"])
+    [output] = session.get_outputs()
+    [probs] = session.run(None, {"x": batch})
+    assert list(probs.argmax(axis=1)) == [0, 1]  # upright, upside down: real inputs, right answers
+    np.savez(path, x=batch, **{f"expected:{output.name}": probs})
+    return path
+
+
+def test_test_data_proves_the_backends_and_build_steps_show_in_log_and_status(
+    tmp_path: Path,
+    mosquitto: Mosquitto,
+    mqtt_subscriber_factory: SubscriberFactory,
+    cls_model_path: Path,
+    start_agent: Callable[..., subprocess.Popen[str]],
+) -> None:
+    """Published test data proves the candidates although the camera never delivers a frame; a
+    second pipeline, whose model has no test data, waits for a frame from its dead camera: that
+    step shows in status.json and in the status over MQTT while it lasts."""
+    root = tmp_path / "registry"
+    testdata = _signs_testdata(tmp_path / "inputs.npz", cls_model_path)
+    for version, extra in (("2.0", ["--test-data", str(testdata)]), ("2.1", [])):
+        subprocess.run(
+            [EDGE_AGENT, "registry", "publish", str(cls_model_path), "--name", MODEL, "--version", version,
+             "--registry", f"file://{root}", *extra],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+    dead = f"rtsp://127.0.0.1:{free_port()}/stream"
+    config = write_config(
+        tmp_path,
+        mosquitto.port,
+        root,
+        [
+            pipeline("signs", dead, reopen_max_s=1.0),
+            pipeline("waiting", dead, version="2.1", reopen_max_s=1.0),
+        ],
+        benchmark=True,
+    )
+    settings = yaml.safe_load(config.read_text())
+    settings["backends"].update(max_trials=2, runs=3, warmup=1, budget_s=1.0, sample_timeout_s=12.0)
+    config.write_text(yaml.safe_dump(settings, sort_keys=False))
+    status_sub = mqtt_subscriber_factory(mosquitto, f"edge/{DEVICE}/status")
+    proc = start_agent(config, "--duration", "20")
+    status_path = tmp_path / "state" / "status.json"
+
+    def waiting_phase() -> dict[str, Any] | None:
+        with contextlib.suppress(OSError, ValueError):
+            state: dict[str, Any] = json.loads(status_path.read_text())["pipelines"]["waiting"]
+            return state if state.get("phase") == "getting inputs to prove backends on" else None
+        return None
+
+    wait_until(lambda: waiting_phase() is not None, "the waiting pipeline's phase in status.json", timeout=20)
+    shown = waiting_phase()
+    assert shown is not None and shown["state"] == "starting" and shown["phase_s"] >= 0
+    log = finish(proc)
+
+    record = json.loads((tmp_path / "state" / "decisions" / "pipelines" / "signs.json").read_text())
+    decision = record["decision"]
+    assert decision["checked"] is True and decision["inputs"] == "test data inputs.npz"
+    assert decision["reference"] == "the expected outputs in test data inputs.npz"
+    tried = [c for c in decision["candidates"] if c["median_ms"] is not None]
+    assert len(tried) == 2 and all(c["max_abs_diff"] is not None for c in tried)
+    chosen = decision["backend"]
+    for step in (
+        f"pipeline signs: pulling {MODEL}@2.0",
+        "pipeline signs: trial 1: ",
+        "pipeline signs: trial 2: ",
+        f"pipeline signs: loading ch_ppocr_mobile_v2.0_cls_infer.onnx on {chosen}",
+        f"pipeline signs: warming up on {chosen}",
+        "pipeline signs started",
+        "pipeline waiting: getting inputs to prove backends on",
+        "pipeline waiting: no frame from its source within 12 s; choosing by rank, outputs not checked",
+    ):
+        assert step in log, step
+    # Its own test data proved "signs": it never waited for a frame.
+    assert "pipeline signs: no frame" not in log and "pipeline signs: getting inputs" in log
+    online = [json.loads(m.payload) for m in status_sub.messages]
+    phases = [s["pipelines"]["waiting"].get("phase") for s in online if s["status"] == "online"]
+    assert "getting inputs to prove backends on" in phases, online
+
+
 def test_sigterm_stops_gracefully_with_sd_notify(
     tmp_path: Path,
     mosquitto: Mosquitto,

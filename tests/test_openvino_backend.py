@@ -143,7 +143,7 @@ def test_discover_lists_cpu_and_auto_available_and_explains_missing_gpu_and_npu(
     assert ov.Core().available_devices == ["CPU"]
     npu = backends["openvino/NPU"].probe()
     assert not npu.available
-    assert npu.reason.startswith("no OpenVINO NPU device: the NPU driver")
+    assert npu.reason.startswith("no OpenVINO NPU device: the NPU user-space driver")
     assert "linux-npu-driver" in npu.reason and "/dev/accel" in npu.reason
     assert "OpenVINO sees: CPU" in npu.reason
     gpu = backends["openvino/GPU"].probe()

@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -29,13 +30,15 @@ from agent.config import NAME_PATTERN
 from agent.errors import EdgeAgentError, ModelError, RegistryError
 from agent.fsutil import atomic_write_bytes, copy_hashing, file_lock, fsync_dir, temp_name
 from agent.registry.manifest import (
-    ARTIFACT_FORMATS,
     MANIFEST_FILE,
+    MODEL_FORMATS,
+    TESTDATA_FORMAT,
     Artifact,
     Manifest,
     check_model_file,
     key_path,
 )
+from providers.base import BackendError, ModelArtifact
 
 log = logging.getLogger(__name__)
 
@@ -186,12 +189,16 @@ class FileRegistry:
         target: str = "any",
         metadata: dict[str, Any] | None = None,
         force: bool = False,
+        testdata: Sequence[Path] = (),
     ) -> Manifest:
         """Copy a model file in as `name@version` and write its manifest; return the manifest.
 
         The format is inferred from the suffix (.onnx, .tflite, .xml) unless given. An OpenVINO
         .xml is published together with the .bin beside it. The file must be a valid model of
-        its format. An existing version is refused unless `force` (versions are immutable).
+        its format. `testdata` are .npz archives of inputs (and expected outputs) for it
+        (agent/testdata.py): each must fit the model's inputs, and its expected outputs must be
+        what the model computes on a CPU backend. An existing version is refused unless `force`
+        (versions are immutable).
         """
         check_name("name", name, RegistryError)
         check_name("version", version, RegistryError)
@@ -215,13 +222,21 @@ class FileRegistry:
                 )
             sources.append(weights)
 
-        if format not in ARTIFACT_FORMATS:
+        if format not in MODEL_FORMATS:
             raise RegistryError(
                 f"cannot publish {model_path}: unknown format {format!r}; "
-                f"expected one of {', '.join(ARTIFACT_FORMATS)}"
+                f"expected one of {', '.join(MODEL_FORMATS)}"
             )
         for src in sources:
             _check_artifact_fields(src.name, format, target)
+        testdata = [Path(t) for t in testdata]
+        for src in testdata:
+            if not src.is_file():
+                raise RegistryError(f"cannot publish test data {src}: no such file")
+            _check_artifact_fields(src.name, TESTDATA_FORMAT, "any")
+        names = [src.name for src in [*sources, *testdata]]
+        if len(set(names)) != len(names):
+            raise RegistryError(f"cannot publish {model_path}: two files share a name ({', '.join(names)})")
 
         version_dir = self.root / name / version
         manifest_path = version_dir / MANIFEST_FILE
@@ -234,12 +249,17 @@ class FileRegistry:
                     "or pass force=True to replace it",
                 )
             created_dir = not version_dir.exists()
+            created_model_dir = not version_dir.parent.exists()
             version_dir.mkdir(parents=True, exist_ok=True)
             staged: list[tuple[Path, Artifact]] = []
             try:
                 # Stage (copy, hash, validate) everything before touching what is published.
                 for i, src in enumerate(sources):
                     staged.append(self._stage(src, version_dir, format, target, validate=(i == 0)))
+                model = ModelArtifact(model_path, format, staged[0][1].sha256, name=model_path.name)
+                for src in testdata:
+                    staged.append(self._stage(src, version_dir, TESTDATA_FORMAT, "any", validate=True))
+                    _check_testdata(src, model)
                 artifacts = [artifact for _tmp, artifact in staged]
                 manifest = Manifest(
                     schema_version=1,
@@ -265,6 +285,9 @@ class FileRegistry:
                         os.unlink(tmp)
                 if created_dir:
                     shutil.rmtree(version_dir, ignore_errors=True)
+                if created_model_dir:  # else the refused first version leaves a model without versions
+                    with contextlib.suppress(OSError):  # only if empty: another version may be on its way
+                        os.rmdir(version_dir.parent)
                 raise
             if old is not None:
                 keep = {a.file for a in artifacts}
@@ -315,6 +338,19 @@ class FileRegistry:
                 os.unlink(tmp)
             raise
         return tmp, artifact
+
+
+def _check_testdata(path: Path, model: ModelArtifact) -> None:
+    """Refuse test data that does not fit the model or whose expected outputs it does not give."""
+    from agent.testdata import load_testdata, testdata_problem
+
+    try:
+        problem = testdata_problem(model, load_testdata(path))
+    except BackendError as exc:  # no CPU runtime here: the agents check it when they select
+        log.warning("cannot check test data %s against %s here: %s", path.name, model.label, exc)
+        return
+    if problem:
+        raise RegistryError(f"refusing to publish test data {path}: {problem}")
 
 
 def _check_artifact_fields(file: str, format: str, target: str) -> None:

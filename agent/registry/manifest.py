@@ -11,11 +11,16 @@ prove that the bytes it got are the bytes that were published.
   "version": "2.0",
   "created": "2024-05-01T12:00:00Z",
   "artifacts": [
-    {"file": "model.onnx", "sha256": "<64 lowercase hex>", "size": 585532, "format": "onnx", "target": "any"}
+    {"file": "model.onnx", "sha256": "<64 lowercase hex>", "size": 585532, "format": "onnx", "target": "any"},
+    {"file": "inputs.npz", "sha256": "<64 lowercase hex>", "size": 1432, "format": "test-data"}
   ],
   "metadata": {"labels": ["0", "180"]}
 }
 ```
+
+A "test-data" artifact holds inputs (and optionally expected outputs) that selection proves
+backends on (agent/testdata.py); `model_file` ties it to one model file, else it is for every
+model file whose inputs it fits.
 """
 
 from __future__ import annotations
@@ -34,8 +39,10 @@ from providers.base import one_line
 
 log = logging.getLogger(__name__)
 
-ArtifactFormat = Literal["onnx", "tflite", "openvino-ir"]
-ARTIFACT_FORMATS: tuple[str, ...] = ("onnx", "tflite", "openvino-ir")
+ArtifactFormat = Literal["onnx", "tflite", "openvino-ir", "test-data"]
+MODEL_FORMATS: tuple[str, ...] = ("onnx", "tflite", "openvino-ir")
+TESTDATA_FORMAT = "test-data"
+ARTIFACT_FORMATS: tuple[str, ...] = (*MODEL_FORMATS, TESTDATA_FORMAT)
 
 MANIFEST_FILE = "manifest.json"
 
@@ -52,6 +59,9 @@ class Artifact(BaseModel):
     size: int = Field(ge=0, description="Size of the file in bytes.")
     format: ArtifactFormat
     target: str = Field("any", min_length=1, description='Hardware it is built for: "any", "edgetpu", ...')
+    model_file: str | None = Field(
+        None, description="test-data only: the model file these inputs are for (default: any they fit)."
+    )
 
     @field_validator("file")
     @classmethod
@@ -109,7 +119,27 @@ class Manifest(BaseModel):
             if artifact.file in seen:
                 raise ValueError(f"artifact file {artifact.file!r} is listed twice")
             seen.add(artifact.file)
+        models = {a.file for a in self.models()}
+        if not models:
+            raise ValueError("no model file among the artifacts (only test data)")
+        for artifact in self.artifacts:
+            if artifact.model_file is None:
+                continue
+            if artifact.format != TESTDATA_FORMAT:
+                raise ValueError(f"artifact {artifact.file!r}: model_file is for test-data artifacts only")
+            if artifact.model_file not in models:
+                raise ValueError(
+                    f"artifact {artifact.file!r}: model_file {artifact.model_file!r} is not a model file "
+                    f"of this version (it has: {', '.join(sorted(models))})"
+                )
         return self
+
+    def models(self) -> list[Artifact]:
+        """The model files (every format but test data)."""
+        return [a for a in self.artifacts if a.format != TESTDATA_FORMAT]
+
+    def testdata(self) -> list[Artifact]:
+        return [a for a in self.artifacts if a.format == TESTDATA_FORMAT]
 
     @property
     def ref(self) -> str:
@@ -185,7 +215,8 @@ def check_model_file(path: Path, format: str, file_name: str | None = None) -> N
 
     ONNX: the file must load as an onnxruntime InferenceSession on CPU (graph optimizations off,
     so this stays cheap). TFLite: the flatbuffer identifier. OpenVINO IR: the .xml must be an
-    XML document whose root is <net> (its .bin weights file is not checkable on its own).
+    XML document whose root is <net> (its .bin weights file is not checkable on its own). Test
+    data: a NumPy .npz archive of numeric arrays (agent/testdata.py).
     `file_name` is the artifact's name when `path` is a temp or blob file.
     """
     label = file_name or path.name
@@ -200,6 +231,10 @@ def check_model_file(path: Path, format: str, file_name: str | None = None) -> N
         if not label.endswith(".xml"):
             return
         _check_openvino_xml(path, label)
+    elif format == TESTDATA_FORMAT:
+        from agent.testdata import load_testdata
+
+        load_testdata(path, label)
     else:
         raise ModelError(
             f"{label}: unknown model format {format!r}; expected one of {', '.join(ARTIFACT_FORMATS)}"
