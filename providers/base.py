@@ -111,6 +111,9 @@ class Session(ABC):
 
     backend: str
     precision: str  # what the runtime actually computes in, e.g. "fp32"
+    # The runtime's own timing of the last run, where it keeps one (OpenVINO: InferRequest.latency,
+    # what its benchmark_app reports); wall time around run() adds the Python call and output copies.
+    compute_ms: float | None = None
 
     @property
     @abstractmethod

@@ -283,6 +283,7 @@ class OpenVinoSession(Session):
                 {self._input_index[name]: np.ascontiguousarray(value) for name, value in feeds.items()},
                 share_inputs=True,
             )
+            self.compute_ms = self._request.latency
             return {spec.name: results[i] for i, spec in enumerate(self._outputs)}
         except Exception as exc:
             raise BackendError(f"{self.backend}: run failed: {_ov_message(exc)}") from exc

@@ -45,11 +45,14 @@ class TrialResult:
     latencies_ms: list[float] = field(default_factory=list)
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
     peak_rss_mb: float = 0.0
+    compute_ms: list[float] = field(default_factory=list)  # the runtime's own timer, where it has one
 
-    def percentile(self, q: float) -> float | None:
-        if not self.latencies_ms:
+    def percentile(self, q: float, values: list[float] | None = None) -> float | None:
+        """A percentile of the wall-clock latencies (or of `values`)."""
+        values = self.latencies_ms if values is None else values
+        if not values:
             return None
-        ordered = sorted(self.latencies_ms)
+        ordered = sorted(values)
         return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
     @property
@@ -70,12 +73,15 @@ def run_trial(request: TrialRequest) -> TrialResult:
         for _ in range(max(1, request.warmup)):
             outputs = session.run(request.feeds)
         latencies: list[float] = []
+        compute: list[float] = []
         begun = time.perf_counter()
         while True:
             t0 = time.perf_counter()
             outputs = session.run(request.feeds)
             now = time.perf_counter()
             latencies.append((now - t0) * 1000)
+            if session.compute_ms is not None:
+                compute.append(session.compute_ms)
             enough = len(latencies) >= max(1, request.runs) and now - begun >= request.min_time_s
             if enough or now - begun >= request.budget_s:
                 break
@@ -86,7 +92,7 @@ def run_trial(request: TrialRequest) -> TrialResult:
     except Exception as exc:  # a runtime's own error types
         return TrialResult(request.backend, False, f"{type(exc).__name__}: {exc}")
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-    return TrialResult(request.backend, True, "", precision, load_s, latencies, outputs, peak_mb)
+    return TrialResult(request.backend, True, "", precision, load_s, latencies, outputs, peak_mb, compute)
 
 
 def run_trial_isolated(request: TrialRequest, timeout_s: float) -> TrialResult:
