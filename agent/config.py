@@ -161,6 +161,15 @@ SourceConfig = Annotated[VideoSourceConfig, Field(discriminator="type")]
 class ResizeConfig(StrictModel):
     width: int = Field(ge=1, le=8192)
     height: int = Field(ge=1, le=8192)
+    mode: Literal["stretch", "letterbox", "crop"] = Field(
+        "stretch",
+        description="stretch: to width x height, aspect ratio lost; letterbox: fit inside, aspect kept, "
+        "the rest padded (detectors); crop: fill, aspect kept, the overhang cut off (classifiers).",
+    )
+    anchor: Literal["center", "top-left"] = Field(
+        "center", description="Where the image sits in a letterbox (or which part a crop keeps)."
+    )
+    pad: int = Field(114, ge=0, le=255, description="Letterbox fill value (Ultralytics pads with 114).")
 
 
 class PreprocessConfig(StrictModel):
@@ -197,12 +206,30 @@ class ClassificationPostprocess(StrictModel):
     labels: list[str] | None = Field(None, description="Class names by index.")
 
 
+class DetectionPostprocess(StrictModel):
+    """Boxes from a YOLO-style detector, mapped back to source-image pixels."""
+
+    type: Literal["detection"]
+    format: Literal["yolov8", "yolov5"] = Field(
+        "yolov8",
+        description="yolov8: [1, 4+classes, boxes] (cx, cy, w, h, class scores); "
+        "yolov5: [1, boxes, 5+classes] (cx, cy, w, h, objectness, class scores).",
+    )
+    output: str | None = Field(None, description="Model output to read; defaults to the first.")
+    score_threshold: float = Field(0.25, ge=0, le=1)
+    iou_threshold: float = Field(0.45, ge=0, le=1, description="Non-maximum suppression, per class.")
+    max_detections: int = Field(100, ge=1, le=10_000)
+    labels: list[str] | None = Field(None, description="Class names by index.")
+
+
 class RawPostprocess(StrictModel):
     type: Literal["raw"]
     max_values: int = Field(1000, ge=1, le=1_000_000, description="Larger outputs are cut (and flagged).")
 
 
-PostprocessConfig = Annotated[ClassificationPostprocess | RawPostprocess, Field(discriminator="type")]
+PostprocessConfig = Annotated[
+    ClassificationPostprocess | DetectionPostprocess | RawPostprocess, Field(discriminator="type")
+]
 
 
 class BackendChoiceConfig(StrictModel):

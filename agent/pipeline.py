@@ -206,11 +206,11 @@ class Pipeline:
     def _process_frame(self, frame: Frame) -> None:
         try:
             t0 = time.perf_counter()
-            tensor = self.preprocess(frame.image)
+            tensor, geometry = self.preprocess.prepare(frame.image)
             t1 = time.perf_counter()
             outputs = self.model.session.run({self.preprocess.input.name: tensor})
             t2 = time.perf_counter()
-            output = self.postprocess(outputs)
+            output = self.postprocess(outputs, geometry)
             t3 = time.perf_counter()
         except Exception as exc:  # one bad frame must not stop the pipeline
             self._failed(frame, "inference failed", exc)

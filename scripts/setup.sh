@@ -38,6 +38,9 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
     # mediapipe 0.10.21 is the last wheel with .tflite models (face detection etc.); its metadata
     # pins numpy<2 and pulls in jax: take the model files only, it is never imported.
     "$VENV/bin/python" -m pip install -q -c "$REPO/constraints.txt" --no-deps mediapipe
+    # nudenet's 320n.onnx is a trained YOLOv8n (faces among its 18 classes) for the detection tests;
+    # AGPL-3.0, so it is a test input only. Its dependencies are installed already.
+    "$VENV/bin/python" -m pip install -q -c "$REPO/constraints.txt" --no-deps nudenet
     echo "$want" > "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"

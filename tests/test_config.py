@@ -185,7 +185,13 @@ BAD_CONFIGS: dict[str, tuple[str, list[tuple[int, str]]]] = {
             postprocess:
               top_k: 3
         """,
-        [(9, "pipelines[0].postprocess: required key 'type' is missing (one of: classification, raw)")],
+        [
+            (
+                9,
+                "pipelines[0].postprocess: required key 'type' is missing "
+                "(one of: classification, detection, raw)",
+            )
+        ],
     ),
     "unknown_source_type": (
         """
@@ -777,8 +783,10 @@ def test_example_config_validates() -> None:
     assert cfg.mqtt.host == "127.0.0.1"
     assert cfg.registry is not None
     assert cfg.registry.url == "file:///srv/edge-registry"
-    assert [p.name for p in cfg.pipelines] == ["entrance", "raw-debug"]
-    entrance, raw = cfg.pipelines
+    assert [p.name for p in cfg.pipelines] == ["entrance", "faces", "raw-debug"]
+    entrance, faces, raw = cfg.pipelines
+    assert faces.postprocess.type == "detection" and faces.preprocess.resize is not None
+    assert faces.preprocess.resize.mode == "letterbox"
     assert entrance.model.version == "2.0"
     assert entrance.preprocess.resize is not None
     assert (entrance.preprocess.resize.width, entrance.preprocess.resize.height) == (192, 48)
@@ -827,7 +835,28 @@ def test_example_config_documents_the_defaults() -> None:
         assert getattr(bare.preprocess, key) == getattr(entrance.preprocess, key), key
     assert bare.preprocess.scale == 1 / 255
     assert bare.postprocess.type == "raw"
-    assert bare.postprocess.max_values == example.pipelines[1].postprocess.max_values == 1000
+    assert bare.postprocess.max_values == example.pipelines[2].postprocess.max_values == 1000
+    # The resize and detection keys the example spells out are the defaults.
+    assert entrance.preprocess.resize is not None
+    resize = entrance.preprocess.resize.model_dump()
+    assert {k: resize[k] for k in ("mode", "anchor", "pad")} == {
+        "mode": "stretch",
+        "anchor": "center",
+        "pad": 114,
+    }
+    detection = (
+        parse_config(
+            "device: {id: a}\nregistry: {url: 'file:///r'}\n"
+            "pipelines: [{name: p, model: {name: m, version: '1'}, source: {type: video, uri: '0'},"
+            " postprocess: {type: detection}}]\n",
+            environ={},
+        )
+        .pipelines[0]
+        .postprocess
+    )
+    faces = example.pipelines[1].postprocess
+    for key in ("format", "output", "iou_threshold", "labels"):
+        assert getattr(detection, key) == getattr(faces, key), key
 
 
 def test_gray_pipeline_with_default_mean_and_std() -> None:

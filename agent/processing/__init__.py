@@ -4,6 +4,6 @@ Backends only move tensors; every model family's decoding lives here, once.
 """
 
 from agent.processing.postprocess import Postprocessor, build_postprocessor
-from agent.processing.preprocess import Preprocessor
+from agent.processing.preprocess import Geometry, Preprocessor
 
-__all__ = ["Postprocessor", "Preprocessor", "build_postprocessor"]
+__all__ = ["Geometry", "Postprocessor", "Preprocessor", "build_postprocessor"]

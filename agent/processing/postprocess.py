@@ -7,16 +7,19 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
+import cv2
 import numpy as np
 
-from agent.config import ClassificationPostprocess, PostprocessConfig, RawPostprocess
+from agent.config import ClassificationPostprocess, DetectionPostprocess, PostprocessConfig, RawPostprocess
 from agent.errors import ModelError
+from agent.processing.preprocess import Geometry
 from providers import TensorSpec
 
 
 class Postprocessor(ABC):
     @abstractmethod
-    def __call__(self, outputs: Mapping[str, np.ndarray]) -> dict[str, Any]: ...
+    def __call__(self, outputs: Mapping[str, np.ndarray], geometry: Geometry | None = None) -> dict[str, Any]:
+        """`geometry`: how the frame was fitted into the model input (to map positions back)."""
 
 
 class Classification(Postprocessor):
@@ -35,7 +38,7 @@ class Classification(Postprocessor):
                 f"has {classes} classes"
             )
 
-    def __call__(self, outputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    def __call__(self, outputs: Mapping[str, np.ndarray], geometry: Geometry | None = None) -> dict[str, Any]:
         scores = np.asarray(outputs[self.output.name], dtype=np.float64)
         if scores.ndim > 1 and scores.shape[0] != 1:
             raise ModelError(f"output {self.output.name!r} has batch size {scores.shape[0]}, expected 1")
@@ -53,10 +56,85 @@ class Classification(Postprocessor):
             "top": [
                 {
                     "index": int(i),
-                    "label": labels[i] if labels is not None and i < len(labels) else None,
+                    "label": _label(labels, int(i)),
                     "score": round(float(scores[i]), 6),
                 }
                 for i in best
+            ]
+        }
+
+
+class Detection(Postprocessor):
+    """YOLO-style boxes -> scored, labelled boxes in source-image pixels, after per-class NMS.
+
+    yolov8: [1, 4+C, N] rows of (cx, cy, w, h, C class scores); yolov5: [1, N, 5+C] rows of
+    (cx, cy, w, h, objectness, C class scores), score = objectness x class score. Box units are
+    model-input pixels; the preprocessing's Geometry (letterbox padding and scale) maps them back.
+
+    Result: {"detections": [{"index", "label", "score", "box": [x1, y1, x2, y2]}, ...]}, best first.
+    """
+
+    def __init__(self, config: DetectionPostprocess, outputs: list[TensorSpec]) -> None:
+        self.config = config
+        self.output = _pick_output(config.output, outputs)
+        shape = self.output.shape
+        if len(shape) != 3:
+            raise ModelError(
+                f"output {self.output.name!r} has shape {list(shape)}; {config.format} detections are 3-D"
+            )
+        row = shape[1] if config.format == "yolov8" else shape[2]
+        self.classes = row - (4 if config.format == "yolov8" else 5) if isinstance(row, int) else None
+        if self.classes is not None and self.classes < 1:
+            raise ModelError(
+                f"output {self.output.name!r} has shape {list(shape)}: no room for class scores in "
+                f"{config.format} format (check postprocess.format)"
+            )
+        if config.labels is not None and self.classes is not None and len(config.labels) != self.classes:
+            raise ModelError(
+                f"postprocess.labels has {len(config.labels)} names but output {self.output.name!r} "
+                f"has {self.classes} classes"
+            )
+
+    def __call__(self, outputs: Mapping[str, np.ndarray], geometry: Geometry | None = None) -> dict[str, Any]:
+        raw = np.asarray(outputs[self.output.name], dtype=np.float32)
+        if raw.ndim != 3 or raw.shape[0] != 1:
+            raise ModelError(f"output {self.output.name!r} has shape {list(raw.shape)}, expected [1, ., .]")
+        yolov8 = self.config.format == "yolov8"
+        rows = raw[0].T if yolov8 else raw[0]
+        first = 4 if yolov8 else 5
+        if rows.shape[1] <= first:
+            raise ModelError(f"output {self.output.name!r} rows have {rows.shape[1]} values, no class scores")
+        class_scores = rows[:, first:] if yolov8 else rows[:, first:] * rows[:, 4:5]
+        class_ids = class_scores.argmax(axis=1)
+        scores = class_scores[np.arange(len(rows)), class_ids]
+        keep = scores >= self.config.score_threshold  # NaN compares false: dropped
+        boxes, scores, class_ids = rows[keep, :4], scores[keep], class_ids[keep]
+        if not np.isfinite(boxes).all():
+            raise ModelError(f"output {self.output.name!r} has NaN or infinite box coordinates")
+        corners = np.empty_like(boxes)  # (cx, cy, w, h) -> (x1, y1, x2, y2)
+        corners[:, :2] = boxes[:, :2] - boxes[:, 2:] / 2
+        corners[:, 2:] = boxes[:, :2] + boxes[:, 2:] / 2
+        top_left_size = np.concatenate([corners[:, :2], boxes[:, 2:]], axis=1)
+        kept = cv2.dnn.NMSBoxesBatched(
+            top_left_size.tolist(),
+            scores.tolist(),
+            class_ids.tolist(),
+            self.config.score_threshold,
+            self.config.iou_threshold,
+        )
+        chosen = np.asarray(kept, dtype=np.int64).reshape(-1)
+        chosen = chosen[np.argsort(-scores[chosen], kind="stable")][: self.config.max_detections]
+        mapped = geometry.to_source(corners[chosen]) if geometry is not None else corners[chosen]
+        labels = self.config.labels
+        return {
+            "detections": [
+                {
+                    "index": int(class_ids[i]),
+                    "label": _label(labels, int(class_ids[i])),
+                    "score": round(float(scores[i]), 4),
+                    "box": [round(float(v), 1) for v in box],
+                }
+                for i, box in zip(chosen, mapped, strict=True)
             ]
         }
 
@@ -67,7 +145,7 @@ class Raw(Postprocessor):
     def __init__(self, config: RawPostprocess) -> None:
         self.max_values = config.max_values
 
-    def __call__(self, outputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    def __call__(self, outputs: Mapping[str, np.ndarray], geometry: Geometry | None = None) -> dict[str, Any]:
         result = {}
         for name, value in outputs.items():
             array = np.asarray(value)
@@ -88,7 +166,13 @@ class Raw(Postprocessor):
 def build_postprocessor(config: PostprocessConfig, outputs: list[TensorSpec]) -> Postprocessor:
     if isinstance(config, ClassificationPostprocess):
         return Classification(config, outputs)
+    if isinstance(config, DetectionPostprocess):
+        return Detection(config, outputs)
     return Raw(config)
+
+
+def _label(labels: list[str] | None, index: int) -> str | None:
+    return labels[index] if labels is not None and index < len(labels) else None
 
 
 def _pick_output(name: str | None, outputs: list[TensorSpec]) -> TensorSpec:

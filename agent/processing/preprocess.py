@@ -1,9 +1,13 @@
-"""Image preprocessing from YAML: resize, colour order, scale/mean/std, layout, dtype.
+"""Image preprocessing from YAML: resize (stretch, letterbox, crop), colour order, scale/mean/std,
+layout, dtype.
 
-All steps are whole-array operations (OpenCV and numpy); nothing loops over pixels.
+All steps are whole-array operations (OpenCV and numpy); nothing loops over pixels. `prepare`
+also returns the Geometry of the resize, so that postprocessing maps boxes back to the source.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import cv2
 import numpy as np
@@ -11,6 +15,30 @@ import numpy as np
 from agent.config import PreprocessConfig
 from agent.errors import ModelError
 from providers import TensorSpec
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How a source frame was fitted into the model input: input = source * scale + offset.
+
+    A letterbox has offsets >= 0 (the padding), a centre crop offsets <= 0 (the cut-off part).
+    """
+
+    scale_x: float
+    scale_y: float
+    offset_x: float
+    offset_y: float
+    source_width: int
+    source_height: int
+
+    def to_source(self, boxes: np.ndarray) -> np.ndarray:
+        """[N, 4] boxes (x1, y1, x2, y2) in model-input pixels -> source pixels, clipped to the frame."""
+        out = np.empty_like(boxes, dtype=np.float64)
+        out[:, 0::2] = (boxes[:, 0::2] - self.offset_x) / self.scale_x
+        out[:, 1::2] = (boxes[:, 1::2] - self.offset_y) / self.scale_y
+        out[:, 0::2] = out[:, 0::2].clip(0, self.source_width)
+        out[:, 1::2] = out[:, 1::2].clip(0, self.source_height)
+        return out
 
 
 class Preprocessor:
@@ -65,8 +93,45 @@ class Preprocessor:
             else (1, self.height, self.width, self.channels)
         )
 
+    def geometry(self, source_height: int, source_width: int) -> Geometry:
+        """Where a frame of this size lands in the model input (resize.mode and resize.anchor)."""
+        resize = self.config.resize
+        mode = resize.mode if resize is not None else "stretch"
+        if mode == "stretch":
+            return Geometry(
+                self.width / source_width, self.height / source_height, 0, 0, source_width, source_height
+            )
+        fit = min if mode == "letterbox" else max
+        scale = fit(self.width / source_width, self.height / source_height)
+        width, height = max(1, round(source_width * scale)), max(1, round(source_height * scale))
+        centred = resize is None or resize.anchor == "center"
+        offset_x = (self.width - width) // 2 if centred else 0
+        offset_y = (self.height - height) // 2 if centred else 0
+        return Geometry(
+            width / source_width, height / source_height, offset_x, offset_y, source_width, source_height
+        )
+
+    def prepare(self, frame: np.ndarray) -> tuple[np.ndarray, Geometry]:
+        """The input tensor, and how the frame was fitted into it."""
+        geometry = self.geometry(frame.shape[0], frame.shape[1])
+        width = round(geometry.scale_x * geometry.source_width)
+        height = round(geometry.scale_y * geometry.source_height)
+        image = cv2.resize(frame, (width, height), interpolation=cv2.INTER_LINEAR)
+        if (width, height) != (self.width, self.height):  # letterbox or crop: one copy into the input
+            x, y = int(geometry.offset_x), int(geometry.offset_y)
+            pad = self.config.resize.pad if self.config.resize is not None else 0
+            canvas = np.full((self.height, self.width, image.shape[2]), pad, dtype=image.dtype)
+            # The overlap of the resized image (placed at x, y) with the canvas.
+            top, left = max(y, 0), max(x, 0)
+            bottom, right = min(y + height, self.height), min(x + width, self.width)
+            canvas[top:bottom, left:right] = image[top - y : bottom - y, left - x : right - x]
+            image = canvas
+        return self._to_tensor(image), geometry
+
     def __call__(self, frame: np.ndarray) -> np.ndarray:
-        image = cv2.resize(frame, (self.width, self.height), interpolation=cv2.INTER_LINEAR)
+        return self.prepare(frame)[0]
+
+    def _to_tensor(self, image: np.ndarray) -> np.ndarray:
         if self.config.color == "rgb":
             image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
         elif self.config.color == "gray":
