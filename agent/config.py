@@ -269,6 +269,27 @@ class SelectionConfig(BackendChoiceConfig):
     )
 
 
+class ReportConfig(StrictModel):
+    """Which results are worth publishing: every one by default. A box on a thin uplink sends
+    events, not a firehose. The rules apply in this order; a result one of them holds back is
+    counted, not sent."""
+
+    min_score: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Only results whose best score reaches this (classification: the top class; "
+        "detection: at least one box).",
+    )
+    on_change: bool = Field(
+        False,
+        description="Only when the outcome differs from the last one published (classification: the top "
+        "label; detection: the set of labels found, so 'nothing any more' is a change too).",
+    )
+    min_interval_s: float = Field(0.0, ge=0, description="At most one result per this many seconds.")
+    every_n: int = Field(1, ge=1, description="Of the results the rules above let through, every Nth.")
+
+
 class PipelineConfig(StrictModel):
     name: Name
     model: ModelRef
@@ -278,7 +299,19 @@ class PipelineConfig(StrictModel):
     source: SourceConfig
     preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
     postprocess: PostprocessConfig
+    report: ReportConfig = Field(default_factory=ReportConfig, description="Which results are published.")
     enabled: bool = True
+
+    @model_validator(mode="after")
+    def _report_needs_scores(self) -> PipelineConfig:
+        if isinstance(self.postprocess, RawPostprocess):
+            for key in ("min_score", "on_change"):
+                if getattr(self.report, key) not in (None, False):
+                    raise ValueError(
+                        f"report.{key} needs scores and labels: use a classification or detection "
+                        "postprocess (raw outputs have neither)"
+                    )
+        return self
 
 
 class AgentConfig(StrictModel):

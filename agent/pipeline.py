@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from agent.config import PipelineConfig
 from agent.processing import Preprocessor, build_postprocessor
+from agent.rules import ReportRules
 from agent.sources import Frame, LatestFrameSlot, VideoSource
 from providers import BackendError, Decision, Session
 
@@ -69,11 +70,13 @@ class Pipeline:
         session = model.session
         self.preprocess = Preprocessor(config.preprocess, session.inputs)
         self.postprocess = build_postprocessor(config.postprocess, session.outputs)
+        self.rules = ReportRules(config.report)
         self.slot = LatestFrameSlot()
         self.source = VideoSource(config.source, config.name, self.slot)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self.results = 0
+        self.results = 0  # published (handed to the sink)
+        self.inferences = 0  # frames the model ran on, published or held back by the report rules
         self.errors = 0
         self._errors_in_row = 0
         self.last_error: str | None = None
@@ -113,7 +116,8 @@ class Pipeline:
     def status(self) -> dict[str, Any]:
         with self._lock:
             results, errors, last_error = self.results, self.errors, self.last_error
-            mean_latency = self._latency_sum_ms / results if results else None
+            inferences, held_back = self.inferences, dict(self.rules.held_back)
+            mean_latency = self._latency_sum_ms / inferences if inferences else None
             degraded = self._errors_in_row >= _DEGRADED_AFTER_ERRORS
         source = self.source.stats()
         if self.finished:
@@ -131,6 +135,8 @@ class Pipeline:
             "backend": self.model.session.backend,
             "backend_switches": list(self.backend_switches[-5:]),
             "results": results,
+            "inferences": inferences,
+            "held_back": held_back,
             "errors": errors,
             "last_error": last_error,
             "mean_inference_ms": round(mean_latency, 3) if mean_latency is not None else None,
@@ -218,6 +224,13 @@ class Pipeline:
                 self._switch_to_fallback(str(exc))
             return
         inference_ms = (t2 - t1) * 1000
+        with self._lock:
+            self.inferences += 1
+            self._latency_sum_ms += inference_ms
+            if self.rules.check(output, frame.captured_at) is not None:
+                self._errors_in_row = 0  # a good frame, only not worth publishing (counted by its rule)
+                return
+            held_back = self.rules.take_held_count()
         result = {
             "captured_at": frame.captured_at,
             "model": {"name": self.model.name, "version": self.model.version, "sha256": self.model.sha256},
@@ -236,6 +249,7 @@ class Pipeline:
                 "frames_dropped": self.slot.dropped,
             },
             "output": output,
+            "held_back": held_back,
         }
         try:
             self.sink.submit(self.name, result)
@@ -245,4 +259,3 @@ class Pipeline:
         with self._lock:
             self.results += 1
             self._errors_in_row = 0
-            self._latency_sum_ms += inference_ms

@@ -7,9 +7,11 @@ they work whether or not this module is listed in conftest's pytest_plugins.
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -72,3 +74,19 @@ class FlakySession(Session):
             self.failures += 1
             raise BackendError(f"{self.backend}: run failed: {self.message} on call {self.calls}")
         return self.inner.run(feeds)
+
+
+class ListSink:
+    """A pipeline's result sink that keeps every result, for tests (the daemon's is the outbox)."""
+
+    def __init__(self) -> None:
+        self.results: list[tuple[str, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+
+    def submit(self, pipeline: str, result: dict[str, Any]) -> None:
+        with self._lock:
+            self.results.append((pipeline, result))
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.results)

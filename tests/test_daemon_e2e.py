@@ -174,13 +174,15 @@ def test_results_arrive_over_mqtt_and_agree_with_the_video(
     assert len({r["id"] for r in results}) == 12
     for r in results:
         assert set(r) == {"id", "device", "pipeline", "seq", "captured_at", "produced_at", "published_at",
-                          "model", "backend", "precision", "latency_ms", "source", "output"}  # fmt: skip
+                          "model", "backend", "precision", "latency_ms", "source", "output",
+                          "held_back"}  # fmt: skip
         assert (r["device"], r["pipeline"]) == (DEVICE, "signs")
         assert r["model"]["name"] == MODEL and r["model"]["version"] == VERSION
         assert len(r["model"]["sha256"]) == 64
         assert r["backend"] == chosen and r["precision"] in ("fp32", "bf16")
         assert parse_time(r["captured_at"]) <= parse_time(r["produced_at"]) <= parse_time(r["published_at"])
         assert r["latency_ms"]["inference"] > 0
+        assert r["held_back"] == 0  # no report rules: every result is published
         assert r["source"]["uri"] == str(path)
         top = r["output"]["top"]
         assert [t["label"] for t in top] == sorted(LABELS, key=lambda label: label != top[0]["label"])

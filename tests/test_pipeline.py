@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -16,26 +15,19 @@ from agent.config import ClassificationPostprocess, ModelRef, PipelineConfig, Vi
 from agent.pipeline import LoadedModel, Pipeline
 from providers import Session
 from providers.onnxruntime_backend import OnnxRuntimeBackend
-from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, FlakySession, cls_artifact, demo_video_module
+from tests.media_fixtures import (
+    CLS_LABELS,
+    CLS_PREPROCESS,
+    FlakySession,
+    ListSink,
+    cls_artifact,
+    demo_video_module,
+)
 from tests.waits import wait_until
 
 VIDEO_FPS = 10
 SECONDS_PER_SIGN = 1.0  # 6 signs: a 6 s video of 60 frames
 LATENCY_KEYS = {"preprocess", "inference", "postprocess", "capture_to_result"}
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.results: list[tuple[str, dict[str, Any]]] = []
-        self._lock = threading.Lock()
-
-    def submit(self, pipeline: str, result: dict[str, Any]) -> None:
-        with self._lock:
-            self.results.append((pipeline, result))
-
-    def count(self) -> int:
-        with self._lock:
-            return len(self.results)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +103,9 @@ def test_pipeline_end_to_end_matches_ground_truth(
             "latency_ms",
             "source",
             "output",
+            "held_back",
         }
+        assert result["held_back"] == 0  # no report rules
         assert isinstance(result["captured_at"], float) and abs(result["captured_at"] - time.time()) < 120
         assert result["model"] == {"name": "pp-ocr-cls", "version": "2.0", "sha256": "ab" * 32}
         assert result["backend"] == "onnxruntime/CPUExecutionProvider"
