@@ -247,6 +247,8 @@ class Pipeline:
                 "frame": frame.index,
                 "position_s": None if frame.position_s is None else round(frame.position_s, 3),
                 "frames_dropped": self.slot.dropped,
+                "outages": self.source.outages,
+                "last_outage_s": self.source.last_outage_s,
             },
             "output": output,
             "held_back": held_back,

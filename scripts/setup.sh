@@ -13,6 +13,14 @@ command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_apt+=
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)  # TLS tests make their certificates
 "$PYTHON" -c "import venv, ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv)
+# The RTSP camera tests serve a stream with GStreamer's RTSP server, run by Debian's own python3.
+/usr/bin/python3 -c "import gi; gi.require_version('GstRtspServer', '1.0')" >/dev/null 2>&1 ||
+    need_apt+=(python3-gi gir1.2-gst-rtsp-server-1.0)
+gst_plugins=/usr/lib/$(uname -m)-linux-gnu/gstreamer-1.0
+[ -e "$gst_plugins/libgstx264.so" ] || need_apt+=(gstreamer1.0-plugins-ugly)        # x264enc
+[ -e "$gst_plugins/libgstpng.so" ] || need_apt+=(gstreamer1.0-plugins-good)         # pngdec, rtph264pay
+[ -e "$gst_plugins/libgstvideoconvertscale.so" ] || [ -e "$gst_plugins/libgstvideoconvert.so" ] ||
+    need_apt+=(gstreamer1.0-plugins-base)                                              # videoconvert
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "setup: installing ${need_apt[*]}" >&2

@@ -113,7 +113,8 @@ def test_pipeline_end_to_end_matches_ground_truth(
         assert set(result["latency_ms"]) == LATENCY_KEYS
         assert all(isinstance(v, float) and v >= 0 for v in result["latency_ms"].values())
         source = result["source"]
-        assert set(source) == {"uri", "frame", "position_s", "frames_dropped"}
+        assert set(source) == {"uri", "frame", "position_s", "frames_dropped", "outages", "last_outage_s"}
+        assert (source["outages"], source["last_outage_s"]) == (0, None)  # a file that was there
         assert source["uri"] == str(path)
         assert source["position_s"] == pytest.approx((source["frame"] - 1) / VIDEO_FPS, abs=1e-3)
         top = result["output"]["top"]

@@ -57,6 +57,8 @@ class VideoSource:
         self.frames_skipped_by_fps = 0
         self.reconnects = 0
         self.outage_started: float | None = None
+        self.outages = 0  # times it streamed again after being unavailable
+        self.last_outage_s: float | None = None  # how long the last one lasted
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -84,6 +86,8 @@ class VideoSource:
                 "frames_dropped": self.slot.dropped,
                 "frames_skipped_by_fps": self.frames_skipped_by_fps,
                 "reconnects": self.reconnects,
+                "outages": self.outages,
+                "last_outage_s": self.last_outage_s,
             }
 
     # --- decoder thread ----------------------------------------------------------------
@@ -92,8 +96,11 @@ class VideoSource:
         with self._lock:
             if state == "retrying" and self.outage_started is None:
                 self.outage_started = time.time()
-            if state == "streaming":
+            if state == "streaming" and self.outage_started is not None:
+                self.outages += 1
+                self.last_outage_s = round(time.time() - self.outage_started, 3)
                 self.outage_started = None
+                log.info("source %s: streaming again after %.1f s", self.name, self.last_outage_s)
             self.state, self.error = state, error
 
     def _run(self) -> None:
