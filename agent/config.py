@@ -222,13 +222,32 @@ class DetectionPostprocess(StrictModel):
     labels: list[str] | None = Field(None, description="Class names by index.")
 
 
+class RegionsPostprocess(StrictModel):
+    """A probability map (segmentation, a text detector's map) -> regions with boxes in source pixels."""
+
+    type: Literal["regions"]
+    output: str | None = Field(None, description="Model output to read; defaults to the first.")
+    threshold: float = Field(0.3, ge=0, le=1, description="Map values above this belong to a region.")
+    min_area: int = Field(16, ge=1, description="Smaller regions (in map pixels) are noise.")
+    min_score: float = Field(0.0, ge=0, le=1, description="Regions whose mean value is lower are dropped.")
+    unclip_ratio: float = Field(
+        0.0,
+        ge=0,
+        le=10,
+        description="Grow each box by area x ratio / perimeter on every side: DB text detectors shrink "
+        "their regions and want 1.5; 0 keeps the boxes as found.",
+    )
+    max_regions: int = Field(100, ge=1, le=10_000)
+
+
 class RawPostprocess(StrictModel):
     type: Literal["raw"]
     max_values: int = Field(1000, ge=1, le=1_000_000, description="Larger outputs are cut (and flagged).")
 
 
 PostprocessConfig = Annotated[
-    ClassificationPostprocess | DetectionPostprocess | RawPostprocess, Field(discriminator="type")
+    ClassificationPostprocess | DetectionPostprocess | RegionsPostprocess | RawPostprocess,
+    Field(discriminator="type"),
 ]
 
 

@@ -15,13 +15,17 @@ RULES = ("min_score", "on_change", "min_interval_s", "every_n")
 
 
 def best_score(output: dict[str, Any]) -> float:
-    """The highest score in a classification or detection output (0 when there is none)."""
-    scored = output.get("top") or output.get("detections") or []
+    """The highest score in a classification, detection or regions output (0 when there is none)."""
+    scored = output.get("top") or output.get("detections") or output.get("regions") or []
     return max((float(item["score"]) for item in scored), default=0.0)
 
 
 def outcome(output: dict[str, Any], min_score: float | None = None) -> tuple[str, ...]:
-    """What a result says, for on_change: the top label, or the labels found (index when unlabelled)."""
+    """What a result says, for on_change: the top label, the labels found (index when unlabelled),
+    or how many regions reach min_score."""
+    if "regions" in output:
+        floor = min_score or 0.0
+        return (str(sum(1 for r in output["regions"] if float(r["score"]) >= floor)),)
     if "top" in output:
         top = output["top"][0] if output["top"] else None
         return () if top is None else (str(top["label"] if top["label"] is not None else top["index"]),)

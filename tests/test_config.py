@@ -189,7 +189,7 @@ BAD_CONFIGS: dict[str, tuple[str, list[tuple[int, str]]]] = {
             (
                 9,
                 "pipelines[0].postprocess: required key 'type' is missing "
-                "(one of: classification, detection, raw)",
+                "(one of: classification, detection, regions, raw)",
             )
         ],
     ),
@@ -783,8 +783,9 @@ def test_example_config_validates() -> None:
     assert cfg.mqtt.host == "127.0.0.1"
     assert cfg.registry is not None
     assert cfg.registry.url == "file:///srv/edge-registry"
-    assert [p.name for p in cfg.pipelines] == ["entrance", "faces", "raw-debug"]
-    entrance, faces, raw = cfg.pipelines
+    assert [p.name for p in cfg.pipelines] == ["entrance", "faces", "text-finder", "raw-debug"]
+    entrance, faces, text, raw = cfg.pipelines
+    assert text.postprocess.type == "regions"
     assert faces.postprocess.type == "detection" and faces.preprocess.resize is not None
     assert faces.preprocess.resize.mode == "letterbox"
     assert entrance.model.version == "2.0"
@@ -835,7 +836,7 @@ def test_example_config_documents_the_defaults() -> None:
         assert getattr(bare.preprocess, key) == getattr(entrance.preprocess, key), key
     assert bare.preprocess.scale == 1 / 255
     assert bare.postprocess.type == "raw"
-    assert bare.postprocess.max_values == example.pipelines[2].postprocess.max_values == 1000
+    assert bare.postprocess.max_values == example.pipelines[3].postprocess.max_values == 1000
     # The resize and detection keys the example spells out are the defaults.
     assert entrance.preprocess.resize is not None
     resize = entrance.preprocess.resize.model_dump()
@@ -857,6 +858,19 @@ def test_example_config_documents_the_defaults() -> None:
     faces = example.pipelines[1].postprocess
     for key in ("format", "output", "iou_threshold", "labels"):
         assert getattr(detection, key) == getattr(faces, key), key
+    regions = (
+        parse_config(
+            "device: {id: a}\nregistry: {url: 'file:///r'}\n"
+            "pipelines: [{name: p, model: {name: m, version: '1'}, source: {type: video, uri: '0'},"
+            " postprocess: {type: regions}}]\n",
+            environ={},
+        )
+        .pipelines[0]
+        .postprocess
+    )
+    text = example.pipelines[2].postprocess
+    for key in ("output", "threshold", "min_area", "min_score", "max_regions"):
+        assert getattr(regions, key) == getattr(text, key), key
 
 
 def test_gray_pipeline_with_default_mean_and_std() -> None:

@@ -130,7 +130,7 @@ def test_letterbox_keeps_the_aspect_and_pads_with_the_pad_value() -> None:
     frame = np.zeros((100, 200, 3), np.uint8)
     frame[:, :, 2] = 255  # red, in BGR
     tensor, geometry = _preprocessor("letterbox").prepare(frame)
-    assert geometry == Geometry(1.6, 1.6, 0, 80, 200, 100)
+    assert geometry == Geometry(1.6, 1.6, 0, 80, 200, 100, 320, 320)
     image = tensor[0].transpose(1, 2, 0)  # bgr, scale 1: raw pixel values
     assert (image[80:240, :, 2] == 255).all() and (image[80:240, :, 0] == 0).all()
     assert (image[:80] == 114).all() and (image[240:] == 114).all()  # bars above and below
@@ -144,7 +144,7 @@ def test_centre_crop_cuts_the_overhang_and_maps_boxes_back() -> None:
     frame = np.stack([frame % 251, frame % 241, frame % 239], axis=2).astype(np.uint8)
     preprocess = _preprocessor("crop", width=100, height=100)
     tensor, geometry = preprocess.prepare(frame)
-    assert geometry == Geometry(1.0, 1.0, -50, 0, 200, 100)
+    assert geometry == Geometry(1.0, 1.0, -50, 0, 200, 100, 100, 100)
     assert (tensor[0].transpose(1, 2, 0) == frame[:, 50:150]).all()  # the middle square, unscaled
     # A box in the model input is the same box 50 px to the right in the frame; outside parts clip.
     boxes = geometry.to_source(np.array([[10.0, 20.0, 30.0, 40.0], [-80.0, 0.0, 10.0, 120.0]]))
@@ -157,7 +157,7 @@ def test_stretch_is_the_default_and_scales_each_axis() -> None:
         [TensorSpec("x", (1, 3, 32, 64), "float32")],
     )
     geometry = preprocess.geometry(100, 400)
-    assert geometry == Geometry(0.16, 0.32, 0, 0, 400, 100)
+    assert geometry == Geometry(0.16, 0.32, 0, 0, 400, 100, 64, 32)
     assert geometry.to_source(np.array([[16.0, 16.0, 32.0, 32.0]])).tolist() == [[100.0, 50.0, 200.0, 100.0]]
 
 

@@ -10,7 +10,13 @@ from typing import Any
 import cv2
 import numpy as np
 
-from agent.config import ClassificationPostprocess, DetectionPostprocess, PostprocessConfig, RawPostprocess
+from agent.config import (
+    ClassificationPostprocess,
+    DetectionPostprocess,
+    PostprocessConfig,
+    RawPostprocess,
+    RegionsPostprocess,
+)
 from agent.errors import ModelError
 from agent.processing.preprocess import Geometry
 from providers import TensorSpec
@@ -139,6 +145,63 @@ class Detection(Postprocessor):
         }
 
 
+class Regions(Postprocessor):
+    """A probability map [1, 1, H, W] (or [1, H, W], [H, W]) -> connected regions above `threshold`.
+
+    Each region: its bounding box (grown by `unclip_ratio`, as DB text detectors need), mapped from
+    map pixels to model-input pixels (the map may be smaller) and through the preprocessing's
+    Geometry to source pixels; its mean map value as the score; its area in map pixels.
+
+    Result: {"regions": [{"score", "area", "box": [x1, y1, x2, y2]}, ...]} in reading order (top to
+    bottom, then left to right), at most `max_regions` (the best-scored ones).
+    """
+
+    def __init__(self, config: RegionsPostprocess, outputs: list[TensorSpec]) -> None:
+        self.config = config
+        self.output = _pick_output(config.output, outputs)
+        shape = self.output.shape
+        if len(shape) < 2 or any(isinstance(d, int) and d > 1 for d in shape[:-2]):
+            raise ModelError(
+                f"output {self.output.name!r} has shape {list(self.output.shape)}; "
+                "a probability map is [1, 1, H, W], [1, H, W] or [H, W]"
+            )
+
+    def __call__(self, outputs: Mapping[str, np.ndarray], geometry: Geometry | None = None) -> dict[str, Any]:
+        raw = np.asarray(outputs[self.output.name], dtype=np.float32)
+        if raw.ndim < 2 or int(np.prod(raw.shape[:-2])) != 1:
+            raise ModelError(f"output {self.output.name!r} has shape {list(raw.shape)}, not one map")
+        height, width = raw.shape[-2], raw.shape[-1]
+        probability = raw.reshape(height, width)
+        if not np.isfinite(probability).all():
+            raise ModelError(f"output {self.output.name!r} contains NaN or infinite values")
+        count, labels, stats, _ = cv2.connectedComponentsWithStats(
+            (probability > self.config.threshold).astype(np.uint8), connectivity=4
+        )
+        found = []
+        for i in range(1, count):  # 0 is the background
+            x, y, w, h, area = (int(v) for v in stats[i])
+            if area < self.config.min_area:
+                continue
+            score = float(probability[labels == i].mean())
+            if score < self.config.min_score:
+                continue
+            grow = w * h * self.config.unclip_ratio / (2 * (w + h))
+            found.append((score, area, [x - grow, y - grow, x + w + grow, y + h + grow]))
+        found = sorted(found, key=lambda r: -r[0])[: self.config.max_regions]
+        boxes = np.array([box for _, _, box in found], dtype=np.float64).reshape(-1, 4)
+        if geometry is not None:  # map pixels -> model-input pixels -> source pixels
+            boxes[:, 0::2] *= geometry.input_width / width
+            boxes[:, 1::2] *= geometry.input_height / height
+            boxes = geometry.to_source(boxes)
+        rounded = [[round(float(v), 1) for v in box] for box in boxes]
+        order = sorted(range(len(found)), key=lambda i: (rounded[i][1], rounded[i][0]))  # reading order
+        return {
+            "regions": [
+                {"score": round(found[i][0], 4), "area": found[i][1], "box": rounded[i]} for i in order
+            ]
+        }
+
+
 class Raw(Postprocessor):
     """Every output as {"shape", "dtype", "values" (flattened, at most max_values), "truncated"}."""
 
@@ -168,6 +231,8 @@ def build_postprocessor(config: PostprocessConfig, outputs: list[TensorSpec]) ->
         return Classification(config, outputs)
     if isinstance(config, DetectionPostprocess):
         return Detection(config, outputs)
+    if isinstance(config, RegionsPostprocess):
+        return Regions(config, outputs)
     return Raw(config)
 
 

@@ -30,6 +30,8 @@ class Geometry:
     offset_y: float
     source_width: int
     source_height: int
+    input_width: int  # the model input's size, which a probability map's pixels scale to
+    input_height: int
 
     def to_source(self, boxes: np.ndarray) -> np.ndarray:
         """[N, 4] boxes (x1, y1, x2, y2) in model-input pixels -> source pixels, clipped to the frame."""
@@ -99,7 +101,14 @@ class Preprocessor:
         mode = resize.mode if resize is not None else "stretch"
         if mode == "stretch":
             return Geometry(
-                self.width / source_width, self.height / source_height, 0, 0, source_width, source_height
+                self.width / source_width,
+                self.height / source_height,
+                0,
+                0,
+                source_width,
+                source_height,
+                self.width,
+                self.height,
             )
         fit = min if mode == "letterbox" else max
         scale = fit(self.width / source_width, self.height / source_height)
@@ -108,7 +117,14 @@ class Preprocessor:
         offset_x = (self.width - width) // 2 if centred else 0
         offset_y = (self.height - height) // 2 if centred else 0
         return Geometry(
-            width / source_width, height / source_height, offset_x, offset_y, source_width, source_height
+            width / source_width,
+            height / source_height,
+            offset_x,
+            offset_y,
+            source_width,
+            source_height,
+            self.width,
+            self.height,
         )
 
     def prepare(self, frame: np.ndarray) -> tuple[np.ndarray, Geometry]:
