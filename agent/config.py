@@ -135,10 +135,16 @@ class ModelRef(StrictModel):
 class VideoSourceConfig(StrictModel):
     type: Literal["video"]
     uri: str = Field(
-        description="A file path, a V4L2 device index (0) or /dev/videoN, or an rtsp://, http(s):// URL."
+        description="A video file, a folder of images (played in name order), a V4L2 device index (0) "
+        "or /dev/videoN, or an rtsp://, http(s):// URL (HTTP: MJPEG or any stream FFmpeg reads)."
     )
-    fps: float | None = Field(None, gt=0, le=1000, description="Cap on frames handed to the model.")
-    loop: bool = Field(False, description="Restart a video file at its end (files only).")
+    fps: float | None = Field(
+        None,
+        gt=0,
+        le=1000,
+        description="Cap on frames handed to the model. A folder of images plays at this rate (default 1).",
+    )
+    loop: bool = Field(False, description="Start again at the end (video files and image folders).")
     reopen_min_s: float = Field(1.0, gt=0, description="First retry delay when the source fails.")
     reopen_max_s: float = Field(30.0, gt=0, description="Cap of the retry delay (doubles each failure).")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import cv2
 import numpy as np
 import pytest
 
@@ -90,3 +91,16 @@ class ListSink:
     def count(self) -> int:
         with self._lock:
             return len(self.results)
+
+
+def sign_folder(folder: Path, count: int) -> list[str]:
+    """`count` rendered signs as PNG files (alternately upside down), in name order; their orientations."""
+    folder.mkdir()
+    render = demo_video_module().render_sign
+    rng = np.random.default_rng(11)
+    orientations = []
+    for i in range(count):
+        upside_down = i % 2 == 1
+        assert cv2.imwrite(str(folder / f"frame-{i:03d}.png"), render(f"BAY {i}", upside_down, rng))
+        orientations.append("upside-down" if upside_down else "upright")
+    return orientations

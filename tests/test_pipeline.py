@@ -22,6 +22,7 @@ from tests.media_fixtures import (
     ListSink,
     cls_artifact,
     demo_video_module,
+    sign_folder,
 )
 from tests.waits import wait_until
 
@@ -265,3 +266,19 @@ def test_nan_outputs_fail_the_frame_instead_of_publishing_invalid_json(
     assert wait_until(lambda: pipeline.status()["errors"] >= 3, timeout=15)
     assert sink.count() == 0
     assert "NaN or infinite" in str(pipeline.status()["last_error"])
+
+
+def test_a_folder_of_images_goes_through_in_name_order(tmp_path: Path, loaded: LoadedModel) -> None:
+    orientations = sign_folder(tmp_path / "frames", 6)
+    sink = ListSink()
+    pipeline = Pipeline(_config(tmp_path / "frames", fps=20), loaded, sink)
+    pipeline.warm_up()
+    pipeline.start()
+    try:
+        assert wait_until(lambda: pipeline.finished, timeout=30, interval=0.05)
+    finally:
+        pipeline.stop(timeout=5)
+    results = [r for _, r in sink.results]
+    assert [r["source"]["frame"] for r in results] == list(range(1, 7))
+    assert [r["output"]["top"][0]["label"] for r in results] == orientations
+    assert pipeline.status()["state"] == "finished"

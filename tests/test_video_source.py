@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -360,3 +363,93 @@ def test_backoff_doubles_is_capped_and_never_overflows() -> None:
     assert [backoff_delay(n, 1.0, 30.0) for n in range(1, 8)] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
     assert backoff_delay(0, 0.5, 10.0) == 0.5
     assert backoff_delay(10**6, 10.0, 600.0) == 600.0  # a pipeline retried for months
+
+
+# --- image folders -----------------------------------------------------------------------------------
+
+
+def test_image_folder_plays_in_name_order_at_fps_and_skips_bad_files(tmp_path: Path, running: list) -> None:
+    folder = tmp_path / "frames"
+    media_fixtures.sign_folder(folder, 4)
+    (folder / "frame-001b.jpg").write_bytes(b"not a jpeg")  # sorts between 1 and 2: skipped
+    (folder / "notes.txt").write_text("not an image at all")  # not an image suffix: ignored
+    source, slot = _source(folder, fps=10)
+    running.append(source)
+    assert source.kind == "folder"
+    source.start()
+    frames = _drain(source, slot, timeout=10)
+    assert [f.index for f in frames] == [1, 2, 3, 4]
+    assert [f.position_s for f in frames] == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    assert all(f.image.shape == (80, 320, 3) for f in frames)
+    assert source.state == "finished" and source.stats()["frames_decoded"] == 4
+
+
+def test_an_empty_image_folder_is_retried_with_a_clear_error(tmp_path: Path, running: list) -> None:
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    source, _ = _source(folder, reopen_min_s=0.05, reopen_max_s=0.2)
+    running.append(source)
+    source.start()
+    assert wait_until(lambda: source.state == "retrying", timeout=10)
+    assert source.stats()["error"].startswith(f"image folder {folder} has no images (")
+    media_fixtures.sign_folder(folder / "late", 1)  # images in a subfolder do not count
+    assert wait_until(lambda: source.stats()["reconnects"] >= 3, timeout=10)
+    assert source.state == "retrying"
+
+
+# --- HTTP: MJPEG from ffmpeg, and a URL that is no stream ---------------------------------------
+
+
+def test_http_mjpeg_stream_from_ffmpeg(short_video: tuple[Path, list], running: list) -> None:
+    path, _ = short_video
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/cam.mjpg"
+    server = subprocess.Popen(
+        ["ffmpeg", "-nostdin", "-loglevel", "error", "-re", "-stream_loop", "-1", "-i", str(path),
+         "-f", "mpjpeg", "-q:v", "5", "-listen", "1", url],
+    )  # fmt: skip
+    try:
+        source, slot = _source(url, reopen_min_s=0.2, reopen_max_s=0.5)
+        running.append(source)
+        source.start()
+        frames = []
+        deadline = time.monotonic() + 20
+        while len(frames) < 10 and time.monotonic() < deadline:
+            frame = slot.get(timeout=0.5)
+            if frame is not None:
+                frames.append(frame)
+        assert len(frames) == 10, source.stats()
+        assert source.state == "streaming" and source.kind == "url"
+        assert all(f.position_s is None for f in frames)  # live: no position in a file
+        assert all(f.image.shape == (80, 320, 3) for f in frames)
+        assert len({f.index for f in frames}) == 10
+    finally:
+        server.kill()
+        server.wait(10)
+
+
+def test_a_url_that_serves_a_web_page_is_not_a_stream(tmp_path: Path, running: list) -> None:
+    (tmp_path / "index.html").write_text("<html><body>camera admin page</body></html>")
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        assert wait_until(lambda: _listening(port), timeout=10)
+        url = f"http://127.0.0.1:{port}/index.html"
+        source, slot = _source(url, reopen_min_s=0.1, reopen_max_s=0.3)
+        running.append(source)
+        source.start()
+        assert wait_until(lambda: source.stats()["reconnects"] >= 2, timeout=30), source.stats()
+        assert source.state == "retrying" and slot.get(timeout=0.05) is None
+        errors = (f"cannot open url source {url}", f"{url} stopped delivering frames")
+        assert source.stats()["error"] in errors
+    finally:
+        server.kill()
+        server.wait(10)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0

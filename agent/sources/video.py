@@ -1,4 +1,4 @@
-"""Video through OpenCV: files, V4L2 devices, RTSP/HTTP streams.
+"""Video through OpenCV: files, image folders, V4L2 devices, RTSP and HTTP (MJPEG) streams.
 
 One decoder thread per source hands frames to a LatestFrameSlot. A source that cannot be
 opened, or that stops delivering, is reopened with capped exponential backoff; the daemon
@@ -12,7 +12,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import cv2
@@ -24,6 +24,7 @@ from agent.sources.frames import Frame, LatestFrameSlot
 log = logging.getLogger(__name__)
 
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
 # Bound how long OpenCV's FFmpeg backend may block opening or reading a network stream.
 _NETWORK_TIMEOUT_MS = 5000
 
@@ -37,6 +38,18 @@ def redact_uri(uri: str) -> str:
         return uri
     host = parts.netloc.rpartition("@")[2]  # as written: keeps [IPv6] brackets, never parses the port
     return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
+class Capture(Protocol):
+    """What the decoder thread reads from: a cv2.VideoCapture, or an ImageFolder."""
+
+    def isOpened(self) -> bool: ...  # OpenCV's names
+
+    def read(self) -> tuple[bool, Any]: ...
+
+    def get(self, prop: int) -> float: ...
+
+    def release(self) -> None: ...
 
 
 class VideoSource:
@@ -139,8 +152,15 @@ class VideoSource:
         finally:
             capture.release()
 
-    def _open(self) -> cv2.VideoCapture | None:
+    def _open(self) -> Capture | None:
         uri = self.config.uri
+        if self.kind == "folder":
+            folder = ImageFolder(Path(uri), self.config.fps or 1.0)
+            if not folder.isOpened():
+                self._fail(f"image folder {uri} has no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+                return None
+            log.info("source %s: opened %s (%d images)", self.name, uri, len(folder.paths))
+            return folder
         if self.kind == "file" and not Path(uri).is_file():
             self._fail(f"video file {uri} does not exist")
             return None
@@ -164,13 +184,13 @@ class VideoSource:
         log.info("source %s: opened %s", self.name, self.display_uri)
         return capture
 
-    def _read_until_end(self, capture: cv2.VideoCapture, index: int) -> tuple[str, int]:
+    def _read_until_end(self, capture: Capture, index: int) -> tuple[str, int]:
         """Read frames until stop, end of file or failure. Returns (outcome, next index).
 
         Outcomes: "stopped", "finished" (file end), "rewind" (file end, looping),
         "broken" (frames came, then stopped), "failed" (no frame at all).
         """
-        is_file = self.kind == "file"
+        is_file = self.kind in ("file", "folder")  # finite, played at their own rate
         file_fps = capture.get(cv2.CAP_PROP_FPS) if is_file else 0.0
         file_fps = file_fps if 0 < file_fps < 1000 else 25.0
         min_interval = 1.0 / self.config.fps if self.config.fps else 0.0
@@ -211,9 +231,49 @@ class VideoSource:
         self._set_state("retrying", message)
 
 
+class ImageFolder:
+    """A folder of images read like a cv2.VideoCapture: one frame per image, in name order, at `fps`.
+
+    An image that cannot be decoded is skipped (counted in `unreadable`, logged once per file).
+    """
+
+    def __init__(self, folder: Path, fps: float) -> None:
+        self.fps = fps
+        try:
+            self.paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        except OSError:
+            self.paths = []
+        self.next = 0
+        self.unreadable: list[str] = []
+
+    def isOpened(self) -> bool:  # cv2.VideoCapture's name
+        return bool(self.paths)
+
+    def get(self, prop: int) -> float:
+        return self.fps if prop == cv2.CAP_PROP_FPS else 0.0
+
+    def read(self) -> tuple[bool, Any]:
+        while self.next < len(self.paths):
+            path = self.paths[self.next]
+            self.next += 1
+            image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+            if image is not None:
+                return True, image
+            if path.name not in self.unreadable:
+                self.unreadable.append(path.name)
+                log.warning("image folder: cannot decode %s; skipping it", path)
+        return False, None
+
+    def release(self) -> None:
+        self.paths = []
+
+
 def _kind(uri: str) -> str:
     if _URL.match(uri):
         return "url"
     if uri.isdigit() or uri.startswith("/dev/video"):
         return "device"
-    return "file"
+    try:
+        return "folder" if Path(uri).is_dir() else "file"
+    except OSError:  # a name the file system refuses (too long, ...): opening it says so, and retries
+        return "file"
