@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from agent.config import AgentConfig, PipelineConfig, SourceConfig
+from agent.config import AgentConfig, PipelineConfig
 from agent.fsutil import atomic_write_bytes
 from agent.hardware import HardwareInfo, detect_hardware
-from agent.processing import Preprocessor
+from agent.processing.feed import Feeder, build_feeder
 from agent.retry import backoff_delay
-from agent.sources import LatestFrameSlot, VideoSource
+from agent.sources import open_source
 from agent.testdata import testdata_samples
 from agent.transform import upgraded_artifacts
 from providers import (
@@ -78,20 +78,17 @@ def _with_cache_dirs(options: Mapping[str, Mapping[str, Any]], cache: Path) -> d
     return merged
 
 
-def grab_sample(
-    source: SourceConfig, name: str, preprocess: Preprocessor, timeout_s: float
-) -> dict[str, np.ndarray] | None:
-    """One real input from the pipeline's own source, preprocessed; None if none came in time."""
-    slot = LatestFrameSlot()
-    probe_source = VideoSource(source, f"{name}-sample", slot)
-    probe_source.start()
+def grab_sample(pipeline: PipelineConfig, feeder: Feeder, timeout_s: float) -> dict[str, np.ndarray] | None:
+    """One real input from the pipeline's own source, as the model's inputs; None if none came in time."""
+    source, slot = open_source(pipeline.source, f"{pipeline.name}-sample")
+    source.start()
     try:
         frame = slot.get(timeout_s)
     finally:
-        probe_source.stop(timeout=5)
+        source.stop(timeout=5)
     if frame is None:
         return None
-    return {preprocess.input.name: preprocess(frame.image)}
+    return feeder.feeds(frame.data, gap=True)[0]
 
 
 def _samples(
@@ -108,10 +105,10 @@ def _samples(
         return samples
     reference = reference_session(artifacts, backends)
     try:
-        preprocess = Preprocessor(pipeline.preprocess, reference.inputs)
+        feeder = build_feeder(pipeline, reference.inputs, reference.outputs)
     finally:
         reference.close()
-    frame = grab_sample(pipeline.source, pipeline.name, preprocess, config.backends.sample_timeout_s)
+    frame = grab_sample(pipeline, feeder, config.backends.sample_timeout_s)
     if frame is not None:
         return [*samples, Sample(frame, "a frame from the pipeline's source")]
     log.warning(
@@ -265,7 +262,7 @@ class DecisionSwitcher:
         decision: Decision,
         artifacts: Sequence[ModelArtifact],
         policy: SelectionPolicy,
-        warm_up: Mapping[str, tuple[int, ...]] | None = None,
+        warm_up: Mapping[str, np.ndarray] | None = None,
         backends: Sequence[Backend] | None = None,
         retry_first_s: float = 60.0,
         retry_max_s: float = 3600.0,
@@ -273,7 +270,7 @@ class DecisionSwitcher:
         self.order = decision.order()
         self.artifacts = {a.sha256: a for a in artifacts}
         self.policy = policy
-        self.warm_up_shapes = warm_up
+        self.warm_up_feeds = warm_up  # the pipeline's inputs for a first run (shapes, constants, state)
         self.backends = {b.name: b for b in (backends if backends is not None else all_backends())}
         self.retry_first_s, self.retry_max_s = retry_first_s, retry_max_s
         self._demoted: dict[str, tuple[int, float]] = {}  # backend -> (failures, retry at)
@@ -285,7 +282,10 @@ class DecisionSwitcher:
             return None
         try:
             session = backend.load(artifact, self.policy.options_for(backend.name))
-            session.warm_up(self.warm_up_shapes)
+            if self.warm_up_feeds is not None:
+                session.run(self.warm_up_feeds)
+            else:
+                session.warm_up()
             return session
         except Exception as exc:  # a runtime's own errors too: this is a probe of health
             self._demote(report.backend)

@@ -17,7 +17,9 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -161,7 +163,31 @@ class VideoSourceConfig(StrictModel):
         return value
 
 
-SourceConfig = Annotated[VideoSourceConfig, Field(discriminator="type")]
+class AudioSourceConfig(StrictModel):
+    """Audio cut into windows for the model: a WAV file (PCM) for now, resampled to the model's rate."""
+
+    type: Literal["audio"]
+    uri: str = Field(description="A WAV file (PCM 8/16/24/32-bit, any rate, mono or the first channel).")
+    sample_rate: int = Field(16000, ge=1000, le=192_000, description="The rate the model wants.")
+    window: int = Field(512, ge=1, le=1_000_000, description="Samples per window (at sample_rate).")
+    hop: int | None = Field(None, ge=1, description="Samples between window starts; default: window.")
+    realtime: bool = Field(True, description="Play a file at its recorded pace, as a microphone would.")
+    loop: bool = Field(False, description="Start again at the end.")
+    max_queue: int = Field(
+        1000, ge=1, le=1_000_000, description="Windows held for a busy model; beyond, the oldest are dropped."
+    )
+    reopen_min_s: float = Field(1.0, gt=0, description="First retry delay when the source fails.")
+    reopen_max_s: float = Field(30.0, gt=0, description="Cap of the retry delay.")
+
+    @field_validator("uri")
+    @classmethod
+    def _non_empty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("uri must not be empty")
+        return value
+
+
+SourceConfig = Annotated[VideoSourceConfig | AudioSourceConfig, Field(discriminator="type")]
 
 
 class ResizeConfig(StrictModel):
@@ -202,6 +228,39 @@ class PreprocessConfig(StrictModel):
         if any(s == 0 for s in self.std):
             raise ValueError("std values must not be 0")
         return self
+
+
+class AudioPreprocessConfig(StrictModel):
+    """Audio windows into the model's inputs: samples (with context from the previous window) and
+    constant inputs (e.g. a sample-rate input)."""
+
+    type: Literal["audio"]
+    input: str | None = Field(None, description="Input for the samples; default: the model's first input.")
+    context: int = Field(
+        0, ge=0, le=1_000_000, description="Samples of the previous window put before each window."
+    )
+    constants: dict[str, float] = Field(
+        default_factory=dict, description="Inputs fed the same value every run, e.g. {sr: 16000}."
+    )
+
+
+def _preprocess_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "audio" if value.get("type") == "audio" else "image"
+    return "audio" if isinstance(value, AudioPreprocessConfig) else "image"
+
+
+AnyPreprocessConfig = Annotated[
+    Annotated[PreprocessConfig, Tag("image")] | Annotated[AudioPreprocessConfig, Tag("audio")],
+    Discriminator(_preprocess_kind),
+]
+
+
+class StateLink(StrictModel):
+    """A recurrent model's state: `output` of one run is fed back as `input` on the next."""
+
+    input: str
+    output: str
 
 
 class ClassificationPostprocess(StrictModel):
@@ -246,13 +305,35 @@ class RegionsPostprocess(StrictModel):
     max_regions: int = Field(100, ge=1, le=10_000)
 
 
+class ThresholdPostprocess(StrictModel):
+    """One score per run (speech probability, anomaly score) -> active or not, with hysteresis, and
+    the start/end events where that changes."""
+
+    type: Literal["threshold"]
+    output: str | None = Field(None, description="Model output to read (its first value); default: first.")
+    on_score: float = Field(0.5, description="Becomes active when the score reaches this.")
+    off_score: float | None = Field(
+        None, description="Becomes inactive when the score falls below this; default on_score - 0.15."
+    )
+
+    @model_validator(mode="after")
+    def _off_below_on(self) -> ThresholdPostprocess:
+        if self.off_score is not None and self.off_score > self.on_score:
+            raise ValueError(f"off_score ({self.off_score}) must not be above on_score ({self.on_score})")
+        return self
+
+
 class RawPostprocess(StrictModel):
     type: Literal["raw"]
     max_values: int = Field(1000, ge=1, le=1_000_000, description="Larger outputs are cut (and flagged).")
 
 
 PostprocessConfig = Annotated[
-    ClassificationPostprocess | DetectionPostprocess | RegionsPostprocess | RawPostprocess,
+    ClassificationPostprocess
+    | DetectionPostprocess
+    | RegionsPostprocess
+    | ThresholdPostprocess
+    | RawPostprocess,
     Field(discriminator="type"),
 ]
 
@@ -322,10 +403,25 @@ class PipelineConfig(StrictModel):
         default_factory=BackendChoiceConfig, description="Adds to (and fixed overrides) the agent's backends."
     )
     source: SourceConfig
-    preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
+    preprocess: AnyPreprocessConfig = Field(default_factory=PreprocessConfig)
     postprocess: PostprocessConfig
+    state: list[StateLink] = Field(
+        default_factory=list,
+        description="Recurrent state fed back run to run; reset when the stream restarts.",
+    )
     report: ReportConfig = Field(default_factory=ReportConfig, description="Which results are published.")
     enabled: bool = True
+
+    @model_validator(mode="after")
+    def _preprocess_fits_source(self) -> PipelineConfig:
+        audio_source = isinstance(self.source, AudioSourceConfig)
+        if audio_source != isinstance(self.preprocess, AudioPreprocessConfig):
+            raise ValueError(
+                "an audio source needs preprocess.type: audio"
+                if audio_source
+                else "preprocess.type: audio needs an audio source"
+            )
+        return self
 
     @model_validator(mode="after")
     def _report_needs_scores(self) -> PipelineConfig:

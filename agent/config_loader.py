@@ -192,7 +192,8 @@ def _data_path(loc: tuple[Any, ...], data: Any) -> tuple[PathKey, bool]:
                 path.append(part)
                 current = current[part]
                 continue
-            if current.get("type") == part:  # discriminator tag, not a key
+            # A discriminator tag, not a key; preprocess is tagged "image" when it has no type.
+            if current.get("type", "image") == part:
                 continue
             path.append(part)
             return tuple(path), True

@@ -288,9 +288,10 @@ class Agent:
             pipeline = Pipeline(config, loaded, self.writer)
             say(f"warming up on {session.backend}")
             pipeline.warm_up()
-            shapes = {pipeline.preprocess.input.name: pipeline.preprocess.shape}
             policy = policy_for(self.config, config)
-            pipeline.switcher = DecisionSwitcher(decision, candidates, policy, warm_up=shapes)
+            pipeline.switcher = DecisionSwitcher(
+                decision, candidates, policy, warm_up=pipeline.feeder.warm_up_feeds()
+            )
         except Exception:
             session.close()
             raise

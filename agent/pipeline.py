@@ -15,8 +15,9 @@ from typing import Any, Protocol
 
 from agent.config import PipelineConfig
 from agent.processing import Preprocessor, build_postprocessor
+from agent.processing.feed import ImageFeeder, build_feeder
 from agent.rules import ReportRules
-from agent.sources import Frame, LatestFrameSlot, VideoSource
+from agent.sources import Frame, open_source
 from providers import BackendError, Decision, Session
 
 log = logging.getLogger(__name__)
@@ -68,11 +69,10 @@ class Pipeline:
         self.model = model
         self.sink = sink
         session = model.session
-        self.preprocess = Preprocessor(config.preprocess, session.inputs)
+        self.feeder = build_feeder(config, session.inputs, session.outputs)
         self.postprocess = build_postprocessor(config.postprocess, session.outputs)
         self.rules = ReportRules(config.report)
-        self.slot = LatestFrameSlot()
-        self.source = VideoSource(config.source, config.name, self.slot)
+        self.source, self.slot = open_source(config.source, config.name)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.results = 0  # published (handed to the sink)
@@ -84,9 +84,14 @@ class Pipeline:
         self._done = threading.Event()
         self._busy_since: float | None = None
 
+    @property
+    def preprocess(self) -> Preprocessor | None:
+        """The image preprocessing (None for audio pipelines)."""
+        return self.feeder.preprocess if isinstance(self.feeder, ImageFeeder) else None
+
     def warm_up(self) -> None:
         """Run the model once at its real input shape before it serves a live frame."""
-        self.model.session.warm_up({self.preprocess.input.name: self.preprocess.shape})
+        self.model.session.run(self.feeder.warm_up_feeds())
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"pipeline-{self.name}", daemon=True)
@@ -212,9 +217,10 @@ class Pipeline:
     def _process_frame(self, frame: Frame) -> None:
         try:
             t0 = time.perf_counter()
-            tensor, geometry = self.preprocess.prepare(frame.image)
+            feeds, geometry = self.feeder.feeds(frame.data, frame.gap)
             t1 = time.perf_counter()
-            outputs = self.model.session.run({self.preprocess.input.name: tensor})
+            outputs = self.model.session.run(feeds)
+            self.feeder.seen(outputs)
             t2 = time.perf_counter()
             output = self.postprocess(outputs, geometry)
             t3 = time.perf_counter()

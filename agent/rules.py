@@ -16,6 +16,8 @@ RULES = ("min_score", "on_change", "min_interval_s", "every_n")
 
 def best_score(output: dict[str, Any]) -> float:
     """The highest score in a classification, detection or regions output (0 when there is none)."""
+    if "active" in output:  # threshold
+        return float(output["score"])
     scored = output.get("top") or output.get("detections") or output.get("regions") or []
     return max((float(item["score"]) for item in scored), default=0.0)
 
@@ -23,6 +25,8 @@ def best_score(output: dict[str, Any]) -> float:
 def outcome(output: dict[str, Any], min_score: float | None = None) -> tuple[str, ...]:
     """What a result says, for on_change: the top label, the labels found (index when unlabelled),
     or how many regions reach min_score."""
+    if "active" in output:  # threshold: on_change publishes the start and end events
+        return ("active",) if output["active"] else ("idle",)
     if "regions" in output:
         floor = min_score or 0.0
         return (str(sum(1 for r in output["regions"] if float(r["score"]) >= floor)),)

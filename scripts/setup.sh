@@ -16,6 +16,7 @@ command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)  # TLS tests make thei
 # The RTSP camera tests serve a stream with GStreamer's RTSP server, run by Debian's own python3.
 /usr/bin/python3 -c "import gi; gi.require_version('GstRtspServer', '1.0')" >/dev/null 2>&1 ||
     need_apt+=(python3-gi gir1.2-gst-rtsp-server-1.0)
+command -v espeak-ng >/dev/null 2>&1 || need_apt+=(espeak-ng)  # speech for the audio/VAD tests
 gst_plugins=/usr/lib/$(uname -m)-linux-gnu/gstreamer-1.0
 [ -e "$gst_plugins/libgstx264.so" ] || need_apt+=(gstreamer1.0-plugins-ugly)        # x264enc
 [ -e "$gst_plugins/libgstpng.so" ] || need_apt+=(gstreamer1.0-plugins-good)         # pngdec, rtph264pay
@@ -49,6 +50,9 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
     # nudenet's 320n.onnx is a trained YOLOv8n (faces among its 18 classes) for the detection tests;
     # AGPL-3.0, so it is a test input only. Its dependencies are installed already.
     "$VENV/bin/python" -m pip install -q -c "$REPO/constraints.txt" --no-deps nudenet
+    # silero-vad's ONNX voice-activity models; its hard dependency is torch, which the ONNX files
+    # do not need: take the files only (never imported).
+    "$VENV/bin/python" -m pip install -q -c "$REPO/constraints.txt" --no-deps silero-vad
     echo "$want" > "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"

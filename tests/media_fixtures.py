@@ -6,8 +6,10 @@ they work whether or not this module is listed in conftest's pytest_plugins.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
+import wave
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
@@ -104,3 +106,50 @@ def sign_folder(folder: Path, count: int) -> list[str]:
         assert cv2.imwrite(str(folder / f"frame-{i:03d}.png"), render(f"BAY {i}", upside_down, rng))
         orientations.append("upside-down" if upside_down else "upright")
     return orientations
+
+
+SPEECH = ("The quick brown fox jumps over the lazy dog.", "Hello camera, start recording now.")
+SILENCES_S = (1.0, 1.5, 1.0)  # before, between and after the two sentences
+
+
+def speak(text: str, path: Path) -> None:
+    """espeak-ng (Debian) renders `text` to a 22050 Hz mono 16-bit WAV."""
+    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(path), text], check=True, timeout=60)
+
+
+def speech_spans(samples: np.ndarray, rate: int) -> list[tuple[float, float]]:
+    """Ground truth by energy: 512-sample frames with RMS > 0.01 are speech; gaps under 320 ms merge."""
+    frames = len(samples) // 512
+    rms = np.sqrt((samples[: frames * 512].reshape(frames, 512).astype(np.float64) ** 2).mean(axis=1))
+    spans: list[list[float]] = []
+    for i in np.flatnonzero(rms > 0.01):
+        start, end = i * 512 / rate, (i + 1) * 512 / rate
+        if spans and start - spans[-1][1] < 0.32:
+            spans[-1][1] = end
+        else:
+            spans.append([start, end])
+    return [(a, b) for a, b in spans]
+
+
+@pytest.fixture(scope="module")
+def speech_wav(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tuple[float, float]]]:
+    """Two spoken sentences with silence around and between them (22050 Hz, as espeak-ng writes),
+    and where the speech is, by energy."""
+    folder = tmp_path_factory.mktemp("speech")
+    pieces = []
+    rate = 22050
+    for i, text in enumerate(SPEECH):
+        spoken = folder / f"s{i}.wav"
+        speak(text, spoken)
+        with wave.open(str(spoken), "rb") as wav:
+            rate = wav.getframerate()
+            pieces.append(np.frombuffer(wav.readframes(wav.getnframes()), np.int16))
+    silence = [np.zeros(round(s * rate), np.int16) for s in SILENCES_S]
+    audio = np.concatenate([silence[0], pieces[0], silence[1], pieces[1], silence[2]])
+    path = folder / "speech.wav"
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(audio.tobytes())
+    return path, speech_spans(audio.astype(np.float32) / 32768, rate)

@@ -32,6 +32,7 @@ from agent.config import (
 )
 from agent.hardware import SYSROOT_ENV, detect_hardware
 from agent.processing import Preprocessor
+from agent.processing.feed import build_feeder
 from providers import ModelArtifact, SelectionPolicy, decide, get_backend, screen
 from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, demo_video_module
 
@@ -253,10 +254,10 @@ def test_a_source_that_cannot_be_opened_gives_an_unchecked_decision_that_is_not_
 
 def test_grab_sample_reads_the_first_frame_of_the_video(sign_video: Path, cls_model_path: Path) -> None:
     session = get_backend(ORT_CPU).load(_artifact(cls_model_path))
-    preprocess = Preprocessor(CLS_PREPROCESS, session.inputs)
+    pipeline = _config(sign_video.parent, str(sign_video)).pipelines[0]
     try:
-        sample = grab_sample(VideoSourceConfig(type="video", uri=str(sign_video)), "t", preprocess, 10.0)
-        assert sample is not None and sample[preprocess.input.name].shape == (1, 3, 48, 192)
+        sample = grab_sample(pipeline, build_feeder(pipeline, session.inputs, session.outputs), 10.0)
+        assert sample is not None and sample["x"].shape == (1, 3, 48, 192)
         [probs] = session.run(sample).values()
     finally:
         session.close()

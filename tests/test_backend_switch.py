@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pytest
 
 from agent import pipeline as pipeline_module
@@ -90,8 +91,9 @@ def test_a_failing_backend_is_replaced_by_the_next_candidate_and_taken_back_late
     tmp_path: Path, artifact: ModelArtifact, running: list[Pipeline], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(pipeline_module, "_RETRY_PREFERRED_EVERY_S", 0.5)
+    first_run = {"x": numpy.zeros((1, 3, 48, 192), "float32")}
     switcher = DecisionSwitcher(
-        _decision(artifact), [artifact], SelectionPolicy(), warm_up={"x": (1, 3, 48, 192)},
+        _decision(artifact), [artifact], SelectionPolicy(), warm_up=first_run,
         backends=[OnnxRuntimeBackend(), OpenVinoBackend("CPU")], retry_first_s=2.0, retry_max_s=4.0,
     )  # fmt: skip
     sink = Sink()

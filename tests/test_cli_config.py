@@ -68,7 +68,7 @@ def test_console_script_is_installed() -> None:
 def test_validate_good_config() -> None:
     result = edge_agent("config", "validate", str(EXAMPLE))
     assert result.returncode == 0, result.stderr
-    assert result.stdout == f"OK: {EXAMPLE} (4 pipeline(s), device lobby-cam-01)\n"
+    assert result.stdout == f"OK: {EXAMPLE} (5 pipeline(s), device lobby-cam-01)\n"
     assert result.stderr == ""
 
 
@@ -79,7 +79,7 @@ def test_validate_good_config_json() -> None:
         "ok": True,
         "file": str(EXAMPLE),
         "device": "lobby-cam-01",
-        "pipelines": 4,
+        "pipelines": 5,
     }
 
 
@@ -275,7 +275,8 @@ def test_schema_structure() -> None:
     assert defs["OutboxConfig"]["properties"]["max_messages"]["default"] == 100_000
     postprocess = defs["PipelineConfig"]["properties"]["postprocess"]
     assert postprocess["discriminator"]["propertyName"] == "type"
-    assert set(postprocess["discriminator"]["mapping"]) == {"classification", "detection", "regions", "raw"}
+    kinds = {"classification", "detection", "regions", "threshold", "raw"}
+    assert set(postprocess["discriminator"]["mapping"]) == kinds
     assert defs["MqttConfig"]["properties"]["topic_prefix"]["pattern"] == "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 

@@ -26,7 +26,7 @@ SHORT_FRAMES, SHORT_FPS = 30, 20.0
 
 
 def _frame(index: int) -> Frame:
-    return Frame(image=np.full((2, 2, 3), index % 256, np.uint8), index=index, captured_at=time.time())
+    return Frame(data=np.full((2, 2, 3), index % 256, np.uint8), index=index, captured_at=time.time())
 
 
 def _source(uri: str | Path, **kwargs: object) -> tuple[VideoSource, LatestFrameSlot]:
@@ -177,7 +177,7 @@ def test_file_plays_at_its_rate_and_finishes(short_video: tuple[Path, list], run
     indices = [f.index for f in frames]
     assert indices == sorted(indices) and len(set(indices)) == len(indices)
     for frame in frames:
-        assert frame.image.shape == (80, 320, 3) and frame.image.dtype == np.uint8
+        assert frame.data.shape == (80, 320, 3) and frame.data.dtype == np.uint8
         assert frame.position_s == pytest.approx((frame.index - 1) / SHORT_FPS, abs=1e-6)
     captured = [f.captured_at for f in frames]
     assert captured == sorted(captured)
@@ -380,7 +380,7 @@ def test_image_folder_plays_in_name_order_at_fps_and_skips_bad_files(tmp_path: P
     frames = _drain(source, slot, timeout=10)
     assert [f.index for f in frames] == [1, 2, 3, 4]
     assert [f.position_s for f in frames] == pytest.approx([0.0, 0.1, 0.2, 0.3])
-    assert all(f.image.shape == (80, 320, 3) for f in frames)
+    assert all(f.data.shape == (80, 320, 3) for f in frames)
     assert source.state == "finished" and source.stats()["frames_decoded"] == 4
 
 
@@ -421,7 +421,7 @@ def test_http_mjpeg_stream_from_ffmpeg(short_video: tuple[Path, list], running: 
         assert len(frames) == 10, source.stats()
         assert source.state == "streaming" and source.kind == "url"
         assert all(f.position_s is None for f in frames)  # live: no position in a file
-        assert all(f.image.shape == (80, 320, 3) for f in frames)
+        assert all(f.data.shape == (80, 320, 3) for f in frames)
         assert len({f.index for f in frames}) == 10
     finally:
         server.kill()

@@ -16,6 +16,7 @@ from agent.config import (
     PostprocessConfig,
     RawPostprocess,
     RegionsPostprocess,
+    ThresholdPostprocess,
 )
 from agent.errors import ModelError
 from agent.processing.preprocess import Geometry
@@ -202,6 +203,33 @@ class Regions(Postprocessor):
         }
 
 
+class Threshold(Postprocessor):
+    """A score per run -> active or not, with hysteresis: active from `on_score` up, inactive again
+    below `off_score`, so a score that wavers around one threshold does not flicker.
+
+    Result: {"active": bool, "score": float, "event": "start" | "end" | null} (the event on the run
+    where the state changed). Stateful: one pipeline's runs in order.
+    """
+
+    def __init__(self, config: ThresholdPostprocess, outputs: list[TensorSpec]) -> None:
+        self.output = _pick_output(config.output, outputs)
+        self.on_score = config.on_score
+        self.off_score = config.off_score if config.off_score is not None else config.on_score - 0.15
+        self.active = False
+
+    def __call__(self, outputs: Mapping[str, np.ndarray], geometry: Geometry | None = None) -> dict[str, Any]:
+        values = np.asarray(outputs[self.output.name], dtype=np.float64).reshape(-1)
+        if values.size == 0 or not np.isfinite(values[0]):
+            raise ModelError(f"output {self.output.name!r} has no finite score (shape {list(values.shape)})")
+        score = float(values[0])
+        event = None
+        if not self.active and score >= self.on_score:
+            self.active, event = True, "start"
+        elif self.active and score < self.off_score:
+            self.active, event = False, "end"
+        return {"active": self.active, "score": round(score, 4), "event": event}
+
+
 class Raw(Postprocessor):
     """Every output as {"shape", "dtype", "values" (flattened, at most max_values), "truncated"}."""
 
@@ -233,6 +261,8 @@ def build_postprocessor(config: PostprocessConfig, outputs: list[TensorSpec]) ->
         return Detection(config, outputs)
     if isinstance(config, RegionsPostprocess):
         return Regions(config, outputs)
+    if isinstance(config, ThresholdPostprocess):
+        return Threshold(config, outputs)
     return Raw(config)
 
 

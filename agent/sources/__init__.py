@@ -1,6 +1,33 @@
-"""Sources yield timestamped frames; camera sources keep only the newest one."""
+"""Sources yield timestamped frames: cameras keep only the newest one, audio and sensors queue
+within a bound. `open_source` picks the source and its hand-over for a pipeline's config."""
 
-from agent.sources.frames import Frame, LatestFrameSlot
+from agent.config import AudioSourceConfig, SourceConfig
+from agent.sources.audio import AudioSource, read_wav
+from agent.sources.frames import Frame, FrameQueue, LatestFrameSlot
 from agent.sources.video import VideoSource, redact_uri
 
-__all__ = ["Frame", "LatestFrameSlot", "VideoSource", "redact_uri"]
+Source = VideoSource | AudioSource
+Slot = LatestFrameSlot | FrameQueue
+
+
+def open_source(config: SourceConfig, name: str) -> tuple[Source, Slot]:
+    """The (not yet started) source for `config` and the slot it hands frames to."""
+    if isinstance(config, AudioSourceConfig):
+        queue = FrameQueue(config.max_queue)
+        return AudioSource(config, name, queue), queue
+    slot = LatestFrameSlot()
+    return VideoSource(config, name, slot), slot
+
+
+__all__ = [
+    "AudioSource",
+    "Frame",
+    "FrameQueue",
+    "LatestFrameSlot",
+    "Slot",
+    "Source",
+    "VideoSource",
+    "open_source",
+    "read_wav",
+    "redact_uri",
+]

@@ -1,7 +1,10 @@
-"""Frames and the newest-frame hand-over between a decoder thread and a model thread."""
+"""Frames and their hand-over from a source thread to the model thread: newest-only for cameras
+(a slow model skips frames), first-in-first-out within a bound for sensors and audio (nothing is
+skipped until the bound; overflow is counted)."""
 
 from __future__ import annotations
 
+import collections
 import threading
 from dataclasses import dataclass
 
@@ -10,10 +13,11 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Frame:
-    image: np.ndarray  # BGR uint8, as OpenCV decodes it
-    index: int  # frame number since the source started (counts dropped frames too)
+    data: np.ndarray  # cameras: BGR uint8, as OpenCV decodes it; audio: float32 samples in [-1, 1]
+    index: int  # frame (window) number since the source started (counts dropped ones too)
     captured_at: float  # wall clock (time.time()) when the frame was decoded
-    position_s: float | None = None  # position in a video file, when the source is a file
+    position_s: float | None = None  # position in a file, when the source is a file
+    gap: bool = False  # the stream restarted before this one (reopened, looped): state is stale
 
 
 class LatestFrameSlot:
@@ -52,3 +56,44 @@ class LatestFrameSlot:
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+class FrameQueue:
+    """First in, first out, at most `limit` frames: a source faster than the model loses nothing
+    until the bound; beyond it the oldest frame is dropped and counted. Same interface as
+    LatestFrameSlot."""
+
+    def __init__(self, limit: int) -> None:
+        self._frames: collections.deque[Frame] = collections.deque()
+        self._limit = limit
+        self._cond = threading.Condition()
+        self._closed = False
+        self.dropped = 0
+
+    def put(self, frame: Frame) -> None:
+        with self._cond:
+            if len(self._frames) >= self._limit:
+                self._frames.popleft()
+                self.dropped += 1
+            self._frames.append(frame)
+            self._cond.notify()
+
+    def get(self, timeout: float) -> Frame | None:
+        """The oldest unread frame, or None after `timeout` or once closed and empty."""
+        with self._cond:
+            if not self._frames and not self._closed:
+                self._cond.wait(timeout)
+            return self._frames.popleft() if self._frames else None
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._frames)

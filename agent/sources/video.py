@@ -216,7 +216,7 @@ class VideoSource:
             if timeline - last_handed >= min_interval - 1e-9:
                 last_handed = timeline
                 position = timeline if is_file else None
-                self.slot.put(Frame(image=image, index=index, captured_at=now_wall, position_s=position))
+                self.slot.put(Frame(data=image, index=index, captured_at=now_wall, position_s=position))
             else:
                 with self._lock:
                     self.frames_skipped_by_fps += 1
