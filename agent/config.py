@@ -187,7 +187,32 @@ class AudioSourceConfig(StrictModel):
         return value
 
 
-SourceConfig = Annotated[VideoSourceConfig | AudioSourceConfig, Field(discriminator="type")]
+class MqttSourceConfig(StrictModel):
+    """Sensor values from MQTT messages, cut into windows for the model."""
+
+    type: Literal["mqtt"]
+    topic: str = Field(min_length=1, description="Subscription filter, e.g. plant/line-3/vibration/#.")
+    host: str = Field("127.0.0.1", description="The sensors' broker.")
+    port: int = Field(1883, ge=1, le=65535)
+    username: str | None = None
+    password: str | None = None
+    field: str | None = Field(
+        None,
+        description="Dotted path to the value(s) in a JSON payload, e.g. accel.x; default: the payload is a "
+        "number, a JSON array of numbers, or numbers separated by commas or spaces.",
+    )
+    window: int = Field(1, ge=1, le=1_000_000, description="Values per model run.")
+    hop: int | None = Field(None, ge=1, description="Values between window starts; default: window.")
+    max_queue: int = Field(
+        1000, ge=1, le=1_000_000, description="Windows held for a busy model; beyond, the oldest are dropped."
+    )
+    reopen_min_s: float = Field(1.0, gt=0, description="First reconnect delay.")
+    reopen_max_s: float = Field(30.0, gt=0, description="Cap of the reconnect delay.")
+
+
+SourceConfig = Annotated[
+    VideoSourceConfig | AudioSourceConfig | MqttSourceConfig, Field(discriminator="type")
+]
 
 
 class ResizeConfig(StrictModel):
@@ -231,10 +256,10 @@ class PreprocessConfig(StrictModel):
 
 
 class AudioPreprocessConfig(StrictModel):
-    """Audio windows into the model's inputs: samples (with context from the previous window) and
-    constant inputs (e.g. a sample-rate input)."""
+    """Windows of a 1-D signal (audio samples, sensor values) into the model's inputs: the values
+    (with context from the previous window) and constant inputs (e.g. a sample-rate input)."""
 
-    type: Literal["audio"]
+    type: Literal["audio", "series"]
     input: str | None = Field(None, description="Input for the samples; default: the model's first input.")
     context: int = Field(
         0, ge=0, le=1_000_000, description="Samples of the previous window put before each window."
@@ -246,7 +271,7 @@ class AudioPreprocessConfig(StrictModel):
 
 def _preprocess_kind(value: Any) -> str:
     if isinstance(value, dict):
-        return "audio" if value.get("type") == "audio" else "image"
+        return "audio" if value.get("type") in ("audio", "series") else "image"
     return "audio" if isinstance(value, AudioPreprocessConfig) else "image"
 
 
@@ -414,12 +439,13 @@ class PipelineConfig(StrictModel):
 
     @model_validator(mode="after")
     def _preprocess_fits_source(self) -> PipelineConfig:
-        audio_source = isinstance(self.source, AudioSourceConfig)
-        if audio_source != isinstance(self.preprocess, AudioPreprocessConfig):
+        signal_source = isinstance(self.source, (AudioSourceConfig, MqttSourceConfig))
+        kind = self.preprocess.type if isinstance(self.preprocess, AudioPreprocessConfig) else "image"
+        if signal_source != isinstance(self.preprocess, AudioPreprocessConfig):
             raise ValueError(
-                "an audio source needs preprocess.type: audio"
-                if audio_source
-                else "preprocess.type: audio needs an audio source"
+                f"an {self.source.type} source needs preprocess.type: audio or series"
+                if signal_source
+                else f"preprocess.type: {kind} needs an audio or mqtt source"
             )
         return self
 

@@ -237,12 +237,12 @@ def test_audio_feeder_checks_the_model_inputs() -> None:
     [
         (
             "source: {type: audio, uri: a.wav}\n    postprocess: {type: threshold}",
-            "pipelines[0]: an audio source needs preprocess.type: audio",
+            "pipelines[0]: an audio source needs preprocess.type: audio or series",
         ),
         (
             "source: {type: video, uri: '0'}\n    preprocess: {type: audio}\n"
             "    postprocess: {type: threshold}",
-            "pipelines[0]: preprocess.type: audio needs an audio source",
+            "pipelines[0]: preprocess.type: audio needs an audio or mqtt source",
         ),
         (
             "source: {type: audio, uri: a.wav}\n    preprocess: {type: audio}\n"

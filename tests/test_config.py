@@ -207,7 +207,7 @@ BAD_CONFIGS: dict[str, tuple[str, list[tuple[int, str]]]] = {
               uri: "0"
             postprocess: {type: raw}
         """,
-        [(8, "pipelines[0].source: unknown type 'webcam'; expected one of: video, audio")],
+        [(8, "pipelines[0].source: unknown type 'webcam'; expected one of: video, audio, mqtt")],
     ),
     "bad_protocol": (
         """
@@ -783,8 +783,16 @@ def test_example_config_validates() -> None:
     assert cfg.mqtt.host == "127.0.0.1"
     assert cfg.registry is not None
     assert cfg.registry.url == "file:///srv/edge-registry"
-    assert [p.name for p in cfg.pipelines] == ["entrance", "faces", "text-finder", "speech", "raw-debug"]
-    entrance, faces, text, speech, raw = cfg.pipelines
+    assert [p.name for p in cfg.pipelines] == [
+        "entrance",
+        "faces",
+        "text-finder",
+        "speech",
+        "vibration",
+        "raw-debug",
+    ]
+    entrance, faces, text, speech, vibration, raw = cfg.pipelines
+    assert vibration.source.type == "mqtt"
     assert speech.source.type == "audio" and speech.preprocess.type == "audio"  # type: ignore[union-attr]
     assert speech.postprocess.type == "threshold" and speech.state[0].input == "state"
     assert text.postprocess.type == "regions"
@@ -838,7 +846,7 @@ def test_example_config_documents_the_defaults() -> None:
         assert getattr(bare.preprocess, key) == getattr(entrance.preprocess, key), key
     assert bare.preprocess.scale == 1 / 255
     assert bare.postprocess.type == "raw"
-    assert bare.postprocess.max_values == example.pipelines[4].postprocess.max_values == 1000
+    assert bare.postprocess.max_values == example.pipelines[5].postprocess.max_values == 1000
     # The resize and detection keys the example spells out are the defaults.
     assert entrance.preprocess.resize is not None
     resize = entrance.preprocess.resize.model_dump()

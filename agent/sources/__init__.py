@@ -1,12 +1,13 @@
-"""Sources yield timestamped frames: cameras keep only the newest one, audio and sensors queue
-within a bound. `open_source` picks the source and its hand-over for a pipeline's config."""
+"""Sources yield timestamped frames: cameras keep only the newest one, audio and sensor windows
+queue within a bound. `open_source` picks the source and its hand-over for a pipeline's config."""
 
-from agent.config import AudioSourceConfig, SourceConfig
+from agent.config import AudioSourceConfig, MqttSourceConfig, SourceConfig
 from agent.sources.audio import AudioSource, read_wav
 from agent.sources.frames import Frame, FrameQueue, LatestFrameSlot
+from agent.sources.sensors import MqttSource, parse_values
 from agent.sources.video import VideoSource, redact_uri
 
-Source = VideoSource | AudioSource
+Source = VideoSource | AudioSource | MqttSource
 Slot = LatestFrameSlot | FrameQueue
 
 
@@ -15,6 +16,9 @@ def open_source(config: SourceConfig, name: str) -> tuple[Source, Slot]:
     if isinstance(config, AudioSourceConfig):
         queue = FrameQueue(config.max_queue)
         return AudioSource(config, name, queue), queue
+    if isinstance(config, MqttSourceConfig):
+        queue = FrameQueue(config.max_queue)
+        return MqttSource(config, name, queue), queue
     slot = LatestFrameSlot()
     return VideoSource(config, name, slot), slot
 
@@ -24,10 +28,12 @@ __all__ = [
     "Frame",
     "FrameQueue",
     "LatestFrameSlot",
+    "MqttSource",
     "Slot",
     "Source",
     "VideoSource",
     "open_source",
+    "parse_values",
     "read_wav",
     "redact_uri",
 ]
