@@ -37,7 +37,7 @@ from providers import (
     decide,
     load_decided,
 )
-from providers.select import REFERENCE_BACKENDS, Progress, Sample, reference_session
+from providers.select import REFERENCE_BACKENDS, Loader, Progress, Sample, reference_session
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +202,7 @@ def choose_and_load(
     model_ref: str,
     testdata: Sequence[tuple[ModelArtifact, str | None]] = (),
     progress: Progress | None = None,
+    load: Loader | None = None,
 ) -> tuple[Session, Decision, list[ModelArtifact]]:
     """Decide (or reuse the cached decision) and load the chosen backend in this process.
 
@@ -239,7 +240,7 @@ def choose_and_load(
             store.put(key, decision, pipeline.name, model_ref)  # an unchecked choice is made again next time
     else:
         log.info("pipeline %s: using the cached backend decision %s", pipeline.name, key)
-    session, used, failures = load_decided(decision, artifacts, policy, backends, progress)
+    session, used, failures = load_decided(decision, artifacts, policy, backends, progress, load)
     for failure in failures:
         log.warning("pipeline %s: %s; falling back to the next backend", pipeline.name, failure)
     if used.backend != decision.backend:

@@ -34,6 +34,7 @@ from agent.pipeline import LoadedModel, Pipeline
 from agent.registry import open_registry
 from agent.retry import backoff_delay
 from agent.sd_notify import notify, watchdog_interval_s
+from agent.session_pool import SessionPool
 from agent.store import ModelStore
 from providers import BackendError
 
@@ -129,6 +130,7 @@ class Agent:
                 hint="it must be a writable directory (under systemd: StateDirectory=edge-agent)",
             ) from exc
         self.store = ModelStore(state_dir / "store")
+        self.sessions = SessionPool()  # pipelines on the same model and backend share one session
         self.mqtt = MqttConnection(
             config.mqtt,
             config.device.id,
@@ -281,6 +283,7 @@ class Agent:
             installed.ref,
             installed.testdata_artifacts(),
             progress=progress,
+            load=self.sessions.load,
         )
         log.info("pipeline %s: %s", config.name, decision.explain())
         loaded = LoadedModel(installed.name, installed.version, decision.artifact_sha256, session, decision)
@@ -369,6 +372,7 @@ class Agent:
             "updated_at": iso_utc(time.time()),
             "mqtt": self.mqtt.stats(),
             "outbox": self.outbox.stats(),
+            "sessions": self.sessions.stats(),
             "pipelines": self.pipeline_states(),
         }
 

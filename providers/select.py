@@ -240,6 +240,8 @@ def screen(
 
 
 Trial = Callable[[TrialRequest, float], TrialResult]
+# Loads a backend's session (a pool may hand out one it already has): Backend.load by default.
+Loader = Callable[[Backend, ModelArtifact, Mapping[str, Any]], Session]
 Progress = Callable[[str], None]  # hears what selection is doing now, e.g. "trial 2: openvino/CPU on ..."
 
 
@@ -492,11 +494,12 @@ def load_decided(
     policy: SelectionPolicy,
     backends: Sequence[Backend] | None = None,
     progress: Progress | None = None,
+    load: Loader | None = None,
 ) -> tuple[Session, CandidateReport, list[str]]:
     """Load the chosen backend here; when it fails, the next usable one. Returns the failures too.
 
     Loading builds the backend's compiled engine (TensorRT engine, OpenVINO blob) unless its cache
-    has it: `progress` hears of each load before it starts.
+    has it: `progress` hears of each load before it starts. `load` replaces Backend.load (a pool).
     """
     by_name = {b.name: b for b in (backends if backends is not None else all_backends())}
     by_sha = {a.sha256: a for a in artifacts}
@@ -513,7 +516,8 @@ def load_decided(
                 + (f" (compiled engine cached in {cache})" if cache else "")
             )
         try:
-            return backend.load(artifact, options), report, failures
+            session = load(backend, artifact, options) if load else backend.load(artifact, options)
+            return session, report, failures
         except BackendError as exc:
             failures.append(f"{report.backend}: {exc}")
     raise BackendError(f"no decided backend could load the model: {'; '.join(failures) or 'none left'}")
