@@ -210,8 +210,32 @@ class MqttSourceConfig(StrictModel):
     reopen_max_s: float = Field(30.0, gt=0, description="Cap of the reconnect delay.")
 
 
+class ReplaySourceConfig(StrictModel):
+    """Recorded sensor values replayed from a .csv or .jsonl file, cut into windows."""
+
+    type: Literal["replay"]
+    uri: str = Field(min_length=1, description="A .csv file (with a header row) or a .jsonl file.")
+    field: str | None = Field(
+        None,
+        description="CSV: the column; JSON Lines: a dotted path. Default: the first numeric column; each "
+        "line's number(s).",
+    )
+    time_field: str | None = Field(
+        None, description="Column or path with each row's time in seconds: replay at the recorded pace."
+    )
+    rate: float | None = Field(
+        None, gt=0, le=1_000_000, description="Rows per second without time_field; default: as fast as taken."
+    )
+    window: int = Field(1, ge=1, le=1_000_000, description="Values per model run.")
+    hop: int | None = Field(None, ge=1, description="Values between window starts; default: window.")
+    max_queue: int = Field(1000, ge=1, le=1_000_000, description="Windows read ahead of the model.")
+    loop: bool = Field(False, description="Start again at the end.")
+    reopen_min_s: float = Field(1.0, gt=0, description="First retry delay when the file cannot be read.")
+    reopen_max_s: float = Field(30.0, gt=0, description="Cap of the retry delay.")
+
+
 SourceConfig = Annotated[
-    VideoSourceConfig | AudioSourceConfig | MqttSourceConfig, Field(discriminator="type")
+    VideoSourceConfig | AudioSourceConfig | MqttSourceConfig | ReplaySourceConfig, Field(discriminator="type")
 ]
 
 
@@ -439,13 +463,13 @@ class PipelineConfig(StrictModel):
 
     @model_validator(mode="after")
     def _preprocess_fits_source(self) -> PipelineConfig:
-        signal_source = isinstance(self.source, (AudioSourceConfig, MqttSourceConfig))
+        signal_source = isinstance(self.source, (AudioSourceConfig, MqttSourceConfig, ReplaySourceConfig))
         kind = self.preprocess.type if isinstance(self.preprocess, AudioPreprocessConfig) else "image"
         if signal_source != isinstance(self.preprocess, AudioPreprocessConfig):
             raise ValueError(
                 f"an {self.source.type} source needs preprocess.type: audio or series"
                 if signal_source
-                else f"preprocess.type: {kind} needs an audio or mqtt source"
+                else f"preprocess.type: {kind} needs an audio, mqtt or replay source"
             )
         return self
 

@@ -207,7 +207,7 @@ BAD_CONFIGS: dict[str, tuple[str, list[tuple[int, str]]]] = {
               uri: "0"
             postprocess: {type: raw}
         """,
-        [(8, "pipelines[0].source: unknown type 'webcam'; expected one of: video, audio, mqtt")],
+        [(8, "pipelines[0].source: unknown type 'webcam'; expected one of: video, audio, mqtt, replay")],
     ),
     "bad_protocol": (
         """
@@ -789,9 +789,11 @@ def test_example_config_validates() -> None:
         "text-finder",
         "speech",
         "vibration",
+        "replay",
         "raw-debug",
     ]
-    entrance, faces, text, speech, vibration, raw = cfg.pipelines
+    entrance, faces, text, speech, vibration, replay, raw = cfg.pipelines
+    assert replay.source.type == "replay"
     assert vibration.source.type == "mqtt"
     assert speech.source.type == "audio" and speech.preprocess.type == "audio"  # type: ignore[union-attr]
     assert speech.postprocess.type == "threshold" and speech.state[0].input == "state"
@@ -846,7 +848,7 @@ def test_example_config_documents_the_defaults() -> None:
         assert getattr(bare.preprocess, key) == getattr(entrance.preprocess, key), key
     assert bare.preprocess.scale == 1 / 255
     assert bare.postprocess.type == "raw"
-    assert bare.postprocess.max_values == example.pipelines[5].postprocess.max_values == 1000
+    assert bare.postprocess.max_values == example.pipelines[6].postprocess.max_values == 1000
     # The resize and detection keys the example spells out are the defaults.
     assert entrance.preprocess.resize is not None
     resize = entrance.preprocess.resize.model_dump()

@@ -1,13 +1,14 @@
 """Sources yield timestamped frames: cameras keep only the newest one, audio and sensor windows
 queue within a bound. `open_source` picks the source and its hand-over for a pipeline's config."""
 
-from agent.config import AudioSourceConfig, MqttSourceConfig, SourceConfig
+from agent.config import AudioSourceConfig, MqttSourceConfig, ReplaySourceConfig, SourceConfig
 from agent.sources.audio import AudioSource, read_wav
 from agent.sources.frames import Frame, FrameQueue, LatestFrameSlot
+from agent.sources.replay import ReplaySource
 from agent.sources.sensors import MqttSource, parse_values
 from agent.sources.video import VideoSource, redact_uri
 
-Source = VideoSource | AudioSource | MqttSource
+Source = VideoSource | AudioSource | MqttSource | ReplaySource
 Slot = LatestFrameSlot | FrameQueue
 
 
@@ -19,6 +20,9 @@ def open_source(config: SourceConfig, name: str) -> tuple[Source, Slot]:
     if isinstance(config, MqttSourceConfig):
         queue = FrameQueue(config.max_queue)
         return MqttSource(config, name, queue), queue
+    if isinstance(config, ReplaySourceConfig):
+        queue = FrameQueue(config.max_queue)
+        return ReplaySource(config, name, queue), queue
     slot = LatestFrameSlot()
     return VideoSource(config, name, slot), slot
 
@@ -29,6 +33,7 @@ __all__ = [
     "FrameQueue",
     "LatestFrameSlot",
     "MqttSource",
+    "ReplaySource",
     "Slot",
     "Source",
     "VideoSource",

@@ -97,3 +97,39 @@ class FrameQueue:
     def __len__(self) -> int:
         with self._cond:
             return len(self._frames)
+
+
+class Windower:
+    """Cuts a stream of values into windows of `window` values every `hop` values, into `queue`.
+
+    Not thread-safe: one feeding thread, or the caller's lock.
+    """
+
+    def __init__(self, queue: FrameQueue, window: int, hop: int) -> None:
+        self.queue, self.window, self.hop = queue, window, hop
+        self._values: list[float] = []
+        self._skip = 0  # values still to pass over when hop > window
+        self.index = 0  # windows made so far
+        self.gap = True  # the next window starts a new stretch of the stream
+
+    def add(self, values: list[float], captured_at: float, position_s: float | None = None) -> None:
+        """Append values; hand every window that fills up to the queue."""
+        if self._skip:
+            dropped = min(self._skip, len(values))
+            values, self._skip = values[dropped:], self._skip - dropped
+        self._values.extend(values)
+        while len(self._values) >= self.window:
+            self.index += 1
+            data = np.asarray(self._values[: self.window], dtype=np.float32)
+            self.queue.put(
+                Frame(
+                    data=data, index=self.index, captured_at=captured_at, position_s=position_s, gap=self.gap
+                )
+            )
+            self.gap = False
+            self._skip = max(0, self.hop - len(self._values))
+            del self._values[: self.hop]
+
+    def restart(self) -> None:
+        """The stream broke off: drop the partial window; the next one starts a new stretch."""
+        self._values, self._skip, self.gap = [], 0, True

@@ -17,11 +17,10 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
 import paho.mqtt.client as mqtt
 
 from agent.config import MqttSourceConfig
-from agent.sources.frames import Frame, FrameQueue
+from agent.sources.frames import FrameQueue, Windower
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +77,7 @@ class MqttSource:
         self.kind = "mqtt"
         self.hop = config.hop or config.window
         self._lock = threading.Lock()
-        self._values: list[float] = []
-        self._index = 0
-        self._gap = True  # the first window, and the first after a session the broker did not keep
+        self._windows = Windower(queue, config.window, self.hop)
         self.state = "starting"
         self.error: str | None = None
         self.messages = 0
@@ -146,8 +143,8 @@ class MqttSource:
             return
         client.subscribe(self.config.topic, qos=1)
         with self._lock:
-            if not flags.session_present:
-                self._gap = True
+            if not flags.session_present:  # what came meanwhile is lost: a new stretch
+                self._windows.restart()
         log.info("source %s: subscribed to %s", self.name, self.display_uri)
         self._set_state("streaming")
 
@@ -177,14 +174,8 @@ class MqttSource:
         now = time.time()
         with self._lock:
             self.messages += 1
-            self._values.extend(values)
-            while len(self._values) >= self.config.window:
-                self._index += 1
-                window = np.asarray(self._values[: self.config.window], dtype=np.float32)
-                del self._values[: self.hop]
-                self.slot.put(Frame(data=window, index=self._index, captured_at=now, gap=self._gap))
-                self._gap = False
-                self.windows += 1
+            self._windows.add(values, now)
+            self.windows = self._windows.index
 
     def _set_state(self, state: str, error: str | None = None) -> None:
         with self._lock:
