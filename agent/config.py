@@ -372,6 +372,15 @@ class ThresholdPostprocess(StrictModel):
         return self
 
 
+class PluginPostprocess(StrictModel):
+    """A postprocessor from an installed package, found by name in the `edge_agent.postprocessors`
+    entry-point group (docs/plugins.md)."""
+
+    type: Literal["plugin"]
+    name: str = Field(min_length=1, description="The entry point's name.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Handed to the plugin's factory.")
+
+
 class RawPostprocess(StrictModel):
     type: Literal["raw"]
     max_values: int = Field(1000, ge=1, le=1_000_000, description="Larger outputs are cut (and flagged).")
@@ -382,6 +391,7 @@ PostprocessConfig = Annotated[
     | DetectionPostprocess
     | RegionsPostprocess
     | ThresholdPostprocess
+    | PluginPostprocess
     | RawPostprocess,
     Field(discriminator="type"),
 ]

@@ -275,7 +275,7 @@ def test_schema_structure() -> None:
     assert defs["OutboxConfig"]["properties"]["max_messages"]["default"] == 100_000
     postprocess = defs["PipelineConfig"]["properties"]["postprocess"]
     assert postprocess["discriminator"]["propertyName"] == "type"
-    kinds = {"classification", "detection", "regions", "threshold", "raw"}
+    kinds = {"classification", "detection", "regions", "threshold", "plugin", "raw"}
     assert set(postprocess["discriminator"]["mapping"]) == kinds
     assert defs["MqttConfig"]["properties"]["topic_prefix"]["pattern"] == "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 

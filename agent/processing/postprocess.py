@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from importlib.metadata import entry_points
 from typing import Any
 
 import cv2
@@ -13,6 +14,7 @@ import numpy as np
 from agent.config import (
     ClassificationPostprocess,
     DetectionPostprocess,
+    PluginPostprocess,
     PostprocessConfig,
     RawPostprocess,
     RegionsPostprocess,
@@ -254,6 +256,47 @@ class Raw(Postprocessor):
         return {"outputs": result}
 
 
+PLUGIN_GROUP = "edge_agent.postprocessors"
+
+
+def load_plugin(config: PluginPostprocess, outputs: list[TensorSpec]) -> Postprocessor:
+    """The plugin's postprocessor: its entry point is a factory `(options, outputs) -> callable`, the
+    callable taking (outputs, geometry) and returning a JSON-ready dict (docs/plugins.md)."""
+    found = {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP)}
+    if config.name not in found:
+        installed = ", ".join(sorted(found)) or "none"
+        raise ModelError(
+            f"no postprocessor plugin named {config.name!r} (installed in {PLUGIN_GROUP}: {installed})"
+        )
+    try:
+        factory = found[config.name].load()
+        made = factory(dict(config.options), list(outputs))
+    except ModelError:
+        raise
+    except Exception as exc:  # a plugin's own error, at import or set-up: say whose
+        raise ModelError(
+            f"postprocessor plugin {config.name!r} failed to set up: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not callable(made):
+        raise ModelError(
+            f"postprocessor plugin {config.name!r} returned {type(made).__name__}, not a callable"
+        )
+    return _PluginPostprocessor(config.name, made)
+
+
+class _PluginPostprocessor(Postprocessor):
+    def __init__(self, name: str, function: Any) -> None:
+        self.name, self.function = name, function
+
+    def __call__(self, outputs: Mapping[str, np.ndarray], geometry: Geometry | None = None) -> dict[str, Any]:
+        result = self.function(outputs, geometry)
+        if not isinstance(result, dict):
+            raise ModelError(
+                f"postprocessor plugin {self.name!r} returned {type(result).__name__}, not a dict"
+            )
+        return result
+
+
 def build_postprocessor(config: PostprocessConfig, outputs: list[TensorSpec]) -> Postprocessor:
     if isinstance(config, ClassificationPostprocess):
         return Classification(config, outputs)
@@ -263,6 +306,8 @@ def build_postprocessor(config: PostprocessConfig, outputs: list[TensorSpec]) ->
         return Regions(config, outputs)
     if isinstance(config, ThresholdPostprocess):
         return Threshold(config, outputs)
+    if isinstance(config, PluginPostprocess):
+        return load_plugin(config, outputs)
     return Raw(config)
 
 
