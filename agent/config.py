@@ -234,8 +234,27 @@ class ReplaySourceConfig(StrictModel):
     reopen_max_s: float = Field(30.0, gt=0, description="Cap of the retry delay.")
 
 
+class SerialSourceConfig(StrictModel):
+    """Sensor readings from a serial line, one per text line, cut into windows."""
+
+    type: Literal["serial"]
+    uri: str = Field(min_length=1, description="The port, e.g. /dev/ttyUSB0 or /dev/serial/by-id/...")
+    baud: int = Field(9600, ge=50, le=4_000_000, description="Line speed (8N1, raw).")
+    field: str | None = Field(
+        None, description="Dotted path in a JSON line; default: each line is number(s)."
+    )
+    window: int = Field(1, ge=1, le=1_000_000, description="Values per model run.")
+    hop: int | None = Field(None, ge=1, description="Values between window starts; default: window.")
+    max_queue: int = Field(
+        1000, ge=1, le=1_000_000, description="Windows held for a busy model; beyond, the oldest are dropped."
+    )
+    reopen_min_s: float = Field(1.0, gt=0, description="First retry delay when the port fails.")
+    reopen_max_s: float = Field(30.0, gt=0, description="Cap of the retry delay.")
+
+
 SourceConfig = Annotated[
-    VideoSourceConfig | AudioSourceConfig | MqttSourceConfig | ReplaySourceConfig, Field(discriminator="type")
+    VideoSourceConfig | AudioSourceConfig | MqttSourceConfig | ReplaySourceConfig | SerialSourceConfig,
+    Field(discriminator="type"),
 ]
 
 
@@ -473,13 +492,13 @@ class PipelineConfig(StrictModel):
 
     @model_validator(mode="after")
     def _preprocess_fits_source(self) -> PipelineConfig:
-        signal_source = isinstance(self.source, (AudioSourceConfig, MqttSourceConfig, ReplaySourceConfig))
+        signal_source = not isinstance(self.source, VideoSourceConfig)
         kind = self.preprocess.type if isinstance(self.preprocess, AudioPreprocessConfig) else "image"
         if signal_source != isinstance(self.preprocess, AudioPreprocessConfig):
             raise ValueError(
                 f"an {self.source.type} source needs preprocess.type: audio or series"
                 if signal_source
-                else f"preprocess.type: {kind} needs an audio, mqtt or replay source"
+                else f"preprocess.type: {kind} needs an audio, mqtt, replay or serial source"
             )
         return self
 

@@ -242,7 +242,7 @@ def test_audio_feeder_checks_the_model_inputs() -> None:
         (
             "source: {type: video, uri: '0'}\n    preprocess: {type: audio}\n"
             "    postprocess: {type: threshold}",
-            "pipelines[0]: preprocess.type: audio needs an audio, mqtt or replay source",
+            "pipelines[0]: preprocess.type: audio needs an audio, mqtt, replay or serial source",
         ),
         (
             "source: {type: audio, uri: a.wav}\n    preprocess: {type: audio}\n"

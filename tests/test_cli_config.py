@@ -68,7 +68,7 @@ def test_console_script_is_installed() -> None:
 def test_validate_good_config() -> None:
     result = edge_agent("config", "validate", str(EXAMPLE))
     assert result.returncode == 0, result.stderr
-    assert result.stdout == f"OK: {EXAMPLE} (7 pipeline(s), device lobby-cam-01)\n"
+    assert result.stdout == f"OK: {EXAMPLE} (8 pipeline(s), device lobby-cam-01)\n"
     assert result.stderr == ""
 
 
@@ -79,7 +79,7 @@ def test_validate_good_config_json() -> None:
         "ok": True,
         "file": str(EXAMPLE),
         "device": "lobby-cam-01",
-        "pipelines": 7,
+        "pipelines": 8,
     }
 
 

@@ -207,7 +207,13 @@ BAD_CONFIGS: dict[str, tuple[str, list[tuple[int, str]]]] = {
               uri: "0"
             postprocess: {type: raw}
         """,
-        [(8, "pipelines[0].source: unknown type 'webcam'; expected one of: video, audio, mqtt, replay")],
+        [
+            (
+                8,
+                "pipelines[0].source: unknown type 'webcam'; "
+                "expected one of: video, audio, mqtt, replay, serial",
+            )
+        ],
     ),
     "bad_protocol": (
         """
@@ -790,9 +796,11 @@ def test_example_config_validates() -> None:
         "speech",
         "vibration",
         "replay",
+        "uart",
         "raw-debug",
     ]
-    entrance, faces, text, speech, vibration, replay, raw = cfg.pipelines
+    entrance, faces, text, speech, vibration, replay, uart, raw = cfg.pipelines
+    assert uart.source.type == "serial"
     assert replay.source.type == "replay"
     assert vibration.source.type == "mqtt"
     assert speech.source.type == "audio" and speech.preprocess.type == "audio"  # type: ignore[union-attr]
@@ -848,7 +856,7 @@ def test_example_config_documents_the_defaults() -> None:
         assert getattr(bare.preprocess, key) == getattr(entrance.preprocess, key), key
     assert bare.preprocess.scale == 1 / 255
     assert bare.postprocess.type == "raw"
-    assert bare.postprocess.max_values == example.pipelines[6].postprocess.max_values == 1000
+    assert bare.postprocess.max_values == example.pipelines[7].postprocess.max_values == 1000
     # The resize and detection keys the example spells out are the defaults.
     assert entrance.preprocess.resize is not None
     resize = entrance.preprocess.resize.model_dump()

@@ -1,14 +1,21 @@
 """Sources yield timestamped frames: cameras keep only the newest one, audio and sensor windows
 queue within a bound. `open_source` picks the source and its hand-over for a pipeline's config."""
 
-from agent.config import AudioSourceConfig, MqttSourceConfig, ReplaySourceConfig, SourceConfig
+from agent.config import (
+    AudioSourceConfig,
+    MqttSourceConfig,
+    ReplaySourceConfig,
+    SerialSourceConfig,
+    SourceConfig,
+)
 from agent.sources.audio import AudioSource, read_wav
 from agent.sources.frames import Frame, FrameQueue, LatestFrameSlot
 from agent.sources.replay import ReplaySource
 from agent.sources.sensors import MqttSource, parse_values
+from agent.sources.serial import SerialSource
 from agent.sources.video import VideoSource, redact_uri
 
-Source = VideoSource | AudioSource | MqttSource | ReplaySource
+Source = VideoSource | AudioSource | MqttSource | ReplaySource | SerialSource
 Slot = LatestFrameSlot | FrameQueue
 
 
@@ -23,6 +30,9 @@ def open_source(config: SourceConfig, name: str) -> tuple[Source, Slot]:
     if isinstance(config, ReplaySourceConfig):
         queue = FrameQueue(config.max_queue)
         return ReplaySource(config, name, queue), queue
+    if isinstance(config, SerialSourceConfig):
+        queue = FrameQueue(config.max_queue)
+        return SerialSource(config, name, queue), queue
     slot = LatestFrameSlot()
     return VideoSource(config, name, slot), slot
 
@@ -34,6 +44,7 @@ __all__ = [
     "LatestFrameSlot",
     "MqttSource",
     "ReplaySource",
+    "SerialSource",
     "Slot",
     "Source",
     "VideoSource",

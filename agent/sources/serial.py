@@ -1,0 +1,184 @@
+"""Sensor values from a serial line (/dev/ttyUSB0, /dev/ttyACM0, ...): one reading per text line.
+
+The port is opened raw at the configured baud rate (termios: no extra package), read line by line;
+each line is parsed like an MQTT payload (numbers, or JSON with a field path) and the values go
+into windows. A line that holds no number is counted and named; a port that disappears (unplugged)
+is reopened with backoff, and the partial window is dropped (the stream has a gap).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import termios
+import threading
+import time
+from typing import Any
+
+from agent.config import SerialSourceConfig
+from agent.retry import backoff_delay
+from agent.sources.frames import FrameQueue, Windower
+from agent.sources.sensors import parse_values
+
+log = logging.getLogger(__name__)
+
+_MAX_LINE = 64 * 1024  # a device that never sends a newline must not fill the memory
+
+
+def _baud_constant(baud: int) -> int:
+    constant = getattr(termios, f"B{baud}", None)
+    if constant is None:
+        raise ValueError(f"baud rate {baud} is not one this system supports")
+    return int(constant)
+
+
+class SerialSource:
+    def __init__(self, config: SerialSourceConfig, name: str, queue: FrameQueue) -> None:
+        self.config = config
+        self.name = name
+        self.slot = queue
+        self.display_uri = config.uri
+        self.kind = "serial"
+        self._windows = Windower(queue, config.window, config.hop or config.window)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.state = "starting"
+        self.error: str | None = None
+        self.lines = 0
+        self.bad_lines = 0
+        self.last_bad_line: str | None = None
+        self.reconnects = 0
+        self.outages = 0
+        self.last_outage_s: float | None = None
+        self._outage_started: float | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"source-{self.name}", daemon=True)
+        self._thread.start()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.slot.close()
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "uri": self.display_uri,
+                "state": self.state,
+                "error": self.error,
+                "lines": self.lines,
+                "bad_lines": self.bad_lines,
+                "last_bad_line": self.last_bad_line,
+                "windows": self._windows.index,
+                "frames_dropped": self.slot.dropped,
+                "queued": len(self.slot),
+                "reconnects": self.reconnects,
+                "outages": self.outages,
+                "last_outage_s": self.last_outage_s,
+            }
+
+    def _run(self) -> None:
+        failures = 0
+        try:
+            while not self._stop.is_set():
+                try:
+                    fd = self._open()
+                except (OSError, ValueError, termios.error) as exc:
+                    failures += 1
+                    self._trouble(f"cannot open serial port {self.config.uri}: {exc}")
+                    self._stop.wait(
+                        backoff_delay(failures, self.config.reopen_min_s, self.config.reopen_max_s)
+                    )
+                    continue
+                failures = 0
+                self._set_streaming()
+                try:
+                    self._read_lines(fd)
+                except OSError as exc:  # unplugged: EIO on read
+                    self._trouble(f"serial port {self.config.uri} failed: {exc}")
+                    self._windows.restart()
+                    self._stop.wait(self.config.reopen_min_s)
+                finally:
+                    os.close(fd)
+        finally:
+            with self._lock:
+                self.state = "stopped"
+            self.slot.close()
+
+    def _open(self) -> int:
+        fd = os.open(self.config.uri, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+        try:
+            attributes = termios.tcgetattr(fd)
+            attributes[0] = 0  # iflag: no input processing
+            attributes[1] = 0  # oflag
+            attributes[2] = termios.CS8 | termios.CREAD | termios.CLOCAL  # cflag: 8N1, ignore modem lines
+            attributes[3] = 0  # lflag: raw (no echo, no line editing, no signals)
+            speed = _baud_constant(self.config.baud)
+            attributes[4] = attributes[5] = speed
+            termios.tcsetattr(fd, termios.TCSANOW, attributes)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _read_lines(self, fd: int) -> None:
+        pending = b""
+        while not self._stop.is_set():
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if not ready:
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:  # the other end hung up
+                raise OSError("the device closed the line")
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            if len(pending) > _MAX_LINE:
+                self._bad(f"a line longer than {_MAX_LINE} bytes")
+                pending = b""
+            for line in lines:
+                if line.strip():
+                    self._take(line.rstrip(b"\r"))
+
+    def _take(self, line: bytes) -> None:
+        try:
+            values = parse_values(line, self.config.field)
+        except ValueError as exc:
+            self._bad(str(exc))
+            return
+        with self._lock:
+            self.lines += 1
+        self._windows.add(values, time.time())
+
+    def _bad(self, why: str) -> None:
+        with self._lock:
+            self.lines += 1
+            self.bad_lines += 1
+            self.last_bad_line = f"line {self.lines}: {why}"
+            count = self.bad_lines
+        if count == 1 or count % 100 == 0:
+            log.warning("source %s: bad line (%d so far): %s", self.name, count, why)
+
+    def _trouble(self, message: str) -> None:
+        with self._lock:
+            self.reconnects += 1
+            if self._outage_started is None:
+                self._outage_started = time.time()
+            if self.error != message:
+                log.error("source %s: %s; retrying with backoff", self.name, message)
+            self.state, self.error = "retrying", message
+
+    def _set_streaming(self) -> None:
+        with self._lock:
+            if self._outage_started is not None and self.state == "retrying":
+                self.outages += 1
+                self.last_outage_s = round(time.time() - self._outage_started, 3)
+            self._outage_started = None
+            self.state, self.error = "streaming", None
+        log.info("source %s: reading %s at %d baud", self.name, self.config.uri, self.config.baud)
