@@ -343,10 +343,12 @@ class DetectionPostprocess(StrictModel):
     """Boxes from a YOLO-style detector, mapped back to source-image pixels."""
 
     type: Literal["detection"]
-    format: Literal["yolov8", "yolov5"] = Field(
+    format: Literal["yolov8", "yolov5", "ssd"] = Field(
         "yolov8",
         description="yolov8: [1, 4+classes, boxes] (cx, cy, w, h, class scores); "
-        "yolov5: [1, boxes, 5+classes] (cx, cy, w, h, objectness, class scores).",
+        "yolov5: [1, boxes, 5+classes] (cx, cy, w, h, objectness, class scores); "
+        "ssd: [1, 1, boxes, 7] (image id, class, score, x1, y1, x2, y2 in 0..1; "
+        "Caffe/OpenVINO DetectionOutput).",
     )
     output: str | None = Field(None, description="Model output to read; defaults to the first.")
     score_threshold: float = Field(0.25, ge=0, le=1)

@@ -234,3 +234,29 @@ def test_nan_boxes_fail_the_frame_with_a_clear_error() -> None:
         post({"out": np.zeros((2, 5, 1), np.float32)})
     nan_scores = np.array([[50, 50, 20, 20, np.nan]], np.float32)
     assert post(_yolo_output(nan_scores))["detections"] == []  # a NaN score is no detection
+
+
+def test_ssd_rows_are_normalised_boxes_scaled_to_the_input_and_mapped_back() -> None:
+    spec = [TensorSpec("detection_out", (1, 1, None, 7), "float32")]
+    settings = DetectionPostprocess(type="detection", format="ssd", labels=["bg", "person", "car"])
+    post = build_postprocessor(settings, spec)
+    rows = np.array(
+        [
+            [0, 1, 0.9, 0.10, 0.20, 0.30, 0.60],  # a person
+            [0, 1, 0.6, 0.11, 0.21, 0.31, 0.61],  # the same person again: suppressed
+            [0, 2, 0.7, 0.50, 0.50, 0.90, 0.90],  # a car
+            [0, 2, 0.1, 0.00, 0.00, 0.10, 0.10],  # under the threshold
+            [-1, 0, 0.0, 0.0, 0.0, 0.0, 0.0],  # end of the list
+            [0, 1, 0.99, 0.0, 0.0, 1.0, 1.0],  # after the end: ignored
+        ],
+        np.float32,
+    )[None, None]
+    # A 640x480 frame letterboxed into 300x300: scale 0.46875, 37 px bars above and below.
+    geometry = Geometry(0.46875, 0.46875, 0, 37, 640, 480, 300, 300)
+    found = post({"detection_out": rows}, geometry)["detections"]
+    assert [(d["label"], d["score"]) for d in found] == [("person", 0.9), ("car", 0.7)]
+    x1, y1, x2, y2 = found[0]["box"]
+    assert (x1, x2) == pytest.approx((0.10 * 300 / 0.46875, 0.30 * 300 / 0.46875), abs=0.1)
+    assert (y1, y2) == pytest.approx(((0.20 * 300 - 37) / 0.46875, (0.60 * 300 - 37) / 0.46875), abs=0.1)
+    with pytest.raises(ModelError, match=r"ssd detections are \[1, 1, N, 7\]"):
+        build_postprocessor(settings, [TensorSpec("out", (1, 22, 2100), "float32")])

@@ -74,11 +74,13 @@ class Classification(Postprocessor):
 
 
 class Detection(Postprocessor):
-    """YOLO-style boxes -> scored, labelled boxes in source-image pixels, after per-class NMS.
+    """YOLO- or SSD-style boxes -> scored, labelled boxes in source-image pixels, after per-class NMS.
 
     yolov8: [1, 4+C, N] rows of (cx, cy, w, h, C class scores); yolov5: [1, N, 5+C] rows of
-    (cx, cy, w, h, objectness, C class scores), score = objectness x class score. Box units are
-    model-input pixels; the preprocessing's Geometry (letterbox padding and scale) maps them back.
+    (cx, cy, w, h, objectness, C class scores), score = objectness x class score; ssd: [1, 1, N, 7]
+    rows of (image id, class, score, x1, y1, x2, y2) in 0..1 of the input (Caffe/OpenVINO
+    DetectionOutput; image id -1 ends the list). Box units are model-input pixels; the
+    preprocessing's Geometry (letterbox padding and scale) maps them back.
 
     Result: {"detections": [{"index", "label", "score", "box": [x1, y1, x2, y2]}, ...]}, best first.
     """
@@ -87,6 +89,13 @@ class Detection(Postprocessor):
         self.config = config
         self.output = _pick_output(config.output, outputs)
         shape = self.output.shape
+        self.classes: int | None = None
+        if config.format == "ssd":
+            if len(shape) != 4 or shape[-1] not in (7, None) or isinstance(shape[-1], str):
+                raise ModelError(
+                    f"output {self.output.name!r} has shape {list(shape)}; ssd detections are [1, 1, N, 7]"
+                )
+            return
         if len(shape) != 3:
             raise ModelError(
                 f"output {self.output.name!r} has shape {list(shape)}; {config.format} detections are 3-D"
@@ -104,8 +113,8 @@ class Detection(Postprocessor):
                 f"has {self.classes} classes"
             )
 
-    def __call__(self, outputs: Mapping[str, np.ndarray], geometry: Geometry | None = None) -> dict[str, Any]:
-        raw = np.asarray(outputs[self.output.name], dtype=np.float32)
+    def _yolo(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(x1, y1, x2, y2) in model-input pixels, scores, class ids: every box above the threshold."""
         if raw.ndim != 3 or raw.shape[0] != 1:
             raise ModelError(f"output {self.output.name!r} has shape {list(raw.shape)}, expected [1, ., .]")
         yolov8 = self.config.format == "yolov8"
@@ -117,15 +126,38 @@ class Detection(Postprocessor):
         class_ids = class_scores.argmax(axis=1)
         scores = class_scores[np.arange(len(rows)), class_ids]
         keep = scores >= self.config.score_threshold  # NaN compares false: dropped
-        boxes, scores, class_ids = rows[keep, :4], scores[keep], class_ids[keep]
-        if not np.isfinite(boxes).all():
-            raise ModelError(f"output {self.output.name!r} has NaN or infinite box coordinates")
+        boxes = rows[keep, :4]
         corners = np.empty_like(boxes)  # (cx, cy, w, h) -> (x1, y1, x2, y2)
         corners[:, :2] = boxes[:, :2] - boxes[:, 2:] / 2
         corners[:, 2:] = boxes[:, :2] + boxes[:, 2:] / 2
-        top_left_size = np.concatenate([corners[:, :2], boxes[:, 2:]], axis=1)
+        return corners, scores[keep], class_ids[keep]
+
+    def _ssd(self, raw: np.ndarray, geometry: Geometry | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if raw.ndim != 4 or raw.shape[:2] != (1, 1) or raw.shape[3] != 7:
+            raise ModelError(
+                f"output {self.output.name!r} has shape {list(raw.shape)}, expected [1, 1, N, 7]"
+            )
+        rows = raw[0, 0]
+        ended = np.flatnonzero(rows[:, 0] < 0)  # image id -1 ends the list
+        rows = rows[: ended[0]] if ended.size else rows
+        keep = rows[:, 2] >= self.config.score_threshold
+        corners = rows[keep, 3:7].copy()
+        if geometry is not None:  # normalised to the model input's size
+            corners[:, 0::2] *= geometry.input_width
+            corners[:, 1::2] *= geometry.input_height
+        return corners, rows[keep, 2], rows[keep, 1].astype(np.int64)
+
+    def __call__(self, outputs: Mapping[str, np.ndarray], geometry: Geometry | None = None) -> dict[str, Any]:
+        raw = np.asarray(outputs[self.output.name], dtype=np.float32)
+        if self.config.format == "ssd":
+            corners, scores, class_ids = self._ssd(raw, geometry)
+        else:
+            corners, scores, class_ids = self._yolo(raw)
+        if not np.isfinite(corners).all():
+            raise ModelError(f"output {self.output.name!r} has NaN or infinite box coordinates")
+        boxes = np.concatenate([corners[:, :2], corners[:, 2:] - corners[:, :2]], axis=1)  # (x, y, w, h)
         kept = cv2.dnn.NMSBoxesBatched(
-            top_left_size.tolist(),
+            boxes.tolist(),
             scores.tolist(),
             class_ids.tolist(),
             self.config.score_threshold,
