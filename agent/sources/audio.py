@@ -9,7 +9,6 @@ in the file; the first window after an (re)open or a loop carries `gap`, so recu
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import wave
 from math import gcd
@@ -22,6 +21,7 @@ from scipy.signal import resample_poly
 from agent.config import AudioSourceConfig
 from agent.errors import EdgeAgentError
 from agent.retry import backoff_delay
+from agent.sources.base import ThreadedSource
 from agent.sources.frames import Frame, FrameQueue
 
 log = logging.getLogger(__name__)
@@ -61,52 +61,19 @@ def read_wav(path: Path, rate: int) -> np.ndarray:
     return audio
 
 
-class AudioSource:
+class AudioSource(ThreadedSource):
     """Reads one audio source in its own thread into `queue`, window by window."""
 
+    kind = "audio-file"
+
     def __init__(self, config: AudioSourceConfig, name: str, queue: FrameQueue) -> None:
+        super().__init__(name, queue, config.uri)
         self.config = config
-        self.name = name
-        self.slot = queue
-        self.display_uri = config.uri
-        self.kind = "audio-file"
         self.hop = config.hop or config.window
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self.state = "starting"  # starting | streaming | retrying | finished | stopped
-        self.error: str | None = None
         self.windows = 0
-        self.reconnects = 0
-        self.outages = 0
-        self.last_outage_s: float | None = None
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"source-{self.name}", daemon=True)
-        self._thread.start()
-
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        self.slot.close()
-
-    def stats(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "uri": self.display_uri,
-                "state": self.state,
-                "error": self.error,
-                "windows": self.windows,
-                "frames_dropped": self.slot.dropped,  # windows the bounded queue had to drop
-                "queued": len(self.slot),
-                "reconnects": self.reconnects,
-                "outages": self.outages,
-                "last_outage_s": self.last_outage_s,
-            }
+    def _counters(self) -> dict[str, Any]:
+        return {"windows": self.windows}
 
     def _run(self) -> None:
         failures = 0
@@ -117,11 +84,8 @@ class AudioSource:
                     audio = read_wav(Path(self.config.uri), self.config.sample_rate)
                 except EdgeAgentError as exc:
                     failures += 1
-                    with self._lock:
-                        self.reconnects += 1
-                    if self.error != str(exc):
-                        log.error("source %s: %s; retrying with backoff", self.name, exc)
-                    self._set_state("retrying", str(exc))
+                    self._count_reconnect()
+                    self._fail(str(exc))
                     delay = backoff_delay(failures, self.config.reopen_min_s, self.config.reopen_max_s)
                     self._stop.wait(delay)
                     continue
@@ -161,9 +125,3 @@ class AudioSource:
             with self._lock:
                 self.windows += 1
         return index
-
-    def _set_state(self, state: str, error: str | None = None) -> None:
-        with self._lock:
-            if state == "streaming" and self.state == "retrying":
-                self.outages += 1
-            self.state, self.error = state, error

@@ -57,6 +57,10 @@ class LatestFrameSlot:
     def closed(self) -> bool:
         return self._closed
 
+    def __len__(self) -> int:
+        with self._cond:
+            return 0 if self._frame is None else 1
+
 
 class FrameQueue:
     """First in, first out, at most `limit` frames: a source faster than the model loses nothing

@@ -10,13 +10,13 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from agent.config import ReplaySourceConfig
 from agent.retry import backoff_delay
+from agent.sources.base import ThreadedSource
 from agent.sources.frames import FrameQueue, Windower
 from agent.sources.sensors import parse_values
 
@@ -82,55 +82,24 @@ def _time_of(text: str, time_field: str | None) -> float | None:
     return float(value)
 
 
-class ReplaySource:
+class ReplaySource(ThreadedSource):
+    kind = "replay"
+
     def __init__(self, config: ReplaySourceConfig, name: str, queue: FrameQueue) -> None:
+        super().__init__(name, queue, config.uri)
         self.config = config
-        self.name = name
-        self.slot = queue
-        self.display_uri = config.uri
-        self.kind = "replay"
         self._windows = Windower(queue, config.window, config.hop or config.window)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self.state = "starting"
-        self.error: str | None = None
         self.rows = 0
         self.bad_rows = 0
         self.last_bad_row: str | None = None
-        self.reconnects = 0
-        self.outages = 0
-        self.last_outage_s: float | None = None
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"source-{self.name}", daemon=True)
-        self._thread.start()
-
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        self.slot.close()
-
-    def stats(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "uri": self.display_uri,
-                "state": self.state,
-                "error": self.error,
-                "rows": self.rows,
-                "bad_rows": self.bad_rows,
-                "last_bad_row": self.last_bad_row,
-                "windows": self._windows.index,
-                "frames_dropped": self.slot.dropped,
-                "queued": len(self.slot),
-                "reconnects": self.reconnects,
-                "outages": self.outages,
-                "last_outage_s": self.last_outage_s,
-            }
+    def _counters(self) -> dict[str, Any]:
+        return {
+            "rows": self.rows,
+            "bad_rows": self.bad_rows,
+            "last_bad_row": self.last_bad_row,
+            "windows": self._windows.index,
+        }
 
     def _run(self) -> None:
         failures = 0
@@ -141,33 +110,24 @@ class ReplaySource:
                     rows = read_rows(path, self.config.field, self.config.time_field)
                 except OSError as exc:
                     failures += 1
-                    message = str(exc) if str(path) in str(exc) else f"cannot read {path}: {exc}"
-                    with self._lock:
-                        self.reconnects += 1
-                        if self.error != message:
-                            log.error("source %s: %s; retrying with backoff", self.name, message)
-                        self.state, self.error = "retrying", message
+                    self._count_reconnect()
+                    self._fail(str(exc) if str(path) in str(exc) else f"cannot read {path}: {exc}")
                     self._stop.wait(
                         backoff_delay(failures, self.config.reopen_min_s, self.config.reopen_max_s)
                     )
                     continue
-                with self._lock:
-                    if self.state == "retrying":
-                        self.outages += 1
-                    self.state, self.error = "streaming", None
+                self._set_state("streaming")
                 failures = 0
                 self._windows.restart()
                 self._play(rows, path)
                 if self._stop.is_set():
                     return
                 if not self.config.loop:
-                    with self._lock:
-                        self.state = "finished"
+                    self._set_state("finished")
                     return
         finally:
-            with self._lock:
-                if self.state != "finished":
-                    self.state = "stopped"
+            if self.state != "finished":
+                self._set_state("stopped", self.error)
             self.slot.close()
 
     def _play(self, rows: list[tuple[int, list[float] | str, float | None]], path: Path) -> None:

@@ -13,13 +13,13 @@ import json
 import logging
 import math
 import re
-import threading
 import time
 from typing import Any
 
 import paho.mqtt.client as mqtt
 
 from agent.config import MqttSourceConfig
+from agent.sources.base import SourceBase
 from agent.sources.frames import FrameQueue, Windower
 
 log = logging.getLogger(__name__)
@@ -66,28 +66,18 @@ def _finite(values: list[float]) -> list[float]:
     return values
 
 
-class MqttSource:
+class MqttSource(SourceBase):
     """Subscribes for one pipeline; windows of `window` values every `hop` values into `queue`."""
 
+    kind = "mqtt"
+
     def __init__(self, config: MqttSourceConfig, name: str, queue: FrameQueue) -> None:
+        super().__init__(name, queue, f"mqtt://{config.host}:{config.port}/{config.topic}")
         self.config = config
-        self.name = name
-        self.slot = queue
-        self.display_uri = f"mqtt://{config.host}:{config.port}/{config.topic}"
-        self.kind = "mqtt"
-        self.hop = config.hop or config.window
-        self._lock = threading.Lock()
-        self._windows = Windower(queue, config.window, self.hop)
-        self.state = "starting"
-        self.error: str | None = None
+        self._windows = Windower(queue, config.window, config.hop or config.window)
         self.messages = 0
         self.bad_messages = 0
         self.last_bad: str | None = None
-        self.windows = 0
-        self.reconnects = 0
-        self.outages = 0
-        self.last_outage_s: float | None = None
-        self._outage_started: float | None = None
         self._client = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2,
             client_id=f"edge-agent-sensor-{name}",
@@ -105,7 +95,7 @@ class MqttSource:
         try:
             self._client.connect_async(self.config.host, self.config.port, keepalive=30)
         except (OSError, ValueError) as exc:
-            self._set_state("retrying", f"cannot connect to {self.display_uri}: {exc}")
+            self._fail(f"cannot connect to {self.display_uri}: {exc}")
         self._client.loop_start()
 
     def request_stop(self) -> None:
@@ -118,28 +108,19 @@ class MqttSource:
         self._client.loop_stop()
         self.slot.close()
 
-    def stats(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "uri": self.display_uri,
-                "state": self.state,
-                "error": self.error,
-                "messages": self.messages,
-                "bad_messages": self.bad_messages,
-                "last_bad_message": self.last_bad,
-                "windows": self.windows,
-                "frames_dropped": self.slot.dropped,
-                "queued": len(self.slot),
-                "reconnects": self.reconnects,
-                "outages": self.outages,
-                "last_outage_s": self.last_outage_s,
-            }
+    def _counters(self) -> dict[str, Any]:
+        return {
+            "messages": self.messages,
+            "bad_messages": self.bad_messages,
+            "last_bad_message": self.last_bad,
+            "windows": self._windows.index,
+        }
 
     # --- paho's network thread ------------------------------------------------------------------
 
     def _on_connect(self, client: mqtt.Client, _userdata: Any, flags: Any, reason: Any, _props: Any) -> None:
         if reason.is_failure:
-            self._set_state("retrying", f"broker {self.config.host}:{self.config.port} refused: {reason}")
+            self._fail(f"broker {self.config.host}:{self.config.port} refused: {reason}")
             return
         client.subscribe(self.config.topic, qos=1)
         with self._lock:
@@ -151,11 +132,10 @@ class MqttSource:
     def _on_disconnect(
         self, _client: mqtt.Client, _userdata: Any, _flags: Any, reason: Any, _props: Any
     ) -> None:
-        with self._lock:
-            if self.state == "stopped":
-                return
-            self.reconnects += 1
-        self._set_state("retrying", f"lost the broker at {self.config.host}:{self.config.port}: {reason}")
+        if self.state == "stopped":  # our own disconnect
+            return
+        self._count_reconnect()
+        self._fail(f"lost the broker at {self.config.host}:{self.config.port}: {reason}")
 
     def _on_message(self, _client: mqtt.Client, _userdata: Any, message: mqtt.MQTTMessage) -> None:
         try:
@@ -175,19 +155,3 @@ class MqttSource:
         with self._lock:
             self.messages += 1
             self._windows.add(values, now)
-            self.windows = self._windows.index
-
-    def _set_state(self, state: str, error: str | None = None) -> None:
-        with self._lock:
-            if self.state == "stopped":
-                return
-            if state == "retrying" and self._outage_started is None:
-                self._outage_started = time.time()
-            if state == "streaming" and self._outage_started is not None:
-                if self.state == "retrying":
-                    self.outages += 1
-                    self.last_outage_s = round(time.time() - self._outage_started, 3)
-                self._outage_started = None
-            if state == "retrying" and self.error != error:
-                log.error("source %s: %s; reconnecting with backoff", self.name, error)
-            self.state, self.error = state, error

@@ -12,12 +12,12 @@ import logging
 import os
 import select
 import termios
-import threading
 import time
 from typing import Any
 
 from agent.config import SerialSourceConfig
 from agent.retry import backoff_delay
+from agent.sources.base import ThreadedSource
 from agent.sources.frames import FrameQueue, Windower
 from agent.sources.sensors import parse_values
 
@@ -33,56 +33,24 @@ def _baud_constant(baud: int) -> int:
     return int(constant)
 
 
-class SerialSource:
+class SerialSource(ThreadedSource):
+    kind = "serial"
+
     def __init__(self, config: SerialSourceConfig, name: str, queue: FrameQueue) -> None:
+        super().__init__(name, queue, config.uri)
         self.config = config
-        self.name = name
-        self.slot = queue
-        self.display_uri = config.uri
-        self.kind = "serial"
         self._windows = Windower(queue, config.window, config.hop or config.window)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self.state = "starting"
-        self.error: str | None = None
         self.lines = 0
         self.bad_lines = 0
         self.last_bad_line: str | None = None
-        self.reconnects = 0
-        self.outages = 0
-        self.last_outage_s: float | None = None
-        self._outage_started: float | None = None
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"source-{self.name}", daemon=True)
-        self._thread.start()
-
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        self.slot.close()
-
-    def stats(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "uri": self.display_uri,
-                "state": self.state,
-                "error": self.error,
-                "lines": self.lines,
-                "bad_lines": self.bad_lines,
-                "last_bad_line": self.last_bad_line,
-                "windows": self._windows.index,
-                "frames_dropped": self.slot.dropped,
-                "queued": len(self.slot),
-                "reconnects": self.reconnects,
-                "outages": self.outages,
-                "last_outage_s": self.last_outage_s,
-            }
+    def _counters(self) -> dict[str, Any]:
+        return {
+            "lines": self.lines,
+            "bad_lines": self.bad_lines,
+            "last_bad_line": self.last_bad_line,
+            "windows": self._windows.index,
+        }
 
     def _run(self) -> None:
         failures = 0
@@ -92,24 +60,26 @@ class SerialSource:
                     fd = self._open()
                 except (OSError, ValueError, termios.error) as exc:
                     failures += 1
-                    self._trouble(f"cannot open serial port {self.config.uri}: {exc}")
+                    self._count_reconnect()
+                    self._fail(f"cannot open serial port {self.config.uri}: {exc}")
                     self._stop.wait(
                         backoff_delay(failures, self.config.reopen_min_s, self.config.reopen_max_s)
                     )
                     continue
                 failures = 0
-                self._set_streaming()
+                self._set_state("streaming")
+                log.info("source %s: reading %s at %d baud", self.name, self.config.uri, self.config.baud)
                 try:
                     self._read_lines(fd)
                 except OSError as exc:  # unplugged: EIO on read
-                    self._trouble(f"serial port {self.config.uri} failed: {exc}")
+                    self._count_reconnect()
+                    self._fail(f"serial port {self.config.uri} failed: {exc}")
                     self._windows.restart()
                     self._stop.wait(self.config.reopen_min_s)
                 finally:
                     os.close(fd)
         finally:
-            with self._lock:
-                self.state = "stopped"
+            self._set_state("stopped", self.error)
             self.slot.close()
 
     def _open(self) -> int:
@@ -164,21 +134,3 @@ class SerialSource:
             count = self.bad_lines
         if count == 1 or count % 100 == 0:
             log.warning("source %s: bad line (%d so far): %s", self.name, count, why)
-
-    def _trouble(self, message: str) -> None:
-        with self._lock:
-            self.reconnects += 1
-            if self._outage_started is None:
-                self._outage_started = time.time()
-            if self.error != message:
-                log.error("source %s: %s; retrying with backoff", self.name, message)
-            self.state, self.error = "retrying", message
-
-    def _set_streaming(self) -> None:
-        with self._lock:
-            if self._outage_started is not None and self.state == "retrying":
-                self.outages += 1
-                self.last_outage_s = round(time.time() - self._outage_started, 3)
-            self._outage_started = None
-            self.state, self.error = "streaming", None
-        log.info("source %s: reading %s at %d baud", self.name, self.config.uri, self.config.baud)

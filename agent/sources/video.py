@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,6 +18,7 @@ import cv2
 
 from agent.config import VideoSourceConfig
 from agent.retry import backoff_delay
+from agent.sources.base import ThreadedSource
 from agent.sources.frames import Frame, LatestFrameSlot
 
 log = logging.getLogger(__name__)
@@ -52,69 +52,20 @@ class Capture(Protocol):
     def release(self) -> None: ...
 
 
-class VideoSource:
+class VideoSource(ThreadedSource):
     """Decodes one video source in its own thread into `slot`, newest frame only."""
 
     def __init__(self, config: VideoSourceConfig, name: str, slot: LatestFrameSlot) -> None:
+        super().__init__(name, slot, redact_uri(config.uri))
         self.config = config
-        self.name = name
-        self.slot = slot
-        self.display_uri = redact_uri(config.uri)
         self.kind = _kind(config.uri)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self.state = "starting"  # starting | streaming | retrying | finished | stopped
-        self.error: str | None = None
         self.frames_decoded = 0
         self.frames_skipped_by_fps = 0
-        self.reconnects = 0
-        self.outage_started: float | None = None
-        self.outages = 0  # times it streamed again after being unavailable
-        self.last_outage_s: float | None = None  # how long the last one lasted
 
-    # --- lifecycle ---------------------------------------------------------------------
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"source-{self.name}", daemon=True)
-        self._thread.start()
-
-    def request_stop(self) -> None:
-        """Ask the decoder thread to end, without waiting for it."""
-        self._stop.set()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        self.slot.close()
-
-    def stats(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "uri": self.display_uri,
-                "state": self.state,
-                "error": self.error,
-                "frames_decoded": self.frames_decoded,
-                "frames_dropped": self.slot.dropped,
-                "frames_skipped_by_fps": self.frames_skipped_by_fps,
-                "reconnects": self.reconnects,
-                "outages": self.outages,
-                "last_outage_s": self.last_outage_s,
-            }
+    def _counters(self) -> dict[str, Any]:
+        return {"frames_decoded": self.frames_decoded, "frames_skipped_by_fps": self.frames_skipped_by_fps}
 
     # --- decoder thread ----------------------------------------------------------------
-
-    def _set_state(self, state: str, error: str | None = None) -> None:
-        with self._lock:
-            if state == "retrying" and self.outage_started is None:
-                self.outage_started = time.time()
-            if state == "streaming" and self.outage_started is not None:
-                self.outages += 1
-                self.last_outage_s = round(time.time() - self.outage_started, 3)
-                self.outage_started = None
-                log.info("source %s: streaming again after %.1f s", self.name, self.last_outage_s)
-            self.state, self.error = state, error
 
     def _run(self) -> None:
         failures = 0  # in a row; sets the backoff
@@ -224,11 +175,6 @@ class VideoSource:
                 due = started + frames_here / file_fps
                 self._stop.wait(max(0.0, due - time.monotonic()))
         return "stopped", index
-
-    def _fail(self, message: str) -> None:
-        if self.error != message:
-            log.error("source %s: %s; retrying with backoff", self.name, message)
-        self._set_state("retrying", message)
 
 
 class ImageFolder:
