@@ -164,15 +164,19 @@ class VideoSourceConfig(StrictModel):
 
 
 class AudioSourceConfig(StrictModel):
-    """Audio cut into windows for the model: a WAV file (PCM) for now, resampled to the model's rate."""
+    """Audio cut into windows for the model: a WAV file, or live capture from an ALSA device."""
 
     type: Literal["audio"]
-    uri: str = Field(description="A WAV file (PCM 8/16/24/32-bit, any rate, mono or the first channel).")
+    uri: str = Field(
+        description="A WAV file (PCM 8/16/24/32-bit, any rate, mono or the first channel), resampled to "
+        "sample_rate; or alsa:DEVICE for live capture (alsa:default, alsa:plughw:1,0; `arecord -L` lists "
+        "them), recorded at sample_rate, mono."
+    )
     sample_rate: int = Field(16000, ge=1000, le=192_000, description="The rate the model wants.")
     window: int = Field(512, ge=1, le=1_000_000, description="Samples per window (at sample_rate).")
     hop: int | None = Field(None, ge=1, description="Samples between window starts; default: window.")
     realtime: bool = Field(True, description="Play a file at its recorded pace, as a microphone would.")
-    loop: bool = Field(False, description="Start again at the end.")
+    loop: bool = Field(False, description="Start again at the end of a file.")
     max_queue: int = Field(
         1000, ge=1, le=1_000_000, description="Windows held for a busy model; beyond, the oldest are dropped."
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,20 +112,23 @@ class Windower:
 
     def __init__(self, queue: FrameQueue, window: int, hop: int) -> None:
         self.queue, self.window, self.hop = queue, window, hop
-        self._values: list[float] = []
+        self._values = np.zeros(0, np.float32)
         self._skip = 0  # values still to pass over when hop > window
         self.index = 0  # windows made so far
         self.gap = True  # the next window starts a new stretch of the stream
 
-    def add(self, values: list[float], captured_at: float, position_s: float | None = None) -> None:
+    def add(
+        self, values: Sequence[float] | np.ndarray, captured_at: float, position_s: float | None = None
+    ) -> None:
         """Append values; hand every window that fills up to the queue."""
+        incoming = np.asarray(values, dtype=np.float32).reshape(-1)
         if self._skip:
-            dropped = min(self._skip, len(values))
-            values, self._skip = values[dropped:], self._skip - dropped
-        self._values.extend(values)
+            dropped = min(self._skip, len(incoming))
+            incoming, self._skip = incoming[dropped:], self._skip - dropped
+        self._values = np.concatenate([self._values, incoming])
         while len(self._values) >= self.window:
             self.index += 1
-            data = np.asarray(self._values[: self.window], dtype=np.float32)
+            data = self._values[: self.window].copy()
             self.queue.put(
                 Frame(
                     data=data, index=self.index, captured_at=captured_at, position_s=position_s, gap=self.gap
@@ -132,8 +136,8 @@ class Windower:
             )
             self.gap = False
             self._skip = max(0, self.hop - len(self._values))
-            del self._values[: self.hop]
+            self._values = self._values[self.hop :]
 
     def restart(self) -> None:
         """The stream broke off: drop the partial window; the next one starts a new stretch."""
-        self._values, self._skip, self.gap = [], 0, True
+        self._values, self._skip, self.gap = np.zeros(0, np.float32), 0, True
