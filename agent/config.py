@@ -138,7 +138,8 @@ class VideoSourceConfig(StrictModel):
     type: Literal["video"]
     uri: str = Field(
         description="A video file, a folder of images (played in name order), a V4L2 device index (0) "
-        "or /dev/videoN, or an rtsp://, http(s):// URL (HTTP: MJPEG or any stream FFmpeg reads)."
+        "or /dev/videoN, an rtsp://, http(s):// URL (HTTP: MJPEG or any stream FFmpeg reads), or a "
+        "GStreamer pipeline (gst:ELEMENT ! ... ; a trailing appsink is replaced), e.g. a Jetson CSI camera."
     )
     fps: float | None = Field(
         None,

@@ -6,6 +6,8 @@ they work whether or not this module is listed in conftest's pytest_plugins.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import subprocess
 import sys
 import threading
@@ -17,7 +19,9 @@ from typing import Any
 
 import cv2
 import numpy as np
+import onnx
 import pytest
+from skimage import data as skimage_data
 
 from agent.config import PreprocessConfig, ResizeConfig
 from providers import BackendError, ModelArtifact, Session, TensorSpec
@@ -153,3 +157,37 @@ def speech_wav(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tup
         wav.setframerate(rate)
         wav.writeframes(audio.tobytes())
     return path, speech_spans(audio.astype(np.float32) / 32768, rate)
+
+
+# --- the trained YOLOv8n detector (nudenet, AGPL: a test input only) and its photo ---------------------
+
+FACE_BOX = np.array([173, 82, 274, 180], dtype=np.float64)  # the astronaut's face, 512x512 photo
+
+
+@pytest.fixture(scope="module")
+def yolo_path() -> Path:
+    spec = importlib.util.find_spec("nudenet")  # located only; the model file is what we need
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("nudenet==3.4.2 is not installed; scripts/setup.sh installs its model file")
+    path = Path(next(iter(spec.submodule_search_locations))) / "320n.onnx"
+    assert path.is_file(), path
+    return path
+
+
+@pytest.fixture(scope="module")
+def yolo_labels(yolo_path: Path) -> list[str]:
+    """Class names from the model's own metadata: {0: 'FEMALE_GENITALIA_COVERED', 1: 'FACE_FEMALE', ...}."""
+    metadata = {p.key: p.value for p in onnx.load(str(yolo_path), load_external_data=False).metadata_props}
+    names: dict[int, str] = ast.literal_eval(metadata["names"])
+    return [names[i] for i in range(len(names))]
+
+
+def astronaut_bgr() -> np.ndarray:
+    return cv2.cvtColor(skimage_data.astronaut(), cv2.COLOR_RGB2BGR)
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> float:
+    x1, y1 = max(a[0], b[0]), max(a[1], b[1])
+    x2, y2 = min(a[2], b[2]), min(a[3], b[3])
+    inter = max(0.0, x2 - x1) * max(0.0, y2 - y1)
+    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)

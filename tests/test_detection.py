@@ -9,52 +9,18 @@ The model is AGPL-3.0 (see MODELS.md): used in tests only, never shipped.
 
 from __future__ import annotations
 
-import ast
-import importlib.util
 from pathlib import Path
 
-import cv2
 import numpy as np
-import onnx
 import pytest
-from skimage import data as skimage_data
 
 from agent.config import DetectionPostprocess, PreprocessConfig, ResizeConfig
 from agent.errors import ModelError
 from agent.processing import Geometry, Preprocessor, build_postprocessor
 from providers import ModelArtifact, Session, TensorSpec, get_backend
+from tests.media_fixtures import FACE_BOX, astronaut_bgr, iou
 
 ONNX_BACKENDS = ("onnxruntime/CPUExecutionProvider", "openvino/CPU", "openvino/AUTO")
-FACE_BOX = np.array([173, 82, 274, 180], dtype=np.float64)  # the astronaut's face, 512x512 photo
-
-
-@pytest.fixture(scope="module")
-def yolo_path() -> Path:
-    spec = importlib.util.find_spec("nudenet")  # located only; the model file is what we need
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail("nudenet==3.4.2 is not installed; scripts/setup.sh installs its model file")
-    path = Path(next(iter(spec.submodule_search_locations))) / "320n.onnx"
-    assert path.is_file(), path
-    return path
-
-
-@pytest.fixture(scope="module")
-def yolo_labels(yolo_path: Path) -> list[str]:
-    """Class names from the model's own metadata: {0: 'FEMALE_GENITALIA_COVERED', 1: 'FACE_FEMALE', ...}."""
-    metadata = {p.key: p.value for p in onnx.load(str(yolo_path), load_external_data=False).metadata_props}
-    names: dict[int, str] = ast.literal_eval(metadata["names"])
-    return [names[i] for i in range(len(names))]
-
-
-def _astronaut_bgr() -> np.ndarray:
-    return cv2.cvtColor(skimage_data.astronaut(), cv2.COLOR_RGB2BGR)
-
-
-def _iou(a: np.ndarray, b: np.ndarray) -> float:
-    x1, y1 = max(a[0], b[0]), max(a[1], b[1])
-    x2, y2 = min(a[2], b[2]), min(a[3], b[3])
-    inter = max(0.0, x2 - x1) * max(0.0, y2 - y1)
-    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
 
 
 def _detect(
@@ -83,11 +49,11 @@ def test_yolo_finds_the_astronauts_face_on_every_backend(
 ) -> None:
     session = get_backend(backend).load(ModelArtifact(yolo_path, "onnx", "0" * 64))
     try:
-        square = _detect(session, _astronaut_bgr(), yolo_labels)
+        square = _detect(session, astronaut_bgr(), yolo_labels)
         # The same photo in a wider frame, off centre, letterboxed to the middle with grey bars:
         # the box must follow the photo (shifted by 128 px) through a different scale and padding.
         wide = np.full((512, 768, 3), 90, np.uint8)
-        wide[:, 128:640] = _astronaut_bgr()
+        wide[:, 128:640] = astronaut_bgr()
         shifted = _detect(session, wide, yolo_labels, anchor="center", pad=114)
     finally:
         session.close()
@@ -96,7 +62,7 @@ def test_yolo_finds_the_astronauts_face_on_every_backend(
     assert face["index"] == yolo_labels.index("FACE_FEMALE") == 1
     assert float(face["score"]) >= 0.5, face  # type: ignore[arg-type]
     box = np.array(face["box"])
-    assert _iou(box, FACE_BOX) >= 0.8, box
+    assert iou(box, FACE_BOX) >= 0.8, box
     assert square[0] is face, square  # the best detection is the face (conf >= 0.5 per MODELS.md)
     # Sorted by score, every score above the threshold, boxes inside the 512x512 photo.
     scores = [float(d["score"]) for d in square]  # type: ignore[arg-type]
@@ -104,7 +70,7 @@ def test_yolo_finds_the_astronauts_face_on_every_backend(
     assert all(0 <= v <= 512 for d in square for v in d["box"])  # type: ignore[attr-defined]
 
     wide_face = np.array(_face(shifted)["box"])
-    assert _iou(wide_face, FACE_BOX + np.array([128, 0, 128, 0])) >= 0.7, wide_face
+    assert iou(wide_face, FACE_BOX + np.array([128, 0, 128, 0])) >= 0.7, wide_face
 
 
 def test_nothing_is_found_in_a_blank_frame(yolo_path: Path, yolo_labels: list[str]) -> None:

@@ -100,7 +100,10 @@ class ChildStream:
             return "closed its output"
         self._stderr_thread.join(timeout=1.0)
         said = " / ".join(self._stderr_tail)
-        ended = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        if code == 0:
+            ended = "ended"  # of its own accord: gst-launch at the end of the stream
+        else:
+            ended = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
         return ended + (f": {said}" if said else "")
 
     def said(self, text: str) -> str | None:

@@ -1,4 +1,5 @@
-"""Video through OpenCV: files, image folders, V4L2 devices, RTSP and HTTP (MJPEG) streams.
+"""Video through OpenCV: files, image folders, V4L2 devices, RTSP and HTTP (MJPEG) streams; and
+GStreamer pipeline strings through gst-launch-1.0 (agent/sources/gstreamer.py).
 
 One decoder thread per source hands frames to a LatestFrameSlot. A source that cannot be
 opened, or that stops delivering, is reopened with capped exponential backoff; the daemon
@@ -20,6 +21,7 @@ from agent.config import VideoSourceConfig
 from agent.retry import backoff_delay
 from agent.sources.base import ThreadedSource
 from agent.sources.frames import Frame, LatestFrameSlot
+from agent.sources.gstreamer import GstLaunchCapture, is_pipeline
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +117,14 @@ class VideoSource(ThreadedSource):
         if self.kind == "file" and not Path(uri).is_file():
             self._fail(f"video file {uri} does not exist")
             return None
+        if self.kind == "gstreamer":
+            pipeline = GstLaunchCapture(uri, self.config.fps)
+            if not pipeline.isOpened():
+                pipeline.release()
+                self._fail(f"GStreamer pipeline gave no frame: {pipeline.failure}")
+                return None
+            log.info("source %s: GStreamer pipeline running: %s", self.name, self.display_uri)
+            return pipeline
         if self.kind == "device":
             target: int | str = int(uri) if uri.isdigit() else uri
             capture = cv2.VideoCapture(target, cv2.CAP_V4L2)
@@ -153,7 +163,8 @@ class VideoSource(ThreadedSource):
             if not ok or image is None:
                 if is_file and frames_here > 0:
                     return ("rewind" if self.config.loop else "finished"), index
-                self._fail(f"{self.display_uri} stopped delivering frames")
+                why = getattr(capture, "failure", None)  # GstLaunchCapture says why; OpenCV cannot
+                self._fail(f"{self.display_uri} stopped delivering frames" + (f": {why}" if why else ""))
                 return ("broken" if frames_here else "failed"), index
             now_wall, now = time.time(), time.monotonic()
             if frames_here == 0:
@@ -215,6 +226,8 @@ class ImageFolder:
 
 
 def _kind(uri: str) -> str:
+    if is_pipeline(uri):
+        return "gstreamer"
     if _URL.match(uri):
         return "url"
     if uri.isdigit() or uri.startswith("/dev/video"):
