@@ -277,6 +277,13 @@ class ResizeConfig(StrictModel):
     pad: int = Field(114, ge=0, le=255, description="Letterbox fill value (Ultralytics pads with 114).")
 
 
+class QuantizationConfig(StrictModel):
+    """How a quantised integer input encodes real values: real = scale * (q - zero_point)."""
+
+    scale: float = Field(gt=0)
+    zero_point: int = Field(ge=-128, le=255)
+
+
 class PreprocessConfig(StrictModel):
     input: str | None = Field(None, description="Model input to feed; defaults to the model's only input.")
     resize: ResizeConfig | None = Field(None, description="Defaults to the model's fixed input size.")
@@ -286,7 +293,13 @@ class PreprocessConfig(StrictModel):
     mean: list[float] = Field(default_factory=lambda: [0.0])
     std: list[float] = Field(default_factory=lambda: [1.0])
     layout: Literal["nchw", "nhwc"] = "nchw"
-    dtype: Literal["float32", "float16", "uint8"] = "float32"
+    dtype: Literal["float32", "float16", "uint8", "int8"] = "float32"
+    quantization: QuantizationConfig | None = Field(
+        None,
+        description="Integer inputs: the values after scale/mean/std are quantised, q = round(x / scale + "
+        "zero_point). Default: the model's own parameters (TFLite stores them); uint8 without any are raw "
+        "pixels; int8 needs them.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> PreprocessConfig:
@@ -348,14 +361,30 @@ class DetectionPostprocess(StrictModel):
     """Boxes from a YOLO-style detector, mapped back to source-image pixels."""
 
     type: Literal["detection"]
-    format: Literal["yolov8", "yolov5", "ssd"] = Field(
+    format: Literal["yolov8", "yolov5", "ssd", "tensors"] = Field(
         "yolov8",
         description="yolov8: [1, 4+classes, boxes] (cx, cy, w, h, class scores); "
         "yolov5: [1, boxes, 5+classes] (cx, cy, w, h, objectness, class scores); "
         "ssd: [1, 1, boxes, 7] (image id, class, score, x1, y1, x2, y2 in 0..1; "
-        "Caffe/OpenVINO DetectionOutput).",
+        "Caffe/OpenVINO DetectionOutput); tensors: separate outputs for boxes [1, N, 4], scores [1, N], "
+        "classes [1, N] and a count [1] (TensorFlow Object Detection API, TFLite SSD post-processing).",
     )
     output: str | None = Field(None, description="Model output to read; defaults to the first.")
+    boxes: str | None = Field(
+        None, description="tensors: the boxes output; default: the output whose name has 'box' in it."
+    )
+    scores: str | None = Field(None, description="tensors: the scores output; default: named '*score*'.")
+    classes: str | None = Field(
+        None,
+        description="tensors: the class ids output; default: named '*class*' or '*label*' (else class 0).",
+    )
+    count: str | None = Field(
+        None, description="tensors: how many rows are valid; default: named 'num*' or '*count*' (else all)."
+    )
+    box_order: Literal["yxyx", "xyxy"] = Field(
+        "yxyx", description="tensors: corner order in each box row (TensorFlow: ymin, xmin, ymax, xmax)."
+    )
+    normalized: bool = Field(True, description="tensors: box coordinates are in 0..1 of the model input.")
     score_threshold: float = Field(0.25, ge=0, le=1)
     iou_threshold: float = Field(0.45, ge=0, le=1, description="Non-maximum suppression, per class.")
     max_detections: int = Field(100, ge=1, le=10_000)
@@ -458,6 +487,13 @@ class SelectionConfig(BackendChoiceConfig):
         description="Options per backend name, e.g. {'openvino/CPU': {'hint': 'throughput'}}; "
         "each backend checks its own keys when it loads.",
     )
+    batching: Literal["auto", "off"] = Field(
+        "auto",
+        description="Pipelines that share a session (same model and backend): frames that arrive while "
+        "it is busy run as one batch, when the model has a dynamic batch axis and the first batches "
+        "prove it faster with the same outputs (auto); or always one by one (off).",
+    )
+    max_batch: int = Field(8, ge=2, le=256, description="Most frames in one batched run.")
 
 
 class ReportConfig(StrictModel):

@@ -29,6 +29,7 @@ from agent.backend_choice import DecisionSwitcher, choose_and_load, policy_for
 from agent.config import AgentConfig, PipelineConfig
 from agent.errors import EdgeAgentError, ModelError
 from agent.fsutil import atomic_write_bytes
+from agent.model_hints import with_model_hints
 from agent.mqtt import MqttConnection, Outbox, OutboxMessage, results_topic
 from agent.pipeline import LoadedModel, Pipeline
 from agent.registry import open_registry
@@ -37,6 +38,7 @@ from agent.sd_notify import notify, watchdog_interval_s
 from agent.session_pool import SessionPool
 from agent.store import ModelStore
 from providers import BackendError
+from providers.select import SelectionPolicy
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +132,13 @@ class Agent:
                 hint="it must be a writable directory (under systemd: StateDirectory=edge-agent)",
             ) from exc
         self.store = ModelStore(state_dir / "store")
-        self.sessions = SessionPool()  # pipelines on the same model and backend share one session
+        # Pipelines on the same model and backend share one session (and batch, when that is faster).
+        selection = config.backends
+        self.sessions = SessionPool(
+            selection.batching,
+            selection.max_batch,
+            SelectionPolicy(rtol=selection.rtol, atol=selection.atol, max_mismatch=selection.max_mismatch),
+        )
         self.mqtt = MqttConnection(
             config.mqtt,
             config.device.id,
@@ -276,6 +284,7 @@ class Agent:
         # After a failure, re-hash the installed blobs: a bit-rotted file of the right size
         # would otherwise fail to load for ever. The first attempt trusts sizes (fast start).
         installed = self.store.pull(registry, config.model.name, config.model.version, verify=verify)
+        config = with_model_hints(config, installed.manifest)  # preprocessing, state, labels it ships
         session, decision, candidates = choose_and_load(
             self.config,
             config,

@@ -1,8 +1,10 @@
 """One loaded session per (backend, artifact, options), shared by every pipeline that runs it.
 
 Several cameras on one model load it once: memory for one copy of the weights and one compiled
-engine. Sessions are one-caller-at-a-time, so a shared session runs its callers in turn (a lock);
-it is closed when the last pipeline lets go of it (a pipeline that switches backend lets go).
+engine. Sessions are one-caller-at-a-time, so a shared session runs its callers in turn, and
+batches frames that wait for it together when the model allows that and it proves faster
+(agent/batching.py). It is closed when the last pipeline lets go of it (a pipeline that switches
+backend lets go).
 """
 
 from __future__ import annotations
@@ -10,18 +12,21 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
+from agent.batching import BatchRunner
 from providers import Backend, ModelArtifact, Session, TensorSpec
+from providers.select import SelectionPolicy
 
 
 class SharedSession(Session):
-    """A pipeline's handle on a pooled session: runs in turn with the other users; close() lets go."""
+    """A pipeline's handle on a pooled session: runs in turn (or batched) with the other users;
+    close() lets go."""
 
-    def __init__(self, pool: SessionPool, key: str, inner: Session, lock: threading.Lock) -> None:
-        self._pool, self._key, self._inner, self._lock = pool, key, inner, lock
+    def __init__(self, pool: SessionPool, key: str, inner: Session, runner: BatchRunner) -> None:
+        self._pool, self._key, self._inner, self._runner = pool, key, inner, runner
         self.backend = inner.backend
         self.precision = inner.precision
         self._closed = False
@@ -39,8 +44,7 @@ class SharedSession(Session):
         return self._inner.compute_ms
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        with self._lock:
-            return self._inner.run(feeds)
+        return self._runner.run(feeds)
 
     def close(self) -> None:
         if not self._closed:
@@ -49,10 +53,16 @@ class SharedSession(Session):
 
 
 class SessionPool:
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        batching: Literal["auto", "off"] = "auto",
+        max_batch: int = 8,
+        policy: SelectionPolicy | None = None,
+    ) -> None:
+        self.batching, self.max_batch, self.policy = batching, max_batch, policy
         self._lock = threading.Lock()
-        # key -> (the session, the lock its users take turns on, how many pipelines use it)
-        self._entries: dict[str, tuple[Session, threading.Lock, int]] = {}
+        # key -> (the session, the runner its users take turns on, how many pipelines use it)
+        self._entries: dict[str, tuple[Session, BatchRunner, int]] = {}
 
     @staticmethod
     def key(backend: str, artifact: ModelArtifact, options: Mapping[str, Any]) -> str:
@@ -68,26 +78,33 @@ class SessionPool:
         # built one after the other anyway, by the daemon's builder thread).
         with self._lock:
             if key in self._entries:
-                session, run_lock, users = self._entries[key]
-                self._entries[key] = (session, run_lock, users + 1)
+                session, runner, users = self._entries[key]
+                self._entries[key] = (session, runner, users + 1)
             else:
-                session, run_lock = backend.load(artifact, options), threading.Lock()
-                self._entries[key] = (session, run_lock, 1)
-        return SharedSession(self, key, session, run_lock)
+                session = backend.load(artifact, options)
+                runner = BatchRunner(session, self.batching, self.max_batch, self.policy)
+                self._entries[key] = (session, runner, 1)
+        return SharedSession(self, key, session, runner)
 
     def release(self, key: str) -> None:
         with self._lock:
-            session, run_lock, users = self._entries[key]
+            session, runner, users = self._entries[key]
             if users > 1:
-                self._entries[key] = (session, run_lock, users - 1)
+                self._entries[key] = (session, runner, users - 1)
                 return
             del self._entries[key]
         session.close()
 
     def stats(self) -> list[dict[str, Any]]:
-        """Every loaded session: its backend and how many pipelines use it."""
+        """Every loaded session: its backend, how many pipelines use it, and its batching."""
         with self._lock:
-            return [
-                {"backend": session.backend, "artifact": json.loads(key)[1], "users": users}
-                for key, (session, _lock, users) in self._entries.items()
-            ]
+            entries = list(self._entries.items())
+        return [
+            {
+                "backend": session.backend,
+                "artifact": json.loads(key)[1],
+                "users": users,
+                "batching": runner.snapshot(),
+            }
+            for key, (session, runner, users) in entries
+        ]

@@ -43,6 +43,9 @@ class TensorSpec:
     name: str
     shape: tuple[Dim, ...]
     dtype: str  # numpy dtype name, e.g. "float32"
+    # (scale, zero point) of a quantised integer tensor, when the model file says (TFLite does):
+    # the real value is scale * (q - zero_point).
+    quantization: tuple[float, int] | None = None
 
     def fixed_dim(self, index: int) -> int | None:
         """The size of a dimension when the model fixes it, else None."""

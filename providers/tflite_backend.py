@@ -337,7 +337,9 @@ def _spec(detail: Mapping[str, Any]) -> TensorSpec:
     signature = detail.get("shape_signature")
     dims = signature if signature is not None and len(signature) else detail["shape"]
     shape = tuple(int(d) if d >= 0 else None for d in dims)
-    return TensorSpec(str(detail["name"]), shape, np.dtype(detail["dtype"]).name)
+    scale, zero_point = detail.get("quantization") or (0.0, 0)
+    quantization = (float(scale), int(zero_point)) if scale else None  # scale 0: not quantised
+    return TensorSpec(str(detail["name"]), shape, np.dtype(detail["dtype"]).name, quantization)
 
 
 def _precision(interpreter: Any, inputs: list[Mapping[str, Any]]) -> str:
@@ -388,9 +390,7 @@ class TfliteSession(Session):
         self._input_shape = {str(d["name"]): tuple(int(n) for n in d["shape"]) for d in inputs}
         self._output_index = [(str(d["name"]), int(d["index"])) for d in outputs]
         self.quantization: dict[str, tuple[float, int]] = {
-            str(d["name"]): (float(d["quantization"][0]), int(d["quantization"][1]))
-            for d in [*inputs, *outputs]
-            if d["quantization"][0] != 0
+            spec.name: spec.quantization for spec in [*self._inputs, *self._outputs] if spec.quantization
         }
         self.precision = _precision(interpreter, inputs)
 

@@ -484,6 +484,19 @@ BAD_CONFIGS: dict[str, tuple[str, list[tuple[int, str]]]] = {
             ),
         ],
     ),
+    "batching_settings": (
+        """
+        device:
+          id: box-1
+        backends:
+          batching: sometimes
+          max_batch: 1
+        """,
+        [
+            (4, "backends.batching: Input should be 'auto' or 'off' (got 'sometimes')"),
+            (5, "backends.max_batch: Input should be greater than or equal to 2 (got 1)"),
+        ],
+    ),
     "several_unset_env_vars": (
         """
         device:

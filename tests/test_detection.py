@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from agent.config import DetectionPostprocess, PreprocessConfig, ResizeConfig
@@ -226,3 +227,124 @@ def test_ssd_rows_are_normalised_boxes_scaled_to_the_input_and_mapped_back() -> 
     assert (y1, y2) == pytest.approx(((0.20 * 300 - 37) / 0.46875, (0.60 * 300 - 37) / 0.46875), abs=0.1)
     with pytest.raises(ModelError, match=r"ssd detections are \[1, 1, N, 7\]"):
         build_postprocessor(settings, [TensorSpec("out", (1, 22, 2100), "float32")])
+
+
+# --- separate boxes / scores / classes / count outputs (TensorFlow Object Detection API style) --------
+
+
+def _with_tensorflow_style_outputs(yolo_path: Path, folder: Path, keep: int = 100) -> Path:
+    """The real YOLOv8n with its decoding appended as ONNX nodes, as exporters with built-in
+    post-processing do: detection_boxes [1, keep, 4] (ymin, xmin, ymax, xmax in 0..1),
+    detection_scores [1, keep], detection_classes [1, keep] (float ids), num_detections [1]
+    (scores >= 0.25). The top `keep` boxes by score, no NMS (the postprocessor does it)."""
+    model = onnx.load(str(yolo_path))
+    graph = model.graph
+    (raw,) = [o.name for o in graph.output]
+    const = onnx.helper.make_tensor
+
+    def node(op: str, inputs: list[str], output: str, **attrs: object) -> str:
+        graph.node.append(onnx.helper.make_node(op, inputs, [output], **attrs))
+        return output
+
+    for name, values, dtype in [
+        ("k_split", [1, 1, 1, 1, 18], onnx.TensorProto.INT64),
+        ("k_size", [320.0], onnx.TensorProto.FLOAT),
+        ("k_half", [0.5], onnx.TensorProto.FLOAT),
+        ("k_top", [keep], onnx.TensorProto.INT64),
+        ("k_zero", [0], onnx.TensorProto.INT64),
+        ("k_one", [1], onnx.TensorProto.INT64),
+        ("k_threshold", [0.25], onnx.TensorProto.FLOAT),
+    ]:
+        graph.initializer.append(const(name, dtype, [len(values)], values))
+    rows = node("Transpose", [raw], "d_rows", perm=[0, 2, 1])  # [1, 2100, 22]
+    graph.node.append(
+        onnx.helper.make_node("Split", [rows, "k_split"], ["d_cx", "d_cy", "d_w", "d_h", "d_cls"], axis=2)
+    )
+    half_w = node("Mul", ["d_w", "k_half"], "d_hw")
+    half_h = node("Mul", ["d_h", "k_half"], "d_hh")
+    corners = [
+        node("Div", [node(op, [centre, half], f"d_{name}_px"), "k_size"], f"d_{name}")
+        for name, op, centre, half in [
+            ("ymin", "Sub", "d_cy", half_h),
+            ("xmin", "Sub", "d_cx", half_w),
+            ("ymax", "Add", "d_cy", half_h),
+            ("xmax", "Add", "d_cx", half_w),
+        ]
+    ]
+    boxes = node("Concat", corners, "d_boxes", axis=2)  # [1, 2100, 4]
+    scores = node("ReduceMax", ["d_cls"], "d_scores", axes=[2], keepdims=0)  # [1, 2100] (opset 17)
+    classes = node("Cast", [node("ArgMax", ["d_cls"], "d_ids", axis=2, keepdims=0)], "d_classes", to=1)
+    graph.node.append(onnx.helper.make_node("TopK", [scores, "k_top"], ["detection_scores", "d_top"], axis=1))
+    top = node("Squeeze", ["d_top", "k_zero"], "d_top_1d")
+    top_boxes = node("Gather", [node("Squeeze", [boxes, "k_zero"], "d_b"), top], "d_tb")
+    node("Unsqueeze", [top_boxes, "k_zero"], "detection_boxes")
+    top_classes = node("Gather", [node("Squeeze", [classes, "k_zero"], "d_c"), top], "d_tc")
+    node("Unsqueeze", [top_classes, "k_zero"], "detection_classes")
+    above = node("Cast", [node("GreaterOrEqual", ["detection_scores", "k_threshold"], "d_ge")], "d_gef", to=1)
+    node("ReduceSum", [above, "k_one"], "num_detections", keepdims=0)  # opset 13+: axes as an input
+    del graph.output[:]
+    for name, shape in [
+        ("detection_boxes", [1, keep, 4]),
+        ("detection_scores", [1, keep]),
+        ("detection_classes", [1, keep]),
+        ("num_detections", [1]),
+    ]:
+        graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape))
+    onnx.checker.check_model(model)
+    path = folder / "yolov8n-tf-outputs.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("backend", ONNX_BACKENDS)
+def test_separate_detection_tensors_find_the_face_on_every_backend(
+    backend: str, yolo_path: Path, yolo_labels: list[str], tmp_path: Path
+) -> None:
+    path = _with_tensorflow_style_outputs(yolo_path, tmp_path)
+    session = get_backend(backend).load(ModelArtifact(path, "onnx", "0" * 64))
+    try:
+        settings = DetectionPostprocess(type="detection", format="tensors", labels=yolo_labels)
+        post = build_postprocessor(settings, session.outputs)  # outputs found by their names
+        wide = np.full((512, 768, 3), 90, np.uint8)
+        wide[:, 128:640] = astronaut_bgr()
+        resize = ResizeConfig(width=320, height=320, mode="letterbox", anchor="center", pad=114)
+        preprocess = Preprocessor(PreprocessConfig(resize=resize, color="rgb", scale=1 / 255), session.inputs)
+        tensor, geometry = preprocess.prepare(wide)
+        outputs = session.run({"images": tensor})
+    finally:
+        session.close()
+    assert 0 < int(outputs["num_detections"][0]) <= 100
+    face = _face(post(outputs, geometry)["detections"])
+    assert float(face["score"]) >= 0.5  # type: ignore[arg-type]
+    assert iou(np.array(face["box"]), FACE_BOX + np.array([128, 0, 128, 0])) >= 0.7, face
+
+
+def test_separate_detection_tensors_rules() -> None:
+    specs = [
+        TensorSpec("boxes", (1, 3, 4), "float32"),
+        TensorSpec("scores", (1, 3), "float32"),
+        TensorSpec("count", (1,), "float32"),
+    ]
+    settings = DetectionPostprocess(type="detection", format="tensors", box_order="xyxy", normalized=False)
+    post = build_postprocessor(settings, specs)  # no classes output: every box is class 0
+    outputs = {
+        "boxes": np.array([[[10, 20, 50, 60], [11, 21, 51, 61], [0, 0, 5, 5]]], np.float32),
+        "scores": np.array([[0.9, 0.8, 0.95]], np.float32),
+        "count": np.array([2.0], np.float32),  # the third row is past the count: ignored
+    }
+    assert post(outputs)["detections"] == [{"index": 0, "label": None, "score": 0.9, "box": [10, 20, 50, 60]}]
+    with pytest.raises(ModelError, match=r"are not N boxes of 4 and N scores"):
+        post({**outputs, "scores": np.zeros((1, 2), np.float32)})
+    with pytest.raises(
+        ModelError, match=r"no model output looks like the detection scores .*set postprocess.scores"
+    ):
+        build_postprocessor(
+            settings, [TensorSpec("boxes", (1, 3, 4), "float32"), TensorSpec("p", (1, 3), "float32")]
+        )
+    named = DetectionPostprocess(type="detection", format="tensors", scores="p")
+    with pytest.raises(
+        ModelError, match=r"postprocess.scores 'p' is not a model output; outputs: \['boxes', 'q'\]"
+    ):
+        build_postprocessor(
+            named, [TensorSpec("boxes", (1, 3, 4), "float32"), TensorSpec("q", (1, 3), "float32")]
+        )

@@ -131,6 +131,20 @@ def test_preprocess_uint8_passes_raw_pixels(frame: np.ndarray, color: str, layou
     np.testing.assert_array_equal(tensor, expected)
 
 
+def test_int8_inputs_are_quantised_with_the_configured_parameters(frame: np.ndarray) -> None:
+    quantized = PreprocessConfig(
+        mean=[0.5], std=[0.5], dtype="int8", quantization={"scale": 1 / 127, "zero_point": 0}
+    )
+    tensor = Preprocessor(quantized, [_spec((1, 3, 12, 14), "int8")])(frame)
+    real = Preprocessor(PreprocessConfig(mean=[0.5], std=[0.5]), [_spec((1, 3, 12, 14))])(frame)
+    assert tensor.dtype == np.int8
+    np.testing.assert_array_equal(tensor, np.clip(np.rint(real * 127), -128, 127).astype(np.int8))
+    with pytest.raises(ModelError, match=r"takes int8 and the model does not say how it is quantised"):
+        Preprocessor(PreprocessConfig(dtype="int8"), [_spec((1, 3, 12, 14), "int8")])
+    with pytest.raises(ModelError, match=r"quantization applies to int8 and uint8 inputs, not float32"):
+        Preprocessor(PreprocessConfig(quantization={"scale": 0.1, "zero_point": 0}), [_spec((1, 3, 12, 14))])
+
+
 def test_preprocess_does_not_modify_the_frame(frame: np.ndarray) -> None:
     before = frame.copy()
     Preprocessor(PreprocessConfig(), [_spec((1, 3, 37, 53))])(frame)

@@ -138,5 +138,8 @@ def test_two_cameras_on_one_model_load_it_once_in_the_daemon(tmp_path: Path, cls
     assert done.returncode == 0, done.stderr[-3000:]
     status = json.loads((tmp_path / "state" / "status.json").read_text())
     assert [s["users"] for s in status["sessions"]] == [2], status["sessions"]  # one session, two users
+    batching = status["sessions"][0]["batching"]  # the cls model has a dynamic batch axis: it may batch
+    assert batching["state"] in ("trial", "on", "off") and batching["reason"], batching
+    assert "dynamic batch axis" not in batching["reason"] and "config" not in batching["reason"]
     for name in ("door-1", "door-2"):
         assert status["pipelines"][name]["results"] > 0, status["pipelines"][name]

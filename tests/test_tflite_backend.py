@@ -21,9 +21,11 @@ import pytest
 import skimage.data
 from ai_edge_litert import schema_py_generated as schema
 
+from agent.config import PreprocessConfig
+from agent.processing import Preprocessor
 from providers import registry
 from providers import tflite_backend as tfl
-from providers.base import BackendError, ModelArtifact, Session
+from providers.base import BackendError, ModelArtifact, Session, TensorSpec
 from providers.tflite_backend import EDGETPU_OP, TfliteBackend, TfliteOptions, TfliteSession
 
 MEDIAPIPE = Path(importlib.util.find_spec("mediapipe").submodule_search_locations[0]) / "modules"  # type: ignore[union-attr,index]
@@ -428,6 +430,34 @@ def test_a_quantised_model_reports_scale_zero_point_and_int8(cpu: TfliteBackend,
     assert [(s.name, s.dtype) for s in session.inputs] == [("q", "uint8")]
     out = session.run({"q": np.array([130, 120], np.uint8)})
     assert out["y"].tolist() == [1.0, -4.0]  # 0.5 * (q - 128)
+    assert session.inputs[0].quantization == (0.5, 128)
+
+
+# Scales as a converter picks them: -1..1 fits the integer range.
+@pytest.mark.parametrize(("dtype", "quant"), [("int8", (0.0079, 0)), ("uint8", (0.0079, 128))])
+def test_int_inputs_are_quantised_with_the_models_own_parameters(
+    cpu: TfliteBackend, tmp_path: Path, dtype: str, quant: tuple[float, int]
+) -> None:
+    """Preprocessing gives the real values the float model wanted ((pixel/255 - 0.5) / 0.5, in -1..1),
+    quantised with the scale and zero point stored in the model; the model's own DEQUANTIZE gets
+    them back within half a step."""
+    tensor_type = schema.TensorType.INT8 if dtype == "int8" else schema.TensorType.UINT8
+    path = _one_op_model(
+        tmp_path / f"{dtype}.tflite",
+        schema.BuiltinOperator.DEQUANTIZE,
+        [_tensor("image", [1, 8, 10, 3], tensor_type, quant=quant)],
+        _tensor("real", [1, 8, 10, 3]),
+    )
+    session = cpu.load(_artifact(path))
+    config = PreprocessConfig(layout="nhwc", dtype=dtype, mean=[0.5], std=[0.5])  # type: ignore[arg-type]
+    preprocess = Preprocessor(config, session.inputs)
+    frame = np.random.default_rng(5).integers(0, 256, (16, 20, 3), dtype=np.uint8)
+    tensor = preprocess(frame)
+    assert tensor.dtype == np.dtype(dtype)
+    real = session.run({"image": tensor})["real"]
+    float_config = PreprocessConfig(layout="nhwc", mean=[0.5], std=[0.5])
+    wanted = Preprocessor(float_config, [TensorSpec("image", (1, 8, 10, 3), "float32")])(frame)
+    assert np.abs(real - wanted).max() <= quant[0] / 2 + 1e-6  # within half a quantisation step
 
 
 def test_an_open_dimension_is_resized_to_the_fed_shape(cpu: TfliteBackend, tmp_path: Path) -> None:

@@ -79,8 +79,10 @@ class Detection(Postprocessor):
     yolov8: [1, 4+C, N] rows of (cx, cy, w, h, C class scores); yolov5: [1, N, 5+C] rows of
     (cx, cy, w, h, objectness, C class scores), score = objectness x class score; ssd: [1, 1, N, 7]
     rows of (image id, class, score, x1, y1, x2, y2) in 0..1 of the input (Caffe/OpenVINO
-    DetectionOutput; image id -1 ends the list). Box units are model-input pixels; the
-    preprocessing's Geometry (letterbox padding and scale) maps them back.
+    DetectionOutput; image id -1 ends the list); tensors: boxes [1, N, 4], scores [1, N], classes
+    [1, N] and a valid-row count as separate outputs (TensorFlow Object Detection API, TFLite SSD).
+    Box units are model-input pixels; the preprocessing's Geometry (letterbox padding and scale)
+    maps them back.
 
     Result: {"detections": [{"index", "label", "score", "box": [x1, y1, x2, y2]}, ...]}, best first.
     """
@@ -90,6 +92,9 @@ class Detection(Postprocessor):
         self.output = _pick_output(config.output, outputs)
         shape = self.output.shape
         self.classes: int | None = None
+        if config.format == "tensors":
+            self.tensors = _detection_tensors(config, outputs)
+            return
         if config.format == "ssd":
             if len(shape) != 4 or shape[-1] not in (7, None) or isinstance(shape[-1], str):
                 raise ModelError(
@@ -142,17 +147,42 @@ class Detection(Postprocessor):
         rows = rows[: ended[0]] if ended.size else rows
         keep = rows[:, 2] >= self.config.score_threshold
         corners = rows[keep, 3:7].copy()
-        if geometry is not None:  # normalised to the model input's size
-            corners[:, 0::2] *= geometry.input_width
-            corners[:, 1::2] *= geometry.input_height
+        _to_input_pixels(corners, geometry)
         return corners, rows[keep, 2], rows[keep, 1].astype(np.int64)
 
+    def _separate(
+        self, outputs: Mapping[str, np.ndarray], geometry: Geometry | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        names = self.tensors
+        boxes = np.asarray(outputs[names["boxes"]], dtype=np.float32)
+        scores = np.asarray(outputs[names["scores"]], dtype=np.float32).reshape(-1)
+        if boxes.ndim < 2 or boxes.shape[-1] != 4 or boxes.size != 4 * scores.size:
+            raise ModelError(
+                f"outputs {names['boxes']!r} {list(boxes.shape)} and {names['scores']!r} [{scores.size}] "
+                "are not N boxes of 4 and N scores"
+            )
+        boxes = boxes.reshape(-1, 4)
+        class_ids = np.zeros(len(scores), np.int64)
+        if "classes" in names:
+            class_ids = np.asarray(outputs[names["classes"]]).reshape(-1).astype(np.int64)[: len(scores)]
+        if "count" in names:
+            valid = int(np.asarray(outputs[names["count"]]).reshape(-1)[0])
+            boxes, scores, class_ids = boxes[:valid], scores[:valid], class_ids[:valid]
+        keep = scores >= self.config.score_threshold
+        corners = boxes[keep][:, [1, 0, 3, 2]] if self.config.box_order == "yxyx" else boxes[keep].copy()
+        if self.config.normalized:
+            _to_input_pixels(corners, geometry)
+        return corners, scores[keep], class_ids[keep]
+
     def __call__(self, outputs: Mapping[str, np.ndarray], geometry: Geometry | None = None) -> dict[str, Any]:
-        raw = np.asarray(outputs[self.output.name], dtype=np.float32)
-        if self.config.format == "ssd":
-            corners, scores, class_ids = self._ssd(raw, geometry)
+        if self.config.format == "tensors":
+            corners, scores, class_ids = self._separate(outputs, geometry)
+        elif self.config.format == "ssd":
+            corners, scores, class_ids = self._ssd(
+                np.asarray(outputs[self.output.name], np.float32), geometry
+            )
         else:
-            corners, scores, class_ids = self._yolo(raw)
+            corners, scores, class_ids = self._yolo(np.asarray(outputs[self.output.name], np.float32))
         if not np.isfinite(corners).all():
             raise ModelError(f"output {self.output.name!r} has NaN or infinite box coordinates")
         boxes = np.concatenate([corners[:, :2], corners[:, 2:] - corners[:, :2]], axis=1)  # (x, y, w, h)
@@ -341,6 +371,42 @@ def build_postprocessor(config: PostprocessConfig, outputs: list[TensorSpec]) ->
     if isinstance(config, PluginPostprocess):
         return load_plugin(config, outputs)
     return Raw(config)
+
+
+def _to_input_pixels(corners: np.ndarray, geometry: Geometry | None) -> None:
+    """Scale (x1, y1, x2, y2) rows given in 0..1 of the model input to its pixels, in place."""
+    if geometry is not None:
+        corners[:, 0::2] *= geometry.input_width
+        corners[:, 1::2] *= geometry.input_height
+
+
+_TENSOR_NAME_HINTS = {  # role -> substrings of output names that usually carry it
+    "boxes": ("box",),
+    "scores": ("score",),
+    "classes": ("class", "label"),
+    "count": ("num", "count"),
+}
+
+
+def _detection_tensors(config: DetectionPostprocess, outputs: list[TensorSpec]) -> dict[str, str]:
+    """Output name per role (boxes, scores, and if present classes, count): as configured, else by name."""
+    names = [spec.name for spec in outputs]
+    found: dict[str, str] = {}
+    for role, hints in _TENSOR_NAME_HINTS.items():
+        chosen: str | None = getattr(config, role)
+        if chosen is not None and chosen not in names:
+            raise ModelError(f"postprocess.{role} {chosen!r} is not a model output; outputs: {names}")
+        if chosen is None:
+            chosen = next((n for n in names if any(h in n.lower() for h in hints)), None)
+        if chosen is not None:
+            found[role] = chosen
+    for role in ("boxes", "scores"):
+        if role not in found:
+            raise ModelError(
+                f"no model output looks like the detection {role} (outputs: {names}); "
+                f"set postprocess.{role} to its name"
+            )
+    return found
 
 
 def _label(labels: list[str] | None, index: int) -> str | None:

@@ -1,5 +1,5 @@
 """Image preprocessing from YAML: resize (stretch, letterbox, crop), colour order, scale/mean/std,
-layout, dtype.
+layout, dtype (int8/uint8 quantised with the model's scale and zero point).
 
 All steps are whole-array operations (OpenCV and numpy); nothing loops over pixels. `prepare`
 also returns the Geometry of the resize, so that postprocessing maps boxes back to the source.
@@ -84,6 +84,18 @@ class Preprocessor:
                 f"but model input {self.input.name!r} takes {self.input.dtype}"
             )
         self.dtype = np.dtype(config.dtype)
+        self.quantization: tuple[float, int] | None = (
+            (config.quantization.scale, config.quantization.zero_point)
+            if config.quantization is not None
+            else self.input.quantization
+        )
+        if self.dtype == np.int8 and self.quantization is None:
+            raise ModelError(
+                f"model input {self.input.name!r} takes int8 and the model does not say how it is "
+                "quantised: set preprocess.quantization {scale, zero_point}"
+            )
+        if self.quantization is not None and self.dtype.kind not in "iu":
+            raise ModelError(f"preprocess.quantization applies to int8 and uint8 inputs, not {config.dtype}")
         # Fold scale, mean and std into one multiply-add: x * a + b.
         mean = np.asarray(config.mean, dtype=np.float32)
         std = np.asarray(config.std, dtype=np.float32)
@@ -152,8 +164,13 @@ class Preprocessor:
             image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
         elif self.config.color == "gray":
             image = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)[:, :, None]
-        if self.dtype == np.uint8:
-            tensor = image  # quantised models take raw pixels; scale/mean/std do not apply
+        if self.quantization is not None:  # the real values the float model wanted, quantised
+            scale, zero_point = self.quantization
+            limits = np.iinfo(self.dtype)
+            real = image.astype(np.float32) * self._mul + self._add
+            tensor = np.clip(np.rint(real / scale + zero_point), limits.min, limits.max)
+        elif self.dtype == np.uint8:
+            tensor = image  # quantised models without parameters take raw pixels; scale/mean/std do not apply
         else:
             tensor = image.astype(np.float32) * self._mul + self._add
         if self.config.layout == "nchw":
