@@ -1,0 +1,57 @@
+"""Try a source for a few seconds, as `edge-agent source` does: is the camera URL right, does the
+GStreamer pipeline start, does the microphone deliver, at what rate and size?"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from agent.config import AudioSourceConfig, SourceConfig, VideoSourceConfig
+from agent.sources import open_source
+
+
+def source_config_for(uri: str) -> SourceConfig:
+    """A source config for a bare URI: audio for alsa:DEVICE and .wav files, else video."""
+    if uri.startswith("alsa:") or uri.lower().endswith(".wav"):
+        return AudioSourceConfig(type="audio", uri=uri)
+    return VideoSourceConfig(type="video", uri=uri)
+
+
+def check_source(config: SourceConfig, seconds: float = 3.0) -> dict[str, Any]:
+    """Run the source for `seconds` (a file that ends sooner ends the check) and report what came.
+
+    `ok` is true when at least one frame (window, reading) arrived.
+    """
+    source, slot = open_source(config, "check")
+    started = time.monotonic()
+    first_at: float | None = None
+    received = 0
+    sample: Any = None
+    source.start()
+    try:
+        deadline = started + seconds
+        while time.monotonic() < deadline:
+            frame = slot.get(timeout=min(0.2, max(0.01, deadline - time.monotonic())))
+            if frame is not None:
+                received += 1
+                if first_at is None:
+                    first_at, sample = time.monotonic() - started, frame.data
+            elif source.state in ("finished", "stopped") and len(slot) == 0:
+                break
+        elapsed = time.monotonic() - started
+        stats = source.stats()  # as it stood at the end of the check (streaming, retrying, ...)
+    finally:
+        source.stop(timeout=5)
+    report: dict[str, Any] = {
+        "ok": received > 0,
+        "uri": stats["uri"],
+        "kind": source.kind,
+        "seconds": round(elapsed, 2),
+        "received": received,  # frames (windows, readings) handed on
+        "per_second": round(received / elapsed, 2) if elapsed > 0 else None,
+        "first_after_s": None if first_at is None else round(first_at, 3),
+        "shape": None if sample is None else list(sample.shape),
+        "dtype": None if sample is None else str(sample.dtype),
+        "stats": stats,
+    }
+    return report
