@@ -290,3 +290,17 @@ class BatchRunner:
         with self._cond:
             self.stats.state, self.stats.reason = state, reason
         log.info("session %s: batching %s: %s", self.session.backend, state, reason)
+
+    def measure_again(self) -> None:
+        """Traffic changed (another pipeline joined): a speed decision is measured afresh. A model
+        that cannot batch, or gave other outputs batched, stays off."""
+        with self._cond:
+            stats = self.stats
+            if stats.verified and stats.state in ("on", "off") and stats.speedup is not None:
+                self.stats = BatchStats("trial", "measuring again: another pipeline joined", verified=True)
+                self.stats.batched_runs, self.stats.frames_in_batches = (
+                    stats.batched_runs,
+                    stats.frames_in_batches,
+                )
+                self.stats.largest_batch = stats.largest_batch
+                self._phase = None

@@ -80,6 +80,7 @@ class SessionPool:
             if key in self._entries:
                 session, runner, users = self._entries[key]
                 self._entries[key] = (session, runner, users + 1)
+                runner.measure_again()  # more cameras: batching may pay now (or no longer)
             else:
                 session = backend.load(artifact, options)
                 runner = BatchRunner(session, self.batching, self.max_batch, self.policy)

@@ -226,3 +226,22 @@ def test_the_pool_reports_batching_per_session(monkeypatch: pytest.MonkeyPatch) 
     for user in users:
         user.close()
     assert pool.stats() == []
+
+
+def test_a_pipeline_joining_measures_the_speed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batching, "MIN_SPEEDUP", float("inf"))  # whatever it measures: not fast enough
+    pool = SessionPool()
+    path = rapidocr_models_dir() / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
+    artifact = ModelArtifact(path, "onnx", "ab" * 32)
+    first, second = pool.load(get_backend(ORT), artifact), pool.load(get_backend(ORT), artifact)
+    _hammer(first, _sign_tensors(4), rounds=60)  # four cameras' frames through one user's handle
+    (entry,) = pool.stats()
+    decided = entry["batching"]
+    assert decided["state"] == "off" and "not faster" in decided["reason"], decided
+    third = pool.load(get_backend(ORT), artifact)
+    (entry,) = pool.stats()
+    again = entry["batching"]
+    assert again["state"] == "trial" and again["reason"] == "measuring again: another pipeline joined"
+    assert again["batched_runs"] == decided["batched_runs"] and entry["users"] == 3  # counters carry on
+    for user in (first, second, third):
+        user.close()
