@@ -557,6 +557,25 @@ class PipelineConfig(StrictModel):
         return self
 
 
+class TelemetryConfig(StrictModel):
+    """Periodic health on <prefix>/<device>/telemetry (QoS 0, not retained)."""
+
+    interval_s: float = Field(
+        60.0,
+        ge=0,
+        le=86_400,
+        description="Seconds between reports; 0 turns telemetry off. While the broker is away reports are "
+        "skipped (and counted), never queued: the next one says how things are; results keep the outbox.",
+    )
+
+    @field_validator("interval_s")
+    @classmethod
+    def _not_too_often(cls, value: float) -> float:
+        if 0 < value < 1:
+            raise ValueError("must be 0 (off) or at least 1 second")
+        return value
+
+
 class AgentConfig(StrictModel):
     device: DeviceConfig
     state_dir: Path = Field(Path("/var/lib/edge-agent"), description="Model store, outbox and decisions.")
@@ -564,6 +583,9 @@ class AgentConfig(StrictModel):
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     registry: RegistryConfig | None = Field(None, description="Where models are pulled from.")
     backends: SelectionConfig = Field(default_factory=SelectionConfig, description="Backend selection.")
+    telemetry: TelemetryConfig = Field(
+        default_factory=TelemetryConfig, description="Periodic health reports."
+    )
     pipelines: list[PipelineConfig] = Field(default_factory=list)
 
     @field_validator("pipelines")

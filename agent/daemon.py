@@ -21,22 +21,23 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 from agent import __version__
 from agent.backend_choice import DecisionSwitcher, choose_and_load, policy_for
+from agent.clock import iso_utc
 from agent.config import AgentConfig, PipelineConfig
 from agent.errors import EdgeAgentError, ModelError
 from agent.fsutil import atomic_write_bytes
 from agent.model_hints import with_model_hints
-from agent.mqtt import MqttConnection, Outbox, OutboxMessage, results_topic
+from agent.mqtt import MqttConnection, Outbox, OutboxMessage, results_topic, telemetry_topic
 from agent.pipeline import LoadedModel, Pipeline
 from agent.registry import open_registry
 from agent.retry import backoff_delay
 from agent.sd_notify import notify, watchdog_interval_s
 from agent.session_pool import SessionPool
 from agent.store import ModelStore
+from agent.telemetry import TelemetrySampler
 from providers import BackendError
 from providers.select import SelectionPolicy
 
@@ -51,12 +52,6 @@ _STOP_PIPELINES_S = 10.0
 _STALL_S = 120.0
 # A build step this long (a TensorRT engine build can take many minutes) is logged again meanwhile.
 _PHASE_LOG_EVERY_S = 30.0
-
-
-def iso_utc(timestamp: float) -> str:
-    """RFC 3339 UTC with milliseconds, e.g. 2026-11-22T10:15:30.123Z."""
-    moment = datetime.fromtimestamp(timestamp, tz=timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 # Results are serialised with this placeholder; the publisher swaps in the real send time.
@@ -134,6 +129,8 @@ class Agent:
         self.store = ModelStore(state_dir / "store")
         # Pipelines on the same model and backend share one session (and batch, when that is faster).
         selection = config.backends
+        self.telemetry = TelemetrySampler(config.device.id, state_dir)
+        self.telemetry_skipped = 0  # reports not sent since the last one that was (broker away)
         self.sessions = SessionPool(
             selection.batching,
             selection.max_batch,
@@ -167,6 +164,8 @@ class Agent:
         log.info("edge-agent %s running as %s", __version__, self.config.device.id)
         watchdog = watchdog_interval_s()
         next_status_file = 0.0
+        telemetry_every = self.config.telemetry.interval_s
+        next_telemetry = time.monotonic() + telemetry_every  # the first after one interval: rates need one
         try:
             while not stop.is_set():
                 now = time.monotonic()
@@ -178,6 +177,9 @@ class Agent:
                 if now >= next_status_file:
                     self.write_status_file()
                     next_status_file = now + _STATUS_FILE_EVERY_S
+                if telemetry_every and now >= next_telemetry:
+                    self.publish_telemetry()
+                    next_telemetry = now + telemetry_every
                 if watchdog is not None and self._healthy():
                     notify("WATCHDOG=1")
                 wait = 0.5 if watchdog is None else min(0.5, watchdog)
@@ -382,8 +384,27 @@ class Agent:
             "mqtt": self.mqtt.stats(),
             "outbox": self.outbox.stats(),
             "sessions": self.sessions.stats(),
+            "telemetry": {
+                "interval_s": self.config.telemetry.interval_s,
+                "skipped_while_offline": self.telemetry_skipped,
+            },
             "pipelines": self.pipeline_states(),
         }
+
+    def publish_telemetry(self) -> None:
+        """One telemetry report; skipped (and counted) while the broker is away."""
+        try:
+            report = self.telemetry.sample(self.pipeline_states(), self.outbox.stats(), self.mqtt.stats())
+            report["skipped_while_offline"] = self.telemetry_skipped
+            payload = json.dumps(report, separators=(",", ":"), default=str).encode()
+        except Exception:  # health reporting must never take the daemon down
+            log.exception("could not build the telemetry report")
+            return
+        topic = telemetry_topic(self.config.mqtt.topic_prefix, self.config.device.id)
+        if self.mqtt.publish_snapshot(topic, payload):
+            self.telemetry_skipped = 0
+        else:
+            self.telemetry_skipped += 1
 
     def write_status_file(self) -> None:
         """state_dir/status.json, for people and scripts on the box."""

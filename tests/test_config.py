@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "configs" / "agent.example.yaml"
 DEMO = REPO / "configs" / "demo.yaml"
 
-TOP_KEYS = "backends, device, log_level, mqtt, pipelines, registry, state_dir"
+TOP_KEYS = "backends, device, log_level, mqtt, pipelines, registry, state_dir, telemetry"
 SOURCE_KEYS = "fps, loop, reopen_max_s, reopen_min_s, type, uri"
 NAME_RULE = (
     "is not a valid name: use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit "
@@ -496,6 +496,15 @@ BAD_CONFIGS: dict[str, tuple[str, list[tuple[int, str]]]] = {
             (4, "backends.batching: Input should be 'auto' or 'off' (got 'sometimes')"),
             (5, "backends.max_batch: Input should be greater than or equal to 2 (got 1)"),
         ],
+    ),
+    "telemetry_too_often": (
+        """
+        device:
+          id: box-1
+        telemetry:
+          interval_s: 0.5
+        """,
+        [(4, "telemetry.interval_s: must be 0 (off) or at least 1 second")],
     ),
     "several_unset_env_vars": (
         """

@@ -289,6 +289,18 @@ class MqttConnection:
                 return False
             time.sleep(min(0.05, remaining))
 
+    def publish_snapshot(self, topic: str, payload: bytes) -> bool:
+        """Publish now at QoS 0, bypassing the outbox: for reports that the next one supersedes
+        (telemetry). False, and nothing queued, when not connected."""
+        if not self.connected:
+            return False
+        try:
+            info = self._client.publish(topic, payload, qos=0, retain=False)
+        except Exception:
+            log.exception("could not publish to %s", topic)
+            return False
+        return info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS
+
     def publish_status_now(self) -> bool:
         """Publish the birth payload (retained) again now; False when not connected."""
         if not self.connected:
