@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import selectors
 import shutil
 import subprocess
@@ -17,6 +18,9 @@ import threading
 import time
 
 from agent.errors import EdgeAgentError
+
+# Whitespace and #-comments, then a word, then the one whitespace byte that ends it.
+_TOKEN = re.compile(rb"(?:\s|#[^\n]*\n)*(\S+)\s")
 
 
 class ChildStream:
@@ -58,26 +62,19 @@ class ChildStream:
         del self._buffer[:size]
         return chunk
 
-    def read_token(self, timeout: float, limit: int = 32) -> bytes | None:
-        """The next whitespace-separated word (for text headers such as PPM's), skipping `#` comments."""
+    def read_token(self, timeout: float, limit: int = 64) -> bytes | None:
+        """The next whitespace-separated word (for text headers such as PPM's), skipping `#` comments
+        and the one whitespace byte after it."""
         deadline = time.monotonic() + timeout
         while True:
-            stripped = self._buffer.lstrip()
-            del self._buffer[: len(self._buffer) - len(stripped)]
-            if self._buffer[:1] == b"#":
-                end = self._buffer.find(b"\n")
-                if end >= 0:
-                    del self._buffer[: end + 1]
-                    continue
-            else:
-                for end, byte in enumerate(self._buffer):
-                    if chr(byte).isspace():
-                        token = bytes(self._buffer[:end])
-                        del self._buffer[: end + 1]  # one whitespace byte ends a token
-                        return token
-                if len(self._buffer) > limit:
-                    self.failure = f"unexpected output: {bytes(self._buffer[:limit])!r}..."
-                    return None
+            match = _TOKEN.match(self._buffer)  # matches in place: no copy of a frame-sized buffer
+            if match is not None:
+                token = match.group(1)
+                del self._buffer[: match.end()]
+                return token
+            if len(self._buffer) > limit and not self._buffer[:limit].strip().startswith(b"#"):
+                self.failure = f"unexpected output: {bytes(self._buffer[:limit])!r}..."
+                return None
             if not self._fill(deadline, timeout):
                 return None
 
@@ -126,6 +123,8 @@ class ChildStream:
                 self._process.kill()
                 self._process.wait(timeout=2.0)
         self._selector.close()
-        assert self._process.stdout is not None
+        assert self._process.stdout is not None and self._process.stderr is not None
         self._process.stdout.close()
-        self._stderr_thread.join(timeout=1.0)
+        self._stderr_thread.join(timeout=1.0)  # it ends at the pipe's end, now the program is gone
+        if not self._stderr_thread.is_alive():  # (a grandchild may still hold it open: leave it then)
+            self._process.stderr.close()
