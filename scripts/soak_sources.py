@@ -137,6 +137,11 @@ def _growth_per_hour(rows: list[dict[str, Any]], key: str) -> float:
     return float(np.polyfit(t, y, 1)[0])
 
 
+def _range(rows: list[dict[str, Any]], key: str) -> str:
+    values = [row[key] for row in rows if key in row]
+    return f"{min(values)} to {max(values)}" if values else "-"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0)
@@ -198,14 +203,24 @@ def main() -> int:
             "card's end, logged each cycle as a source that stopped delivering"
             + (f"; the first other: `{unexpected[0][:200]}`" if unexpected else ""),
             "",
-            "Growth per hour, least-squares over the second half of the run "
-            f"(t = {first['t_s']} s to {last['t_s']} s):",
+            "A leak shows as a higher ceiling in the second half than in the first. Descriptors, threads "
+            "and children step down by the GStreamer child's share when a sample falls between two of "
+            "its runs, so their least-squares slopes mean little; the ranges say more:",
             "",
-            "| RSS MB/h | fds/h | threads/h | children/h |",
+            "| | first half (min to max) | second half (min to max) | growth per hour, 2nd half |",
             "|---|---|---|---|",
-            "| "
-            + " | ".join(f"{growth[key]:.1f}" for key in ("rss_mb", "fds", "threads", "children"))
-            + " |",
+            *[
+                f"| {label} | {_range(rows[: len(rows) // 2], key)} | "
+                f"{_range(rows[len(rows) // 2 :], key)} | {growth[key]:.1f} |"
+                for key, label in (
+                    ("rss_mb", "RSS MB"),
+                    ("fds", "open fds"),
+                    ("threads", "threads"),
+                    ("children", "child processes"),
+                )
+            ],
+            "",
+            f"The second half runs from t = {first['t_s']} s to {last['t_s']} s.",
             "",
             "Samples:",
             "",

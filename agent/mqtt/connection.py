@@ -165,7 +165,9 @@ class MqttConnection:
                 protocol=mqtt.MQTTv311,
                 clean_session=True,
             )
-        client.enable_logger(log.getChild("paho"))
+        paho_log = log.getChild("paho")
+        paho_log.addFilter(self._not_shutdown_noise)
+        client.enable_logger(paho_log)
         # Our callbacks catch their own errors; this keeps a slip from killing paho's network thread.
         client.suppress_exceptions = True
         client.max_inflight_messages_set(self._max_inflight)
@@ -218,6 +220,11 @@ class MqttConnection:
         self._dispatcher.start()
         self._publisher.start()
         self._client.loop_start()
+
+    def _not_shutdown_noise(self, record: logging.LogRecord) -> bool:
+        """paho's network thread runs its loop once more after disconnect() and logs "Client is not
+        connected" at ERROR level: expected while we stop, so it is not logged then."""
+        return not (self._stopped and record.getMessage().startswith("Client is not connected"))
 
     def stop(self, publish_offline: bool = True) -> None:
         """Say offline (retained), stop the threads and disconnect. Idempotent.
