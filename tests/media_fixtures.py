@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import wave
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -20,6 +20,7 @@ from typing import Any
 import cv2
 import numpy as np
 import onnx
+import psutil
 import pytest
 from skimage import data as skimage_data
 
@@ -97,6 +98,22 @@ class ListSink:
     def count(self) -> int:
         with self._lock:
             return len(self.results)
+
+
+HELPER_PROGRAMS = ("arecord", "gst-launch-1.0")  # what live audio and GStreamer sources run
+
+
+@pytest.fixture
+def sources() -> Iterator[list[Any]]:
+    """Sources a test started; each is stopped (bounded) at teardown even if the test failed, and no
+    helper program a source ran (arecord, gst-launch-1.0) may outlive it."""
+    started: list[Any] = []
+    yield started
+    for source in started:
+        source.stop(timeout=5)
+    if started:
+        left = [p.name() for p in psutil.Process().children(recursive=True) if p.name() in HELPER_PROGRAMS]
+        assert not left, f"helper programs outlived their sources: {left}"
 
 
 def sign_folder(folder: Path, count: int) -> list[str]:

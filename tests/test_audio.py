@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import time
 import wave
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -141,14 +140,6 @@ def _audio_source(path: Path, **settings: Any) -> tuple[AudioSource, FrameQueue]
     config = AudioSourceConfig.model_validate({"type": "audio", "uri": str(path), **settings})
     queue = FrameQueue(config.max_queue)
     return AudioSource(config, "mic", queue), queue
-
-
-@pytest.fixture
-def sources() -> Iterator[list[AudioSource]]:
-    started: list[AudioSource] = []
-    yield started
-    for source in started:
-        source.stop(timeout=5)
 
 
 def test_windows_with_hop_lose_nothing_within_the_queue_bound(

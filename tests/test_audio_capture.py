@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,16 +52,6 @@ def _capture(device: str, **settings: Any) -> tuple[AudioSource, FrameQueue]:
     )
     queue = FrameQueue(config.max_queue)
     return AudioSource(config, "mic", queue), queue
-
-
-@pytest.fixture
-def sources() -> Iterator[list[AudioSource]]:
-    started: list[AudioSource] = []
-    yield started
-    for source in started:
-        source.stop(timeout=5)
-    if started:  # stop() ends arecord too
-        assert not [p for p in psutil.Process().children(recursive=True) if p.name() == "arecord"]
 
 
 def _take(queue: FrameQueue, count: int, timeout: float = 10.0) -> list[Frame]:

@@ -8,13 +8,11 @@ inside GStreamer."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import cv2
 import numpy as np
-import psutil
 import pytest
 
 from agent.config import PipelineConfig, VideoSourceConfig
@@ -27,16 +25,6 @@ from tests.media_fixtures import FACE_BOX, ListSink, astronaut_bgr, iou
 from tests.waits import wait_until
 
 LIVE_TEST_CARD = "videotestsrc is-live=true ! video/x-raw,width=160,height=120,framerate=30/1"
-
-
-@pytest.fixture
-def sources() -> Iterator[list[VideoSource]]:
-    started: list[VideoSource] = []
-    yield started
-    for source in started:
-        source.stop(timeout=5)
-    if started:  # stop() ends gst-launch too
-        assert not [p for p in psutil.Process().children(recursive=True) if p.name() == "gst-launch-1.0"]
 
 
 def _camera(uri: str, **settings: Any) -> tuple[VideoSource, LatestFrameSlot]:

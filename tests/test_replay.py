@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +16,6 @@ from agent.config_loader import parse_config
 from agent.errors import ConfigError
 from agent.sources import Frame, FrameQueue, ReplaySource
 from tests.waits import wait_until
-
-
-@pytest.fixture
-def sources() -> Iterator[list[ReplaySource]]:
-    started: list[ReplaySource] = []
-    yield started
-    for source in started:
-        source.stop(timeout=5)
 
 
 def _replay(path: Path, sources: list[ReplaySource], **settings: Any) -> tuple[ReplaySource, FrameQueue]:

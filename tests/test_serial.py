@@ -29,14 +29,6 @@ def pty() -> Iterator[tuple[int, str]]:
             os.close(fd)
 
 
-@pytest.fixture
-def sources() -> Iterator[list[SerialSource]]:
-    started: list[SerialSource] = []
-    yield started
-    for source in started:
-        source.stop(timeout=5)
-
-
 def _serial(uri: str, sources: list[SerialSource], **settings: Any) -> tuple[SerialSource, FrameQueue]:
     config = SerialSourceConfig.model_validate(
         {"type": "serial", "uri": uri, "reopen_min_s": 0.05, "reopen_max_s": 0.2, **settings}

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -49,15 +48,6 @@ def _drain(source: VideoSource, slot: LatestFrameSlot, timeout: float, delay: fl
         if delay:
             time.sleep(delay)
     return frames
-
-
-@pytest.fixture
-def running() -> Iterator[list[VideoSource]]:
-    """Sources a test started; each is stopped (bounded) at teardown even if the test fails."""
-    sources: list[VideoSource] = []
-    yield sources
-    for source in sources:
-        source.stop(timeout=5)
 
 
 # --- LatestFrameSlot -----------------------------------------------------------------------------
@@ -154,10 +144,10 @@ def test_redact_uri_with_a_bad_port_still_hides_the_password() -> None:
 # --- VideoSource on files ------------------------------------------------------------------------
 
 
-def test_file_plays_at_its_rate_and_finishes(short_video: tuple[Path, list], running: list) -> None:
+def test_file_plays_at_its_rate_and_finishes(short_video: tuple[Path, list], sources: list) -> None:
     path, _ = short_video
     source, slot = _source(path)
-    running.append(source)
+    sources.append(source)
     assert source.kind == "file" and source.state == "starting"
     started = time.monotonic()
     source.start()
@@ -186,10 +176,10 @@ def test_file_plays_at_its_rate_and_finishes(short_video: tuple[Path, list], run
     assert source.state == "finished"  # stop after the end keeps the outcome
 
 
-def test_fps_cap_reduces_delivered_frames(short_video: tuple[Path, list], running: list) -> None:
+def test_fps_cap_reduces_delivered_frames(short_video: tuple[Path, list], sources: list) -> None:
     path, _ = short_video
     source, slot = _source(path, fps=5)
-    running.append(source)
+    sources.append(source)
     source.start()
     frames = _drain(source, slot, timeout=20)
     assert wait_until(lambda: source.state == "finished", timeout=5)
@@ -205,12 +195,12 @@ def test_fps_cap_reduces_delivered_frames(short_video: tuple[Path, list], runnin
     assert (gaps >= 0.2 - 1e-6).all()  # never more often than the cap, on the video's timeline
 
 
-def test_loop_keeps_going_past_the_end(tmp_path: Path, running: list) -> None:
+def test_loop_keeps_going_past_the_end(tmp_path: Path, sources: list) -> None:
     path = tmp_path / "tiny.mp4"
     media_fixtures.demo_video_module().make_orientation_video(path, fps=30, seconds_per_sign=0.1)
     total = 18  # 6 signs x 3 frames
     source, slot = _source(path, loop=True)
-    running.append(source)
+    sources.append(source)
     source.start()
     frames: list[Frame] = []
     deadline = time.monotonic() + 15
@@ -233,10 +223,10 @@ def test_loop_keeps_going_past_the_end(tmp_path: Path, running: list) -> None:
     assert slot.closed
 
 
-def test_slow_consumer_gets_newest_frames_only(short_video: tuple[Path, list], running: list) -> None:
+def test_slow_consumer_gets_newest_frames_only(short_video: tuple[Path, list], sources: list) -> None:
     path, _ = short_video
     source, slot = _source(path)
-    running.append(source)
+    sources.append(source)
     source.start()
     frames = _drain(source, slot, timeout=20, delay=0.2)  # a model 4x slower than the camera
     assert wait_until(lambda: source.state == "finished", timeout=5)
@@ -252,10 +242,10 @@ def test_slow_consumer_gets_newest_frames_only(short_video: tuple[Path, list], r
     assert slot.get(timeout=0.5) is None
 
 
-def test_slot_holds_one_frame_while_nobody_reads(short_video: tuple[Path, list], running: list) -> None:
+def test_slot_holds_one_frame_while_nobody_reads(short_video: tuple[Path, list], sources: list) -> None:
     path, _ = short_video
     source, slot = _source(path)
-    running.append(source)
+    sources.append(source)
     source.start()
     assert wait_until(lambda: source.state == "finished", timeout=20)
     assert slot.dropped == SHORT_FRAMES - 1
@@ -265,11 +255,11 @@ def test_slot_holds_one_frame_while_nobody_reads(short_video: tuple[Path, list],
 
 
 def test_missing_file_retries_with_backoff_and_stops_promptly(
-    tmp_path: Path, running: list, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, sources: list, caplog: pytest.LogCaptureFixture
 ) -> None:
     missing = tmp_path / "nope.mp4"
     source, slot = _source(missing, reopen_min_s=0.05, reopen_max_s=0.2)
-    running.append(source)
+    sources.append(source)
     attempts: list[float] = []
     real_open = source._open
 
@@ -305,10 +295,10 @@ def test_missing_file_retries_with_backoff_and_stops_promptly(
     assert len(attempts) == count  # no attempts after stop
 
 
-def test_refused_url_retries_with_clear_error(running: list) -> None:
+def test_refused_url_retries_with_clear_error(sources: list) -> None:
     uri = f"http://127.0.0.1:{free_port()}/x.mjpg"
     source, slot = _source(uri, reopen_min_s=0.05, reopen_max_s=0.2)
-    running.append(source)
+    sources.append(source)
     assert source.kind == "url"
     source.start()
     assert wait_until(lambda: source.state == "retrying", timeout=10)
@@ -322,11 +312,11 @@ def test_refused_url_retries_with_clear_error(running: list) -> None:
     assert source.state == "stopped"
 
 
-def test_refused_url_does_not_leak_the_password(running: list, caplog: pytest.LogCaptureFixture) -> None:
+def test_refused_url_does_not_leak_the_password(sources: list, caplog: pytest.LogCaptureFixture) -> None:
     uri = "rtsp://user:secret@127.0.0.1:1/x"
     caplog.set_level(logging.DEBUG, logger="agent.sources.video")
     source, _ = _source(uri, reopen_min_s=0.05, reopen_max_s=0.2)
-    running.append(source)
+    sources.append(source)
     assert source.display_uri == "rtsp://user:***@127.0.0.1:1/x"
     source.start()
     assert wait_until(lambda: source.state == "retrying", timeout=10)
@@ -368,13 +358,13 @@ def test_backoff_doubles_is_capped_and_never_overflows() -> None:
 # --- image folders -----------------------------------------------------------------------------------
 
 
-def test_image_folder_plays_in_name_order_at_fps_and_skips_bad_files(tmp_path: Path, running: list) -> None:
+def test_image_folder_plays_in_name_order_at_fps_and_skips_bad_files(tmp_path: Path, sources: list) -> None:
     folder = tmp_path / "frames"
     media_fixtures.sign_folder(folder, 4)
     (folder / "frame-001b.jpg").write_bytes(b"not a jpeg")  # sorts between 1 and 2: skipped
     (folder / "notes.txt").write_text("not an image at all")  # not an image suffix: ignored
     source, slot = _source(folder, fps=10)
-    running.append(source)
+    sources.append(source)
     assert source.kind == "folder"
     source.start()
     frames = _drain(source, slot, timeout=10)
@@ -384,11 +374,11 @@ def test_image_folder_plays_in_name_order_at_fps_and_skips_bad_files(tmp_path: P
     assert source.state == "finished" and source.stats()["frames_decoded"] == 4
 
 
-def test_an_empty_image_folder_is_retried_with_a_clear_error(tmp_path: Path, running: list) -> None:
+def test_an_empty_image_folder_is_retried_with_a_clear_error(tmp_path: Path, sources: list) -> None:
     folder = tmp_path / "empty"
     folder.mkdir()
     source, _ = _source(folder, reopen_min_s=0.05, reopen_max_s=0.2)
-    running.append(source)
+    sources.append(source)
     source.start()
     assert wait_until(lambda: source.state == "retrying", timeout=10)
     assert source.stats()["error"].startswith(f"image folder {folder} has no images (")
@@ -400,7 +390,7 @@ def test_an_empty_image_folder_is_retried_with_a_clear_error(tmp_path: Path, run
 # --- HTTP: MJPEG from ffmpeg, and a URL that is no stream ---------------------------------------
 
 
-def test_http_mjpeg_stream_from_ffmpeg(short_video: tuple[Path, list], running: list) -> None:
+def test_http_mjpeg_stream_from_ffmpeg(short_video: tuple[Path, list], sources: list) -> None:
     path, _ = short_video
     port = free_port()
     url = f"http://127.0.0.1:{port}/cam.mjpg"
@@ -410,7 +400,7 @@ def test_http_mjpeg_stream_from_ffmpeg(short_video: tuple[Path, list], running: 
     )  # fmt: skip
     try:
         source, slot = _source(url, reopen_min_s=0.2, reopen_max_s=0.5)
-        running.append(source)
+        sources.append(source)
         source.start()
         frames = []
         deadline = time.monotonic() + 20
@@ -428,7 +418,7 @@ def test_http_mjpeg_stream_from_ffmpeg(short_video: tuple[Path, list], running: 
         server.wait(10)
 
 
-def test_a_url_that_serves_a_web_page_is_not_a_stream(tmp_path: Path, running: list) -> None:
+def test_a_url_that_serves_a_web_page_is_not_a_stream(tmp_path: Path, sources: list) -> None:
     (tmp_path / "index.html").write_text("<html><body>camera admin page</body></html>")
     port = free_port()
     server = subprocess.Popen(
@@ -439,7 +429,7 @@ def test_a_url_that_serves_a_web_page_is_not_a_stream(tmp_path: Path, running: l
         assert wait_until(lambda: _listening(port), timeout=10)
         url = f"http://127.0.0.1:{port}/index.html"
         source, slot = _source(url, reopen_min_s=0.1, reopen_max_s=0.3)
-        running.append(source)
+        sources.append(source)
         source.start()
         assert wait_until(lambda: source.stats()["reconnects"] >= 2, timeout=30), source.stats()
         assert source.state == "retrying" and slot.get(timeout=0.05) is None
