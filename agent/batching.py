@@ -69,6 +69,10 @@ class _Phase:
     untimed: float = 0.0  # seconds of first runs at a new batch size, left out
 
 
+def _untimed() -> dict[str, list[float]]:
+    return {"together": [0, 0, 0.0], "one_by_one": [0, 0, 0.0]}
+
+
 @dataclass
 class BatchStats:
     state: str  # trial | on | off
@@ -76,9 +80,7 @@ class BatchStats:
     speedup: float | None = None  # one-by-one time per frame / together time per frame, once measured
     verified: bool = False  # a batch gave the same outputs together as one by one
     # per way of running (together, one_by_one): [phases, frames, seconds] timed in the trial
-    timed: dict[str, list[float]] = field(
-        default_factory=lambda: {"together": [0, 0, 0.0], "one_by_one": [0, 0, 0.0]}
-    )
+    timed: dict[str, list[float]] = field(default_factory=_untimed)
     batched_runs: int = 0
     frames_in_batches: int = 0
     largest_batch: int = 1
@@ -163,8 +165,9 @@ class BatchRunner:
             state == "trial" and (self._phase is None or self._phase.way == "together")
         )
         if stacking:
+            signature = leader.signature
             for other in list(self._queue):
-                if other.signature == leader.signature and frames + other.frames <= self.max_batch:
+                if other.signature == signature and frames + other.frames <= self.max_batch:
                     self._queue.remove(other)
                     batch.append(other)
                     frames += other.frames
@@ -295,12 +298,8 @@ class BatchRunner:
         """Traffic changed (another pipeline joined): a speed decision is measured afresh. A model
         that cannot batch, or gave other outputs batched, stays off."""
         with self._cond:
-            stats = self.stats
+            stats = self.stats  # the counters carry on; the trial's measurements start again
             if stats.verified and stats.state in ("on", "off") and stats.speedup is not None:
-                self.stats = BatchStats("trial", "measuring again: another pipeline joined", verified=True)
-                self.stats.batched_runs, self.stats.frames_in_batches = (
-                    stats.batched_runs,
-                    stats.frames_in_batches,
-                )
-                self.stats.largest_batch = stats.largest_batch
+                stats.state, stats.reason = "trial", "measuring again: another pipeline joined"
+                stats.speedup, stats.timed = None, _untimed()
                 self._phase = None

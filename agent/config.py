@@ -134,9 +134,18 @@ class ModelRef(StrictModel):
     version: Name
 
 
+def _non_blank_uri(value: str) -> str:
+    if not value.strip():
+        raise ValueError("uri must not be empty")
+    return value
+
+
+SourceUri = Annotated[str, AfterValidator(_non_blank_uri)]
+
+
 class VideoSourceConfig(StrictModel):
     type: Literal["video"]
-    uri: str = Field(
+    uri: SourceUri = Field(
         description="A video file, a folder of images (played in name order), a V4L2 device index (0) "
         "or /dev/videoN, an rtsp://, http(s):// URL (HTTP: MJPEG or any stream FFmpeg reads), or a "
         "GStreamer pipeline (gst:ELEMENT ! ... ; a trailing appsink is replaced), e.g. a Jetson CSI camera."
@@ -156,19 +165,12 @@ class VideoSourceConfig(StrictModel):
     def _uri_as_text(cls, value: object) -> object:
         return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
-    @field_validator("uri")
-    @classmethod
-    def _non_empty(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("uri must not be empty")
-        return value
-
 
 class AudioSourceConfig(StrictModel):
     """Audio cut into windows for the model: a WAV file, or live capture from an ALSA device."""
 
     type: Literal["audio"]
-    uri: str = Field(
+    uri: SourceUri = Field(
         description="A WAV file (PCM 8/16/24/32-bit, any rate, mono or the first channel), resampled to "
         "sample_rate; or alsa:DEVICE for live capture (alsa:default, alsa:plughw:1,0; `arecord -L` lists "
         "them), recorded at sample_rate, mono."
@@ -183,13 +185,6 @@ class AudioSourceConfig(StrictModel):
     )
     reopen_min_s: float = Field(1.0, gt=0, description="First retry delay when the source fails.")
     reopen_max_s: float = Field(30.0, gt=0, description="Cap of the retry delay.")
-
-    @field_validator("uri")
-    @classmethod
-    def _non_empty(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("uri must not be empty")
-        return value
 
 
 class MqttSourceConfig(StrictModel):

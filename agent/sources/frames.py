@@ -21,17 +21,34 @@ class Frame:
     gap: bool = False  # the stream restarted before this one (reopened, looped): state is stale
 
 
-class LatestFrameSlot:
+class _HandOver:
+    """What both hand-overs share: the condition the reader waits on, closing, the drop count."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._closed = False
+        self.dropped = 0
+
+    def close(self) -> None:
+        """Wake the reader; `get` returns what is left, then None."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+class LatestFrameSlot(_HandOver):
     """Holds at most one frame: a new frame replaces an unread one, which counts as dropped.
 
     A slow model therefore never builds a backlog: it always gets the newest frame.
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self._frame: Frame | None = None
-        self._cond = threading.Condition()
-        self._closed = False
-        self.dropped = 0
 
     def put(self, frame: Frame) -> None:
         with self._cond:
@@ -48,32 +65,20 @@ class LatestFrameSlot:
             frame, self._frame = self._frame, None
             return frame
 
-    def close(self) -> None:
-        """Wake the reader; `get` returns what is left, then None."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def __len__(self) -> int:
         with self._cond:
             return 0 if self._frame is None else 1
 
 
-class FrameQueue:
+class FrameQueue(_HandOver):
     """First in, first out, at most `limit` frames: a source faster than the model loses nothing
     until the bound; beyond it the oldest frame is dropped and counted. Same interface as
     LatestFrameSlot."""
 
     def __init__(self, limit: int) -> None:
+        super().__init__()
         self._frames: collections.deque[Frame] = collections.deque()
         self._limit = limit
-        self._cond = threading.Condition()
-        self._closed = False
-        self.dropped = 0
 
     def put(self, frame: Frame) -> None:
         with self._cond:
@@ -89,15 +94,6 @@ class FrameQueue:
             if not self._frames and not self._closed:
                 self._cond.wait(timeout)
             return self._frames.popleft() if self._frames else None
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def __len__(self) -> int:
         with self._cond:
