@@ -19,10 +19,12 @@ command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)  # TLS tests make thei
 command -v espeak-ng >/dev/null 2>&1 || need_apt+=(espeak-ng)  # speech for the audio/VAD tests
 command -v arecord >/dev/null 2>&1 || need_apt+=(alsa-utils)  # live audio capture (alsa: sources)
 command -v gst-launch-1.0 >/dev/null 2>&1 || need_apt+=(gstreamer1.0-tools)  # GStreamer camera pipelines
+command -v ffmpeg >/dev/null 2>&1 || need_apt+=(ffmpeg)  # HTTP MJPEG camera tests serve with ffmpeg -listen
 gst_plugins=/usr/lib/$(uname -m)-linux-gnu/gstreamer-1.0
 [ -e "$gst_plugins/libgstx264.so" ] || need_apt+=(gstreamer1.0-plugins-ugly)        # x264enc
 [ -e "$gst_plugins/libgstpng.so" ] || need_apt+=(gstreamer1.0-plugins-good)         # pngdec, rtph264pay
 [ -e "$gst_plugins/libgstpnm.so" ] || need_apt+=(gstreamer1.0-plugins-bad)           # pnmenc
+[ -e "$gst_plugins/libgstlibav.so" ] || need_apt+=(gstreamer1.0-libav)               # avdec_mpeg4 (.mp4 files)
 [ -e "$gst_plugins/libgstvideoconvertscale.so" ] || [ -e "$gst_plugins/libgstvideoconvert.so" ] ||
     need_apt+=(gstreamer1.0-plugins-base)                                              # videoconvert
 if [ ${#need_apt[@]} -gt 0 ]; then

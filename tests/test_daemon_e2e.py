@@ -136,7 +136,11 @@ def outbox_pending(state_dir: Path) -> int:
     path = state_dir / "outbox.sqlite"
     if not path.exists():
         return 0
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as db:
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30) as db:
+        # The file appears before the daemon has created its table: nothing is queued until then.
+        table = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'messages'"
+        if db.execute(table).fetchone() is None:
+            return 0
         return int(db.execute("SELECT COUNT(*) FROM messages").fetchone()[0])
 
 

@@ -72,7 +72,9 @@ def publish_one(broker: Mosquitto, topic: str, payload: bytes) -> None:
     client.connect(broker.host, broker.port)
     client.loop_start()
     try:
-        client.publish(topic, payload, qos=1).wait_for_publish(timeout=5)
+        sent = client.publish(topic, payload, qos=1)
+        sent.wait_for_publish(timeout=30)
+        assert sent.is_published(), f"the broker did not acknowledge the test message on {topic}"
     finally:
         client.disconnect()
         client.loop_stop()
@@ -151,10 +153,14 @@ def test_lost_socket_reconnects_with_birth_and_resubscribes(
     status = mqtt_subscriber_factory(mosquitto, f"edge/{DEVICE}/status")
     conn, _ = connection_factory(mosquitto, protocol)
     got: list[bytes] = []
-    conn.subscribe(f"edge/{DEVICE}/cmd/+", lambda topic, payload: got.append(payload))  # before start
+    commands = f"edge/{DEVICE}/cmd/+"
+    conn.subscribe(commands, lambda topic, payload: got.append(payload))  # before start
+    assert conn.stats()["subscriptions"] == {commands: "pending"}
     conn.start()
     status.wait_until(lambda msgs: [m.payload for m in msgs] == [ONLINE])
     wait_until(lambda: conn.connected, what="connected")
+    wait_until(lambda: conn.stats()["subscriptions"] == {commands: "active"}, what="SUBACK",
+               state=conn.stats)  # fmt: skip
 
     # The broker saw the protocol the config asked for (mosquitto logs p5 / p2 for 3.1.1) and the
     # default client id.
@@ -169,9 +175,55 @@ def test_lost_socket_reconnects_with_birth_and_resubscribes(
     wait_until(lambda: conn.stats()["connects"] == 2 and conn.connected, what="reconnect")
     assert conn.stats()["disconnects"] == 1
 
-    # The subscription registered before the first connect was renewed on the new connection.
+    # The subscription registered before the first connect was renewed on the new connection:
+    # once the broker has acknowledged it there (before that a command could pass it by).
+    wait_until(lambda: conn.stats()["subscriptions"] == {commands: "active"}, what="SUBACK after reconnect",
+               timeout=30, state=conn.stats)  # fmt: skip
     publish_one(mosquitto, f"edge/{DEVICE}/cmd/ping", b"after-reconnect")
     wait_until(lambda: got == [b"after-reconnect"], what="command after reconnect")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_subscription_the_broker_refuses_is_named_and_the_others_work(
+    protocol: str, tmp_path: Path, connection_factory: ConnectionFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # mosquitto's acl_file grants every SUBSCRIBE (it filters at delivery); its dynamic-security
+    # plugin refuses them. Anonymous clients may subscribe to this device's commands and publish
+    # under its prefix; anything else is off limits.
+    rules = {
+        "defaultACLAccess": {"publishClientSend": False, "publishClientReceive": True,
+                             "subscribe": False, "unsubscribe": True},
+        "clients": [],
+        "anonymousGroup": "anonymous",
+        "groups": [{"groupname": "anonymous", "roles": [{"rolename": "device"}], "clients": []}],
+        "roles": [{"rolename": "device", "acls": [
+            {"acltype": "subscribePattern", "topic": f"edge/{DEVICE}/cmd/#", "allow": True},
+            {"acltype": "publishClientSend", "topic": f"edge/{DEVICE}/#", "allow": True},
+        ]}],
+    }  # fmt: skip
+    (tmp_path / "dynsec.json").write_text(json.dumps(rules))
+    [plugin] = Path("/usr/lib").glob("*/mosquitto_dynamic_security.so")  # in Debian's mosquitto package
+    extra = f"plugin {plugin}\nplugin_opt_config_file {tmp_path / 'dynsec.json'}"
+    with Mosquitto(tmp_path / "dynsec-broker", extra_config=extra) as broker:
+        conn, _ = connection_factory(broker, protocol)
+        got: list[bytes] = []
+        allowed, forbidden = f"edge/{DEVICE}/cmd/+", "edge/other-device/cmd/+"
+        with caplog.at_level(logging.ERROR, logger="agent.mqtt.connection"):
+            conn.subscribe(allowed, lambda topic, payload: got.append(payload))
+            conn.subscribe(forbidden, lambda topic, payload: got.append(b"stranger: " + payload))
+            conn.start()
+            wait_until(lambda: "pending" not in conn.stats()["subscriptions"].values(), what="SUBACKs",
+                       timeout=30, state=conn.stats)  # fmt: skip
+        states = conn.stats()["subscriptions"]
+        assert states[allowed] == "active"
+        # MQTT 5 says why (0x87); MQTT 3.1.1 has one failure code (0x80) for every reason.
+        assert states[forbidden].startswith("refused: "), states
+        assert ("Not authorized" in states[forbidden]) == (protocol == "5"), states
+        refusals = [r.getMessage() for r in caplog.records if "refused the subscription" in r.getMessage()]
+        assert len(refusals) == 1 and forbidden in refusals[0], refusals
+        assert forbidden in str(conn.stats()["last_error"])
+        publish_one(broker, f"edge/{DEVICE}/cmd/ping", b"mine")
+        wait_until(lambda: got == [b"mine"], what="the allowed subscription's message")
 
 
 def test_clean_stop_publishes_offline_retained(
@@ -353,14 +405,9 @@ def test_handlers_run_off_the_network_thread_and_failures_are_contained(
     with pytest.raises(ValueError):
         conn.subscribe("edge/#/bad", bad)
 
-    # SUBSCRIBEs on one connection are handled in order: once the barrier works, all are active.
-    for _ in range(50):
-        publish_one(mosquitto, f"edge/{DEVICE}/barrier", b"ready")
-        if barrier:
-            break
-        time.sleep(0.05)
-    wait_until(lambda: bool(barrier), what="subscriptions active")
-    barrier.clear()
+    filters = {f"edge/{DEVICE}/cmd/+", f"edge/{DEVICE}/cmd/#", f"edge/{DEVICE}/barrier"}
+    wait_until(lambda: conn.stats()["subscriptions"] == dict.fromkeys(filters, "active"),
+               what="SUBACKs", timeout=30, state=conn.stats)  # fmt: skip
 
     with caplog.at_level(logging.ERROR, logger="agent.mqtt.connection"):
         publish_one(mosquitto, f"edge/{DEVICE}/cmd/one", b"1")

@@ -56,6 +56,7 @@ from providers import (
 from providers.select import Sample, reference_session
 from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, demo_video_module
 from tests.store_fixtures import CLS_NAME, CLS_VERSION
+from tests.verdicts import assert_judged_on_its_numbers
 
 ORT_CPU = "onnxruntime/CPUExecutionProvider"
 CLS_OUTPUT = "save_infer_model/scale_0.tmp_1"  # the cls model's one output: [batch, 2] probabilities
@@ -411,16 +412,16 @@ def test_expected_outputs_are_the_reference(
 ) -> None:
     artifact = _artifact(cls_model_path)
     sample = Sample({"x": cls_input}, "test data inputs.npz", {CLS_OUTPUT: cls_probs})
-    decision = decide([artifact], SelectionPolicy(max_trials=2, **QUICK), [sample])
+    policy = SelectionPolicy(max_trials=2, **QUICK)
+    decision = decide([artifact], policy, [sample])
 
     assert decision.checked is True
     assert decision.reference == "the expected outputs in test data inputs.npz"
     assert decision.inputs == sample.origin == "test data inputs.npz"
     tried = _tried(decision)
     assert len(tried) == 2
-    for candidate in tried:
-        assert candidate.verdict in {"chosen", "passed"}, candidate
-        assert candidate.max_abs_diff is not None and candidate.max_abs_diff < 1e-2, candidate
+    for candidate in tried:  # OpenVINO at the CPU's default precision: judged on its numbers
+        assert_judged_on_its_numbers(candidate, policy)
     text = decision.explain()
     assert decision.proof() == "the expected outputs in test data inputs.npz"  # names its inputs once
     assert "; outputs checked against the expected outputs in test data inputs.npz (others: " in text, text
@@ -467,9 +468,11 @@ def test_each_artifact_is_proven_on_the_sample_made_for_it(
         Sample(face, "test data face.npz", fits=frozenset({tflite.sha256})),
     ]
     calls: list[tuple[str, str, dict[str, tuple[int, ...]]]] = []
-    decision = decide(
-        [cls, tflite], SelectionPolicy(max_trials=10, **QUICK), samples, trial=_recording(calls)
-    )
+    # OpenVINO pinned to f32: at its default precision (bf16 on CPUs that have it) BlazeFace's raw
+    # scores move by several units and it is rightly rejected; this test is about the samples.
+    f32 = {"precision": "f32"}
+    policy = SelectionPolicy(max_trials=10, **QUICK, options={"openvino/CPU": f32, "openvino/AUTO": f32})
+    decision = decide([cls, tflite], policy, samples, trial=_recording(calls))
 
     assert decision.checked is True
     tried = _tried(decision)

@@ -24,6 +24,10 @@ What it guarantees:
   thread, and one handler's exception is logged and contained. With MQTT 5, subscription
   identifiers route each incoming copy to the handlers it was sent for (overlapping filters do
   not double-call a handler).
+- Each subscription's state is tracked from the broker's SUBACK: "pending" until it is
+  acknowledged on the current connection, then "active", or "refused: <reason>" (logged) when
+  the broker will not have it (an ACL, a filter it does not support); `stats()["subscriptions"]`.
+  A message published before the SUBACK may not reach the handler: wait for "active".
 """
 
 from __future__ import annotations
@@ -133,6 +137,9 @@ class MqttConnection:
         self._unreachable_logged = False
         self._subscriptions: dict[int, _Subscription] = {}
         self._filter_ids: dict[str, int] = {}  # filter -> MQTT 5 subscription identifier (stable)
+        self._filter_state: dict[str, str] = {}  # filter -> "pending" | "active" | "refused: ..."
+        self._suback_wanted: dict[int, str] = {}  # SUBSCRIBE message id -> filter, until its SUBACK
+        self._suback_early: dict[int, ReasonCode] = {}  # SUBACKs that beat their mid's bookkeeping
         self._next_key = 0
 
         # Network thread -> publisher thread: ("ack", mid, reason) and ("down", generation), in order,
@@ -195,6 +202,7 @@ class MqttConnection:
         client.on_disconnect = self._on_disconnect
         client.on_publish = self._on_publish
         client.on_message = self._on_message
+        client.on_subscribe = self._on_subscribe
         return client
 
     def _set_will(self) -> None:
@@ -273,6 +281,7 @@ class MqttConnection:
                 "published": self._published,
                 "rejected": self._rejected,
                 "inflight": len(self._inflight_rows),
+                "subscriptions": dict(self._filter_state),
                 "last_error": self._last_error,
             }
 
@@ -444,6 +453,7 @@ class MqttConnection:
             key = self._next_key
             self._subscriptions[key] = _Subscription(key, topic_filter, handler, qos)
             sub_id = self._filter_ids.setdefault(topic_filter, len(self._filter_ids) + 1)
+            self._filter_state.setdefault(topic_filter, "pending")
             connected = self._connected
         if connected:
             self._subscribe_one(topic_filter, qos, sub_id)
@@ -454,6 +464,8 @@ class MqttConnection:
                     return
                 still_used = any(s.topic_filter == topic_filter for s in self._subscriptions.values())
                 connected = self._connected
+                if not still_used:
+                    self._filter_state.pop(topic_filter, None)
             if connected and not still_used:
                 self._client.unsubscribe(topic_filter)
 
@@ -465,9 +477,33 @@ class MqttConnection:
             # One identifier per SUBSCRIBE packet, so filters are subscribed one at a time.
             properties = Properties(PacketTypes.SUBSCRIBE)
             properties.SubscriptionIdentifier = sub_id
-        result, _ = self._client.subscribe(topic_filter, qos, properties=properties)
-        if result != MQTTErrorCode.MQTT_ERR_SUCCESS:
+        with self._lock:
+            self._filter_state[topic_filter] = "pending"
+        result, mid = self._client.subscribe(topic_filter, qos, properties=properties)
+        if result != MQTTErrorCode.MQTT_ERR_SUCCESS or mid is None:
             log.warning("could not subscribe to %s: %s", topic_filter, mqtt.error_string(result))
+            return
+        # The SUBACK comes on paho's network thread, possibly before this line (no lock is held
+        # across paho's subscribe(): see _events); whichever side comes second settles it.
+        with self._lock:
+            early = self._suback_early.pop(mid, None)
+            if early is None:
+                self._suback_wanted[mid] = topic_filter
+        if early is not None:
+            self._settle_subscription(topic_filter, early)
+
+    def _settle_subscription(self, topic_filter: str, reason: ReasonCode) -> None:
+        if reason.is_failure:
+            why = f"broker {self._broker} refused the subscription to {topic_filter}: {reason}"
+            log.error("%s (%#x); its messages will not arrive", why, _reason_value(reason))
+            state = f"refused: {reason}"
+        else:
+            state = "active"
+        with self._lock:
+            if topic_filter in self._filter_state:  # not unsubscribed meanwhile
+                self._filter_state[topic_filter] = state
+            if reason.is_failure:
+                self._last_error = why
 
     def _resubscribe(self) -> None:
         with self._lock:
@@ -604,6 +640,11 @@ class MqttConnection:
             with self._lock:
                 was_connected = self._connected
                 self._connected = False
+                # SUBACKs of the old connection will not come; the next CONNACK subscribes again.
+                self._suback_wanted.clear()
+                self._suback_early.clear()
+                for topic_filter in self._filter_state:
+                    self._filter_state[topic_filter] = "pending"
                 generation = self._generation
                 stopping = self._stopped
                 if was_connected:
@@ -631,6 +672,25 @@ class MqttConnection:
     ) -> None:
         self._events.put(("ack", mid, reason_code))
         self._wake.set()
+
+    def _on_subscribe(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        mid: int,
+        reason_codes: list[ReasonCode],
+        properties: Properties | None,
+    ) -> None:
+        try:
+            reason = reason_codes[0]  # one filter per SUBSCRIBE (_subscribe_one)
+            with self._lock:
+                topic_filter = self._suback_wanted.pop(mid, None)
+                if topic_filter is None:
+                    self._suback_early[mid] = reason
+            if topic_filter is not None:
+                self._settle_subscription(topic_filter, reason)
+        except Exception:
+            log.exception("error in the MQTT on_subscribe handler")
 
     def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
         try:
