@@ -1,1 +1,6 @@
-pytest_plugins = ["tests.mqtt_fixtures", "tests.store_fixtures", "tests.media_fixtures"]
+pytest_plugins = [
+    "tests.mqtt_fixtures",
+    "tests.store_fixtures",
+    "tests.media_fixtures",
+    "tests.agent_process",
+]

@@ -15,14 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.agent_process import EDGE_AGENT, StartAgent
 from tests.mosquitto import Mosquitto
 from tests.mqtt_fixtures import SubscriberFactory
 from tests.test_daemon_e2e import (
     DEVICE,
-    EDGE_AGENT,
     MODEL,
     VERSION,
-    finish,
     make_orientation_video,
     pipeline,
     results_of,
@@ -35,7 +34,7 @@ TFLITE_MODEL = MEDIAPIPE / "face_detection" / "face_detection_short_range.tflite
 CPU_BACKENDS = ("onnxruntime/CPUExecutionProvider", "openvino/CPU", "openvino/AUTO")
 
 
-def cli(*args: str, expect: int = 0, env: dict[str, str] | None = None, timeout: float = 60) -> str:
+def cli(*args: str, expect: int = 0, env: dict[str, str] | None = None, timeout: float = 180) -> str:
     """Run `edge-agent ARGS`; check the exit status and that no traceback leaked; return stdout.
 
     A wide terminal keeps rich from wrapping table cells, so rows can be read line by line."""
@@ -229,7 +228,7 @@ def check_timings(row: dict[str, Any], runs: int) -> None:
 
 
 def test_bench_times_every_backend_that_can_run_the_model(cls_model_path: Path) -> None:
-    report = cli_json("bench", str(cls_model_path), "--runs", "5", "--warmup", "1", timeout=120)
+    report = cli_json("bench", str(cls_model_path), "--runs", "5", "--warmup", "1")
     assert (report["model"], report["runs"], report["warmup"]) == (str(cls_model_path), 5, 1)
     rows = by_backend(report["results"])
     assert set(rows) == set(CPU_BACKENDS), rows  # tflite cannot read onnx; the rest are unavailable
@@ -268,6 +267,7 @@ def test_explain_shows_why_the_running_pipeline_got_its_backend(
     mosquitto: Mosquitto,
     mqtt_subscriber_factory: SubscriberFactory,
     cls_model_path: Path,
+    start_agent: StartAgent,
 ) -> None:
     registry = tmp_path / "registry"
     cli("registry", "publish", str(cls_model_path), "--name", MODEL, "--version", VERSION,
@@ -278,18 +278,9 @@ def test_explain_shows_why_the_running_pipeline_got_its_backend(
     signs = pipeline("signs", str(video), loop=True)
     config = write_config(tmp_path, mosquitto.port, registry, [signs], benchmark=True)
     results_sub = mqtt_subscriber_factory(mosquitto, f"edge/{DEVICE}/results/#")
-    proc = subprocess.Popen(
-        [EDGE_AGENT, "run", "-c", str(config), "--duration", "15"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        log = finish(proc, timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    log = start_agent(config).run_until(lambda: len(results_sub.messages) >= 2, "two results")
     assert "pipeline signs started" in log, log[-3000:]
-    results = results_of(results_sub.wait_for(2, timeout=10))
+    results = results_of(results_sub.wait_for(2))
     ran_on = {r["backend"] for r in results}
     assert len(ran_on) == 1, ran_on
     backend = ran_on.pop()
@@ -329,7 +320,7 @@ def test_explain_shows_why_the_running_pipeline_got_its_backend(
     report = cli_json("bench", MODEL, "-c", str(config), "--backend", backend, "--runs", "3", "--warmup", "1")
     assert report["model"] == f"{MODEL}@{VERSION}"
     assert [(r["backend"], r["selected"]) for r in report["results"]] == [(backend, True)]
-    text = cli("bench", MODEL, "-c", str(config), "--runs", "3", "--warmup", "1", timeout=120)
+    text = cli("bench", MODEL, "-c", str(config), "--runs", "3", "--warmup", "1")
     assert "selected" in table_row(text, backend)
     for name in CPU_BACKENDS:
         cells = [cell.strip() for cell in table_row(text, name).split("│")]

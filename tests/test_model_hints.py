@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from agent.config import AudioPreprocessConfig, PipelineConfig, PreprocessConfig
 from agent.errors import ModelError
 from agent.model_hints import with_model_hints
 from agent.registry.manifest import Manifest
+from tests.agent_process import EDGE_AGENT, StartAgent, pipeline_state
 from tests.media_fixtures import CLS_LABELS, demo_video_module
 
 CLS_HINTS = {  # the classifier's own preprocessing, as PaddleOCR documents it
@@ -105,15 +105,16 @@ def test_bad_hints_are_errors_that_name_the_manifest_and_key(metadata: dict[str,
         with_model_hints(_pipeline(), _manifest(metadata))
 
 
-def test_the_daemon_runs_a_pipeline_on_the_manifests_hints(tmp_path: Path, cls_model_path: Path) -> None:
+def test_the_daemon_runs_a_pipeline_on_the_manifests_hints(
+    tmp_path: Path, cls_model_path: Path, start_agent: StartAgent
+) -> None:
     video = tmp_path / "signs.mp4"
     truth = demo_video_module().make_orientation_video(video, fps=10, seconds_per_sign=0.5)
     hints = tmp_path / "hints.json"
     hints.write_text(json.dumps(CLS_HINTS))
-    edge_agent = str(Path(sys.executable).parent / "edge-agent")
     registry = tmp_path / "registry"
     subprocess.run(
-        [edge_agent, "registry", "publish", str(cls_model_path), "--name", "cls", "--version", "1",
+        [EDGE_AGENT, "registry", "publish", str(cls_model_path), "--name", "cls", "--version", "1",
          "--metadata", str(hints), "--registry", f"file://{registry}"],
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
@@ -134,10 +135,8 @@ def test_the_daemon_runs_a_pipeline_on_the_manifests_hints(tmp_path: Path, cls_m
     }
     path = tmp_path / "agent.yaml"
     path.write_text(json.dumps(config))
-    done = subprocess.run(
-        [edge_agent, "run", "-c", str(path), "--duration", "8"], capture_output=True, text=True, timeout=90
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    state_dir = tmp_path / "state"
+    start_agent(path).run_until(lambda: pipeline_state(state_dir, "door") == "finished", "the video's end")
     with sqlite3.connect(f"file:{tmp_path / 'state' / 'outbox.sqlite'}?mode=ro", uri=True) as db:
         rows = db.execute("SELECT payload FROM messages WHERE topic LIKE '%/results/%'").fetchall()
     payloads = [json.loads(row[0]) for row in rows]

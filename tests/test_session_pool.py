@@ -15,6 +15,7 @@ import numpy as np
 from agent.session_pool import SessionPool
 from providers import ModelArtifact
 from providers.onnxruntime_backend import OnnxRuntimeBackend
+from tests.agent_process import EDGE_AGENT, StartAgent, read_status
 from tests.store_fixtures import rapidocr_models_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -103,15 +104,16 @@ def test_sharing_saves_the_memory_of_a_second_copy() -> None:
     assert separate - shared > 8, (shared, separate)
 
 
-def test_two_cameras_on_one_model_load_it_once_in_the_daemon(tmp_path: Path, cls_model_path: Path) -> None:
+def test_two_cameras_on_one_model_load_it_once_in_the_daemon(
+    tmp_path: Path, cls_model_path: Path, start_agent: StartAgent
+) -> None:
     from tests.media_fixtures import demo_video_module
 
     video = tmp_path / "signs.mp4"
     demo_video_module().make_orientation_video(video, fps=10, seconds_per_sign=0.5)
-    edge_agent = str(Path(sys.executable).parent / "edge-agent")
     registry = tmp_path / "registry"
     subprocess.run(
-        [edge_agent, "registry", "publish", str(cls_model_path), "--name", "cls", "--version", "1",
+        [EDGE_AGENT, "registry", "publish", str(cls_model_path), "--name", "cls", "--version", "1",
          "--registry", f"file://{registry}"], check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     camera = {
@@ -132,11 +134,14 @@ def test_two_cameras_on_one_model_load_it_once_in_the_daemon(tmp_path: Path, cls
     }
     path = tmp_path / "agent.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML
-    done = subprocess.run(
-        [edge_agent, "run", "-c", str(path), "--duration", "8"], capture_output=True, text=True, timeout=90
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    status = json.loads((tmp_path / "state" / "status.json").read_text())
+    state_dir = tmp_path / "state"
+
+    def both_delivered() -> bool:
+        pipelines = read_status(state_dir).get("pipelines", {})
+        return all(pipelines.get(f"door-{i}", {}).get("results", 0) > 0 for i in (1, 2))
+
+    start_agent(path).run_until(both_delivered, "results from both cameras")
+    status = read_status(state_dir)
     assert [s["users"] for s in status["sessions"]] == [2], status["sessions"]  # one session, two users
     batching = status["sessions"][0]["batching"]  # the cls model has a dynamic batch axis: it may batch
     assert batching["state"] in ("trial", "on", "off") and batching["reason"], batching
