@@ -110,7 +110,7 @@ def sources() -> Iterator[list[Any]]:
     started: list[Any] = []
     yield started
     for source in started:
-        source.stop(timeout=5)
+        source.stop(timeout=30)  # generous: a loaded machine may be slow to end the reader
     if started:
         left = [p.name() for p in psutil.Process().children(recursive=True) if p.name() in HELPER_PROGRAMS]
         assert not left, f"helper programs outlived their sources: {left}"

@@ -5,6 +5,7 @@ Used by the MQTT tests (and by anything else that needs a broker): nothing here 
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -24,7 +25,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.waits import free_port
 
-START_TIMEOUT_S = 10.0
+# Generous: a loaded machine can take seconds to start a process; a healthy start costs nothing extra.
+START_TIMEOUT_S = 30.0
 
 
 def find_mosquitto() -> str:
@@ -120,10 +122,10 @@ class Mosquitto:
             return
         proc.terminate()
         try:
-            proc.wait(timeout=5.0)
+            proc.wait(timeout=30.0)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait(timeout=5.0)
+            proc.wait(timeout=30.0)
 
     def restart(self) -> None:
         self.stop()
@@ -151,6 +153,33 @@ class Mosquitto:
         self.close()
 
 
+def refusing_acl(workdir: Path, *, subscribe: list[str], publish: list[str]) -> str:
+    """Config lines for a broker whose anonymous clients may subscribe only to `subscribe` and
+    publish only to `publish` (filters), and are refused anything else at SUBSCRIBE time.
+
+    mosquitto's acl_file grants every SUBSCRIBE and filters at delivery; its dynamic-security
+    plugin (in Debian's mosquitto package) answers a forbidden SUBSCRIBE with a failure SUBACK.
+    """
+    acls = [{"acltype": "subscribePattern", "topic": t, "allow": True} for t in subscribe]
+    acls += [{"acltype": "publishClientSend", "topic": t, "allow": True} for t in publish]
+    rules = {
+        "defaultACLAccess": {
+            "publishClientSend": False, "publishClientReceive": True, "subscribe": False, "unsubscribe": True,
+        },
+        "clients": [],
+        "anonymousGroup": "anonymous",
+        "groups": [{"groupname": "anonymous", "roles": [{"rolename": "anonymous"}], "clients": []}],
+        "roles": [{"rolename": "anonymous", "acls": acls}],
+    }  # fmt: skip
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "dynamic-security.json"
+    path.write_text(json.dumps(rules))
+    plugins = sorted(Path("/usr/lib").glob("*/mosquitto_dynamic_security.so"))
+    if not plugins:
+        raise RuntimeError("mosquitto_dynamic_security.so not found (it comes with Debian's mosquitto)")
+    return f"plugin {plugins[0]}\nplugin_opt_config_file {path}"
+
+
 @dataclass(frozen=True)
 class Received:
     topic: str
@@ -175,7 +204,7 @@ class Subscriber:
         qos: int = 1,
         persistent: bool = False,
         client_id: str | None = None,
-        timeout_s: float = 10.0,
+        timeout_s: float = 30.0,
     ) -> None:
         self.topic_filter = topic_filter
         self._cond = threading.Condition()
@@ -214,7 +243,7 @@ class Subscriber:
             return list(self._messages)
 
     def wait_until(
-        self, predicate: Callable[[list[Received]], bool], timeout: float = 10.0
+        self, predicate: Callable[[list[Received]], bool], timeout: float = 30.0
     ) -> list[Received]:
         """Wait until `predicate(messages)` holds; AssertionError (with what arrived) on timeout."""
         deadline = time.monotonic() + timeout
@@ -229,7 +258,7 @@ class Subscriber:
                 self._cond.wait(remaining)
             return list(self._messages)
 
-    def wait_for(self, count: int, timeout: float = 10.0) -> list[Received]:
+    def wait_for(self, count: int, timeout: float = 30.0) -> list[Received]:
         """Wait until at least `count` messages arrived; returns them all."""
         return self.wait_until(lambda msgs: len(msgs) >= count, timeout)
 

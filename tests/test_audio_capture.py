@@ -54,7 +54,7 @@ def _capture(device: str, **settings: Any) -> tuple[AudioSource, FrameQueue]:
     return AudioSource(config, "mic", queue), queue
 
 
-def _take(queue: FrameQueue, count: int, timeout: float = 10.0) -> list[Frame]:
+def _take(queue: FrameQueue, count: int, timeout: float = 60.0) -> list[Frame]:
     frames: list[Frame] = []
     deadline = time.monotonic() + timeout
     while len(frames) < count and time.monotonic() < deadline:
@@ -92,7 +92,7 @@ def test_a_device_that_does_not_exist_is_named_retried_and_never_streams(sources
     source, _ = _capture("hw:9,0")
     sources.append(source)
     source.start()
-    assert wait_until(lambda: source.stats()["reconnects"] >= 3, "retries", timeout=15)
+    assert wait_until(lambda: source.stats()["reconnects"] >= 3, "retries", timeout=60)
     stats = source.stats()
     assert stats["state"] == "retrying" and stats["windows"] == 0
     assert "audio capture from ALSA device 'hw:9,0': arecord exited with status 1" in stats["error"]
@@ -105,18 +105,18 @@ def test_a_recorder_that_dies_is_an_outage_and_capture_resumes(
     source, _ = _capture("speech", window=512, max_queue=50)
     sources.append(source)
     source.start()
-    assert wait_until(lambda: source.state == "streaming", timeout=10)
+    assert wait_until(lambda: source.state == "streaming", timeout=30)
     first = _arecord()
     first.kill()  # as when a USB microphone is pulled out: arecord ends
     assert wait_until(
-        lambda: source.stats()["outages"] == 1, "outage counted", timeout=10, state=source.stats
+        lambda: source.stats()["outages"] == 1, "outage counted", timeout=30, state=source.stats
     )
     stats = source.stats()
     assert stats["reconnects"] >= 1 and stats["state"] == "streaming" and stats["error"] is None
     assert _arecord().pid != first.pid
     assert "audio capture from ALSA device 'speech': arecord was killed by signal 9" in caplog.text
     windows = stats["windows"]
-    assert wait_until(lambda: source.stats()["windows"] > windows, "windows after the outage", timeout=10)
+    assert wait_until(lambda: source.stats()["windows"] > windows, "windows after the outage", timeout=30)
 
 
 def test_without_arecord_the_error_says_what_to_install(
@@ -128,10 +128,10 @@ def test_without_arecord_the_error_says_what_to_install(
     source, _ = _capture("speech")
     sources.append(source)
     source.start()
-    assert wait_until(lambda: source.stats()["reconnects"] >= 2, timeout=10)
+    assert wait_until(lambda: source.stats()["reconnects"] >= 2, timeout=30)
     assert source.stats()["error"] == "arecord is not installed (apt-get install alsa-utils)"
     monkeypatch.setenv("PATH", os.defpath)  # installed meanwhile: the retry finds it
-    assert wait_until(lambda: source.state == "streaming", timeout=10, state=source.stats)
+    assert wait_until(lambda: source.state == "streaming", timeout=30, state=source.stats)
 
 
 def test_a_pipeline_runs_the_vad_on_live_capture_and_counts_what_it_cannot_keep(
@@ -156,10 +156,16 @@ def test_a_pipeline_runs_the_vad_on_live_capture_and_counts_what_it_cannot_keep(
     pipeline = Pipeline(config, LoadedModel("silero-vad", "6.2.3", "ab" * 32, session), sink)
     pipeline.start()
     try:
-        assert wait_until(lambda: sink.count() >= 50, "results", timeout=30, state=pipeline.status)
+        # Wait for the drops too (not a fixed window of time): the file plugin outpaces the model.
+        assert wait_until(
+            lambda: sink.count() >= 50 and pipeline.status()["source"]["frames_dropped"] > 0,
+            "results and dropped windows",
+            timeout=60,
+            state=pipeline.status,
+        )
         status = pipeline.status()
     finally:
-        pipeline.stop(timeout=5)
+        pipeline.stop(timeout=30)
         session.close()
     assert status["source"]["state"] == "streaming" and status["source"]["frames_dropped"] > 0
     assert status["inferences"] >= 50 and status["errors"] == 0

@@ -188,12 +188,11 @@ def test_choose_and_load_benchmarks_once_then_reuses_the_cached_decision(
 ) -> None:
     caplog.set_level(logging.INFO, logger="agent.backend_choice")
     artifacts = [_artifact(cls_model_path)]
-    config = _config(tmp_path / "state", str(sign_video))
+    # A sample frame is needed to benchmark: wait for it as long as a busy machine may need.
+    config = _config(tmp_path / "state", str(sign_video), sample_timeout_s=60.0)
     pipeline = config.pipelines[0]
 
-    started = time.perf_counter()
     session, decision, _ = choose_and_load(config, pipeline, artifacts, "pp-ocr-cls@2.0")
-    first_s = time.perf_counter() - started
     try:
         assert session.backend == decision.backend
         frame = demo_video_module().render_sign("EDGE CAMERA 42", False, np.random.default_rng(1))
@@ -212,18 +211,19 @@ def test_choose_and_load_benchmarks_once_then_reuses_the_cached_decision(
     assert record["decision"]["backend"] == decision.backend and record["decision"]["checked"] is True
     assert DecisionStore(tmp_path / "state").get(cached.stem) == decision
     assert "using the cached backend decision" not in caplog.text
+    benchmarked = "pipeline signs: choosing a backend for pp-ocr-cls@2.0 (benchmarking the top candidates"
+    assert benchmarked in caplog.text
 
     caplog.clear()
-    started = time.perf_counter()
     session, again, _ = choose_and_load(config, pipeline, artifacts, "pp-ocr-cls@2.0")
-    second_s = time.perf_counter() - started
     session.close()
     assert again == decision
     assert f"pipeline signs: using the cached backend decision {cached.stem}" in caplog.text
-    assert second_s < first_s / 2, (first_s, second_s)
+    # Nothing was benchmarked again (what made the first call slow; told by the log, not by timing).
+    assert "choosing a backend" not in caplog.text
 
     # Another policy is another decision: the chosen backend denied, the next one wins.
-    changed = _config(tmp_path / "state", str(sign_video), deny=(decision.backend,))
+    changed = _config(tmp_path / "state", str(sign_video), deny=(decision.backend,), sample_timeout_s=60.0)
     caplog.clear()
     session, other, _ = choose_and_load(changed, changed.pipelines[0], artifacts, "pp-ocr-cls@2.0")
     session.close()

@@ -67,7 +67,7 @@ def running(tmp_path: Path) -> Iterator[list[Pipeline]]:
     started: list[Pipeline] = []
     yield started
     for p in started:
-        p.stop(timeout=5)
+        p.stop(timeout=30)
 
 
 def _pipeline(tmp_path: Path, artifact: ModelArtifact, switcher: DecisionSwitcher, sink: Sink) -> Pipeline:
@@ -101,12 +101,12 @@ def test_a_failing_backend_is_replaced_by_the_next_candidate_and_taken_back_late
     running.append(pipeline)
     pipeline.start()
     # Five failures in a row, then OpenVINO serves: no stop, results keep coming.
-    assert wait_until(lambda: OV in sink.backends(), "results from the fallback backend", timeout=30)
+    assert wait_until(lambda: OV in sink.backends(), "results from the fallback backend", timeout=120)
     assert pipeline.backend_switches[0].startswith(f"{ORT} -> {OV}: 5 failures in a row")
     assert "device lost" in pipeline.backend_switches[0]
     assert pipeline.status()["errors"] == 5 and pipeline.status()["state"] == "running"
     # After the backoff (2 s), onnxruntime is tried again; it loads and runs, so it is taken back.
-    assert wait_until(lambda: sink.backends()[-1:] == [ORT], "results from onnxruntime again", timeout=30)
+    assert wait_until(lambda: sink.backends()[-1:] == [ORT], "results from onnxruntime again", timeout=120)
     assert pipeline.backend_switches[-1] == f"{OV} -> {ORT}: the preferred backend works again"
     status = pipeline.status()
     assert status["backend"] == ORT and len(status["backend_switches"]) == 2
@@ -123,6 +123,6 @@ def test_with_no_candidate_left_the_pipeline_reports_degraded(
     pipeline = _pipeline(tmp_path, artifact, switcher, sink)
     running.append(pipeline)
     pipeline.start()
-    assert wait_until(lambda: pipeline.status()["state"] == "degraded", "degraded", timeout=30)
+    assert wait_until(lambda: pipeline.status()["state"] == "degraded", "degraded", timeout=60)
     assert pipeline.backend_switches == [] and sink.results == []
     assert "device lost" in str(pipeline.status()["error"])

@@ -13,9 +13,9 @@ from agent.sources.child import ChildStream
 def test_tokens_with_comments_then_exact_bytes() -> None:
     child = ChildStream(["sh", "-c", r"printf 'P6\n# made by hand\n2 1\n255\nabcdef'"], "")
     try:
-        assert [child.read_token(5) for _ in range(4)] == [b"P6", b"2", b"1", b"255"]
-        assert child.read_exact(6, 5) == b"abcdef"  # the pixels, not one byte more or less
-        assert child.read_exact(1, 5) is None and child.failure == "ended"
+        assert [child.read_token(30) for _ in range(4)] == [b"P6", b"2", b"1", b"255"]
+        assert child.read_exact(6, 30) == b"abcdef"  # the pixels, not one byte more or less
+        assert child.read_exact(1, 30) is None and child.failure == "ended"
     finally:
         child.close()
 
@@ -29,14 +29,14 @@ def test_silence_failure_and_missing_program() -> None:
     failing = ChildStream(["sh", "-c", "echo 'Recording banner' >&2; echo 'no such device' >&2; exit 3"], "",
                           chatter=("Recording ",))  # fmt: skip
     try:
-        assert failing.read_exact(1, 5) is None
+        assert failing.read_exact(1, 30) is None
         assert failing.failure == "exited with status 3: no such device"  # the banner left out
         assert failing.said("device") == "no such device"
     finally:
         failing.close()
     garbage = ChildStream(["sh", "-c", "head -c 200 /dev/zero | tr '\\0' 'x'"], "")
     try:
-        assert garbage.read_token(5) is None and str(garbage.failure).startswith("unexpected output: b'xxx")
+        assert garbage.read_token(30) is None and str(garbage.failure).startswith("unexpected output: b'xxx")
     finally:
         garbage.close()
     with pytest.raises(EdgeAgentError, match=r"no-such-helper is not installed \(apt-get install it\)"):

@@ -19,7 +19,7 @@ from agent.config_loader import config_json_schema
 EDGE_AGENT = Path(sys.executable).parent / "edge-agent"
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "configs" / "agent.example.yaml"
-TIMEOUT_S = 60
+TIMEOUT_S = 120  # generous: a busy machine starts the CLI slowly
 
 # Two problems on different lines: the CLI must print both.
 BAD = """\

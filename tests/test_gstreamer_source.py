@@ -35,7 +35,7 @@ def _camera(uri: str, **settings: Any) -> tuple[VideoSource, LatestFrameSlot]:
     return VideoSource(config, "csi", slot), slot
 
 
-def _next_frame(slot: LatestFrameSlot, timeout: float = 15.0) -> Frame:
+def _next_frame(slot: LatestFrameSlot, timeout: float = 60.0) -> Frame:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         frame = slot.get(timeout=0.2)
@@ -57,7 +57,8 @@ def test_an_opencv_style_pipeline_gives_exact_bgr_frames(sources: list[VideoSour
     assert (frame.data == np.array([0xC0, 0x80, 0x20], np.uint8)).all()
     stats = source.stats()
     assert source.kind == "gstreamer" and stats["state"] == "streaming" and stats["error"] is None
-    assert abs(frame.captured_at - time.time()) < 5 and frame.position_s is None  # live: wall-clock stamps
+    # Live: wall-clock stamps (a monotonic or stream-time stamp would be decades off; 60 s spares a busy box).
+    assert abs(frame.captured_at - time.time()) < 60 and frame.position_s is None
 
 
 def test_a_real_video_decoded_by_gstreamer_matches_opencvs_decode(
@@ -65,18 +66,20 @@ def test_a_real_video_decoded_by_gstreamer_matches_opencvs_decode(
 ) -> None:
     path, _ = short_video
     capture = cv2.VideoCapture(str(path))
-    ok, reference = capture.read()
+    references = [capture.read()[1] for _ in range(2)]
     capture.release()
-    assert ok
+    assert all(reference is not None for reference in references)
     # Not live: gst-launch decodes as fast as it can and the source keeps the newest frame, so each
-    # run ends after the first two frames (the video's first sign lasts five).
+    # run ends after the first two frames, and the frame taken is either (which one depends on how
+    # busy the machine is; the signs jitter, so the two differ by about 36 grey levels on average).
     source, slot = _camera(f"gst:filesrc location={path} ! decodebin ! videoconvert ! identity eos-after=2")
     sources.append(source)
     source.start()
     frame = _next_frame(slot)
-    assert frame.data.shape == reference.shape
-    # Two decoders and two YUV->RGB conversions: close, not bit-equal.
-    assert float(np.abs(frame.data.astype(np.int16) - reference.astype(np.int16)).mean()) < 4.0
+    assert frame.data.shape == references[0].shape
+    # Two decoders and two YUV->RGB conversions: close to one of them, not bit-equal.
+    diffs = [float(np.abs(frame.data.astype(np.int16) - ref.astype(np.int16)).mean()) for ref in references]
+    assert min(diffs) < 4.0, diffs
 
 
 def test_the_detector_finds_the_face_in_a_photo_streamed_through_gstreamer(
@@ -103,9 +106,9 @@ def test_the_detector_finds_the_face_in_a_photo_streamed_through_gstreamer(
     pipeline = Pipeline(config, LoadedModel("nudenet", "3.4.2", "ab" * 32, session), sink)
     pipeline.start()
     try:
-        assert wait_until(lambda: sink.count() >= 3, "results", timeout=30, state=pipeline.status)
+        assert wait_until(lambda: sink.count() >= 3, "results", timeout=120, state=pipeline.status)
     finally:
-        pipeline.stop(timeout=5)
+        pipeline.stop(timeout=30)
         session.close()
     for _, result in sink.results[:3]:
         faces = [d for d in result["output"]["detections"] if d["label"] == "FACE_FEMALE"]
@@ -113,14 +116,18 @@ def test_the_detector_finds_the_face_in_a_photo_streamed_through_gstreamer(
 
 
 def test_the_fps_cap_drops_frames_inside_gstreamer(sources: list[VideoSource]) -> None:
-    source, slot = _camera(f"gst:{LIVE_TEST_CARD} ! appsink", fps=5)
+    source, _ = _camera(f"gst:{LIVE_TEST_CARD} ! appsink", fps=5)
     sources.append(source)
+    started = time.monotonic()
     source.start()
-    _next_frame(slot)
-    decoded = source.stats()["frames_decoded"]
-    time.sleep(2.0)
-    per_second = (source.stats()["frames_decoded"] - decoded) / 2.0
-    assert 3 <= per_second <= 7, per_second  # 5 of the camera's 30 reach Python
+    # A count, then the time it took (a busy machine only makes that longer): the live camera makes
+    # 30 frames a second by its clock; with the cap, 5 of them reach Python, so 11 frames take at
+    # least 2 s (uncapped: a third of a second).
+    assert wait_until(
+        lambda: source.stats()["frames_decoded"] >= 11, "11 frames", timeout=60, state=source.stats
+    )
+    elapsed = time.monotonic() - started
+    assert elapsed >= 1.8, elapsed  # never faster than the cap
     assert "videorate" in gst_launch_argv(source.config.uri, 5)
 
 
@@ -128,7 +135,7 @@ def test_bad_pipelines_are_named_and_retried(sources: list[VideoSource]) -> None
     source, _ = _camera("gst:nvarguscamerasrc sensor-id=0 ! nvvidconv ! appsink")  # no Jetson here
     sources.append(source)
     source.start()
-    assert wait_until(lambda: source.stats()["reconnects"] >= 2, "retries", timeout=15)
+    assert wait_until(lambda: source.stats()["reconnects"] >= 2, "retries", timeout=60)
     error = str(source.stats()["error"])
     assert source.state == "retrying"
     assert error.startswith("GStreamer pipeline gave no frame: gst-launch-1.0 exited with status 1")
@@ -149,9 +156,9 @@ def test_a_pipeline_that_ends_or_stalls_is_reopened(
     sources.extend([ends, stalls])
     ends.start()
     stalls.start()
-    assert wait_until(lambda: ends.stats()["outages"] >= 2, "reopened after the end", timeout=20)
+    assert wait_until(lambda: ends.stats()["outages"] >= 2, "reopened after the end", timeout=60)
     assert _next_frame(ends_slot).data.shape == (120, 160, 3)
-    assert wait_until(lambda: stalls.stats()["outages"] >= 1, "reopened after the stall", timeout=20)
+    assert wait_until(lambda: stalls.stats()["outages"] >= 1, "reopened after the stall", timeout=60)
     assert stalls.stats()["frames_decoded"] >= 2  # the first frame of each run
     assert "stopped delivering frames: gst-launch-1.0 sent nothing for 5 s" in caplog.text
     assert "stopped delivering frames: gst-launch-1.0 ended" in caplog.text
@@ -164,7 +171,7 @@ def test_without_gst_launch_the_error_says_what_to_install(
     source, _ = _camera(f"gst:{LIVE_TEST_CARD} ! appsink")
     sources.append(source)
     source.start()
-    assert wait_until(lambda: source.stats()["reconnects"] >= 1, timeout=10)
+    assert wait_until(lambda: source.stats()["reconnects"] >= 1, timeout=30)
     assert str(source.stats()["error"]).startswith(
         "GStreamer pipeline gave no frame: gst-launch-1.0 is not installed "
         "(apt-get install gstreamer1.0-tools"

@@ -22,7 +22,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.config import MqttConfig, OutboxConfig
 from agent.mqtt import MqttConnection, Outbox, results_topic
-from tests.mosquitto import Mosquitto, Subscriber, cast_delay
+from tests.mosquitto import Mosquitto, Subscriber, cast_delay, refusing_acl
 from tests.mqtt_fixtures import SubscriberFactory
 from tests.waits import wait_until
 
@@ -187,23 +187,8 @@ def test_lost_socket_reconnects_with_birth_and_resubscribes(
 def test_a_subscription_the_broker_refuses_is_named_and_the_others_work(
     protocol: str, tmp_path: Path, connection_factory: ConnectionFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # mosquitto's acl_file grants every SUBSCRIBE (it filters at delivery); its dynamic-security
-    # plugin refuses them. Anonymous clients may subscribe to this device's commands and publish
-    # under its prefix; anything else is off limits.
-    rules = {
-        "defaultACLAccess": {"publishClientSend": False, "publishClientReceive": True,
-                             "subscribe": False, "unsubscribe": True},
-        "clients": [],
-        "anonymousGroup": "anonymous",
-        "groups": [{"groupname": "anonymous", "roles": [{"rolename": "device"}], "clients": []}],
-        "roles": [{"rolename": "device", "acls": [
-            {"acltype": "subscribePattern", "topic": f"edge/{DEVICE}/cmd/#", "allow": True},
-            {"acltype": "publishClientSend", "topic": f"edge/{DEVICE}/#", "allow": True},
-        ]}],
-    }  # fmt: skip
-    (tmp_path / "dynsec.json").write_text(json.dumps(rules))
-    [plugin] = Path("/usr/lib").glob("*/mosquitto_dynamic_security.so")  # in Debian's mosquitto package
-    extra = f"plugin {plugin}\nplugin_opt_config_file {tmp_path / 'dynsec.json'}"
+    # Anonymous clients may subscribe to this device's commands and publish under its prefix.
+    extra = refusing_acl(tmp_path / "acl", subscribe=[f"edge/{DEVICE}/cmd/#"], publish=[f"edge/{DEVICE}/#"])
     with Mosquitto(tmp_path / "dynsec-broker", extra_config=extra) as broker:
         conn, _ = connection_factory(broker, protocol)
         got: list[bytes] = []

@@ -1,7 +1,7 @@
 """The OpenVINO backend with the real runtime and real models (PP-OCR, MediaPipe, scikit-learn).
 
 onnxruntime CPU is the reference: OpenVINO must give the same answers at f32, and within a looser
-tolerance at whatever precision it picks by default (bf16 on CPUs with AMX, f32 on this one).
+tolerance at whatever precision it picks by default (bf16 on CPUs with avx512_bf16 or AMX, else f32).
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def test_cls_default_precision_is_reported_and_within_its_tolerance(
     probs = default.run({"x": cls_batch[0]})[CLS_OUTPUT]
     assert (probs.argmax(axis=1) == cls_reference.argmax(axis=1)).all()
     f32 = OpenVinoBackend("CPU").load(artifact, {"precision": "f32"}).run({"x": cls_batch[0]})[CLS_OUTPUT]
-    if default.precision == "fp32":  # this AMD EPYC (no avx512_bf16/AMX): the default is f32 itself
+    if default.precision == "fp32":  # a CPU without avx512_bf16/AMX: the default is f32 itself
         assert "BF16" not in _cpu_capabilities()
         assert np.abs(probs - f32).max() < 1e-6
         assert np.abs(probs - cls_reference).max() < F32_TOLERANCE

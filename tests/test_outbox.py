@@ -99,7 +99,7 @@ def test_concurrent_puts_lose_nothing(tmp_path: Path) -> None:
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=30)
+        t.join(timeout=120)
     assert not any(t.is_alive() for t in threads)
     assert errors == []
     assert len(set(ids)) == 4 * per_thread

@@ -44,11 +44,11 @@ def loaded(cls_model_path: Path) -> LoadedModel:
     return LoadedModel(name="pp-ocr-cls", version="2.0", sha256="ab" * 32, session=session)
 
 
-def _config(uri: Path, fps: float | None) -> PipelineConfig:
+def _config(uri: Path, fps: float | None, loop: bool = False) -> PipelineConfig:
     return PipelineConfig(
         name="orientation",
         model=ModelRef(name="pp-ocr-cls", version="2.0"),
-        source=VideoSourceConfig(type="video", uri=str(uri), fps=fps),
+        source=VideoSourceConfig(type="video", uri=str(uri), fps=fps, loop=loop),
         preprocess=CLS_PREPROCESS,
         # The model already outputs probabilities: no second softmax.
         postprocess=ClassificationPostprocess(
@@ -62,7 +62,7 @@ def started() -> Iterator[list[Pipeline]]:
     pipelines: list[Pipeline] = []
     yield pipelines
     for pipeline in pipelines:
-        pipeline.stop(timeout=5)
+        pipeline.stop(timeout=30)
 
 
 def test_pipeline_end_to_end_matches_ground_truth(
@@ -75,8 +75,8 @@ def test_pipeline_end_to_end_matches_ground_truth(
     assert pipeline.preprocess.shape == (1, 3, 48, 192)
     pipeline.warm_up()
     pipeline.start()
-    assert wait_until(lambda: pipeline.finished, timeout=30, interval=0.05)
-    pipeline.stop(timeout=5)
+    assert wait_until(lambda: pipeline.finished, timeout=60, interval=0.05)
+    pipeline.stop(timeout=30)
 
     status = pipeline.status()
     assert status["state"] == "finished"
@@ -143,8 +143,8 @@ def test_pipeline_keeps_going_when_some_frames_fail(
     pipeline = Pipeline(_config(path, fps=None), model, sink)
     started.append(pipeline)
     pipeline.start()
-    assert wait_until(lambda: pipeline.finished, timeout=30, interval=0.05)
-    pipeline.stop(timeout=5)
+    assert wait_until(lambda: pipeline.finished, timeout=60, interval=0.05)
+    pipeline.stop(timeout=30)
 
     status = pipeline.status()
     assert flaky.calls >= 30
@@ -187,8 +187,8 @@ def test_pipeline_counts_sink_failures_and_keeps_going(
     pipeline = Pipeline(_config(path, fps=None), loaded, sink)
     started.append(pipeline)
     pipeline.start()
-    assert wait_until(lambda: pipeline.finished, timeout=30, interval=0.05)
-    pipeline.stop(timeout=5)
+    assert wait_until(lambda: pipeline.finished, timeout=60, interval=0.05)
+    pipeline.stop(timeout=30)
     status = pipeline.status()
     assert sink.calls >= 10
     assert status["results"] == sink.count() == (sink.calls + 1) // 2
@@ -207,17 +207,20 @@ def test_pipeline_reports_degraded_when_every_frame_fails(
     broken = FlakySession(loaded.session, every=1)
     model = LoadedModel(loaded.name, loaded.version, loaded.sha256, broken)
     sink = ListSink()
-    pipeline = Pipeline(_config(path, fps=None), model, sink)
+    # Looping: the video never ends by itself, however slowly a busy machine gets to 12 errors.
+    pipeline = Pipeline(_config(path, fps=None, loop=True), model, sink)
     started.append(pipeline)
     pipeline.start()
-    assert wait_until(lambda: pipeline.status()["errors"] >= 12, timeout=20)
+    assert wait_until(lambda: pipeline.status()["errors"] >= 12, timeout=60)
     status = pipeline.status()
     assert status["state"] == "degraded", status
     assert "simulated device hiccup" in status["error"]
     assert status["results"] == 0 and sink.count() == 0
     started_stop = time.monotonic()
-    pipeline.stop(timeout=5)
-    assert time.monotonic() - started_stop < 3.0
+    pipeline.stop(timeout=30)
+    # Stop ends the looping source and the worker (finished) without waiting out its timeout: a stop
+    # that did not reach them would take the whole 30 s; 15 s is generous for a busy machine.
+    assert time.monotonic() - started_stop < 15.0
     assert pipeline.finished
     assert pipeline.status()["state"] == "stopped"
 
@@ -244,8 +247,8 @@ def test_busy_for_shows_a_worker_stuck_in_one_frame(
     started.append(pipeline)
     assert pipeline.busy_for_s() == 0.0
     pipeline.start()
-    assert wait_until(lambda: pipeline.busy_for_s() > 1.0, timeout=10)
-    assert wait_until(lambda: pipeline.results >= 1, timeout=10)
+    assert wait_until(lambda: pipeline.busy_for_s() > 1.0, timeout=30)
+    assert wait_until(lambda: pipeline.results >= 1, timeout=30)
 
 
 class NanSession(FlakySession):
@@ -263,7 +266,7 @@ def test_nan_outputs_fail_the_frame_instead_of_publishing_invalid_json(
     pipeline = Pipeline(_config(path, fps=5), model, sink)
     started.append(pipeline)
     pipeline.start()
-    assert wait_until(lambda: pipeline.status()["errors"] >= 3, timeout=15)
+    assert wait_until(lambda: pipeline.status()["errors"] >= 3, timeout=60)
     assert sink.count() == 0
     assert "NaN or infinite" in str(pipeline.status()["last_error"])
 
@@ -271,13 +274,14 @@ def test_nan_outputs_fail_the_frame_instead_of_publishing_invalid_json(
 def test_a_folder_of_images_goes_through_in_name_order(tmp_path: Path, loaded: LoadedModel) -> None:
     orientations = sign_folder(tmp_path / "frames", 6)
     sink = ListSink()
-    pipeline = Pipeline(_config(tmp_path / "frames", fps=20), loaded, sink)
+    # 2 images a second: the newest-frame slot would drop one only if the model lagged by 0.5 s.
+    pipeline = Pipeline(_config(tmp_path / "frames", fps=2), loaded, sink)
     pipeline.warm_up()
     pipeline.start()
     try:
-        assert wait_until(lambda: pipeline.finished, timeout=30, interval=0.05)
+        assert wait_until(lambda: pipeline.finished, timeout=60, interval=0.05)
     finally:
-        pipeline.stop(timeout=5)
+        pipeline.stop(timeout=30)
     results = [r for _, r in sink.results]
     assert [r["source"]["frame"] for r in results] == list(range(1, 7))
     assert [r["output"]["top"][0]["label"] for r in results] == orientations

@@ -12,6 +12,7 @@ from agent.config import PreprocessConfig, RegionsPostprocess, ResizeConfig
 from agent.errors import ModelError
 from agent.processing import Geometry, Preprocessor, build_postprocessor
 from providers import ModelArtifact, TensorSpec, get_backend
+from tests.cpu_precision import exact_options
 from tests.store_fixtures import rapidocr_models_dir
 
 ONNX_BACKENDS = ("onnxruntime/CPUExecutionProvider", "openvino/CPU", "openvino/AUTO")
@@ -48,7 +49,7 @@ def _text_frame(
 
 def _regions(backend: str, frame: np.ndarray, mode: str) -> list[dict[str, object]]:
     artifact = ModelArtifact(rapidocr_models_dir() / "ch_PP-OCRv4_det_infer.onnx", "onnx", "0" * 64)
-    session = get_backend(backend).load(artifact)
+    session = get_backend(backend).load(artifact, exact_options(backend))  # f32 on any CPU
     try:
         resize = ResizeConfig(width=640, height=256, mode=mode, pad=255)  # type: ignore[arg-type]
         config = PreprocessConfig(resize=resize, color="bgr", mean=[0.5], std=[0.5])

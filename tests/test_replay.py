@@ -47,9 +47,11 @@ def test_csv_replays_a_column_at_the_recorded_pace(tmp_path: Path, sources: list
     path.write_text("\n".join(rows) + "\n")
     started = time.monotonic()
     source, queue = _replay(path, sources, field="temp", time_field="time", window=5)
-    frames = _drain(queue, timeout=10)
+    frames = _drain(queue, timeout=60)
     took = time.monotonic() - started
-    assert 0.9 <= took < 5, took  # the 20 rows span 0.95 s of recorded time
+    # The 20 rows span 0.95 s of recorded time: never faster; the upper bound only catches a pace
+    # wildly off (10x and more), generous for a busy machine.
+    assert 0.9 <= took < 15, took
     assert len(frames) == 4 and source.state == "finished"
     assert np.allclose(np.concatenate([f.data for f in frames]), [20 + i * 0.1 for i in range(20)])
     # Each window's position: the recorded time of the row that completed it.
@@ -71,7 +73,7 @@ def test_jsonl_with_bad_lines_loses_no_good_value_to_a_slow_model(
     path.write_text("\n".join(lines) + "\n\n")
     # A queue of 2 windows and a consumer slower than the file: the replay waits, drops nothing.
     source, queue = _replay(path, sources, field="sensor.rms", window=10, hop=5, max_queue=2)
-    frames = _drain(queue, timeout=20, delay=0.05)
+    frames = _drain(queue, timeout=60, delay=0.05)
     assert queue.dropped == 0 and len(frames) == (60 - 10) // 5 + 1
     assert [float(f.data[0]) for f in frames] == [float(i) for i in range(0, 55, 5)]
     stats = source.stats()
@@ -84,14 +86,14 @@ def test_a_missing_file_or_column_is_retried_with_a_clear_error(
 ) -> None:
     path = tmp_path / "later.csv"
     source, queue = _replay(path, sources, field="temp", reopen_min_s=0.05, reopen_max_s=0.1)
-    assert wait_until(lambda: source.stats()["reconnects"] >= 2, timeout=10)
+    assert wait_until(lambda: source.stats()["reconnects"] >= 2, timeout=30)
     assert source.state == "retrying" and "later.csv" in str(source.stats()["error"])
     path.write_text("time,pressure\n1,1013\n")
     no_column = "no column 'temp' (columns: time, pressure)"
-    assert wait_until(lambda: no_column in str(source.stats()["error"]), timeout=10)
+    assert wait_until(lambda: no_column in str(source.stats()["error"]), timeout=30)
     path.write_text("time,temp\n1,21.5\n2,22.0\n")
-    assert wait_until(lambda: source.state == "finished", timeout=10), source.stats()
-    assert [float(f.data[0]) for f in _drain(queue, timeout=5)] == [21.5, 22.0]
+    assert wait_until(lambda: source.state == "finished", timeout=30), source.stats()
+    assert [float(f.data[0]) for f in _drain(queue, timeout=30)] == [21.5, 22.0]
     assert source.stats()["outages"] == 1
 
 

@@ -41,13 +41,13 @@ class RtspServer:
         line = self.proc.stdout.readline()  # blocks until it listens (or dies: then EOF)
         if not line.startswith("ready "):
             self.proc.kill()
-            _, err = self.proc.communicate(timeout=10)
+            _, err = self.proc.communicate(timeout=30)
             pytest.fail(f"the RTSP server did not start: {line!r} {err[-2000:]}")
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait(10)
+            self.proc.wait(30)
 
 
 @pytest.fixture
@@ -85,20 +85,24 @@ def test_pipeline_reconnects_to_a_camera_that_goes_away_and_comes_back(
     pipeline.warm_up()
     pipeline.start()
     try:
-        assert wait_until(lambda: sink.count() >= 5, timeout=30), pipeline.status()
+        assert wait_until(lambda: sink.count() >= 5, timeout=60), pipeline.status()
         assert pipeline.status()["state"] == "running"
 
         camera.kill()
-        assert wait_until(lambda: pipeline.status()["state"] == "source-unavailable", timeout=30)
+        assert wait_until(lambda: pipeline.status()["state"] == "source-unavailable", timeout=60)
         unavailable = pipeline.status()
         assert "stopped delivering frames" in unavailable["error"] or "cannot open" in unavailable["error"]
         before = sink.count()
 
         camera.start()  # the same camera, back on the same address
-        assert wait_until(lambda: sink.count() >= before + 5, timeout=30), pipeline.status()
+        # Five results from after the outage (counted by what they say, not from `before`: on a busy
+        # machine a frame from before it may still have been in the model when `before` was taken).
+        assert wait_until(
+            lambda: sum(r["source"]["outages"] == 1 for _, r in sink.results[:]) >= 5, timeout=60
+        ), pipeline.status()
         back = pipeline.status()
     finally:
-        pipeline.stop(timeout=10)
+        pipeline.stop(timeout=30)
 
     assert back["state"] == "running" and back["error"] is None
     assert back["source"]["reconnects"] >= 1 and back["source"]["outages"] == 1
@@ -107,8 +111,12 @@ def test_pipeline_reconnects_to_a_camera_that_goes_away_and_comes_back(
     # Every frame, before and after the outage, is the upside-down sign, and says so.
     assert {r["output"]["top"][0]["label"] for r in results} == {"upside-down"}
     assert all(r["output"]["top"][0]["score"] > 0.9 for r in results)
-    assert [r["source"]["outages"] for r in results[:before]] == [0] * before
-    after = results[before:]
-    assert all(r["source"]["outages"] == 1 for r in after)
+    outages = [r["source"]["outages"] for r in results]
+    split = outages.index(1)
+    # Before the outage, 0; after it, 1. At most the frame in the model and the one in the slot when
+    # `before` was taken can come after it.
+    assert outages == [0] * split + [1] * (len(results) - split)
+    assert before <= split <= before + 2, (before, split)
+    after = results[split:]
     assert all(r["source"]["last_outage_s"] == back["source"]["last_outage_s"] for r in after)
     assert all(r["source"]["uri"] == camera.url and r["source"]["position_s"] is None for r in results)

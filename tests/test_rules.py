@@ -189,7 +189,7 @@ def _play(pipeline: Pipeline) -> dict[str, Any]:
     try:
         assert wait_until(lambda: pipeline.finished, timeout=60, interval=0.05)
     finally:
-        pipeline.stop(timeout=5)
+        pipeline.stop(timeout=30)
     return pipeline.status()
 
 

@@ -38,8 +38,8 @@ from providers import (
     screen,
 )
 from providers.select import compare_outputs
+from tests.cpu_precision import assert_judged_on_its_numbers
 from tests.media_fixtures import CLS_PREPROCESS, demo_video_module
-from tests.verdicts import assert_judged_on_its_numbers
 
 ORT_CPU = "onnxruntime/CPUExecutionProvider"
 # Small benchmarks: each trial is a fresh Python process (~1 s); the numbers only have to exist.

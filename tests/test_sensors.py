@@ -21,7 +21,7 @@ from agent.sources import FrameQueue, MqttSource, parse_values
 from providers import ModelArtifact
 from providers.onnxruntime_backend import OnnxRuntimeBackend
 from tests.media_fixtures import ListSink
-from tests.mosquitto import Mosquitto
+from tests.mosquitto import Mosquitto, refusing_acl
 from tests.waits import wait_until
 
 WINDOW = 100
@@ -67,6 +67,7 @@ def publisher(mosquitto: Mosquitto) -> Iterator[mqtt.Client]:
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="sensor-publisher")
     client.max_inflight_messages_set(1000)
     client.max_queued_messages_set(0)
+    client.reconnect_delay_set(1, 2)  # back soon after a broker restart, however long that took
     client.connect(mosquitto.host, mosquitto.port)
     client.loop_start()
     yield client
@@ -82,7 +83,7 @@ def _config(mosquitto: Mosquitto, **settings: Any) -> MqttSourceConfig:
 def _publish(client: mqtt.Client, values: list[float], topic: str = "plant/line-3/vibration") -> None:
     infos = [client.publish(topic, f"{v:.3f}", qos=1) for v in values]
     for info in infos:
-        info.wait_for_publish(timeout=10)
+        info.wait_for_publish(timeout=60)
 
 
 def test_a_fast_stream_loses_nothing_within_the_bound(mosquitto: Mosquitto, publisher: mqtt.Client) -> None:
@@ -90,10 +91,11 @@ def test_a_fast_stream_loses_nothing_within_the_bound(mosquitto: Mosquitto, publ
     source = MqttSource(_config(mosquitto), "vibration", queue)
     source.start()
     try:
-        assert wait_until(lambda: source.state == "streaming", timeout=10), source.stats()
+        # "streaming" once the broker has granted the subscription: nothing published from here is missed.
+        assert wait_until(lambda: source.state == "streaming", timeout=30), source.stats()
         sent = list(np.round(np.sin(np.arange(5000) / 50.0), 3))
         _publish(publisher, sent)
-        assert wait_until(lambda: source.stats()["windows"] == 50, timeout=30), source.stats()
+        assert wait_until(lambda: source.stats()["windows"] == 50, timeout=120), source.stats()
     finally:
         source.stop()
     frames = []
@@ -138,24 +140,24 @@ def test_pipeline_on_sensor_windows_counts_bad_messages_and_rides_out_a_broker_r
     pipeline.warm_up()
     pipeline.start()
     try:
-        assert wait_until(lambda: pipeline.source.state == "streaming", timeout=10)
+        assert wait_until(lambda: pipeline.source.state == "streaming", timeout=30)
         for info in [
             publisher.publish("plant/line-3/vibration", b'{"rms": 1.5}', qos=1),
             publisher.publish("plant/line-3/vibration", b"not json", qos=1),
             publisher.publish("plant/line-3/vibration", b'{"peak": 9}', qos=1),
         ]:
-            info.wait_for_publish(timeout=10)
+            info.wait_for_publish(timeout=60)
         _publish_json(publisher, [2.0] * (WINDOW - 1))  # with the 1.5: one full window
-        assert wait_until(lambda: sink.count() == 1, timeout=10), pipeline.status()
+        assert wait_until(lambda: sink.count() == 1, timeout=60), pipeline.status()
 
         mosquitto.restart()  # the broker goes away and comes back on the same port
-        assert wait_until(lambda: pipeline.source.stats()["outages"] == 1, timeout=30), pipeline.status()
-        assert wait_until(lambda: pipeline.source.state == "streaming", timeout=30)
-        assert wait_until(publisher.is_connected, timeout=20)  # paho reconnects by itself
+        assert wait_until(lambda: pipeline.source.stats()["outages"] == 1, timeout=60), pipeline.status()
+        assert wait_until(lambda: pipeline.source.state == "streaming", timeout=60)
+        assert wait_until(publisher.is_connected, timeout=60)  # paho reconnects by itself
         _publish_json(publisher, [4.0] * WINDOW)
-        assert wait_until(lambda: sink.count() == 2, timeout=20), pipeline.status()
+        assert wait_until(lambda: sink.count() == 2, timeout=60), pipeline.status()
     finally:
-        pipeline.stop(timeout=5)
+        pipeline.stop(timeout=30)
         session.close()
 
     first, second = (r for _, r in sink.results)
@@ -170,4 +172,30 @@ def test_pipeline_on_sensor_windows_counts_bad_messages_and_rides_out_a_broker_r
 def _publish_json(client: mqtt.Client, values: list[float]) -> None:
     infos = [client.publish("plant/line-3/vibration", f'{{"rms": {v}}}', qos=1) for v in values]
     for info in infos:
-        info.wait_for_publish(timeout=10)
+        info.wait_for_publish(timeout=60)
+
+
+def test_a_topic_the_broker_refuses_is_named_and_asked_for_again(tmp_path: Path) -> None:
+    extra = refusing_acl(tmp_path / "acl", subscribe=["plant/line-3/#"], publish=["plant/#"])
+    with Mosquitto(tmp_path / "broker", extra_config=extra) as broker:
+        queue = FrameQueue(10)
+        source = MqttSource(
+            _config(broker, topic="plant/line-4/vibration", reopen_min_s=0.2, reopen_max_s=0.5),
+            "line-4",
+            queue,
+        )
+        source.start()
+        try:
+            assert wait_until(lambda: source.state == "retrying", "the refusal", timeout=30), source.stats()
+            error = str(source.stats()["error"])
+            assert "refused the subscription to plant/line-4/vibration" in error, error
+            assert "check the broker's ACL" in error
+            # It asks again (the ACL may be fixed): the broker sees more than one SUBSCRIBE.
+            assert wait_until(
+                lambda: broker.log_tail(400).count("plant/line-4/vibration (QoS 1)") >= 3,
+                "asked again",
+                timeout=30,
+            )
+            assert source.state == "retrying"
+        finally:
+            source.stop()

@@ -45,12 +45,12 @@ def test_lines_become_windows_and_bad_lines_are_counted(
 ) -> None:
     device, path = pty
     source, queue = _serial(path, sources, baud=115200, window=3)
-    assert wait_until(lambda: source.state == "streaming", timeout=10), source.stats()
+    assert wait_until(lambda: source.state == "streaming", timeout=30), source.stats()
     # Split across writes, CRLF and LF endings, a line with two readings, a garbled one.
     for chunk in (b"1.0\r\n2.", b"0\n", b"\x00\xffgarbage\n3.0 4.0\n", b"5.0\n6.0\n"):
         os.write(device, chunk)
-    assert wait_until(lambda: source.stats()["windows"] == 2, timeout=10), source.stats()
-    first, second = queue.get(1.0), queue.get(1.0)
+    assert wait_until(lambda: source.stats()["windows"] == 2, timeout=30), source.stats()
+    first, second = queue.get(30.0), queue.get(30.0)
     assert first is not None and second is not None
     assert np.array_equal(first.data, [1.0, 2.0, 3.0]) and np.array_equal(second.data, [4.0, 5.0, 6.0])
     assert (first.gap, second.gap) == (True, False)
@@ -62,10 +62,10 @@ def test_lines_become_windows_and_bad_lines_are_counted(
 def test_json_lines_with_a_field(pty: tuple[int, str], sources: list[SerialSource]) -> None:
     device, path = pty
     source, queue = _serial(path, sources, field="env.t", window=2)
-    assert wait_until(lambda: source.state == "streaming", timeout=10)
+    assert wait_until(lambda: source.state == "streaming", timeout=30)
     os.write(device, b'{"env": {"t": 21.5}}\n{"env": {"h": 40}}\n{"env": {"t": 22.0}}\n')
-    assert wait_until(lambda: source.stats()["windows"] == 1, timeout=10), source.stats()
-    frame = queue.get(1.0)
+    assert wait_until(lambda: source.stats()["windows"] == 1, timeout=30), source.stats()
+    frame = queue.get(30.0)
     assert frame is not None and np.array_equal(frame.data, [21.5, 22.0])
     assert source.stats()["last_bad_line"] == "line 2: no field 'env.t' (missing 't')"
 
@@ -75,13 +75,13 @@ def test_a_device_that_goes_away_is_reported_and_retried(
 ) -> None:
     device, path = pty
     source, _ = _serial(path, sources)
-    assert wait_until(lambda: source.state == "streaming", timeout=10)
+    assert wait_until(lambda: source.state == "streaming", timeout=30)
     os.close(device)  # unplugged: the line hangs up
-    assert wait_until(lambda: source.state == "retrying", timeout=10), source.stats()
+    assert wait_until(lambda: source.state == "retrying", timeout=30), source.stats()
     assert str(source.stats()["error"]).startswith(f"serial port {path} failed") or "cannot open" in str(
         source.stats()["error"]
     )
-    assert wait_until(lambda: source.stats()["reconnects"] >= 2, timeout=10)
+    assert wait_until(lambda: source.stats()["reconnects"] >= 2, timeout=30)
 
 
 @pytest.mark.parametrize(
@@ -97,6 +97,6 @@ def test_a_port_that_cannot_be_used_says_why(
     _, path = pty
     uri = settings.pop("uri", path)
     source, _ = _serial(uri, sources, **settings)
-    assert wait_until(lambda: source.state == "retrying", timeout=10), source.stats()
+    assert wait_until(lambda: source.state == "retrying", timeout=30), source.stats()
     assert message in str(source.stats()["error"])
     assert not Path("/dev/ttyEDGEAGENT-NONE").exists()

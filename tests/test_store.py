@@ -22,6 +22,7 @@ from agent.registry import Artifact, FileRegistry, Manifest
 from agent.registry.file_registry import file_lock
 from agent.store import InstalledModel, ModelStore
 from tests.store_fixtures import CLS_NAME, CLS_VERSION
+from tests.waits import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -344,15 +345,15 @@ def test_eight_threads_pull_the_same_version_at_once(
 ) -> None:
     store_root = tmp_path / "store"
     counting = CountingRegistry(file_registry, delay_s=0.05)
-    barrier = threading.Barrier(8, timeout=10)
+    barrier = threading.Barrier(8, timeout=60)
 
     def pull() -> InstalledModel:
         barrier.wait()
-        return ModelStore(store_root, lock_timeout_s=30).pull(counting, CLS_NAME, CLS_VERSION)
+        return ModelStore(store_root, lock_timeout_s=120).pull(counting, CLS_NAME, CLS_VERSION)
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         futures = [pool.submit(pull) for _ in range(8)]
-        results = [f.result(timeout=30) for f in futures]
+        results = [f.result(timeout=120) for f in futures]
 
     assert all(r == results[0] for r in results)
     assert counting.artifact_calls == 1  # downloaded once; the others waited and found it installed
@@ -371,13 +372,14 @@ from agent.registry import open_registry
 from agent.store import ModelStore
 
 logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-registry_url, store_root, go = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
-deadline = time.monotonic() + 30
+registry_url, store_root, go, ready = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
+ready.touch()  # imported: at the start line
+deadline = time.monotonic() + 120
 while not go.exists():
     if time.monotonic() > deadline:
         sys.exit("start signal never came")
     time.sleep(0.002)
-installed = ModelStore(store_root, lock_timeout_s=60).pull(open_registry(registry_url), "pp-ocr-cls", "2.0")
+installed = ModelStore(store_root, lock_timeout_s=120).pull(open_registry(registry_url), "pp-ocr-cls", "2.0")
 sys.stdout.write(str(installed.primary()[1]) + "\\n")
 """
 
@@ -387,22 +389,36 @@ def test_three_processes_pull_the_same_version_at_once(
 ) -> None:
     store_root = tmp_path / "store"
     go = tmp_path / "go"
+    ready = [tmp_path / f"ready-{i}" for i in range(3)]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _PULL_IN_A_PROCESS, file_registry.url, str(store_root), str(go)],
+            [
+                sys.executable,
+                "-c",
+                _PULL_IN_A_PROCESS,
+                file_registry.url,
+                str(store_root),
+                str(go),
+                str(mark),
+            ],
             cwd=REPO_ROOT,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for _ in range(3)
+        for mark in ready
     ]
     try:
-        time.sleep(0.5)  # let them import and reach the start line
+        wait_until(  # all imported and at the start line, so that they really pull at once
+            lambda: all(mark.exists() for mark in ready) or any(p.poll() is not None for p in procs),
+            "the processes at the start line",
+            timeout=120,
+            state=lambda: [p.poll() for p in procs],
+        )
         go.touch()
-        outputs = [p.communicate(timeout=60) for p in procs]
+        outputs = [p.communicate(timeout=120) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -428,11 +444,12 @@ def test_three_processes_pull_the_same_version_at_once(
 def test_lock_wait_is_bounded(tmp_path: Path, file_registry: FileRegistry) -> None:
     store = ModelStore(tmp_path / "store", lock_timeout_s=0.3)
     lock_path = tmp_path / "store" / "locks" / "models" / f"{CLS_NAME}@{CLS_VERSION}.lock"
-    with file_lock(lock_path, timeout_s=5, what="test holds the version"):
+    with file_lock(lock_path, timeout_s=30, what="test holds the version"):
         started = time.monotonic()
         with pytest.raises(
             StoreError, match=r"timed out after 0.3s waiting for the lock on installing pp-ocr-cls@2.0"
         ):
             store.pull(file_registry, CLS_NAME, CLS_VERSION)
-        assert time.monotonic() - started < 3
+        # Bounded by the store's 0.3 s, not its 900 s default: 15 s is generous for a busy machine.
+        assert time.monotonic() - started < 15
     assert store.pull(file_registry, CLS_NAME, CLS_VERSION).name == CLS_NAME

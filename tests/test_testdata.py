@@ -54,9 +54,9 @@ from providers import (
     run_trial_isolated,
 )
 from providers.select import Sample, reference_session
+from tests.cpu_precision import assert_judged_on_its_numbers
 from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, demo_video_module
 from tests.store_fixtures import CLS_NAME, CLS_VERSION
-from tests.verdicts import assert_judged_on_its_numbers
 
 ORT_CPU = "onnxruntime/CPUExecutionProvider"
 CLS_OUTPUT = "save_infer_model/scale_0.tmp_1"  # the cls model's one output: [batch, 2] probabilities

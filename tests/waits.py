@@ -18,7 +18,7 @@ def wait_until(
     condition: Callable[[], object],
     what: str = "condition",
     *,
-    timeout: float = 10.0,
+    timeout: float = 30.0,
     interval: float = 0.02,
     state: Callable[[], object] | None = None,
 ) -> bool:

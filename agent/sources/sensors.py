@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import re
+import threading
 import time
 from typing import Any
 
@@ -90,6 +91,7 @@ class MqttSource(SourceBase):
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message
+        self._client.on_subscribe = self._on_subscribe
 
     def start(self) -> None:
         try:
@@ -122,12 +124,31 @@ class MqttSource(SourceBase):
         if reason.is_failure:
             self._fail(f"broker {self.config.host}:{self.config.port} refused: {reason}")
             return
-        client.subscribe(self.config.topic, qos=1)
         with self._lock:
             if not flags.session_present:  # what came meanwhile is lost: a new stretch
                 self._windows.restart()
-        log.info("source %s: subscribed to %s", self.name, self.display_uri)
-        self._set_state("streaming")
+        # Streaming only once the broker grants the subscription (_on_subscribe): before its
+        # SUBACK a message on the topic may pass the source by.
+        client.subscribe(self.config.topic, qos=1)
+
+    def _on_subscribe(
+        self, client: mqtt.Client, _userdata: Any, _mid: int, reasons: Any, _props: Any
+    ) -> None:
+        reason = reasons[0]
+        if not reason.is_failure:
+            log.info("source %s: subscribed to %s", self.name, self.display_uri)
+            self._set_state("streaming")
+            return
+        # An ACL that does not allow the topic: say so, and ask again later (it may be fixed).
+        self._fail(f"broker {self.config.host}:{self.config.port} refused the subscription to "
+                   f"{self.config.topic}: {reason}; check the broker's ACL for this client")  # fmt: skip
+        retry = threading.Timer(self.config.reopen_max_s, self._subscribe_again, args=(client,))
+        retry.daemon = True
+        retry.start()
+
+    def _subscribe_again(self, client: mqtt.Client) -> None:
+        if self.state != "stopped" and client.is_connected():
+            client.subscribe(self.config.topic, qos=1)
 
     def _on_disconnect(
         self, _client: mqtt.Client, _userdata: Any, _flags: Any, reason: Any, _props: Any

@@ -1,13 +1,21 @@
-"""What a selection test may assert about a candidate whose correctness depends on the CPU.
+"""Tests that hold on every CPU, whatever precision OpenVINO picks there.
 
 OpenVINO computes in bf16 by default on CPUs with avx512_bf16 or AMX and in f32 elsewhere, so the
-same candidate passes on one machine and is rightly rejected on another. A test that did not pin
-the precision itself asserts only that the verdict follows from the candidate's own numbers.
+same model's outputs pass a check on one machine and are rightly rejected on another. A test that
+needs a backend's outputs right pins f32 itself (`exact_options`); a test that leaves the default
+asserts only that a verdict follows from the candidate's own numbers (`assert_judged_on_its_numbers`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from providers.select import CandidateReport, SelectionPolicy
+
+
+def exact_options(backend: str) -> dict[str, Any]:
+    """Load options that make `backend` compute in f32 on any CPU (OpenVINO's `precision`)."""
+    return {"precision": "f32"} if backend.startswith("openvino/") else {}
 
 
 def assert_judged_on_its_numbers(report: CandidateReport, policy: SelectionPolicy) -> None:
