@@ -66,20 +66,23 @@ def test_a_real_video_decoded_by_gstreamer_matches_opencvs_decode(
 ) -> None:
     path, _ = short_video
     capture = cv2.VideoCapture(str(path))
-    references = [capture.read()[1] for _ in range(2)]
+    references = []
+    while (decoded := capture.read())[0] and len(references) < 100:
+        references.append(decoded[1])
     capture.release()
-    assert all(reference is not None for reference in references)
-    # Not live: gst-launch decodes as fast as it can and the source keeps the newest frame, so each
-    # run ends after the first two frames, and the frame taken is either (which one depends on how
-    # busy the machine is; the signs jitter, so the two differ by about 36 grey levels on average).
+    assert len(references) == 30
+    # Not live: gst-launch decodes as fast as it can and the source keeps the newest frame, so
+    # which frame is taken depends on how busy the machine is: it must match one of OpenCV's.
     source, slot = _camera(f"gst:filesrc location={path} ! decodebin ! videoconvert ! identity eos-after=2")
     sources.append(source)
     source.start()
     frame = _next_frame(slot)
     assert frame.data.shape == references[0].shape
-    # Two decoders and two YUV->RGB conversions: close to one of them, not bit-equal.
-    diffs = [float(np.abs(frame.data.astype(np.int16) - ref.astype(np.int16)).mean()) for ref in references]
-    assert min(diffs) < 4.0, diffs
+    # Two decoders and two YUV->RGB conversions: close, not bit-equal.
+    diffs = sorted(
+        float(np.abs(frame.data.astype(np.int16) - ref.astype(np.int16)).mean()) for ref in references
+    )
+    assert diffs[0] < 4.0, diffs[:5]  # a channel swap or a mis-sized stride is off by tens
 
 
 def test_the_detector_finds_the_face_in_a_photo_streamed_through_gstreamer(
