@@ -260,7 +260,7 @@ def models_pull(config: ConfigOption = DEFAULT_CONFIG, as_json: JsonOption = Fal
         cfg = _load(config)
         if cfg.registry is None:
             raise EdgeAgentError(f"{config}: no registry configured")
-        registry = open_registry(cfg.registry.url)
+        registry = open_registry(cfg.registry.url, cfg.registry)
         store = ModelStore(cfg.state_dir / "store")
         for ref in {(p.model.name, p.model.version) for p in cfg.pipelines}:
             installed = store.pull(registry, *ref)

@@ -119,14 +119,39 @@ class MqttConfig(StrictModel):
 
 
 class RegistryConfig(StrictModel):
-    url: str = Field(description="Model registry, e.g. file:///srv/registry.")
+    url: str = Field(
+        description="Model registry: file:///srv/registry or https://models.example.com/registry."
+    )
+    # HTTP(S) registries only (agent/registry/http_registry.py):
+    username: str | None = Field(None, description="Basic auth user (with password_file).")
+    password_file: Path | None = Field(None, description="File holding the basic auth password.")
+    token_file: Path | None = Field(None, description="File holding a bearer token.")
+    ca_file: Path | None = Field(None, description="CA bundle that signed the registry's certificate.")
+    connect_timeout_s: float = Field(10.0, gt=0, description="Connecting to the registry.")
+    read_timeout_s: float = Field(30.0, gt=0, description="Longest silence while reading an answer.")
+    retries: int = Field(4, ge=0, le=20, description="Tries after the first, for failures that may pass.")
+    redirect_hosts: list[str] = Field(
+        default_factory=list,
+        description="Other hosts redirects may lead to (e.g. a CDN); others are refused.",
+    )
 
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, value: str) -> str:
-        if not re.match(r"^file://", value):
-            raise ValueError("only file:// registries are supported so far, e.g. file:///srv/registry")
+        if not re.match(r"^(file|https?)://", value):
+            raise ValueError(
+                "expected a file://, http:// or https:// registry URL, e.g. file:///srv/registry "
+                "or https://models.example.com/registry"
+            )
         return value
+
+    @model_validator(mode="after")
+    def _auth_is_one_kind(self) -> RegistryConfig:
+        if self.password_file is not None and not self.username:
+            raise ValueError("password_file needs username (basic auth)")
+        if self.token_file is not None and (self.username or self.password_file):
+            raise ValueError("token_file (bearer) and username/password_file (basic) exclude each other")
+        return self
 
 
 class ModelRef(StrictModel):

@@ -282,7 +282,7 @@ class Agent:
         assert self.config.registry is not None  # the config model requires it with pipelines
         say = progress or (lambda _text: None)
         say(f"pulling {config.model.name}@{config.model.version}")
-        registry = open_registry(self.config.registry.url)
+        registry = open_registry(self.config.registry.url, self.config.registry)
         # After a failure, re-hash the installed blobs: a bit-rotted file of the right size
         # would otherwise fail to load for ever. The first attempt trusts sizes (fast start).
         installed = self.store.pull(registry, config.model.name, config.model.version, verify=verify)

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from agent.errors import EdgeAgentError
 
@@ -112,13 +112,16 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644, durable: bool
         fsync_dir(path.parent)
 
 
-def copy_hashing(src: BinaryIO, dst: BinaryIO, max_bytes: int | None = None) -> tuple[str, int]:
+def copy_hashing(
+    src: BinaryIO, dst: BinaryIO, max_bytes: int | None = None, digest: Any = None
+) -> tuple[str, int]:
     """Stream `src` into `dst`; return (sha256 hex, bytes copied).
 
     Stops as soon as more than `max_bytes` arrived (the caller reports the size mismatch), so a
-    wrong or runaway source cannot fill the disk.
+    wrong or runaway source cannot fill the disk. `digest`: a sha256 that has hashed what came
+    before (a resumed download); the hex returned covers it all.
     """
-    digest = hashlib.sha256()
+    digest = digest if digest is not None else hashlib.sha256()
     size = 0
     while True:
         chunk = src.read(CHUNK_SIZE)

@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import errno
+import hashlib
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import IntegrityError, ModelError, RegistryError, StoreError
-from agent.fsutil import atomic_write_bytes, copy_hashing, file_lock, fsync_dir, sha256_file, temp_name
+from agent.fsutil import CHUNK_SIZE, atomic_write_bytes, copy_hashing, file_lock, fsync_dir, sha256_file
 from agent.registry import Registry
 from agent.registry.file_registry import check_name, version_sort_key
 from agent.registry.manifest import MANIFEST_FILE, Artifact, Manifest, check_model_file
@@ -37,6 +39,19 @@ from providers.base import ModelArtifact
 log = logging.getLogger(__name__)
 
 BLOB_MODE = 0o444
+# blobs/sha256/<hex>.partial: the bytes a pull cut off half way got, resumed by the next pull
+# (its <hex>.partial-validator: the registry's ETag for them); never served, never a blob.
+PARTIAL_SUFFIX = ".partial"
+
+
+def _validator_path(partial: Path) -> Path:
+    return partial.with_name(partial.name + "-validator")
+
+
+def _disk_error(what: str, exc: OSError, root: Path) -> str:
+    if exc.errno == errno.ENOSPC:
+        return f"{what}: the disk holding {root} is full ({exc.strerror}); the partial file was removed"
+    return f"{what}: {exc}"
 
 
 @dataclass(frozen=True)
@@ -215,39 +230,72 @@ class ModelStore:
                 self.blobs_dir.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise StoreError(f"cannot create {self.blobs_dir}: {exc}") from None
-            tmp = temp_name(blob)
+            partial = blob.with_name(blob.name + PARTIAL_SUFFIX)
+            keep_partial = False
             try:
-                self._download(registry, manifest, artifact, tmp, what)
-                check_model_file(tmp, artifact.format, file_name=artifact.file)
-                os.chmod(tmp, BLOB_MODE)
-                os.replace(tmp, blob)
+                self._download(registry, manifest, artifact, partial, what)
+                check_model_file(partial, artifact.format, file_name=artifact.file)
+                os.chmod(partial, BLOB_MODE)
+                os.replace(partial, blob)
+            except RegistryError as exc:
+                # Cut off (network, server): what came stays for the next pull to resume from.
+                keep_partial = partial.exists() and partial.stat().st_size > 0
+                if keep_partial:
+                    got = partial.stat().st_size
+                    log.warning(
+                        "%s: %s; keeping %d of %d bytes to resume from", what, exc.message, got, artifact.size
+                    )
+                raise
             except ModelError as exc:
                 raise ModelError(
                     f"{what} from registry {registry.url}: {exc.message}",
                     hint="the published file is unusable; publish a good file as a new version",
                 ) from None
             except OSError as exc:
-                raise StoreError(f"cannot store {what} as {blob}: {exc}") from None
+                raise StoreError(_disk_error(f"cannot store {what} as {blob}", exc, self.root)) from None
             finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
+                if not keep_partial:
+                    for leftover in (partial, _validator_path(partial)):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(leftover)
             fsync_dir(self.blobs_dir)
             log.info("stored %s as blob %s (%d bytes)", what, artifact.sha256[:12], artifact.size)
 
     def _download(
-        self, registry: Registry, manifest: Manifest, artifact: Artifact, tmp: Path, what: str
+        self, registry: Registry, manifest: Manifest, artifact: Artifact, partial: Path, what: str
     ) -> None:
-        """Stream the artifact into `tmp`, then check size and sha256 (IntegrityError on mismatch)."""
-        try:
-            with (
-                registry.open_artifact(manifest.name, manifest.version, artifact) as src,
-                open(tmp, "xb") as dst,
-            ):
-                sha256, size = copy_hashing(src, dst, max_bytes=artifact.size)
+        """Stream the artifact into `partial` (resuming after the bytes a cut-off pull left there),
+        then check size and sha256 (IntegrityError on mismatch)."""
+        validator_path = _validator_path(partial)
+        have = partial.stat().st_size if partial.exists() else 0
+        digest = hashlib.sha256()
+        if 0 < have < artifact.size:
+            with open(partial, "rb") as kept:
+                for chunk in iter(lambda: kept.read(CHUNK_SIZE), b""):
+                    digest.update(chunk)
+            validator = validator_path.read_text().strip() if validator_path.exists() else None
+        else:
+            have, validator = 0, None
+        start, src = registry.open_artifact_at(manifest.name, manifest.version, artifact, have, validator)
+        with src:
+            if have and start == have:
+                log.info("%s: resuming the download at byte %d of %d", what, have, artifact.size)
+            elif have:
+                log.info(
+                    "%s: the registry sends it whole again (it cannot resume, or the file changed)", what
+                )
+                digest = hashlib.sha256()
+            new_validator = getattr(src, "validator", None)
+            if new_validator:
+                validator_path.write_text(new_validator)
+            # Unbuffered: what came is on disk (in the page cache) at once, for a resume after a kill.
+            with open(partial, "r+b" if start else "wb", buffering=0) as dst:
+                dst.seek(start)
+                dst.truncate()
+                sha256, size = copy_hashing(src, dst, max_bytes=artifact.size - start, digest=digest)
+                size += start
                 dst.flush()
                 os.fsync(dst.fileno())
-        except OSError as exc:
-            raise StoreError(f"cannot download {what} into {tmp}: {exc}") from None
         if size != artifact.size:
             got = f"more than {artifact.size} bytes" if size > artifact.size else f"{size} bytes"
             reason = "is truncated" if size < artifact.size else "is larger than published"
@@ -337,6 +385,11 @@ class ModelStore:
                     f"blob {blob} has sha256 {actual}, manifest says {artifact.sha256} (bit rot or modified)"
                 )
         return None
+
+    def partial_bytes(self, sha256: str) -> int:
+        """Bytes of this blob that a cut-off pull left to resume from (0: none)."""
+        partial = self.blobs_dir / (sha256 + PARTIAL_SUFFIX)
+        return partial.stat().st_size if partial.exists() else 0
 
     def _remove_stale_temps(self, blob: Path) -> None:
         """Remove temp files of this blob left by a crashed pull (we hold the blob's lock: none is live)."""

@@ -312,8 +312,14 @@ BAD_CONFIGS: dict[str, tuple[str, list[tuple[int, str]]]] = {
         [(5, f"device.groups[1]: {bad_name('floor+1')}")],
     ),
     "registry_unsupported_scheme": (
-        "device:\n  id: box-1\n" + PIPELINE.replace("file:///srv/registry", "https://models.example.com/reg"),
-        [(4, "registry.url: only file:// registries are supported so far, e.g. file:///srv/registry")],
+        "device:\n  id: box-1\n" + PIPELINE.replace("file:///srv/registry", "ftp://models.example.com/reg"),
+        [
+            (
+                4,
+                "registry.url: expected a file://, http:// or https:// registry URL, "
+                "e.g. file:///srv/registry or https://models.example.com/registry",
+            )
+        ],
     ),
     "pipelines_without_registry": (
         """

@@ -53,6 +53,14 @@ class CountingRegistry:
         time.sleep(self.delay_s)
         return self.inner.open_artifact(name, version, artifact)
 
+    def open_artifact_at(
+        self, name: str, version: str, artifact: Artifact | str, offset: int, validator: str | None = None
+    ) -> tuple[int, BinaryIO]:
+        with self._lock:
+            self.artifact_calls += 1
+        time.sleep(self.delay_s)
+        return self.inner.open_artifact_at(name, version, artifact, offset, validator)
+
     def list_versions(self, name: str) -> list[str]:
         return self.inner.list_versions(name)
 

@@ -1,17 +1,18 @@
 """Model registries: where model versions (a manifest plus artifact files) are pulled from.
 
-`open_registry(url)` picks the implementation by URL scheme. Only `file://` exists so far;
-`http(s)://` and `oci://` registries plug in here later behind the same `Registry` protocol.
+`open_registry(url, config)` picks the implementation by URL scheme: `file://` (a folder),
+`http(s)://` (that folder served by a web server); `oci://` is planned behind the same protocol.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import BinaryIO, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
+from agent.config import RegistryConfig
 from agent.errors import RegistryError
 from agent.registry.file_registry import FileRegistry
+from agent.registry.http_registry import HttpRegistry, HttpSettings, public_url
 from agent.registry.manifest import (
     ARTIFACT_FORMATS,
     MANIFEST_FILE,
@@ -27,6 +28,8 @@ __all__ = [
     "Artifact",
     "ArtifactFormat",
     "FileRegistry",
+    "HttpRegistry",
+    "HttpSettings",
     "Manifest",
     "Registry",
     "check_model_file",
@@ -47,28 +50,45 @@ class Registry(Protocol):
         """A stream of the artifact's bytes; the caller closes it. Not verified: the store hashes."""
         ...
 
+    def open_artifact_at(
+        self, name: str, version: str, artifact: Artifact | str, offset: int, validator: str | None = None
+    ) -> tuple[int, BinaryIO]:
+        """(where the stream starts, the stream): from `offset` when the registry can resume there
+        and the file is still the one `validator` (the stream's `validator` from the cut-off
+        pull) names, else from 0."""
+        ...
+
     def list_versions(self, name: str) -> list[str]: ...
 
 
-_SCHEMES: dict[str, Callable[[str], Registry]] = {
-    "file": FileRegistry.from_url,
-}
-_PLANNED = ("http", "https", "oci")
-
-
-def open_registry(url: str) -> Registry:
-    """The registry at `url`, e.g. `file:///srv/registry`."""
+def open_registry(url: str, config: RegistryConfig | None = None) -> Registry:
+    """The registry at `url` (`file:///srv/registry`, `https://host/registry`); `config` carries
+    the HTTP settings (auth, CA, timeouts, retries, redirects) when it comes from the agent's config."""
     scheme = urlsplit(url).scheme.lower()
-    factory = _SCHEMES.get(scheme)
-    if factory is not None:
-        return factory(url)
-    if scheme in _PLANNED:
+    if scheme == "file":
+        return FileRegistry.from_url(url)
+    if scheme in ("http", "https"):
+        return HttpRegistry(url, http_settings(config) if config is not None else None)
+    if scheme == "oci":
         raise RegistryError(
-            f"registry URL {url!r}: {scheme}:// registries are not supported yet",
-            hint="use a file:// registry, e.g. file:///srv/registry",
+            f"registry URL {public_url(url)!r}: oci:// registries are not supported yet",
+            hint="use a file:// or https:// registry",
         )
     shown = f"scheme {scheme!r}" if scheme else "no scheme"
     raise RegistryError(
-        f"registry URL {url!r} has {shown}; expected file:// (http(s):// and oci:// are planned)",
-        hint="e.g. file:///srv/registry",
+        f"registry URL {public_url(url)!r} has {shown}; expected file://, http:// or https://",
+        hint="e.g. file:///srv/registry or https://models.example.com/registry",
+    )
+
+
+def http_settings(config: RegistryConfig) -> HttpSettings:
+    return HttpSettings(
+        username=config.username,
+        password_file=config.password_file,
+        token_file=config.token_file,
+        ca_file=config.ca_file,
+        connect_timeout_s=config.connect_timeout_s,
+        read_timeout_s=config.read_timeout_s,
+        retries=config.retries,
+        redirect_hosts=tuple(config.redirect_hosts),
     )

@@ -2,11 +2,14 @@
 
 Layout::
 
+    <root>/index.json                          models and their versions (for HTTP readers)
     <root>/<name>/<version>/manifest.json
     <root>/<name>/<version>/<artifact files>
     <root>/.locks/<name>@<version>.lock        (publishers only)
 
-A version exists once its manifest.json exists. `publish` writes every artifact through a temp
+A version exists once its manifest.json exists. index.json is rewritten after each publish
+from what is on disk, so the folder can be served as is by a web server (agent/registry/
+http_registry.py), which cannot list directories. `publish` writes every artifact through a temp
 file and `os.replace`, and the manifest last, so a reader never sees a half-published version.
 Versions are immutable: publishing an existing one is refused unless forced.
 """
@@ -14,6 +17,7 @@ Versions are immutable: publishing an existing one is refused unless forced.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -30,6 +34,7 @@ from agent.config import NAME_PATTERN
 from agent.errors import EdgeAgentError, ModelError, RegistryError
 from agent.fsutil import atomic_write_bytes, copy_hashing, file_lock, fsync_dir, temp_name
 from agent.registry.manifest import (
+    INDEX_FILE,
     MANIFEST_FILE,
     MODEL_FORMATS,
     TESTDATA_FORMAT,
@@ -160,6 +165,21 @@ class FileRegistry:
             ) from None
         except OSError as exc:
             raise RegistryError(f"cannot open {path}: {exc.strerror}") from None
+
+    def open_artifact_at(
+        self, name: str, version: str, artifact: Artifact | str, offset: int, validator: str | None = None
+    ) -> tuple[int, BinaryIO]:
+        """The artifact from byte `offset` (a resumed pull); `validator` is for HTTP registries:
+        a local file that changed meanwhile is caught by the store's hash check."""
+        stream = self.open_artifact(name, version, artifact)
+        try:
+            size = os.fstat(stream.fileno()).st_size
+            start = offset if 0 < offset <= size else 0
+            stream.seek(start)
+        except OSError as exc:
+            stream.close()
+            raise RegistryError(f"cannot read {getattr(stream, 'name', artifact)}: {exc.strerror}") from None
+        return start, stream
 
     def _require_root(self) -> None:
         if not self.root.is_dir():
@@ -295,6 +315,7 @@ class FileRegistry:
                     if stale.file not in keep:
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(version_dir / stale.file)
+        self.write_index()
         log.info(
             "published %s to %s (%s)",
             manifest.ref,
@@ -302,6 +323,20 @@ class FileRegistry:
             ", ".join(f"{a.file} {a.size} bytes sha256 {a.sha256[:12]}" for a in artifacts),
         )
         return manifest
+
+    def write_index(self) -> dict[str, list[str]]:
+        """Rewrite <root>/index.json from the published versions on disk; return what it lists."""
+        lock_path = self.root / ".locks" / "index.lock"
+        with file_lock(lock_path, self.lock_timeout_s, "writing the registry index", error=RegistryError):
+            models = {name: self.list_versions(name) for name in self.list_models()}
+            models = {name: versions for name, versions in models.items() if versions}
+            document = {"schema_version": 1, "models": models}
+            data = (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
+            try:
+                atomic_write_bytes(self.root / INDEX_FILE, data)
+            except OSError as exc:
+                raise RegistryError(f"cannot write {self.root / INDEX_FILE}: {exc.strerror}") from None
+        return models
 
     def _lock(self, name: str, version: str) -> contextlib.AbstractContextManager[None]:
         lock_path = self.root / ".locks" / f"{name}@{version}.lock"

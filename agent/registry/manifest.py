@@ -45,6 +45,7 @@ TESTDATA_FORMAT = "test-data"
 ARTIFACT_FORMATS: tuple[str, ...] = (*MODEL_FORMATS, TESTDATA_FORMAT)
 
 MANIFEST_FILE = "manifest.json"
+INDEX_FILE = "index.json"  # at a registry's root: {"schema_version": 1, "models": {name: [versions]}}
 
 _HEX = frozenset("0123456789abcdef")
 
