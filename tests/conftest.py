@@ -3,4 +3,5 @@ pytest_plugins = [
     "tests.store_fixtures",
     "tests.media_fixtures",
     "tests.agent_process",
+    "tests.pki",
 ]

@@ -1,4 +1,4 @@
-"""A real HTTP server on loopback that serves a registry folder the way a web server does, and can
+"""A real HTTP(S) server on loopback that serves a registry folder the way a web server does, and can
 be told to misbehave: for the HTTP registry tests.
 
 It does what nginx does for static files (ETag and Last-Modified, If-None-Match -> 304, Range with
@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import email.utils
 import hashlib
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ class RegistryServer:
     password: str | None = None
     token: str | None = None
     stall_s: float = 30.0
+    tls: tuple[Path, Path] | None = None  # (certificate, key): serve https
     faults: dict[str, Fault] = field(default_factory=dict)
     requests: list[Served] = field(default_factory=list)
 
@@ -57,13 +59,17 @@ class RegistryServer:
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._httpd.daemon_threads = True
+        if self.tls is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(str(self.tls[0]), str(self.tls[1]))
+            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
         self.port = int(self._httpd.server_address[1])
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="registry-server", daemon=True)
         self._thread.start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def fault(self, path: str, kind: str, value: Any = None, times: int = 1) -> None:
         with self._lock:

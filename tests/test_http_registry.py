@@ -19,6 +19,7 @@ from agent.errors import IntegrityError, RegistryError
 from agent.registry import FileRegistry, HttpRegistry, HttpSettings, open_registry
 from agent.registry.manifest import INDEX_FILE
 from agent.store import ModelStore
+from tests.pki import Pki
 from tests.registry_server import RegistryServer, etag_of
 from tests.store_fixtures import CLS_NAME, CLS_VERSION
 from tests.waits import free_port, wait_until
@@ -344,3 +345,25 @@ def test_a_kept_partial_of_another_file_is_caught_by_the_hash_and_dropped(
         store.pull(registry, CLS_NAME, "2.1")
     assert store.partial_bytes(artifact.sha256) == 0  # dropped: the next pull starts afresh
     assert store.pull(registry, CLS_NAME, "2.1").version == "2.1"
+
+
+def test_https_with_the_fleet_ca_and_refused_without_it(
+    file_registry: FileRegistry, pki: Pki, tmp_path: Path
+) -> None:
+    served = RegistryServer(file_registry.root, tls=(pki.server_cert, pki.server_key))
+    try:
+        assert served.url.startswith("https://127.0.0.1:")
+        trusted = HttpRegistry(served.url, HttpSettings(ca_file=pki.ca))
+        installed = ModelStore(tmp_path / "store").pull(trusted, CLS_NAME, CLS_VERSION)
+        assert installed.primary()[1].is_file()
+        # The system's CAs, or another CA: the certificate is not trusted, and the error says so.
+        for settings in (HttpSettings(retries=0), HttpSettings(ca_file=pki.other_ca, retries=0)):
+            with pytest.raises(RegistryError) as caught:
+                HttpRegistry(served.url, settings).list_versions(CLS_NAME)
+            assert f"cannot reach registry at {served.url}/index.json" in str(caught.value)
+            assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value), caught.value
+        missing = tmp_path / "no-such-ca.pem"
+        with pytest.raises(RegistryError, match="registry CA file"):
+            HttpRegistry(served.url, HttpSettings(ca_file=missing))
+    finally:
+        served.close()

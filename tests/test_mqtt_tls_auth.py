@@ -10,12 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +24,7 @@ from agent.config import MqttConfig, OutboxConfig, TlsConfig
 from agent.errors import ConfigError
 from agent.mqtt import MqttConnection, Outbox, results_topic
 from tests.mosquitto import Mosquitto
+from tests.pki import Pki, run_tool, tool
 from tests.waits import free_port, wait_until
 
 DEVICE = "dev1"
@@ -34,109 +32,11 @@ ONLINE = b'{"state": "online"}'
 OFFLINE = b'{"state": "offline"}'
 STATUS_TOPIC = f"edge/{DEVICE}/status"
 RESULTS_TOPIC = results_topic("edge", DEVICE, "people")
-TOOL_TIMEOUT_S = 120.0  # generous: openssl and mosquitto_passwd on a busy machine
 USER = "edge-box"
 PASSWORD = "s3cret-pass"  # a throwaway test credential
 # How long a connection that must fail is watched (after the tests saw it refused at least once):
 # several reconnect attempts at 0.1-0.5 s backoff; fewer on a busy machine, none of them may connect.
 REFUSED_WATCH_S = 2.0
-
-
-# -- tools and certificates -------------------------------------------------------------------------
-
-
-def _tool(name: str, package: str) -> str:
-    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin:/usr/bin")
-    if found is None:
-        pytest.fail(f"{name} is not installed; these tests need it (apt-get install {package})")
-    return found
-
-
-def _run(args: list[str], cwd: Path) -> None:
-    try:
-        done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{' '.join(args)} did not finish within {TOOL_TIMEOUT_S} s")
-    if done.returncode != 0:
-        pytest.fail(f"{' '.join(args)} failed with {done.returncode}:\n{done.stdout}\n{done.stderr}")
-
-
-@dataclass(frozen=True)
-class Pki:
-    ca: Path
-    server_cert: Path
-    server_key: Path
-    client_cert: Path
-    client_key: Path
-    other_ca: Path  # a CA that signed neither the server nor the client certificate
-
-
-def _make_ca(openssl: str, workdir: Path, name: str) -> tuple[Path, Path]:
-    cert, key = workdir / f"{name}.crt", workdir / f"{name}.key"
-    # -addext: basicConstraints and keyUsage are what a strict verifier wants from a CA.
-    _run(
-        [
-            openssl, "req", "-x509", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-            "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", f"/CN={name}",
-            "-addext", "basicConstraints=critical,CA:TRUE",
-            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-        ],
-        workdir,
-    )  # fmt: skip
-    return cert, key
-
-
-def _make_leaf(
-    openssl: str, workdir: Path, name: str, subject: str, extensions: list[str], ca: tuple[Path, Path]
-) -> tuple[Path, Path]:
-    cert, key, csr, ext = (workdir / f"{name}.{suffix}" for suffix in ("crt", "key", "csr", "ext"))
-    ext.write_text(
-        "\n".join(
-            [
-                "basicConstraints=critical,CA:FALSE",
-                "keyUsage=critical,digitalSignature",
-                "subjectKeyIdentifier=hash",
-                "authorityKeyIdentifier=keyid",
-                *extensions,
-            ]
-        )
-        + "\n"
-    )
-    _run(
-        [
-            openssl, "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-keyout", str(key), "-out", str(csr), "-subj", subject,
-        ],
-        workdir,
-    )  # fmt: skip
-    _run(
-        [
-            openssl, "x509", "-req", "-in", str(csr), "-CA", str(ca[0]), "-CAkey", str(ca[1]),
-            "-set_serial", str(time.time_ns()), "-days", "2", "-extfile", str(ext), "-out", str(cert),
-        ],
-        workdir,
-    )  # fmt: skip
-    return cert, key
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    openssl = _tool("openssl", "openssl")
-    workdir = tmp_path_factory.mktemp("pki")
-    ca = _make_ca(openssl, workdir, "edge-test-ca")
-    other_ca, _ = _make_ca(openssl, workdir, "edge-test-other-ca")
-    server_cert, server_key = _make_leaf(
-        openssl,
-        workdir,
-        "server",
-        "/CN=127.0.0.1",
-        ["extendedKeyUsage=serverAuth", "subjectAltName=IP:127.0.0.1"],
-        ca,
-    )
-    client_cert, client_key = _make_leaf(
-        openssl, workdir, "client", f"/CN=edge-agent-{DEVICE}", ["extendedKeyUsage=clientAuth"], ca
-    )
-    return Pki(ca[0], server_cert, server_key, client_cert, client_key, other_ca)
 
 
 def _tls_listener(pki: Pki, *, require_certificate: bool = False) -> str:
@@ -485,9 +385,9 @@ def test_mutual_tls_needs_the_client_certificate(
 
 @pytest.fixture
 def password_broker(brokers: Callable[..., Mosquitto], tmp_path: Path) -> Mosquitto:
-    passwd = _tool("mosquitto_passwd", "mosquitto")
+    passwd = tool("mosquitto_passwd", "mosquitto")
     password_file = tmp_path / "passwd"
-    _run([passwd, "-b", "-c", str(password_file), USER, PASSWORD], tmp_path)
+    run_tool([passwd, "-b", "-c", str(password_file), USER, PASSWORD], tmp_path)
     os.chmod(password_file, 0o600)
     return brokers(allow_anonymous=False, extra_config=f"password_file {password_file}")
 

@@ -22,6 +22,7 @@ import io
 import json
 import logging
 import random
+import ssl
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -93,12 +94,24 @@ class HttpRegistry:
         self._etags: dict[str, tuple[str, bytes]] = {}  # URL -> (ETag, body) of the last 200
         self._client = httpx.Client(
             auth=self._auth(parts),
-            verify=str(self.settings.ca_file) if self.settings.ca_file else True,
+            verify=self._tls_context(),
             timeout=httpx.Timeout(self.settings.read_timeout_s, connect=self.settings.connect_timeout_s),
             follow_redirects=False,  # followed by hand, to check where they lead
             trust_env=False,  # no proxy or netrc from the environment: the config says everything
             headers={"Accept-Encoding": "identity"},  # byte ranges of the file itself, not of a gzip of it
         )
+
+    def _tls_context(self) -> ssl.SSLContext | bool:
+        ca_file = self.settings.ca_file
+        if ca_file is None:
+            return True  # the system's CAs (certifi's bundle)
+        try:
+            return ssl.create_default_context(cafile=str(ca_file))
+        except (OSError, ssl.SSLError) as exc:
+            raise RegistryError(
+                f"cannot load the registry CA file {ca_file}: {getattr(exc, 'strerror', None) or exc}",
+                hint="registry.ca_file must be a readable PEM bundle",
+            ) from None
 
     @classmethod
     def from_url(cls, url: str) -> HttpRegistry:
