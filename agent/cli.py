@@ -15,13 +15,16 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from agent import __version__
 from agent.config import AgentConfig
 from agent.errors import ConfigError, EdgeAgentError
+
+if TYPE_CHECKING:
+    from agent.store import Progress
 
 DEFAULT_CONFIG = Path(os.environ.get("EDGE_AGENT_CONFIG", "/etc/edge-agent/agent.yaml"))
 
@@ -262,13 +265,42 @@ def models_pull(config: ConfigOption = DEFAULT_CONFIG, as_json: JsonOption = Fal
             raise EdgeAgentError(f"{config}: no registry configured")
         registry = open_registry(cfg.registry.url, cfg.registry)
         store = ModelStore(cfg.state_dir / "store")
-        for ref in {(p.model.name, p.model.version) for p in cfg.pipelines}:
-            installed = store.pull(registry, *ref)
-            pulled.append({"name": installed.name, "version": installed.version})
-            if not as_json:
-                typer.echo(f"ok: {installed.name}@{installed.version}")
+        with _download_bar(enabled=not as_json) as progress:
+            for ref in sorted({(p.model.name, p.model.version) for p in cfg.pipelines}):
+                installed = store.pull(registry, *ref, progress=progress)
+                pulled.append({"name": installed.name, "version": installed.version})
+                if not as_json:
+                    typer.echo(f"ok: {installed.name}@{installed.version}")
     if as_json:
         _echo_json(pulled)
+
+
+@contextmanager
+def _download_bar(enabled: bool) -> Iterator[Progress | None]:
+    """A progress bar per download on stderr when it is a terminal (bytes, rate, time left)."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, TimeRemainingColumn, TransferSpeedColumn
+    from rich.progress import Progress as Bar
+
+    columns = (
+        "{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Bar(*columns, console=Console(stderr=True), transient=False) as bar:
+        tasks: dict[str, Any] = {}
+
+        def show(what: str, done: int, total: int, _rate: float) -> None:
+            if what not in tasks:
+                tasks[what] = bar.add_task(what, total=total)
+            bar.update(tasks[what], completed=done)
+
+        yield show
 
 
 # --- backends -------------------------------------------------------------------------------

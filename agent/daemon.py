@@ -36,7 +36,7 @@ from agent.registry import open_registry
 from agent.retry import backoff_delay
 from agent.sd_notify import notify, watchdog_interval_s
 from agent.session_pool import SessionPool
-from agent.store import ModelStore
+from agent.store import ModelStore, Progress
 from agent.telemetry import TelemetrySampler
 from providers import BackendError
 from providers.select import SelectionPolicy
@@ -111,6 +111,8 @@ class PipelineSlot:
     phase: str = ""
     phase_started: float = 0.0  # monotonic
     phase_logged: float = 0.0  # monotonic: when "still ..." was last logged
+    # While a model file downloads: {"artifact", "bytes", "total", "rate_bps"} (status.json only).
+    download: dict[str, Any] | None = None
 
 
 class Agent:
@@ -236,8 +238,12 @@ class Agent:
         """What a pipeline being built does now: logged, and shown in the status until it runs."""
         now = time.monotonic()
         slot.phase, slot.phase_started, slot.phase_logged = text, now, now
+        slot.download = None
         if text:
             log.info("pipeline %s: %s", slot.config.name, text)
+
+    def _set_download(self, slot: PipelineSlot, what: str, done: int, total: int, rate: float) -> None:
+        slot.download = {"artifact": what, "bytes": done, "total": total, "rate_bps": round(rate)}
 
     def _log_long_phases(self, now: float) -> None:
         for slot in self.slots:
@@ -252,7 +258,10 @@ class Agent:
         slot.attempts += 1
         try:
             pipeline = self._build(
-                config, verify=slot.attempts > 1, progress=lambda t: self._set_phase(slot, t)
+                config,
+                verify=slot.attempts > 1,
+                progress=lambda t: self._set_phase(slot, t),
+                download=lambda what, done, total, rate: self._set_download(slot, what, done, total, rate),
             )
         except Exception as exc:  # whatever a model or source does wrong, the daemon runs on
             self._set_phase(slot, "")
@@ -277,7 +286,11 @@ class Agent:
         log.info("pipeline %s started", config.name)
 
     def _build(
-        self, config: PipelineConfig, verify: bool = False, progress: Callable[[str], None] | None = None
+        self,
+        config: PipelineConfig,
+        verify: bool = False,
+        progress: Callable[[str], None] | None = None,
+        download: Progress | None = None,
     ) -> Pipeline:
         assert self.config.registry is not None  # the config model requires it with pipelines
         say = progress or (lambda _text: None)
@@ -285,7 +298,9 @@ class Agent:
         registry = open_registry(self.config.registry.url, self.config.registry)
         # After a failure, re-hash the installed blobs: a bit-rotted file of the right size
         # would otherwise fail to load for ever. The first attempt trusts sizes (fast start).
-        installed = self.store.pull(registry, config.model.name, config.model.version, verify=verify)
+        installed = self.store.pull(
+            registry, config.model.name, config.model.version, verify=verify, progress=download
+        )
         config = with_model_hints(config, installed.manifest)  # preprocessing, state, labels it ships
         session, decision, candidates = choose_and_load(
             self.config,
@@ -324,6 +339,8 @@ class Agent:
                 if slot.phase:
                     states[slot.config.name]["phase"] = slot.phase
                     states[slot.config.name]["phase_s"] = round(time.monotonic() - slot.phase_started, 1)
+                if slot.download is not None:
+                    states[slot.config.name]["download"] = dict(slot.download)
         return states
 
     def _status_payload(self, state: str) -> bytes:

@@ -15,7 +15,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -113,13 +113,17 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644, durable: bool
 
 
 def copy_hashing(
-    src: BinaryIO, dst: BinaryIO, max_bytes: int | None = None, digest: Any = None
+    src: BinaryIO,
+    dst: BinaryIO,
+    max_bytes: int | None = None,
+    digest: Any = None,
+    copied: Callable[[int], None] | None = None,
 ) -> tuple[str, int]:
     """Stream `src` into `dst`; return (sha256 hex, bytes copied).
 
     Stops as soon as more than `max_bytes` arrived (the caller reports the size mismatch), so a
     wrong or runaway source cannot fill the disk. `digest`: a sha256 that has hashed what came
-    before (a resumed download); the hex returned covers it all.
+    before (a resumed download); the hex returned covers it all. `copied(n)` after each chunk of n.
     """
     digest = digest if digest is not None else hashlib.sha256()
     size = 0
@@ -132,6 +136,8 @@ def copy_hashing(
             break
         digest.update(chunk)
         dst.write(chunk)
+        if copied is not None:
+            copied(len(chunk))
     return digest.hexdigest(), size
 
 

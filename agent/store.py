@@ -26,6 +26,8 @@ import errno
 import hashlib
 import logging
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +44,32 @@ BLOB_MODE = 0o444
 # blobs/sha256/<hex>.partial: the bytes a pull cut off half way got, resumed by the next pull
 # (its <hex>.partial-validator: the registry's ETag for them); never served, never a blob.
 PARTIAL_SUFFIX = ".partial"
+
+
+# progress(what, bytes on disk, total bytes, bytes per second): a download's progress, after every
+# chunk (so a stalled download shows exactly what it got); the rate is measured over stretches of
+# at least RATE_OVER_S.
+Progress = Callable[[str, int, int, float], None]
+RATE_OVER_S = 0.5
+
+
+class _DownloadMeter:
+    def __init__(self, what: str, have: int, total: int, progress: Progress | None) -> None:
+        self.what, self.done, self.total, self._progress = what, have, total, progress
+        self._mark_time, self._mark_done = time.monotonic(), have
+        self.rate = 0.0
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if now - self._mark_time >= RATE_OVER_S:
+            self.rate = (self.done - self._mark_done) / (now - self._mark_time)
+            self._mark_time, self._mark_done = now, self.done
+        self.report()
+
+    def report(self) -> None:
+        if self._progress is not None:
+            self._progress(self.what, self.done, self.total, self.rate)
 
 
 def _validator_path(partial: Path) -> Path:
@@ -153,13 +181,21 @@ class ModelStore:
 
     # --- pulling ---------------------------------------------------------------------------
 
-    def pull(self, registry: Registry, name: str, version: str, verify: bool = False) -> InstalledModel:
+    def pull(
+        self,
+        registry: Registry,
+        name: str,
+        version: str,
+        verify: bool = False,
+        progress: Progress | None = None,
+    ) -> InstalledModel:
         """Install `name@version` from `registry` (no-op when already installed and intact).
 
         With `verify`, existing blobs are re-hashed and any that no longer match are downloaded
-        again. Raises RegistryError (registry unreachable / version missing), IntegrityError
-        (bytes don't match the manifest), ModelError (the bytes match but are not a loadable
-        model of their format) or StoreError (local disk problems, lock timeouts).
+        again. `progress` hears how each download goes (Progress). Raises RegistryError (registry
+        unreachable / version missing), IntegrityError (bytes don't match the manifest),
+        ModelError (the bytes match but are not a loadable model of their format) or StoreError
+        (local disk problems, lock timeouts).
         """
         check_name("name", name, StoreError)
         check_name("version", version, StoreError)
@@ -191,7 +227,7 @@ class ModelStore:
                 )
 
             for artifact in manifest.artifacts:
-                self._ensure_blob(registry, manifest, artifact, verify)
+                self._ensure_blob(registry, manifest, artifact, verify, progress)
 
             version_dir = self.models_dir / name / version
             try:
@@ -215,7 +251,14 @@ class ModelStore:
             return None
         return self._installed(manifest)
 
-    def _ensure_blob(self, registry: Registry, manifest: Manifest, artifact: Artifact, rehash: bool) -> None:
+    def _ensure_blob(
+        self,
+        registry: Registry,
+        manifest: Manifest,
+        artifact: Artifact,
+        rehash: bool,
+        progress: Progress | None,
+    ) -> None:
         """Make blobs/sha256/<hex> hold exactly the artifact's bytes, downloading if needed."""
         blob = self.blobs_dir / artifact.sha256
         what = f"artifact {artifact.file} of {manifest.ref}"
@@ -233,7 +276,7 @@ class ModelStore:
             partial = blob.with_name(blob.name + PARTIAL_SUFFIX)
             keep_partial = False
             try:
-                self._download(registry, manifest, artifact, partial, what)
+                self._download(registry, manifest, artifact, partial, what, progress)
                 check_model_file(partial, artifact.format, file_name=artifact.file)
                 os.chmod(partial, BLOB_MODE)
                 os.replace(partial, blob)
@@ -262,7 +305,13 @@ class ModelStore:
             log.info("stored %s as blob %s (%d bytes)", what, artifact.sha256[:12], artifact.size)
 
     def _download(
-        self, registry: Registry, manifest: Manifest, artifact: Artifact, partial: Path, what: str
+        self,
+        registry: Registry,
+        manifest: Manifest,
+        artifact: Artifact,
+        partial: Path,
+        what: str,
+        progress: Progress | None = None,
     ) -> None:
         """Stream the artifact into `partial` (resuming after the bytes a cut-off pull left there),
         then check size and sha256 (IntegrityError on mismatch)."""
@@ -292,7 +341,12 @@ class ModelStore:
             with open(partial, "r+b" if start else "wb", buffering=0) as dst:
                 dst.seek(start)
                 dst.truncate()
-                sha256, size = copy_hashing(src, dst, max_bytes=artifact.size - start, digest=digest)
+                meter = _DownloadMeter(what, start, artifact.size, progress)
+                meter.report()
+                sha256, size = copy_hashing(
+                    src, dst, max_bytes=artifact.size - start, digest=digest, copied=meter
+                )
+                meter.report()
                 size += start
                 dst.flush()
                 os.fsync(dst.fileno())

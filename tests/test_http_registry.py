@@ -19,6 +19,8 @@ from agent.errors import IntegrityError, RegistryError
 from agent.registry import FileRegistry, HttpRegistry, HttpSettings, open_registry
 from agent.registry.manifest import INDEX_FILE
 from agent.store import ModelStore
+from tests.agent_process import StartAgent, pipeline_state, read_status
+from tests.media_fixtures import CLS_PREPROCESS, demo_video_module
 from tests.pki import Pki
 from tests.registry_server import RegistryServer, etag_of
 from tests.store_fixtures import CLS_NAME, CLS_VERSION
@@ -367,3 +369,62 @@ def test_https_with_the_fleet_ca_and_refused_without_it(
             HttpRegistry(served.url, HttpSettings(ca_file=missing))
     finally:
         served.close()
+
+
+def test_pull_progress_counts_up_to_the_size(server: RegistryServer, tmp_path: Path) -> None:
+    seen: list[tuple[str, int, int, float]] = []
+    store = ModelStore(tmp_path / "store")
+    store.pull(HttpRegistry(server.url, FAST), CLS_NAME, "2.1", progress=lambda *a: seen.append(a))
+    size = (server.root / CLS_NAME / "2.1" / MODEL_FILE).stat().st_size
+    assert seen[0][1:3] == (0, size) and seen[-1][1:3] == (size, size), seen
+    assert all(w == f"artifact {MODEL_FILE} of pp-ocr-cls@2.1" for w, *_ in seen)
+    assert [d for _, d, _, _ in seen] == sorted(d for _, d, _, _ in seen)
+
+
+def test_the_daemon_shows_a_stalled_download_and_resumes_it(
+    server: RegistryServer, tmp_path: Path, start_agent: StartAgent
+) -> None:
+    """`edge-agent run` on an HTTP registry whose server stalls half way through the model: the
+    download shows in status.json while it hangs, the read timeout cuts it, and the retry resumes
+    from the bytes it kept (a 206 for the rest) and the pipeline runs."""
+    video = tmp_path / "signs.mp4"
+    demo_video_module().make_orientation_video(video, fps=10, seconds_per_sign=0.5)
+    cut = 200_000
+    server.stall_s = 60.0
+    server.fault(f"/{CLS_NAME}/2.0/{MODEL_FILE}", "stall", cut)
+    config = {
+        "device": {"id": "http-box"},
+        "state_dir": str(tmp_path / "state"),
+        "mqtt": {"host": "127.0.0.1", "port": free_port(), "reconnect_min_s": 0.2, "reconnect_max_s": 1.0},
+        "registry": {"url": server.url, "read_timeout_s": 15.0, "retries": 0},
+        "backends": {"benchmark": False},
+        "pipelines": [
+            {
+                "name": "door",
+                "model": {"name": CLS_NAME, "version": CLS_VERSION},
+                "source": {"type": "video", "uri": str(video), "loop": True},
+                "preprocess": CLS_PREPROCESS.model_dump(),
+                "postprocess": {"type": "classification", "softmax": False},
+            }
+        ],
+    }
+    path = tmp_path / "agent.yaml"
+    path.write_text(json.dumps(config))
+    state_dir = tmp_path / "state"
+
+    def download() -> dict[str, object]:
+        shown: dict[str, object] = (
+            read_status(state_dir).get("pipelines", {}).get("door", {}).get("download", {})
+        )
+        return shown
+
+    agent = start_agent(path)
+    wait_until(lambda: download().get("bytes") == cut, "the stalled download in status.json", timeout=120)
+    assert download()["total"] == (server.root / CLS_NAME / CLS_VERSION / MODEL_FILE).stat().st_size
+    assert download()["artifact"] == f"artifact {MODEL_FILE} of {CLS_NAME}@{CLS_VERSION}"
+    log = agent.run_until(lambda: pipeline_state(state_dir, "door") == "running", "the pipeline running")
+    assert "keeping 200000 of" in log and "resuming the download at byte 200000" in log
+    # No broker in this test: said once by the agent, not by paho at every reconnect attempt.
+    assert log.count("cannot reach MQTT broker") == 1 and "Client is not connected" not in log
+    resumed = server.served(MODEL_FILE)[-1]
+    assert resumed.status == 206 and resumed.headers.get("Range") == f"bytes={cut}-"

@@ -230,9 +230,13 @@ class MqttConnection:
         self._client.loop_start()
 
     def _not_shutdown_noise(self, record: logging.LogRecord) -> bool:
-        """paho's network thread runs its loop once more after disconnect() and logs "Client is not
-        connected" at ERROR level: expected while we stop, so it is not logged then."""
-        return not (self._stopped and record.getMessage().startswith("Client is not connected"))
+        """paho logs "Client is not connected" at ERROR each time its loop runs without a link: on
+        every failed reconnect while the broker is away (once a second or so, for hours), and once
+        more after disconnect(). This connection says it once itself ("cannot reach MQTT broker",
+        `last_error`), so paho's copy is not logged while there is no link."""
+        if not record.getMessage().startswith("Client is not connected"):
+            return True
+        return not (self._stopped or not self._connected)
 
     def stop(self, publish_offline: bool = True) -> None:
         """Say offline (retained), stop the threads and disconnect. Idempotent.
