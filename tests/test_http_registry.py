@@ -15,7 +15,7 @@ import onnx
 import pytest
 
 from agent.config import AgentConfig, RegistryConfig
-from agent.errors import IntegrityError, RegistryError
+from agent.errors import IntegrityError, RegistryError, StoreError
 from agent.registry import FileRegistry, HttpRegistry, HttpSettings, open_registry
 from agent.registry.manifest import INDEX_FILE
 from agent.store import ModelStore
@@ -428,3 +428,36 @@ def test_the_daemon_shows_a_stalled_download_and_resumes_it(
     assert log.count("cannot reach MQTT broker") == 1 and "Client is not connected" not in log
     resumed = server.served(MODEL_FILE)[-1]
     assert resumed.status == 206 and resumed.headers.get("Range") == f"bytes={cut}-"
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 900 KiB tmpfs (room for one copy of the model, not two), unmounted after the test."""
+    mount_point = tmp_path / "small-disk"
+    mount_point.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=900k", "tmpfs", str(mount_point)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, f"cannot mount a small tmpfs (these tests run as root): {done.stderr}"
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=60)
+
+
+def test_a_disk_that_fills_up_mid_download_is_named_and_cleaned_up(
+    server: RegistryServer, small_disk: Path
+) -> None:
+    registry = HttpRegistry(server.url, FAST)
+    store = ModelStore(small_disk / "store")
+    store.pull(registry, CLS_NAME, CLS_VERSION)  # fits
+    artifact = registry.get_manifest(CLS_NAME, "2.1").artifact(MODEL_FILE)
+    with pytest.raises(StoreError) as caught:
+        store.pull(registry, CLS_NAME, "2.1")  # another copy does not
+    message = str(caught.value)
+    assert f"cannot store artifact {MODEL_FILE} of pp-ocr-cls@2.1" in message, message
+    assert "is full" in message and "the partial file was removed" in message, message
+    assert store.partial_bytes(artifact.sha256) == 0  # the room it took is given back
+    _still_serving(store)
+    assert store.verify(CLS_NAME, CLS_VERSION) == []
