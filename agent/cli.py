@@ -6,6 +6,7 @@ Every command maps the agent's typed errors to a one-line message (plus hint) an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -265,7 +266,7 @@ def models_pull(config: ConfigOption = DEFAULT_CONFIG, as_json: JsonOption = Fal
             raise EdgeAgentError(f"{config}: no registry configured")
         registry = open_registry(cfg.registry.url, cfg.registry)
         store = ModelStore(cfg.state_dir / "store")
-        with _download_bar(enabled=not as_json) as progress:
+        with contextlib.closing(registry), _download_bar(enabled=not as_json) as progress:
             for ref in sorted({(p.model.name, p.model.version) for p in cfg.pipelines}):
                 installed = store.pull(registry, *ref, progress=progress)
                 pulled.append({"name": installed.name, "version": installed.version})

@@ -296,11 +296,14 @@ class Agent:
         say = progress or (lambda _text: None)
         say(f"pulling {config.model.name}@{config.model.version}")
         registry = open_registry(self.config.registry.url, self.config.registry)
-        # After a failure, re-hash the installed blobs: a bit-rotted file of the right size
-        # would otherwise fail to load for ever. The first attempt trusts sizes (fast start).
-        installed = self.store.pull(
-            registry, config.model.name, config.model.version, verify=verify, progress=download
-        )
+        try:
+            # After a failure, re-hash the installed blobs: a bit-rotted file of the right size
+            # would otherwise fail to load for ever. The first attempt trusts sizes (fast start).
+            installed = self.store.pull(
+                registry, config.model.name, config.model.version, verify=verify, progress=download
+            )
+        finally:
+            registry.close()
         config = with_model_hints(config, installed.manifest)  # preprocessing, state, labels it ships
         session, decision, candidates = choose_and_load(
             self.config,

@@ -64,6 +64,9 @@ class CountingRegistry:
     def list_versions(self, name: str) -> list[str]:
         return self.inner.list_versions(name)
 
+    def close(self) -> None:
+        self.inner.close()
+
 
 def blob_dir(store: ModelStore) -> Path:
     return store.root / "blobs" / "sha256"

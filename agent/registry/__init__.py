@@ -60,6 +60,10 @@ class Registry(Protocol):
 
     def list_versions(self, name: str) -> list[str]: ...
 
+    def close(self) -> None:
+        """Let go of connections (HTTP); the registry is not used afterwards."""
+        ...
+
 
 def open_registry(url: str, config: RegistryConfig | None = None) -> Registry:
     """The registry at `url` (`file:///srv/registry`, `https://host/registry`); `config` carries

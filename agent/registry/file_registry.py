@@ -104,6 +104,9 @@ class FileRegistry:
     def __repr__(self) -> str:
         return f"FileRegistry({self.url})"
 
+    def close(self) -> None:
+        """Nothing to let go of (the Registry protocol's close)."""
+
     # reading
 
     def list_models(self) -> list[str]:
