@@ -142,8 +142,13 @@ def copy_hashing(
 
 
 def sha256_file(path: Path) -> str:
+    return hash_file(path).hexdigest()
+
+
+def hash_file(path: Path) -> Any:
+    """A sha256 that has hashed the file's bytes (more may be added: a resumed download)."""
     digest = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(CHUNK_SIZE):
             digest.update(chunk)
-    return digest.hexdigest()
+    return digest

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import IntegrityError, ModelError, RegistryError, StoreError
-from agent.fsutil import CHUNK_SIZE, atomic_write_bytes, copy_hashing, file_lock, fsync_dir, sha256_file
+from agent.fsutil import atomic_write_bytes, copy_hashing, file_lock, fsync_dir, hash_file, sha256_file
 from agent.registry import Registry
 from agent.registry.file_registry import check_name, version_sort_key
 from agent.registry.manifest import MANIFEST_FILE, Artifact, Manifest, check_model_file
@@ -282,9 +282,9 @@ class ModelStore:
                 os.replace(partial, blob)
             except RegistryError as exc:
                 # Cut off (network, server): what came stays for the next pull to resume from.
-                keep_partial = partial.exists() and partial.stat().st_size > 0
+                got = partial.stat().st_size if partial.exists() else 0
+                keep_partial = got > 0
                 if keep_partial:
-                    got = partial.stat().st_size
                     log.warning(
                         "%s: %s; keeping %d of %d bytes to resume from", what, exc.message, got, artifact.size
                     )
@@ -317,14 +317,11 @@ class ModelStore:
         then check size and sha256 (IntegrityError on mismatch)."""
         validator_path = _validator_path(partial)
         have = partial.stat().st_size if partial.exists() else 0
-        digest = hashlib.sha256()
         if 0 < have < artifact.size:
-            with open(partial, "rb") as kept:
-                for chunk in iter(lambda: kept.read(CHUNK_SIZE), b""):
-                    digest.update(chunk)
+            digest = hash_file(partial)
             validator = validator_path.read_text().strip() if validator_path.exists() else None
         else:
-            have, validator = 0, None
+            have, validator, digest = 0, None, hashlib.sha256()
         start, src = registry.open_artifact_at(manifest.name, manifest.version, artifact, have, validator)
         with src:
             if have and start == have:

@@ -192,7 +192,7 @@ class HttpRegistry:
             if validator:
                 headers["If-Range"] = validator
         try:
-            response = self._send(url, headers, stream=True)
+            response = self._send(url, headers)
         except _NotFound:
             raise RegistryError(
                 f"artifact {file} of {name}@{version} not found at {public_url(url)}"
@@ -243,7 +243,7 @@ class HttpRegistry:
         """A small JSON document (index, manifest), revalidated with its ETag."""
         cached = self._etags.get(url)
         headers = {"If-None-Match": cached[0]} if cached else {}
-        response = self._send(url, headers, stream=True)
+        response = self._send(url, headers)
         try:
             if response.status_code == 304 and cached:
                 return cached[1]
@@ -264,8 +264,9 @@ class HttpRegistry:
             self._etags[url] = (etag, body)
         return body
 
-    def _send(self, url: str, headers: dict[str, str], stream: bool) -> httpx.Response:
-        """GET with retries and checked redirects; a 2xx/304 response, or a RegistryError."""
+    def _send(self, url: str, headers: dict[str, str]) -> httpx.Response:
+        """GET with retries and checked redirects; a 2xx/304 response whose body is not read yet
+        (the caller streams and closes it), or a RegistryError."""
         cfg = self.settings
         shown = public_url(url)
         for attempt in range(cfg.retries + 1):
@@ -280,8 +281,6 @@ class HttpRegistry:
                 continue
             status = response.status_code
             if 200 <= status < 300 or status == 304:
-                if not stream:
-                    response.read()
                 return response
             response.close()
             if status == 404:
