@@ -25,7 +25,7 @@ from agent.config import AgentConfig
 from agent.errors import ConfigError, EdgeAgentError
 
 if TYPE_CHECKING:
-    from agent.store import Progress
+    from agent.store import ModelStore, Progress
 
 DEFAULT_CONFIG = Path(os.environ.get("EDGE_AGENT_CONFIG", "/etc/edge-agent/agent.yaml"))
 
@@ -165,24 +165,90 @@ def registry_publish(
             dir_okay=False,
         ),
     ] = None,
+    sign_key: Annotated[
+        Path | None,
+        typer.Option("--sign", help="Sign the manifest with this Ed25519 private key (registry keygen)."),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Publish a model file as NAME@VERSION: copies it in and writes its manifest (sha256, size, format)."""
     from agent.registry import FileRegistry
+    from agent.registry.signing import key_id, load_private_key
 
     with _user_errors(as_json):
         extra = _read_json_file(metadata) if metadata else None
+        private_key = load_private_key(sign_key) if sign_key is not None else None  # before any copying
         manifest = FileRegistry.from_url(registry).publish(
-            file, name, version, target=target, metadata=extra, force=force, testdata=testdata or []
+            file,
+            name,
+            version,
+            target=target,
+            metadata=extra,
+            force=force,
+            testdata=testdata or [],
+            sign_with=private_key,
         )
+    signed_by = key_id(private_key.public_key()) if private_key is not None else None
     if as_json:
-        _echo_json(json.loads(manifest.to_bytes()))
+        _echo_json({**json.loads(manifest.to_bytes()), "signed_by": signed_by})
     else:
         for artifact in manifest.artifacts:
             typer.echo(
                 f"published {name}@{version} to {registry}: {artifact.file} "
                 f"({artifact.format}, {artifact.size} bytes, sha256 {artifact.sha256})"
             )
+        if signed_by:
+            typer.echo(f"signed {name}@{version} with key {signed_by}")
+
+
+KeyOption = Annotated[Path, typer.Option("--key", help="Ed25519 private key file (registry keygen).")]
+
+
+@registry_app.command("keygen")
+def registry_keygen(
+    key_file: Annotated[
+        Path, typer.Argument(help="Private key file to write (its public key: KEY_FILE.pub).")
+    ],
+    force: Annotated[bool, typer.Option("--force", help="Replace existing key files.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Make an Ed25519 signing key: KEY_FILE (private, mode 0600) and KEY_FILE.pub (for trusted_keys)."""
+    from agent.registry.signing import generate_key
+
+    with _user_errors(as_json):
+        kid, public_path = generate_key(key_file, force=force)
+    if as_json:
+        _echo_json({"key_id": kid, "private_key": str(key_file), "public_key": str(public_path)})
+    else:
+        typer.echo(f"key {kid}: private {key_file} (keep it secret), public {public_path}")
+        typer.echo(f"trust it on a box: registry.trusted_keys: [{{key: {public_path.name}, models: ['*']}}]")
+
+
+@registry_app.command("sign")
+def registry_sign(
+    ref: Annotated[str, typer.Argument(help="NAME@VERSION published in the registry.")],
+    registry: Annotated[str, typer.Option("--registry", help="Registry URL, e.g. file:///srv/registry.")],
+    key: KeyOption,
+    as_json: JsonOption = False,
+) -> None:
+    """Add a signature to a published version (manifest.json.sig); other keys' signatures are kept."""
+    from agent.registry import FileRegistry
+    from agent.registry.signing import load_private_key
+
+    with _user_errors(as_json):
+        name, version = _split_ref(ref)
+        kid = FileRegistry.from_url(registry).sign(name, version, load_private_key(key))
+    if as_json:
+        _echo_json({"name": name, "version": version, "signed_by": kid})
+    else:
+        typer.echo(f"signed {name}@{version} in {registry} with key {kid}")
+
+
+def _split_ref(ref: str) -> tuple[str, str]:
+    name, _, version = ref.partition("@")
+    if not name or not version:
+        raise EdgeAgentError(f"{ref!r} is not NAME@VERSION")
+    return name, version
 
 
 def _read_json_file(path: Path) -> dict[str, Any]:
@@ -221,14 +287,13 @@ def models_list(
     config: ConfigOption = DEFAULT_CONFIG, state_dir: StateDirOption = None, as_json: JsonOption = False
 ) -> None:
     """Model versions installed in the local store."""
-    from agent.store import ModelStore
-
     with _user_errors(as_json):
-        installed = ModelStore(_state_dir(config, state_dir) / "store").list()
+        installed = _store(config, state_dir).list()
     rows: list[dict[str, Any]] = [
         {
             "name": m.name,
             "version": m.version,
+            "signed_by": m.signed_by,
             "artifacts": [
                 {"file": a.file, "format": a.format, "size": a.size, "sha256": a.sha256, "target": a.target}
                 for a in m.manifest.artifacts
@@ -245,19 +310,74 @@ def models_list(
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("model", "version", "file", "format", "size", "sha256")
+    table = Table("model", "version", "file", "format", "size", "sha256", "signed by")
     for row in rows:
         for a in row["artifacts"]:
             size, digest = f"{a['size']:,}", a["sha256"][:16]
-            table.add_row(row["name"], row["version"], a["file"], a["format"], size, digest)
+            table.add_row(
+                row["name"], row["version"], a["file"], a["format"], size, digest, row["signed_by"] or ""
+            )
     Console().print(table)
+
+
+def _store(config: Path, state_dir: Path | None) -> ModelStore:
+    """The store under --state-dir (no trust policy), else the config's (with its trusted keys)."""
+    from agent.store import ModelStore, store_for
+
+    if state_dir is not None:
+        return ModelStore(state_dir / "store")
+    return store_for(_load(config))
+
+
+@models_app.command("verify")
+def models_verify(
+    refs: Annotated[
+        list[str] | None, typer.Argument(help="NAME@VERSION to check (default: every installed version).")
+    ] = None,
+    config: ConfigOption = DEFAULT_CONFIG,
+    state_dir: StateDirOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Re-check installed versions: the manifest's signature against the config's trusted keys, and
+    every artifact's sha256. Exit 1 if any problem is found."""
+    with _user_errors(as_json):
+        store = _store(config, state_dir)
+        wanted = [_split_ref(ref) for ref in refs] if refs else [(m.name, m.version) for m in store.list()]
+        results: list[dict[str, Any]] = []
+        for name, version in wanted:
+            problems = store.verify(name, version)
+            signed_by = None if problems else store.get(name, version).signed_by
+            results.append(
+                {
+                    "name": name,
+                    "version": version,
+                    "ok": not problems,
+                    "signed_by": signed_by,
+                    "problems": problems,
+                }
+            )
+    if as_json:
+        _echo_json(results)
+    else:
+        if not results:
+            typer.echo("no models installed")
+        for result in results:
+            ref = f"{result['name']}@{result['version']}"
+            if result["ok"]:
+                signed = f", signed by trusted key {result['signed_by']}" if result["signed_by"] else ""
+                typer.echo(f"ok: {ref} (every artifact's sha256 matches{signed})")
+            else:
+                for problem in result["problems"]:
+                    typer.echo(f"FAILED: {ref}: {problem}", err=True)
+    if not all(r["ok"] for r in results):
+        raise typer.Exit(1)
 
 
 @models_app.command("pull")
 def models_pull(config: ConfigOption = DEFAULT_CONFIG, as_json: JsonOption = False) -> None:
     """Pull every model version the config's pipelines name into the store (verified)."""
     from agent.registry import open_registry
-    from agent.store import ModelStore
+    from agent.store import store_for
 
     pulled = []
     with _user_errors(as_json):
@@ -265,7 +385,7 @@ def models_pull(config: ConfigOption = DEFAULT_CONFIG, as_json: JsonOption = Fal
         if cfg.registry is None:
             raise EdgeAgentError(f"{config}: no registry configured")
         registry = open_registry(cfg.registry.url, cfg.registry)
-        store = ModelStore(cfg.state_dir / "store")
+        store = store_for(cfg)
         with contextlib.closing(registry), _download_bar(enabled=not as_json) as progress:
             for ref in sorted({(p.model.name, p.model.version) for p in cfg.pipelines}):
                 installed = store.pull(registry, *ref, progress=progress)

@@ -118,11 +118,9 @@ class MqttConfig(StrictModel):
         return self
 
 
-class RegistryConfig(StrictModel):
-    url: str = Field(
-        description="Model registry: file:///srv/registry or https://models.example.com/registry."
-    )
-    # HTTP(S) registries only (agent/registry/http_registry.py):
+class RegistryConnection(StrictModel):
+    """How to talk to an HTTP(S) registry (agent/registry/http_registry.py): auth, TLS, patience."""
+
     username: str | None = Field(None, description="Basic auth user (with password_file).")
     password_file: Path | None = Field(None, description="File holding the basic auth password.")
     token_file: Path | None = Field(None, description="File holding a bearer token.")
@@ -130,9 +128,41 @@ class RegistryConfig(StrictModel):
     connect_timeout_s: float = Field(10.0, gt=0, description="Connecting to the registry.")
     read_timeout_s: float = Field(30.0, gt=0, description="Longest silence while reading an answer.")
     retries: int = Field(4, ge=0, le=20, description="Tries after the first, for failures that may pass.")
+    backoff_s: float = Field(
+        0.5, gt=0, description="First wait before a retry; doubles up to backoff_max_s, with full jitter."
+    )
+    backoff_max_s: float = Field(30.0, gt=0, description="Longest wait between two tries.")
     redirect_hosts: list[str] = Field(
         default_factory=list,
         description="Other hosts redirects may lead to (e.g. a CDN); others are refused.",
+    )
+
+    @model_validator(mode="after")
+    def _auth_is_one_kind(self) -> RegistryConnection:
+        if self.password_file is not None and not self.username:
+            raise ValueError("password_file needs username (basic auth)")
+        if self.token_file is not None and (self.username or self.password_file):
+            raise ValueError("token_file (bearer) and username/password_file (basic) exclude each other")
+        return self
+
+
+class TrustedKey(StrictModel):
+    key: Path = Field(description="Ed25519 public key (PEM), as `edge-agent registry keygen` writes it.")
+    models: list[str] = Field(
+        default_factory=lambda: ["*"],
+        min_length=1,
+        description="Model names this key may sign, as shell patterns (fnmatch): ['pp-ocr-*'].",
+    )
+
+
+class RegistryConfig(RegistryConnection):
+    url: str = Field(
+        description="Model registry: file:///srv/registry or https://models.example.com/registry."
+    )
+    trusted_keys: list[TrustedKey] = Field(
+        default_factory=list,
+        description="Keys that sign manifests. When any is listed, only manifests signed by a key "
+        "trusted for that model are pulled and served.",
     )
 
     @field_validator("url")
@@ -144,14 +174,6 @@ class RegistryConfig(StrictModel):
                 "or https://models.example.com/registry"
             )
         return value
-
-    @model_validator(mode="after")
-    def _auth_is_one_kind(self) -> RegistryConfig:
-        if self.password_file is not None and not self.username:
-            raise ValueError("password_file needs username (basic auth)")
-        if self.token_file is not None and (self.username or self.password_file):
-            raise ValueError("token_file (bearer) and username/password_file (basic) exclude each other")
-        return self
 
 
 class ModelRef(StrictModel):

@@ -36,7 +36,7 @@ from agent.registry import open_registry
 from agent.retry import backoff_delay
 from agent.sd_notify import notify, watchdog_interval_s
 from agent.session_pool import SessionPool
-from agent.store import ModelStore, Progress
+from agent.store import Progress, store_for
 from agent.telemetry import TelemetrySampler
 from providers import BackendError
 from providers.select import SelectionPolicy
@@ -119,6 +119,7 @@ class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.started_at = time.time()
+        self.store = store_for(config)  # first: a trusted key that cannot be loaded stops the start here
         state_dir = config.state_dir
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
@@ -128,7 +129,6 @@ class Agent:
                 f"cannot use state_dir {state_dir}: {exc}",
                 hint="it must be a writable directory (under systemd: StateDirectory=edge-agent)",
             ) from exc
-        self.store = ModelStore(state_dir / "store")
         # Pipelines on the same model and backend share one session (and batch, when that is faster).
         selection = config.backends
         self.telemetry = TelemetrySampler(config.device.id, state_dir)

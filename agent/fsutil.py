@@ -97,7 +97,8 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644, durable: bool
     """
     tmp = temp_name(path)
     try:
-        with open(tmp, "wb") as f:
+        # Created with `mode` (less the umask) from the start: a private key is never readable by others.
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as f:
             f.write(data)
             f.flush()
             if durable:

@@ -3,7 +3,8 @@
 Layout::
 
     <root>/blobs/sha256/<hex>                       artifact bytes, named by their sha256 (read-only)
-    <root>/models/<name>/<version>/manifest.json    copy of the registry manifest = "installed"
+    <root>/models/<name>/<version>/manifest.json    the registry's manifest, byte for byte = "installed"
+    <root>/models/<name>/<version>/manifest.json.sig its signatures, when signed
     <root>/locks/blobs/<hex>.lock                   flock per blob
     <root>/locks/models/<name>@<version>.lock       flock per version
 
@@ -11,7 +12,10 @@ Invariants:
 - a file under a blob name always has the manifest's size and sha256 (it is downloaded into a temp
   file in the same directory, hashed while copying, checked, and only then renamed into place);
 - a version is installed once its manifest copy exists, and that copy is written last, after every
-  blob it names is in place;
+  blob it names is in place (and after its signature file);
+- with a trust policy (signed manifests required), a manifest is checked before any of its
+  artifacts is downloaded, and the installed copy again each time it is served: the copy keeps
+  the exact bytes that were signed, so the check holds on the box for as long as it is kept;
 - pulls of the same blob or version from several threads or processes do the work once (flock).
 
 An installed version is served without asking the registry again (the box keeps working offline);
@@ -31,11 +35,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.config import AgentConfig
 from agent.errors import IntegrityError, ModelError, RegistryError, StoreError
 from agent.fsutil import atomic_write_bytes, copy_hashing, file_lock, fsync_dir, hash_file, sha256_file
 from agent.registry import Registry
 from agent.registry.file_registry import check_name, version_sort_key
-from agent.registry.manifest import MANIFEST_FILE, Artifact, Manifest, check_model_file
+from agent.registry.manifest import (
+    MANIFEST_FILE,
+    SIGNATURE_FILE,
+    Artifact,
+    Manifest,
+    ManifestDocument,
+    check_model_file,
+)
+from agent.registry.signing import SignatureError, TrustPolicy
 from providers.base import ModelArtifact
 
 log = logging.getLogger(__name__)
@@ -90,6 +103,7 @@ class InstalledModel:
     version: str
     manifest: Manifest
     blobs_dir: Path
+    signed_by: str | None = None  # the trusted key whose signature was checked (None: not required)
 
     @property
     def ref(self) -> str:
@@ -131,11 +145,20 @@ class InstalledModel:
         return artifact, self.blobs_dir / artifact.sha256
 
 
+def store_for(config: AgentConfig) -> ModelStore:
+    """The agent's store (under state_dir) with the trust policy of its `registry.trusted_keys`;
+    ConfigError when a trusted key file cannot be loaded."""
+    trusted = config.registry.trusted_keys if config.registry is not None else []
+    return ModelStore(config.state_dir / "store", trust=TrustPolicy.from_config(trusted))
+
+
 class ModelStore:
     """Content-addressed, verified model store; see the module docstring."""
 
-    def __init__(self, root: Path, lock_timeout_s: float = 900.0) -> None:
+    def __init__(self, root: Path, lock_timeout_s: float = 900.0, trust: TrustPolicy | None = None) -> None:
+        """`trust`: which signed manifests to accept (default: signatures are not required)."""
         self.root = Path(root).absolute()
+        self.trust = trust or TrustPolicy()
         self.blobs_dir = self.root / "blobs" / "sha256"
         self.models_dir = self.root / "models"
         self.locks_dir = self.root / "locks"
@@ -150,14 +173,16 @@ class ModelStore:
         """The installed version; StoreError if it is not installed or a blob is missing."""
         check_name("name", name, StoreError)
         check_name("version", version, StoreError)
-        manifest = self._installed_manifest(name, version)
-        if manifest is None:
+        document = self._installed_document(name, version)
+        if document is None:
             installed = ", ".join(m.version for m in self.list() if m.name == name) or "none"
             raise StoreError(
                 f"model {name}@{version} is not installed in store {self.root} "
                 f"(installed versions of {name}: {installed})",
                 hint="pull it from the registry first",
             )
+        manifest = document.manifest
+        signed_by = self._check_trust(document)
         problems = self._blob_problems(manifest, rehash=False)
         if problems:
             raise StoreError(
@@ -165,16 +190,23 @@ class ModelStore:
                 + "; ".join(problems),
                 hint="pull it again to repair it",
             )
-        return self._installed(manifest)
+        return self._installed(manifest, signed_by)
 
     def verify(self, name: str, version: str) -> builtins.list[str]:
-        """Re-hash every blob of an installed version; return the problems found (empty: all good)."""
+        """Check the installed copy's signature against the trust policy and re-hash every blob;
+        return the problems found (empty: all good)."""
         check_name("name", name, StoreError)
         check_name("version", version, StoreError)
-        manifest = self._installed_manifest(name, version)
-        if manifest is None:
+        document = self._installed_document(name, version)
+        if document is None:
             raise StoreError(f"model {name}@{version} is not installed in store {self.root}")
-        problems = self._blob_problems(manifest, rehash=True)
+        manifest = document.manifest
+        problems = []
+        try:
+            self._check_trust(document)
+        except SignatureError as exc:
+            problems.append(exc.message)
+        problems += self._blob_problems(manifest, rehash=True)
         for problem in problems:
             log.warning("verify %s: %s", manifest.ref, problem)
         return problems
@@ -193,7 +225,8 @@ class ModelStore:
 
         With `verify`, existing blobs are re-hashed and any that no longer match are downloaded
         again. `progress` hears how each download goes (Progress). Raises RegistryError (registry
-        unreachable / version missing), IntegrityError (bytes don't match the manifest),
+        unreachable / version missing), SignatureError (the trust policy refuses the manifest:
+        nothing is downloaded), IntegrityError (bytes don't match the manifest),
         ModelError (the bytes match but are not a loadable model of their format) or StoreError
         (local disk problems, lock timeouts).
         """
@@ -212,12 +245,14 @@ class ModelStore:
                 log.debug("%s was installed by a concurrent pull", ref)
                 return ready
 
-            manifest = registry.get_manifest(name, version)
+            document = registry.fetch_manifest(name, version)
+            manifest = document.manifest
             if manifest.name != name or manifest.version != version:
                 raise RegistryError(
                     f"registry {registry.url} answered {manifest.ref} when asked for {ref}",
                 )
-            previous = self._installed_manifest(name, version)
+            signed_by = self.trust.check(document)  # before a single artifact byte is fetched
+            previous = self._installed_manifest(name, version, quiet=True)
             if previous is not None and previous.artifacts != manifest.artifacts:
                 log.warning(
                     "%s in registry %s differs from the installed copy (republished with force?); "
@@ -232,7 +267,12 @@ class ModelStore:
             version_dir = self.models_dir / name / version
             try:
                 version_dir.mkdir(parents=True, exist_ok=True)
-                atomic_write_bytes(version_dir / MANIFEST_FILE, manifest.to_bytes())  # last
+                if document.signature is not None:
+                    atomic_write_bytes(version_dir / SIGNATURE_FILE, document.signature)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(version_dir / SIGNATURE_FILE)
+                atomic_write_bytes(version_dir / MANIFEST_FILE, document.data)  # last, as published
             except OSError as exc:
                 raise StoreError(f"cannot record {ref} as installed in {version_dir}: {exc}") from None
             log.info(
@@ -243,13 +283,20 @@ class ModelStore:
                 len(manifest.artifacts),
                 sum(a.size for a in manifest.artifacts),
             )
-            return self._installed(manifest)
+            if signed_by is not None:
+                log.info("%s is signed by trusted key %s", ref, signed_by)
+            return self._installed(manifest, signed_by)
 
     def _ready(self, name: str, version: str, rehash: bool) -> InstalledModel | None:
-        manifest = self._installed_manifest(name, version, quiet=True)
-        if manifest is None or self._blob_problems(manifest, rehash=rehash):
+        document = self._installed_document(name, version, quiet=True)
+        if document is None or self._blob_problems(document.manifest, rehash=rehash):
             return None
-        return self._installed(manifest)
+        try:
+            signed_by = self._check_trust(document)
+        except SignatureError as exc:  # e.g. installed before signatures were required: fetch again
+            log.warning("%s", exc.message)
+            return None
+        return self._installed(document.manifest, signed_by)
 
     def _ensure_blob(
         self,
@@ -374,18 +421,40 @@ class ModelStore:
                 (p for p in model_dir.iterdir() if p.is_dir()), key=lambda p: version_sort_key(p.name)
             )
             for version_dir in versions:
-                manifest = self._installed_manifest(model_dir.name, version_dir.name, quiet=True)
-                if manifest is not None:
-                    found.append(self._installed(manifest))
+                document = self._installed_document(model_dir.name, version_dir.name, quiet=True)
+                if document is not None:
+                    found.append(self._installed(document.manifest, self._signer(document)))
         return found
 
     # --- internals -------------------------------------------------------------------------
 
-    def _installed(self, manifest: Manifest) -> InstalledModel:
-        return InstalledModel(manifest.name, manifest.version, manifest, self.blobs_dir)
+    def _installed(self, manifest: Manifest, signed_by: str | None = None) -> InstalledModel:
+        return InstalledModel(manifest.name, manifest.version, manifest, self.blobs_dir, signed_by)
+
+    def _check_trust(self, document: ManifestDocument) -> str | None:
+        """The trusted signer of an installed copy; SignatureError (saying how to mend it) if none."""
+        try:
+            return self.trust.check(document)
+        except SignatureError as exc:
+            raise SignatureError(
+                f"installed copy of {document.manifest.ref}: {exc.message}",
+                hint="pull it again from a registry that has it signed by a trusted key",
+            ) from None
+
+    def _signer(self, document: ManifestDocument) -> str | None:
+        """For listings: the trusted signer, None when unchecked or refused (verify says why)."""
+        try:
+            return self.trust.check(document)
+        except SignatureError:
+            return None
 
     def _installed_manifest(self, name: str, version: str, quiet: bool = False) -> Manifest | None:
-        """The manifest copy of an installed version, None if absent (or, with quiet, unreadable)."""
+        document = self._installed_document(name, version, quiet)
+        return None if document is None else document.manifest
+
+    def _installed_document(self, name: str, version: str, quiet: bool = False) -> ManifestDocument | None:
+        """The manifest copy of an installed version with its bytes and signature file; None if
+        absent (or, with quiet, unreadable)."""
         path = self.models_dir / name / version / MANIFEST_FILE
         try:
             data = path.read_bytes()
@@ -393,6 +462,12 @@ class ModelStore:
             return None
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc}") from None
+        try:
+            signature: bytes | None = path.with_name(SIGNATURE_FILE).read_bytes()
+        except FileNotFoundError:
+            signature = None
+        except OSError as exc:
+            raise StoreError(f"cannot read {path.with_name(SIGNATURE_FILE)}: {exc}") from None
         try:
             manifest = Manifest.parse_bytes(data, str(path))
         except RegistryError as exc:
@@ -406,7 +481,7 @@ class ModelStore:
                 log.warning("store: ignoring misplaced manifest copy: %s", message)
                 return None
             raise StoreError(message, hint="pull the version again to repair it")
-        return manifest
+        return ManifestDocument(manifest, data, signature, str(path))
 
     def _blob_problems(self, manifest: Manifest, rehash: bool) -> builtins.list[str]:
         problems = []

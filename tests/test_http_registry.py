@@ -14,9 +14,9 @@ from pathlib import Path
 import onnx
 import pytest
 
-from agent.config import AgentConfig, RegistryConfig
+from agent.config import AgentConfig, RegistryConfig, RegistryConnection
 from agent.errors import IntegrityError, RegistryError, StoreError
-from agent.registry import FileRegistry, HttpRegistry, HttpSettings, open_registry
+from agent.registry import FileRegistry, HttpRegistry, open_registry
 from agent.registry.manifest import INDEX_FILE
 from agent.store import ModelStore
 from tests.agent_process import StartAgent, pipeline_state, read_status
@@ -28,7 +28,7 @@ from tests.waits import free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_FILE = "ch_ppocr_mobile_v2.0_cls_infer.onnx"
-FAST = HttpSettings(retries=2, backoff_s=0.01, backoff_max_s=0.05, read_timeout_s=30.0)
+FAST = RegistryConnection(retries=2, backoff_s=0.01, backoff_max_s=0.05, read_timeout_s=30.0)
 
 
 @pytest.fixture
@@ -128,17 +128,17 @@ def test_basic_and_bearer_auth_read_their_secret_from_a_file(
         assert "password_file" in str(refused.value)  # the hint says where credentials go
         assert len(basic.served()) == 1  # a refusal is not retried
 
-        good = HttpRegistry(basic.url, HttpSettings(username="edge", password_file=secret, retries=0))
+        good = HttpRegistry(basic.url, RegistryConnection(username="edge", password_file=secret, retries=0))
         assert good.list_versions(CLS_NAME) == [CLS_VERSION]
         wrong = tmp_path / "wrong"
         wrong.write_text("guess")
         with pytest.raises(RegistryError) as bad:
             HttpRegistry(
-                basic.url, HttpSettings(username="edge", password_file=wrong, retries=0)
+                basic.url, RegistryConnection(username="edge", password_file=wrong, retries=0)
             ).list_models()
         assert "401" in str(bad.value) and "guess" not in str(bad.value)
 
-        assert HttpRegistry(bearer.url, HttpSettings(token_file=token)).list_models() == [CLS_NAME]
+        assert HttpRegistry(bearer.url, RegistryConnection(token_file=token)).list_models() == [CLS_NAME]
         # Credentials in the URL work, and never show.
         at = basic.url.replace("http://", "http://edge:s3cret-pass@")
         in_url = HttpRegistry(at, FAST)
@@ -272,7 +272,7 @@ def test_other_bytes_under_the_artifact_name_fail_the_hash(server: RegistryServe
 def test_a_server_that_stalls_mid_body_times_out(server: RegistryServer, tmp_path: Path) -> None:
     _, store = _installed_then(server, tmp_path)
     server.stall_s = 5.0
-    stalling = HttpRegistry(server.url, HttpSettings(retries=0, read_timeout_s=0.5))
+    stalling = HttpRegistry(server.url, RegistryConnection(retries=0, read_timeout_s=0.5))
     server.fault(f"/{CLS_NAME}/2.1/{MODEL_FILE}", "stall", 4096)
     with pytest.raises(RegistryError, match=r"download of http://127\.0\.0\.1:\d+/.* failed: timed out"):
         store.pull(stalling, CLS_NAME, "2.1")
@@ -280,7 +280,9 @@ def test_a_server_that_stalls_mid_body_times_out(server: RegistryServer, tmp_pat
 
 
 def test_an_unreachable_registry_is_named_with_a_hint(tmp_path: Path) -> None:
-    registry = HttpRegistry(f"http://127.0.0.1:{free_port()}/reg", HttpSettings(retries=1, backoff_s=0.01))
+    registry = HttpRegistry(
+        f"http://127.0.0.1:{free_port()}/reg", RegistryConnection(retries=1, backoff_s=0.01)
+    )
     with pytest.raises(RegistryError) as caught:
         registry.list_versions(CLS_NAME)
     assert "cannot reach registry at http://127.0.0.1:" in str(caught.value)
@@ -291,16 +293,17 @@ def test_redirects_on_the_same_host_are_followed_and_listed_hosts_allowed(server
     server.fault("/index.json", "redirect", f"{server.url}/{CLS_NAME}/../index.json")
     assert HttpRegistry(server.url, FAST).list_models() == [CLS_NAME]
     server.fault("/index.json", "redirect", f"http://localhost:{server.port}/index.json")
-    allowed = HttpRegistry(server.url, HttpSettings(redirect_hosts=("localhost",)))
+    allowed = HttpRegistry(server.url, RegistryConnection(redirect_hosts=("localhost",)))
     assert allowed.list_models() == [CLS_NAME]
 
 
 _PULL = """
 import sys
 from pathlib import Path
-from agent.registry import HttpRegistry, HttpSettings
+from agent.config import RegistryConnection
+from agent.registry import HttpRegistry
 from agent.store import ModelStore
-registry = HttpRegistry(sys.argv[1], HttpSettings(read_timeout_s=600))
+registry = HttpRegistry(sys.argv[1], RegistryConnection(read_timeout_s=600))
 ModelStore(Path(sys.argv[2])).pull(registry, sys.argv[3], sys.argv[4])
 """
 
@@ -355,18 +358,18 @@ def test_https_with_the_fleet_ca_and_refused_without_it(
     served = RegistryServer(file_registry.root, tls=(pki.server_cert, pki.server_key))
     try:
         assert served.url.startswith("https://127.0.0.1:")
-        trusted = HttpRegistry(served.url, HttpSettings(ca_file=pki.ca))
+        trusted = HttpRegistry(served.url, RegistryConnection(ca_file=pki.ca))
         installed = ModelStore(tmp_path / "store").pull(trusted, CLS_NAME, CLS_VERSION)
         assert installed.primary()[1].is_file()
         # The system's CAs, or another CA: the certificate is not trusted, and the error says so.
-        for settings in (HttpSettings(retries=0), HttpSettings(ca_file=pki.other_ca, retries=0)):
+        for settings in (RegistryConnection(retries=0), RegistryConnection(ca_file=pki.other_ca, retries=0)):
             with pytest.raises(RegistryError) as caught:
                 HttpRegistry(served.url, settings).list_versions(CLS_NAME)
             assert f"cannot reach registry at {served.url}/index.json" in str(caught.value)
             assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value), caught.value
         missing = tmp_path / "no-such-ca.pem"
         with pytest.raises(RegistryError, match="registry CA file"):
-            HttpRegistry(served.url, HttpSettings(ca_file=missing))
+            HttpRegistry(served.url, RegistryConnection(ca_file=missing))
     finally:
         served.close()
 

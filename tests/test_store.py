@@ -18,7 +18,7 @@ import onnxruntime as ort
 import pytest
 
 from agent.errors import IntegrityError, ModelError, StoreError
-from agent.registry import Artifact, FileRegistry, Manifest
+from agent.registry import Artifact, FileRegistry, Manifest, ManifestDocument
 from agent.registry.file_registry import file_lock
 from agent.store import InstalledModel, ModelStore
 from tests.store_fixtures import CLS_NAME, CLS_VERSION
@@ -42,10 +42,13 @@ class CountingRegistry:
         return self.inner.url
 
     def get_manifest(self, name: str, version: str) -> Manifest:
+        return self.fetch_manifest(name, version).manifest
+
+    def fetch_manifest(self, name: str, version: str) -> ManifestDocument:
         with self._lock:
             self.manifest_calls += 1
         time.sleep(self.delay_s)
-        return self.inner.get_manifest(name, version)
+        return self.inner.fetch_manifest(name, version)
 
     def open_artifact(self, name: str, version: str, artifact: Artifact | str) -> BinaryIO:
         with self._lock:

@@ -12,13 +12,14 @@ from urllib.parse import urlsplit
 from agent.config import RegistryConfig
 from agent.errors import RegistryError
 from agent.registry.file_registry import FileRegistry
-from agent.registry.http_registry import HttpRegistry, HttpSettings, public_url
+from agent.registry.http_registry import HttpRegistry, public_url
 from agent.registry.manifest import (
     ARTIFACT_FORMATS,
     MANIFEST_FILE,
     Artifact,
     ArtifactFormat,
     Manifest,
+    ManifestDocument,
     check_model_file,
 )
 
@@ -29,8 +30,8 @@ __all__ = [
     "ArtifactFormat",
     "FileRegistry",
     "HttpRegistry",
-    "HttpSettings",
     "Manifest",
+    "ManifestDocument",
     "Registry",
     "check_model_file",
     "open_registry",
@@ -45,6 +46,10 @@ class Registry(Protocol):
     def url(self) -> str: ...
 
     def get_manifest(self, name: str, version: str) -> Manifest: ...
+
+    def fetch_manifest(self, name: str, version: str) -> ManifestDocument:
+        """The manifest, its exact bytes and its signature file (None: unsigned)."""
+        ...
 
     def open_artifact(self, name: str, version: str, artifact: Artifact | str) -> BinaryIO:
         """A stream of the artifact's bytes; the caller closes it. Not verified: the store hashes."""
@@ -72,7 +77,7 @@ def open_registry(url: str, config: RegistryConfig | None = None) -> Registry:
     if scheme == "file":
         return FileRegistry.from_url(url)
     if scheme in ("http", "https"):
-        return HttpRegistry(url, http_settings(config) if config is not None else None)
+        return HttpRegistry(url, config)
     if scheme == "oci":
         raise RegistryError(
             f"registry URL {public_url(url)!r}: oci:// registries are not supported yet",
@@ -82,17 +87,4 @@ def open_registry(url: str, config: RegistryConfig | None = None) -> Registry:
     raise RegistryError(
         f"registry URL {public_url(url)!r} has {shown}; expected file://, http:// or https://",
         hint="e.g. file:///srv/registry or https://models.example.com/registry",
-    )
-
-
-def http_settings(config: RegistryConfig) -> HttpSettings:
-    return HttpSettings(
-        username=config.username,
-        password_file=config.password_file,
-        token_file=config.token_file,
-        ca_file=config.ca_file,
-        connect_timeout_s=config.connect_timeout_s,
-        read_timeout_s=config.read_timeout_s,
-        retries=config.retries,
-        redirect_hosts=tuple(config.redirect_hosts),
     )

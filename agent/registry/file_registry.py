@@ -4,6 +4,7 @@ Layout::
 
     <root>/index.json                          models and their versions (for HTTP readers)
     <root>/<name>/<version>/manifest.json
+    <root>/<name>/<version>/manifest.json.sig  its signatures, when signed (agent/registry/signing.py)
     <root>/<name>/<version>/<artifact files>
     <root>/.locks/<name>@<version>.lock        (publishers only)
 
@@ -25,7 +26,7 @@ import shutil
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import unquote, urlsplit
 
 from pydantic import ValidationError
@@ -37,13 +38,18 @@ from agent.registry.manifest import (
     INDEX_FILE,
     MANIFEST_FILE,
     MODEL_FORMATS,
+    SIGNATURE_FILE,
     TESTDATA_FORMAT,
     Artifact,
     Manifest,
+    ManifestDocument,
     check_model_file,
     key_path,
 )
 from providers.base import BackendError, ModelArtifact
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +139,10 @@ class FileRegistry:
         return sorted(versions, key=version_sort_key)
 
     def get_manifest(self, name: str, version: str) -> Manifest:
+        return self.fetch_manifest(name, version).manifest
+
+    def fetch_manifest(self, name: str, version: str) -> ManifestDocument:
+        """The manifest with its exact bytes and its signature file (None when unsigned)."""
         check_name("name", name, RegistryError)
         check_name("version", version, RegistryError)
         path = self.root / name / version / MANIFEST_FILE
@@ -148,7 +158,14 @@ class FileRegistry:
                 f"invalid model manifest {path}: "
                 f"it describes {manifest.ref} but is stored as {name}@{version}"
             )
-        return manifest
+        signature_path = path.with_name(SIGNATURE_FILE)
+        try:
+            signature: bytes | None = signature_path.read_bytes()
+        except FileNotFoundError:
+            signature = None
+        except OSError as exc:
+            raise RegistryError(f"cannot read {signature_path}: {exc.strerror}") from None
+        return ManifestDocument(manifest, data, signature, str(path))
 
     def open_artifact(self, name: str, version: str, artifact: Artifact | str) -> BinaryIO:
         """Open one artifact file for streaming reads (the caller closes it)."""
@@ -213,6 +230,7 @@ class FileRegistry:
         metadata: dict[str, Any] | None = None,
         force: bool = False,
         testdata: Sequence[Path] = (),
+        sign_with: Ed25519PrivateKey | None = None,
     ) -> Manifest:
         """Copy a model file in as `name@version` and write its manifest; return the manifest.
 
@@ -220,8 +238,9 @@ class FileRegistry:
         .xml is published together with the .bin beside it. The file must be a valid model of
         its format. `testdata` are .npz archives of inputs (and expected outputs) for it
         (agent/testdata.py): each must fit the model's inputs, and its expected outputs must be
-        what the model computes on a CPU backend. An existing version is refused unless `force`
-        (versions are immutable).
+        what the model computes on a CPU backend. `sign_with` signs the manifest (its signature
+        file is written before the manifest, so the version never shows up unsigned). An existing
+        version is refused unless `force` (versions are immutable).
         """
         check_name("name", name, RegistryError)
         check_name("version", version, RegistryError)
@@ -293,15 +312,23 @@ class FileRegistry:
                     metadata=dict(metadata or {}),
                 )
                 old = self._read_existing(manifest_path) if exists else None
+                data = manifest.to_bytes()
+                signature_path = version_dir / SIGNATURE_FILE
                 if exists:
                     log.warning("replacing published version %s@%s in %s (force)", name, version, self.url)
                     os.unlink(manifest_path)  # the version disappears first: nobody mixes old and new files
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(signature_path)  # it signed the old bytes
                     fsync_dir(version_dir)
                 for tmp, artifact in staged:
                     os.replace(tmp, version_dir / artifact.file)
                 staged = []
                 fsync_dir(version_dir)
-                atomic_write_bytes(manifest_path, manifest.to_bytes())  # last: now the version exists
+                if sign_with is not None:
+                    from agent.registry.signing import sign
+
+                    atomic_write_bytes(signature_path, sign(data, sign_with))
+                atomic_write_bytes(manifest_path, data)  # last: now the version exists
             except BaseException:
                 for tmp, _artifact in staged:
                     with contextlib.suppress(FileNotFoundError):
@@ -326,6 +353,23 @@ class FileRegistry:
             ", ".join(f"{a.file} {a.size} bytes sha256 {a.sha256[:12]}" for a in artifacts),
         )
         return manifest
+
+    def sign(self, name: str, version: str, private_key: Ed25519PrivateKey) -> str:
+        """Add this key's signature to a published version (keeping other keys' signatures);
+        return the key's id."""
+        from agent.registry.signing import key_id, sign
+
+        with self._lock(name, version):
+            document = self.fetch_manifest(name, version)
+            path = self.root / name / version / SIGNATURE_FILE
+            try:
+                atomic_write_bytes(path, sign(document.data, private_key, existing=document.signature))
+            except OSError as exc:
+                raise RegistryError(f"cannot write {path}: {exc.strerror}") from None
+        log.info(
+            "signed %s in %s with key %s", document.manifest.ref, self.url, key_id(private_key.public_key())
+        )
+        return key_id(private_key.public_key())
 
     def write_index(self) -> dict[str, list[str]]:
         """Rewrite <root>/index.json from the published versions on disk; return what it lists."""

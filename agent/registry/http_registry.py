@@ -3,6 +3,7 @@ by any web server or object store (nginx, an S3-style bucket, `python -m http.se
 
     <base>/index.json                          {"schema_version": 1, "models": {"<name>": ["1.0", ...]}}
     <base>/<name>/<version>/manifest.json      the version's manifest (agent/registry/manifest.py)
+    <base>/<name>/<version>/manifest.json.sig  its signatures, when signed (agent/registry/signing.py)
     <base>/<name>/<version>/<artifact file>    its files, named as in the manifest
 
 What a fleet on flaky links needs, on top of plain GETs:
@@ -25,38 +26,29 @@ import random
 import ssl
 import time
 from collections.abc import Generator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 
 import httpx
 
+from agent.config import RegistryConnection
 from agent.errors import RegistryError
 from agent.registry.file_registry import check_name, version_sort_key
-from agent.registry.manifest import INDEX_FILE, MANIFEST_FILE, Artifact, Manifest
+from agent.registry.manifest import (
+    INDEX_FILE,
+    MANIFEST_FILE,
+    SIGNATURE_FILE,
+    Artifact,
+    Manifest,
+    ManifestDocument,
+)
 
 log = logging.getLogger(__name__)
 
 _RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 _MAX_REDIRECTS = 5
 _MAX_DOCUMENT_BYTES = 16 * 1024 * 1024  # an index or a manifest; artifacts stream
-
-
-@dataclass(frozen=True)
-class HttpSettings:
-    """How to talk to an HTTP(S) registry (the `registry:` section of the agent's config)."""
-
-    username: str | None = None
-    password_file: Path | None = None  # basic auth with `username`
-    token_file: Path | None = None  # bearer auth
-    ca_file: Path | None = None  # trust this CA bundle instead of the system's
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 30.0  # between two bytes of an answer: a server that stalls mid-body
-    retries: int = 4  # tries after the first, for failures that may pass
-    backoff_s: float = 0.5  # first wait; doubles, capped at backoff_max_s, with full jitter
-    backoff_max_s: float = 30.0
-    redirect_hosts: tuple[str, ...] = field(default=())  # hosts redirects may lead to besides ours
 
 
 def public_url(url: str) -> str:
@@ -84,11 +76,13 @@ def _read_secret(path: Path, what: str) -> str:
 class HttpRegistry:
     """Registry over HTTP(S); see the module docstring."""
 
-    def __init__(self, url: str, settings: HttpSettings | None = None) -> None:
+    def __init__(self, url: str, settings: RegistryConnection | None = None) -> None:
+        """`settings`: auth, TLS, timeouts, retries and redirects; the agent passes its whole
+        `registry:` config (a RegistryConnection)."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise RegistryError(f"not an http(s):// registry URL: {public_url(url)!r}")
-        self.settings = settings or HttpSettings()
+        self.settings = settings or RegistryConnection()
         self._base = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") + "/", "", ""))
         self._origin = (parts.scheme, parts.hostname, parts.port)
         self._etags: dict[str, tuple[str, bytes]] = {}  # URL -> (ETag, body) of the last 200
@@ -156,6 +150,10 @@ class HttpRegistry:
         return sorted(models[name], key=version_sort_key)
 
     def get_manifest(self, name: str, version: str) -> Manifest:
+        return self.fetch_manifest(name, version).manifest
+
+    def fetch_manifest(self, name: str, version: str) -> ManifestDocument:
+        """The manifest with its exact bytes and its signature file (None when the server has none)."""
         check_name("name", name, RegistryError)
         check_name("version", version, RegistryError)
         url = self._url(name, version, MANIFEST_FILE)
@@ -168,7 +166,11 @@ class HttpRegistry:
             raise RegistryError(
                 f"invalid model manifest {public_url(url)}: it describes {manifest.ref}, not {name}@{version}"
             )
-        return manifest
+        try:
+            signature: bytes | None = self._document(self._url(name, version, SIGNATURE_FILE))
+        except _NotFound:
+            signature = None
+        return ManifestDocument(manifest, body, signature, public_url(url))
 
     def open_artifact(self, name: str, version: str, artifact: Artifact | str) -> BinaryIO:
         """The artifact's bytes, streamed (the caller closes the stream)."""

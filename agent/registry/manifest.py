@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -45,6 +46,7 @@ TESTDATA_FORMAT = "test-data"
 ARTIFACT_FORMATS: tuple[str, ...] = (*MODEL_FORMATS, TESTDATA_FORMAT)
 
 MANIFEST_FILE = "manifest.json"
+SIGNATURE_FILE = "manifest.json.sig"  # its signatures (agent/registry/signing.py)
 INDEX_FILE = "index.json"  # at a registry's root: {"schema_version": 1, "models": {name: [versions]}}
 
 _HEX = frozenset("0123456789abcdef")
@@ -73,8 +75,8 @@ class Artifact(BaseModel):
             raise ValueError(f"must be a plain file name without '/', '\\\\' or '..', got {value!r}")
         if value.startswith("."):
             raise ValueError(f"must not start with '.', got {value!r}")
-        if value == MANIFEST_FILE:
-            raise ValueError(f"{MANIFEST_FILE!r} is reserved for the manifest itself")
+        if value in (MANIFEST_FILE, SIGNATURE_FILE):
+            raise ValueError(f"{value!r} is reserved for the manifest and its signatures")
         return value
 
     @field_validator("sha256")
@@ -182,6 +184,17 @@ class Manifest(BaseModel):
         except ValidationError as exc:
             problems = "; ".join(_describe(error) for error in exc.errors())
             raise RegistryError(f"invalid model manifest {source}: {problems}") from None
+
+
+@dataclass(frozen=True)
+class ManifestDocument:
+    """A version's manifest as a registry serves it: the parsed manifest, its exact bytes (what a
+    signature covers, and what the store keeps) and its signature file (None: unsigned)."""
+
+    manifest: Manifest
+    data: bytes
+    signature: bytes | None
+    source: str  # where it came from, for messages (a URL without credentials, or a path)
 
 
 def _describe(error: Any) -> str:
