@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from agent import __version__
-from agent.config import AgentConfig
+from agent.config import AgentConfig, RegistryConnection
 from agent.errors import ConfigError, EdgeAgentError
 
 if TYPE_CHECKING:
@@ -142,6 +142,33 @@ def config_schema() -> None:
 # --- registry -----------------------------------------------------------------------------
 
 
+RegistryUrlOption = Annotated[
+    str, typer.Option("--registry", help="file:///srv/registry or oci://host[:port]/prefix.")
+]
+UsernameOption = Annotated[str | None, typer.Option("--username", help="OCI registry user (basic auth).")]
+PasswordFileOption = Annotated[
+    Path | None, typer.Option("--password-file", help="File holding the OCI registry password.")
+]
+TokenFileOption = Annotated[Path | None, typer.Option("--token-file", help="File holding a bearer token.")]
+CaFileOption = Annotated[
+    Path | None, typer.Option("--ca-file", help="CA bundle that signed the OCI registry's certificate.")
+]
+
+
+def _connection(
+    username: str | None, password_file: Path | None, token_file: Path | None, ca_file: Path | None
+) -> RegistryConnection:
+    from pydantic import ValidationError
+
+    try:
+        return RegistryConnection(
+            username=username, password_file=password_file, token_file=token_file, ca_file=ca_file
+        )
+    except ValidationError as exc:
+        problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        raise EdgeAgentError(f"registry credentials: {problems}") from None
+
+
 @registry_app.command("publish")
 def registry_publish(
     file: Annotated[
@@ -149,7 +176,7 @@ def registry_publish(
     ],
     name: Annotated[str, typer.Option("--name", help="Model name.")],
     version: Annotated[str, typer.Option("--version", help="Version (immutable once published).")],
-    registry: Annotated[str, typer.Option("--registry", help="Registry URL, e.g. file:///srv/registry.")],
+    registry: RegistryUrlOption,
     target: Annotated[str, typer.Option("--target", help="Artifact target, e.g. any, edgetpu.")] = "any",
     metadata: Annotated[
         Path | None, typer.Option("--metadata", help="JSON file of metadata for the manifest (labels, ...).")
@@ -169,19 +196,26 @@ def registry_publish(
         Path | None,
         typer.Option("--sign", help="Sign the manifest with this Ed25519 private key (registry keygen)."),
     ] = None,
+    username: UsernameOption = None,
+    password_file: PasswordFileOption = None,
+    token_file: TokenFileOption = None,
+    ca_file: CaFileOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Publish a model file as NAME@VERSION: copies it in and writes its manifest (sha256, size, format)."""
-    from agent.registry import FileRegistry
+    """Publish a model file as NAME@VERSION: copies it in (or pushes it to an OCI registry) with its
+    manifest (sha256, size, format of every file)."""
+    from agent.registry.publish import publish_version
     from agent.registry.signing import key_id, load_private_key
 
     with _user_errors(as_json):
         extra = _read_json_file(metadata) if metadata else None
         private_key = load_private_key(sign_key) if sign_key is not None else None  # before any copying
-        manifest = FileRegistry.from_url(registry).publish(
+        manifest, digest = publish_version(
+            registry,
             file,
             name,
             version,
+            connection=_connection(username, password_file, token_file, ca_file),
             target=target,
             metadata=extra,
             force=force,
@@ -190,7 +224,7 @@ def registry_publish(
         )
     signed_by = key_id(private_key.public_key()) if private_key is not None else None
     if as_json:
-        _echo_json({**json.loads(manifest.to_bytes()), "signed_by": signed_by})
+        _echo_json({**json.loads(manifest.to_bytes()), "signed_by": signed_by, "digest": digest})
     else:
         for artifact in manifest.artifacts:
             typer.echo(
@@ -199,6 +233,8 @@ def registry_publish(
             )
         if signed_by:
             typer.echo(f"signed {name}@{version} with key {signed_by}")
+        if digest:
+            typer.echo(f"image manifest {digest} (pin it with model.digest)")
 
 
 KeyOption = Annotated[Path, typer.Option("--key", help="Ed25519 private key file (registry keygen).")]
@@ -227,21 +263,28 @@ def registry_keygen(
 @registry_app.command("sign")
 def registry_sign(
     ref: Annotated[str, typer.Argument(help="NAME@VERSION published in the registry.")],
-    registry: Annotated[str, typer.Option("--registry", help="Registry URL, e.g. file:///srv/registry.")],
+    registry: RegistryUrlOption,
     key: KeyOption,
+    username: UsernameOption = None,
+    password_file: PasswordFileOption = None,
+    token_file: TokenFileOption = None,
+    ca_file: CaFileOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Add a signature to a published version (manifest.json.sig); other keys' signatures are kept."""
-    from agent.registry import FileRegistry
+    from agent.registry.publish import sign_version
     from agent.registry.signing import load_private_key
 
     with _user_errors(as_json):
         name, version = _split_ref(ref)
-        kid = FileRegistry.from_url(registry).sign(name, version, load_private_key(key))
+        connection = _connection(username, password_file, token_file, ca_file)
+        kid, digest = sign_version(registry, name, version, load_private_key(key), connection)
     if as_json:
-        _echo_json({"name": name, "version": version, "signed_by": kid})
+        _echo_json({"name": name, "version": version, "signed_by": kid, "digest": digest})
     else:
         typer.echo(f"signed {name}@{version} in {registry} with key {kid}")
+        if digest:
+            typer.echo(f"image manifest {digest} (the tag {version} now points to it)")
 
 
 def _split_ref(ref: str) -> tuple[str, str]:

@@ -168,10 +168,10 @@ class RegistryConfig(RegistryConnection):
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, value: str) -> str:
-        if not re.match(r"^(file|https?)://", value):
+        if not re.match(r"^(file|https?|oci)://", value):
             raise ValueError(
-                "expected a file://, http:// or https:// registry URL, e.g. file:///srv/registry "
-                "or https://models.example.com/registry"
+                "expected a file://, http://, https:// or oci:// registry URL, e.g. file:///srv/registry, "
+                "https://models.example.com/registry or oci://registry.example.com/edge-models"
             )
         return value
 
@@ -179,6 +179,12 @@ class RegistryConfig(RegistryConnection):
 class ModelRef(StrictModel):
     name: Name
     version: Name
+    digest: str | None = Field(
+        None,
+        pattern=r"^sha256:[0-9a-f]{64}$",
+        description="Pins the registry's manifest document (OCI: the image manifest's digest; "
+        "file/HTTP: sha256 of manifest.json): a version whose manifest changed is refused.",
+    )
 
 
 def _non_blank_uri(value: str) -> str:

@@ -299,8 +299,9 @@ class Agent:
         try:
             # After a failure, re-hash the installed blobs: a bit-rotted file of the right size
             # would otherwise fail to load for ever. The first attempt trusts sizes (fast start).
+            model = config.model
             installed = self.store.pull(
-                registry, config.model.name, config.model.version, verify=verify, progress=download
+                registry, model.name, model.version, verify=verify, progress=download, digest=model.digest
             )
         finally:
             registry.close()

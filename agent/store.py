@@ -30,6 +30,7 @@ import errno
 import hashlib
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -220,8 +221,10 @@ class ModelStore:
         version: str,
         verify: bool = False,
         progress: Progress | None = None,
+        digest: str | None = None,
     ) -> InstalledModel:
         """Install `name@version` from `registry` (no-op when already installed and intact).
+        `digest` pins the registry's manifest document (Registry.fetch_manifest).
 
         With `verify`, existing blobs are re-hashed and any that no longer match are downloaded
         again. `progress` hears how each download goes (Progress). Raises RegistryError (registry
@@ -245,7 +248,7 @@ class ModelStore:
                 log.debug("%s was installed by a concurrent pull", ref)
                 return ready
 
-            document = registry.fetch_manifest(name, version)
+            document = registry.fetch_manifest(name, version, digest)
             manifest = document.manifest
             if manifest.name != name or manifest.version != version:
                 raise RegistryError(
@@ -260,6 +263,7 @@ class ModelStore:
                     ref,
                     registry.url,
                 )
+            self._check_room(manifest, registry.url)
 
             for artifact in manifest.artifacts:
                 self._ensure_blob(registry, manifest, artifact, verify, progress)
@@ -511,6 +515,25 @@ class ModelStore:
                     f"blob {blob} has sha256 {actual}, manifest says {artifact.sha256} (bit rot or modified)"
                 )
         return None
+
+    def _check_room(self, manifest: Manifest, source: str) -> None:
+        """Refuse a version whose missing files do not fit on the disk, before downloading any of
+        them (a manifest may declare any size; a full disk would stop the box's other writers)."""
+        needed = sum(
+            a.size - self.partial_bytes(a.sha256)
+            for a in {a.sha256: a for a in manifest.artifacts}.values()
+            if self._blob_problem(a, rehash=False) is not None
+        )
+        where = self.root
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        free = shutil.disk_usage(where).free
+        if needed > free:
+            raise StoreError(
+                f"{manifest.ref} from {source} needs {needed:,} bytes, but the disk holding {self.root} "
+                f"has {free:,} free; nothing was downloaded",
+                hint="free some space (edge-agent models gc) or check the manifest's declared sizes",
+            )
 
     def partial_bytes(self, sha256: str) -> int:
         """Bytes of this blob that a cut-off pull left to resume from (0: none)."""

@@ -20,6 +20,7 @@ command -v espeak-ng >/dev/null 2>&1 || need_apt+=(espeak-ng)  # speech for the 
 command -v arecord >/dev/null 2>&1 || need_apt+=(alsa-utils)  # live audio capture (alsa: sources)
 command -v gst-launch-1.0 >/dev/null 2>&1 || need_apt+=(gstreamer1.0-tools)  # GStreamer camera pipelines
 command -v ffmpeg >/dev/null 2>&1 || need_apt+=(ffmpeg)  # HTTP MJPEG camera tests serve with ffmpeg -listen
+command -v docker-registry >/dev/null 2>&1 || need_apt+=(docker-registry)  # CNCF distribution, OCI tests
 gst_plugins=/usr/lib/$(uname -m)-linux-gnu/gstreamer-1.0
 [ -e "$gst_plugins/libgstx264.so" ] || need_apt+=(gstreamer1.0-plugins-ugly)        # x264enc
 [ -e "$gst_plugins/libgstpng.so" ] || need_apt+=(gstreamer1.0-plugins-good)         # pngdec, rtph264pay
@@ -38,6 +39,11 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     fi
 fi
 # Debian starts mosquitto as a service on install; the tests and the demo run their own.
+# docker-registry's service would listen on every interface (:5000): the tests start their own on
+# loopback, so the packaged one is stopped where systemd runs.
+if [[ " ${need_apt[*]} " == *" docker-registry "* ]] && command -v systemctl >/dev/null 2>&1; then
+    systemctl disable --now docker-registry >/dev/null 2>&1 || true
+fi
 
 stamp="$VENV/.edge-agent-setup"
 want="$(cat "$REPO/pyproject.toml" "$REPO/constraints.txt" | sha256sum | cut -d' ' -f1)"

@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.media_fixtures",
     "tests.agent_process",
     "tests.pki",
+    "tests.oci_registry",
 ]

@@ -316,8 +316,9 @@ BAD_CONFIGS: dict[str, tuple[str, list[tuple[int, str]]]] = {
         [
             (
                 4,
-                "registry.url: expected a file://, http:// or https:// registry URL, "
-                "e.g. file:///srv/registry or https://models.example.com/registry",
+                "registry.url: expected a file://, http://, https:// or oci:// registry URL, "
+                "e.g. file:///srv/registry, https://models.example.com/registry "
+                "or oci://registry.example.com/edge-models",
             )
         ],
     ),

@@ -5,6 +5,7 @@ store already has keeps serving."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -158,7 +159,7 @@ def test_the_agent_config_takes_an_https_registry_with_its_settings(tmp_path: Pa
     assert isinstance(registry, HttpRegistry) and registry.settings.retries == 1
     assert registry.settings.password_file == secret
     for bad, message in [
-        ({"url": "ftp://x/"}, "expected a file://, http:// or https:// registry URL"),
+        ({"url": "ftp://x/"}, "expected a file://, http://, https:// or oci:// registry URL"),
         ({"url": "https://x/", "password_file": str(secret)}, "password_file needs username"),
         ({"url": "https://x/", "token_file": str(secret), "username": "u"}, "exclude each other"),
     ]:
@@ -434,12 +435,14 @@ def test_the_daemon_shows_a_stalled_download_and_resumes_it(
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 900 KiB tmpfs (room for one copy of the model, not two), unmounted after the test."""
+def small_disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A 900 KiB tmpfs (room for one copy of the model, not two; another size by indirect
+    parametrisation), unmounted after the test."""
+    size = getattr(request, "param", "900k")
     mount_point = tmp_path / "small-disk"
     mount_point.mkdir()
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=900k", "tmpfs", str(mount_point)],
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, f"cannot mount a small tmpfs (these tests run as root): {done.stderr}"
@@ -449,18 +452,48 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=60)
 
 
+@pytest.mark.parametrize("small_disk", ["1400k"], indirect=True)  # room for both copies at the start
 def test_a_disk_that_fills_up_mid_download_is_named_and_cleaned_up(
     server: RegistryServer, small_disk: Path
 ) -> None:
+    """There was room when the pull started; another writer takes it while the bytes come."""
     registry = HttpRegistry(server.url, FAST)
     store = ModelStore(small_disk / "store")
     store.pull(registry, CLS_NAME, CLS_VERSION)  # fits
     artifact = registry.get_manifest(CLS_NAME, "2.1").artifact(MODEL_FILE)
+    filler = small_disk / "other-writer.log"
+
+    def fill_the_disk(_what: str, done: int, _total: int, _rate: float) -> None:
+        if done > 0 and not filler.exists():
+            with filler.open("wb") as f, contextlib.suppress(OSError):  # until ENOSPC
+                for _ in range(10_000):
+                    f.write(b"\0" * 4096)
+                    f.flush()
+
     with pytest.raises(StoreError) as caught:
-        store.pull(registry, CLS_NAME, "2.1")  # another copy does not
+        store.pull(registry, CLS_NAME, "2.1", progress=fill_the_disk)
     message = str(caught.value)
     assert f"cannot store artifact {MODEL_FILE} of pp-ocr-cls@2.1" in message, message
     assert "is full" in message and "the partial file was removed" in message, message
     assert store.partial_bytes(artifact.sha256) == 0  # the room it took is given back
     _still_serving(store)
     assert store.verify(CLS_NAME, CLS_VERSION) == []
+
+
+def test_a_version_that_cannot_fit_is_refused_before_any_download(
+    server: RegistryServer, small_disk: Path
+) -> None:
+    registry = HttpRegistry(server.url, FAST)
+    store = ModelStore(small_disk / "store")
+    store.pull(registry, CLS_NAME, CLS_VERSION)  # fits; another copy does not
+    with pytest.raises(StoreError) as caught:
+        store.pull(registry, CLS_NAME, "2.1")
+    size = registry.get_manifest(CLS_NAME, "2.1").artifact(MODEL_FILE).size
+    assert caught.value.message.startswith(
+        f"pp-ocr-cls@2.1 from {server.url} needs {size:,} bytes, but the disk holding {store.root} has "
+    )
+    assert caught.value.message.endswith("free; nothing was downloaded")
+    assert [s.path for s in server.served(MODEL_FILE)] == [
+        f"/{CLS_NAME}/{CLS_VERSION}/{MODEL_FILE}"
+    ]  # 2.1: none
+    _still_serving(store)

@@ -44,11 +44,11 @@ class CountingRegistry:
     def get_manifest(self, name: str, version: str) -> Manifest:
         return self.fetch_manifest(name, version).manifest
 
-    def fetch_manifest(self, name: str, version: str) -> ManifestDocument:
+    def fetch_manifest(self, name: str, version: str, digest: str | None = None) -> ManifestDocument:
         with self._lock:
             self.manifest_calls += 1
         time.sleep(self.delay_s)
-        return self.inner.fetch_manifest(name, version)
+        return self.inner.fetch_manifest(name, version, digest)
 
     def open_artifact(self, name: str, version: str, artifact: Artifact | str) -> BinaryIO:
         with self._lock:

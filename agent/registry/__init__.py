@@ -1,7 +1,8 @@
 """Model registries: where model versions (a manifest plus artifact files) are pulled from.
 
 `open_registry(url, config)` picks the implementation by URL scheme: `file://` (a folder),
-`http(s)://` (that folder served by a web server); `oci://` is planned behind the same protocol.
+`http(s)://` (that folder served by a web server), `oci://` (an OCI registry, artifacts as ORAS
+stores them).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from urllib.parse import urlsplit
 from agent.config import RegistryConfig
 from agent.errors import RegistryError
 from agent.registry.file_registry import FileRegistry
-from agent.registry.http_registry import HttpRegistry, public_url
+from agent.registry.http_client import public_url
+from agent.registry.http_registry import HttpRegistry
 from agent.registry.manifest import (
     ARTIFACT_FORMATS,
     MANIFEST_FILE,
@@ -22,6 +24,7 @@ from agent.registry.manifest import (
     ManifestDocument,
     check_model_file,
 )
+from agent.registry.oci_registry import OciRegistry
 
 __all__ = [
     "ARTIFACT_FORMATS",
@@ -32,6 +35,7 @@ __all__ = [
     "HttpRegistry",
     "Manifest",
     "ManifestDocument",
+    "OciRegistry",
     "Registry",
     "check_model_file",
     "open_registry",
@@ -47,8 +51,9 @@ class Registry(Protocol):
 
     def get_manifest(self, name: str, version: str) -> Manifest: ...
 
-    def fetch_manifest(self, name: str, version: str) -> ManifestDocument:
-        """The manifest, its exact bytes and its signature file (None: unsigned)."""
+    def fetch_manifest(self, name: str, version: str, digest: str | None = None) -> ManifestDocument:
+        """The manifest, its exact bytes and its signature file (None: unsigned). `digest`
+        ("sha256:<hex>") pins the registry's manifest document: its sha256 must match."""
         ...
 
     def open_artifact(self, name: str, version: str, artifact: Artifact | str) -> BinaryIO:
@@ -79,12 +84,9 @@ def open_registry(url: str, config: RegistryConfig | None = None) -> Registry:
     if scheme in ("http", "https"):
         return HttpRegistry(url, config)
     if scheme == "oci":
-        raise RegistryError(
-            f"registry URL {public_url(url)!r}: oci:// registries are not supported yet",
-            hint="use a file:// or https:// registry",
-        )
+        return OciRegistry(url, config)
     shown = f"scheme {scheme!r}" if scheme else "no scheme"
     raise RegistryError(
-        f"registry URL {public_url(url)!r} has {shown}; expected file://, http:// or https://",
-        hint="e.g. file:///srv/registry or https://models.example.com/registry",
+        f"registry URL {public_url(url)!r} has {shown}; expected file://, http://, https:// or oci://",
+        hint="e.g. file:///srv/registry, https://models.example.com/registry or oci://host/edge-models",
     )

@@ -43,6 +43,7 @@ from agent.registry.manifest import (
     Artifact,
     Manifest,
     ManifestDocument,
+    check_manifest_digest,
     check_model_file,
     key_path,
 )
@@ -141,8 +142,9 @@ class FileRegistry:
     def get_manifest(self, name: str, version: str) -> Manifest:
         return self.fetch_manifest(name, version).manifest
 
-    def fetch_manifest(self, name: str, version: str) -> ManifestDocument:
-        """The manifest with its exact bytes and its signature file (None when unsigned)."""
+    def fetch_manifest(self, name: str, version: str, digest: str | None = None) -> ManifestDocument:
+        """The manifest with its exact bytes and its signature file (None when unsigned);
+        `digest` ("sha256:<hex>") pins the manifest's bytes."""
         check_name("name", name, RegistryError)
         check_name("version", version, RegistryError)
         path = self.root / name / version / MANIFEST_FILE
@@ -152,6 +154,8 @@ class FileRegistry:
             raise self._version_missing(name, version) from None
         except OSError as exc:
             raise RegistryError(f"cannot read {path}: {exc.strerror}") from None
+        if digest is not None:
+            check_manifest_digest(data, digest, str(path))
         manifest = Manifest.parse_bytes(data, str(path))
         if manifest.name != name or manifest.version != version:
             raise RegistryError(

@@ -25,6 +25,7 @@ model file whose inputs it fits.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -195,6 +196,16 @@ class ManifestDocument:
     data: bytes
     signature: bytes | None
     source: str  # where it came from, for messages (a URL without credentials, or a path)
+
+
+def check_manifest_digest(data: bytes, digest: str, source: str) -> None:
+    """Refuse manifest bytes whose sha256 is not the pinned `digest` ("sha256:<64 hex>")."""
+    actual = "sha256:" + hashlib.sha256(data).hexdigest()
+    if actual != digest:
+        raise RegistryError(
+            f"manifest {source} has digest {actual}, but {digest} is pinned; it changed since it was pinned",
+            hint="pin the new digest if the change is intended",
+        )
 
 
 def _describe(error: Any) -> str:
