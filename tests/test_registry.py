@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import RegistryError
-from agent.registry import FileRegistry, HttpRegistry, Manifest, Registry, open_registry
+from agent.registry import FileRegistry, HttpRegistry, Manifest, OciRegistry, Registry, open_registry
 from tests.store_fixtures import CLS_NAME, CLS_VERSION
 
 
@@ -275,8 +275,8 @@ def test_open_registry_dispatches_by_scheme(file_registry: FileRegistry) -> None
 
     assert isinstance(open_registry("https://models.example.com/"), HttpRegistry)
     assert isinstance(open_registry("http://127.0.0.1:8080/registry"), HttpRegistry)
-    with pytest.raises(RegistryError, match="oci:// registries are not supported yet"):
-        open_registry("oci://ghcr.io/acme/models")
+    oci = open_registry("oci://ghcr.io/acme/models")
+    assert isinstance(oci, OciRegistry) and isinstance(oci, Registry)
     with pytest.raises(RegistryError, match="scheme 'ftp'"):
         open_registry("ftp://x/")
     with pytest.raises(RegistryError, match="no scheme"):
