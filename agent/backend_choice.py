@@ -25,7 +25,7 @@ from agent.hardware import HardwareInfo, detect_hardware
 from agent.processing.feed import Feeder, build_feeder
 from agent.retry import backoff_delay
 from agent.sources import open_source
-from agent.testdata import testdata_samples
+from agent.testdata import TestData, testdata_samples
 from agent.transform import upgraded_artifacts
 from providers import (
     Backend,
@@ -95,7 +95,7 @@ def _samples(
     config: AgentConfig,
     pipeline: PipelineConfig,
     artifacts: Sequence[ModelArtifact],
-    testdata: Sequence[tuple[ModelArtifact, str | None]],
+    testdata: Sequence[TestData],
     backends: Sequence[Backend],
 ) -> list[Sample]:
     """What to prove candidates on: the model's test data, then (for the artifacts it does not
@@ -136,9 +136,11 @@ def decision_key(
     policy: SelectionPolicy,
     backends: Sequence[Backend],
     hardware: HardwareInfo,
+    tolerances: Sequence[tuple[str, float | None, float | None]] = (),
 ) -> str:
     facts = {
         "artifacts": sorted(a.sha256 for a in artifacts),
+        "tolerances": sorted(map(str, tolerances)),
         "hardware": hardware.fingerprint(),
         "runtimes": sorted({f"{k}={v}" for b in backends for k, v in b.probe().versions.items()}),
         "available": sorted(b.name for b in backends if b.probe().available),
@@ -200,7 +202,7 @@ def choose_and_load(
     pipeline: PipelineConfig,
     artifacts: Sequence[ModelArtifact],
     model_ref: str,
-    testdata: Sequence[tuple[ModelArtifact, str | None]] = (),
+    testdata: Sequence[TestData] = (),
     progress: Progress | None = None,
     load: Loader | None = None,
 ) -> tuple[Session, Decision, list[ModelArtifact]]:
@@ -220,7 +222,13 @@ def choose_and_load(
         derived_dir = config.state_dir / "store" / "derived"
         artifacts = [*artifacts, *upgraded_artifacts(artifacts, derived_dir, cpu_reference)]
     store = DecisionStore(config.state_dir)
-    key = decision_key([*artifacts, *(t for t, _ in testdata)], policy, backends, hardware)
+    key = decision_key(
+        [*artifacts, *(t.artifact for t in testdata)],
+        policy,
+        backends,
+        hardware,
+        tolerances=[(t.artifact.sha256, t.rtol, t.atol) for t in testdata],
+    )
     decision = store.get(key)
     if decision is None:
         if policy.benchmark:

@@ -7,6 +7,7 @@ Every command maps the agent's typed errors to a one-line message (plus hint) an
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -26,6 +28,7 @@ from agent.errors import ConfigError, EdgeAgentError
 
 if TYPE_CHECKING:
     from agent.store import ModelStore, Progress
+    from agent.validate import Validation
 
 DEFAULT_CONFIG = Path(os.environ.get("EDGE_AGENT_CONFIG", "/etc/edge-agent/agent.yaml"))
 
@@ -142,6 +145,28 @@ def config_schema() -> None:
 # --- registry -----------------------------------------------------------------------------
 
 
+TestDataOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--test-data",
+        help="A .npz of inputs (arrays named after the model's inputs) and optional expected:<output> "
+        "arrays, or an ONNX model-zoo folder (test_data_set_N of input_K.pb/output_K.pb, or a folder of "
+        "them). Repeatable.",
+        exists=True,
+    ),
+]
+RtolOption = Annotated[
+    float | None,
+    typer.Option(
+        "--rtol", min=0, help="Relative tolerance of the expected outputs (model-zoo default 1e-3)."
+    ),
+]
+AtolOption = Annotated[
+    float | None,
+    typer.Option(
+        "--atol", min=0, help="Absolute tolerance of the expected outputs (model-zoo default 1e-7)."
+    ),
+]
 RegistryUrlOption = Annotated[
     str, typer.Option("--registry", help="file:///srv/registry or oci://host[:port]/prefix.")
 ]
@@ -182,16 +207,9 @@ def registry_publish(
         Path | None, typer.Option("--metadata", help="JSON file of metadata for the manifest (labels, ...).")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing version.")] = False,
-    testdata: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--test-data",
-            help="A .npz of inputs (arrays named after the model's inputs) and optional expected:<output> "
-            "arrays; selection proves backends on it. Repeatable.",
-            exists=True,
-            dir_okay=False,
-        ),
-    ] = None,
+    testdata: TestDataOption = None,
+    rtol: RtolOption = None,
+    atol: AtolOption = None,
     sign_key: Annotated[
         Path | None,
         typer.Option("--sign", help="Sign the manifest with this Ed25519 private key (registry keygen)."),
@@ -221,6 +239,8 @@ def registry_publish(
             force=force,
             testdata=testdata or [],
             sign_with=private_key,
+            rtol=rtol,
+            atol=atol,
         )
     signed_by = key_id(private_key.public_key()) if private_key is not None else None
     if as_json:
@@ -500,6 +520,94 @@ def providers(as_json: JsonOption = False) -> None:
         detail = versions if row["available"] else row["reason"]
         table.add_row(row["backend"], "yes" if row["available"] else "no", detail)
     console.print(table)
+
+
+@models_app.command("validate")
+def models_validate(
+    model: Annotated[str, typer.Argument(help="A model file, or NAME[@VERSION] in the store.")],
+    testdata: TestDataOption = None,
+    rtol: RtolOption = None,
+    atol: AtolOption = None,
+    config: ConfigOption = DEFAULT_CONFIG,
+    state_dir: StateDirOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Run every candidate of this box (backends x artifacts, upgraded opsets included) on every test
+    set of MODEL (its own, plus --test-data) and say which are correct, how far off each output is,
+    how fast they are, and which one the agent would activate. Exit 1 when none is correct."""
+    import tempfile
+
+    from agent.inventory import resolve_model
+    from agent.store import ModelStore
+    from agent.testdata import TestData, testdata_files
+    from agent.validate import validate
+    from providers import ModelArtifact
+    from providers.select import SelectionPolicy
+
+    with _user_errors(as_json), tempfile.TemporaryDirectory(prefix="edge-agent-validate-") as work:
+        store_dir = _model_state_dir(model, config, state_dir)
+        resolved = resolve_model(model, ModelStore((store_dir or Path(".")) / "store"))
+        tests = list(resolved.testdata)
+        primary = resolved.artifacts[0]
+        for file in testdata_files(
+            testdata or [], primary.path, primary.format, Path(work) / "tests", rtol, atol
+        ):
+            digest = hashlib.sha256(file.path.read_bytes()).hexdigest()
+            tests.append(
+                TestData(
+                    ModelArtifact(file.path, "test-data", digest, name=file.name), None, file.rtol, file.atol
+                )
+            )
+        if not tests:
+            raise EdgeAgentError(
+                f"{resolved.ref} has no test data to validate on",
+                hint="publish it with --test-data, or pass --test-data here",
+            )
+        policy = SelectionPolicy(warmup=2, runs=10, min_time_s=0.2, budget_s=3.0, max_trials=99)
+        if store_dir is not None or Path(config).is_file():
+            from agent.backend_choice import policy_for
+
+            with contextlib.suppress(EdgeAgentError):  # a model file needs no config
+                policy = replace(policy_for(_load(config)), warmup=2, runs=10, min_time_s=0.2, max_trials=99)
+        result = validate(resolved.ref, resolved.artifacts, tests, policy, Path(work) / "derived")
+    if as_json:
+        _echo_json(result.to_dict())
+    else:
+        _print_validation(result)
+    if not result.usable:
+        raise typer.Exit(1)
+
+
+def _print_validation(result: Validation) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        "backend", "artifact", "loads", "runs", "correct", "max abs err", "max rel err", "ms", "precision",
+        title=f"{result.model}: {len(result.test_sets)} test set(s)",
+    )  # fmt: skip
+    for check in result.candidates:
+        errors = [e for e in check.errors if e.max_abs is not None]
+        worst_abs = max((e.max_abs for e in errors if e.max_abs is not None), default=None)
+        worst_rel = max((e.max_rel for e in errors if e.max_rel is not None), default=None)
+        correct = {True: "yes", False: "NO", None: "-"}[check.correct]
+        table.add_row(
+            check.backend, check.artifact, _yes(check.loads), _yes(check.runs), correct,
+            _num(worst_abs, ".3g"), _num(worst_rel, ".3g"), _num(check.median_ms), check.precision,
+        )  # fmt: skip
+    console = Console()
+    console.print(table)
+    for line in [f"{c.backend} on {c.artifact}: {c.reason}" for c in result.candidates if c.reason]:
+        console.print(f"  {line}", markup=False)
+    for label, why in result.unfit:
+        console.print(f"  test data {label}: {why}", markup=False)
+    for backend, artifact, why in result.unusable:
+        console.print(f"  {backend} on {artifact}: {why}", markup=False)
+    console.print(f"activates: {result.activated or 'nothing'}", markup=False)
+
+
+def _yes(value: bool) -> str:
+    return "yes" if value else "no"
 
 
 @models_app.command("check")

@@ -19,7 +19,7 @@ from agent.errors import EdgeAgentError, StoreError
 from agent.hardware import HardwareInfo, detect_hardware
 from agent.registry.file_registry import SUFFIX_FORMATS, version_sort_key
 from agent.store import ModelStore
-from agent.testdata import load_testdata
+from agent.testdata import TestData, load_testdata
 from providers import (
     Backend,
     ModelArtifact,
@@ -67,7 +67,7 @@ def providers_report(
 class ResolvedModel:
     ref: str  # name@version, or the file path given
     artifacts: list[ModelArtifact]  # the model files
-    testdata: list[tuple[ModelArtifact, str | None]]  # test data files, each with its model file
+    testdata: list[TestData]  # test data files, each with its model file and tolerances
 
 
 def resolve_model(spec: str, store: ModelStore) -> ResolvedModel:
@@ -192,7 +192,7 @@ def bench_feeds(
             raise EdgeAgentError(f"--inputs {inputs}: does not fit {resolved.ref}: {problem}")
         return dict(sample.feeds), str(inputs)
     if not shapes:
-        for artifact, _model_file in resolved.testdata:
+        for artifact in (t.artifact for t in resolved.testdata):
             try:
                 sample = load_testdata(artifact.path, artifact.label)
             except EdgeAgentError:

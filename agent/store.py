@@ -50,6 +50,7 @@ from agent.registry.manifest import (
     check_model_file,
 )
 from agent.registry.signing import SignatureError, TrustPolicy
+from agent.testdata import TestData
 from providers.base import ModelArtifact
 
 log = logging.getLogger(__name__)
@@ -130,10 +131,15 @@ class InstalledModel:
             for a in self.manifest.models()
         ]
 
-    def testdata_artifacts(self) -> builtins.list[tuple[ModelArtifact, str | None]]:
-        """The test data files, each with the model file it is for (None: any it fits)."""
+    def testdata_artifacts(self) -> builtins.list[TestData]:
+        """The test data files, each with the model file it is for and its tolerances."""
         return [
-            (ModelArtifact(self.artifact_path(a), a.format, a.sha256, name=a.file), a.model_file)
+            TestData(
+                ModelArtifact(self.artifact_path(a), a.format, a.sha256, name=a.file),
+                a.model_file,
+                a.rtol,
+                a.atol,
+            )
             for a in self.manifest.testdata()
         ]
 

@@ -8,13 +8,22 @@ the model files). Each array named after a model input is that input's value; an
 are plain numbers (no pickled objects: `np.load(allow_pickle=False)`).
 
     np.savez("inputs.npz", x=image_batch, **{"expected:softmax_0.tmp_0": probabilities})
+
+Strings are NumPy unicode arrays (dtype `<U…`, no pickle). The ONNX model zoo's layout
+(`test_data_set_N/input_K.pb`, `output_K.pb`: serialized TensorProtos) is converted to this form at
+publish time (`model_zoo_testdata`), one archive per set. A test data artifact may carry the
+tolerances its expected outputs hold to (manifest `rtol`/`atol`; model-zoo data default to the
+onnx backend test runner's rtol 1e-3, atol 1e-7): then every value must be within them.
 """
 
 from __future__ import annotations
 
+import io
 import logging
+import re
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +37,21 @@ log = logging.getLogger(__name__)
 
 EXPECTED_PREFIX = "expected:"
 FORMAT = "test-data"
-_NUMERIC_KINDS = frozenset("biufc")  # bool, int, uint, float, complex
+_VALUE_KINDS = frozenset("biufcU")  # bool, int, uint, float, complex, unicode strings
+# The onnx backend test runner's default tolerances, for model-zoo test data published without others.
+MODEL_ZOO_RTOL, MODEL_ZOO_ATOL = 1e-3, 1e-7
+
+
+@dataclass(frozen=True)
+class TestData:
+    """A test data artifact of a model version, as selection takes it."""
+
+    __test__ = False  # not a pytest test class
+
+    artifact: ModelArtifact
+    model_file: str | None = None  # the model file it is for (None: any it fits)
+    rtol: float | None = None  # tolerances its expected outputs hold to (None: the selection policy's)
+    atol: float | None = None
 
 
 def load_testdata(path: Path, label: str | None = None) -> Sample:
@@ -48,9 +71,10 @@ def load_testdata(path: Path, label: str | None = None) -> Sample:
                 value = archive[key]
                 if not isinstance(value, np.ndarray):  # a zip member that is no .npy array
                     raise ModelError(f"{label} is not valid test data: member {key!r} is not a NumPy array")
-                if value.dtype.kind not in _NUMERIC_KINDS:
+                if value.dtype.kind not in _VALUE_KINDS:
                     raise ModelError(
-                        f"{label} is not valid test data: array {key!r} holds {value.dtype}, not numbers"
+                        f"{label} is not valid test data: array {key!r} holds {value.dtype}, "
+                        "not numbers or strings"
                     )
                 if key.startswith(EXPECTED_PREFIX):
                     expected[key.removeprefix(EXPECTED_PREFIX)] = value
@@ -70,16 +94,32 @@ def load_testdata(path: Path, label: str | None = None) -> Sample:
 
 
 def testdata_samples(
-    testdata: Sequence[tuple[ModelArtifact, str | None]],
+    testdata: Sequence[TestData],
     models: Sequence[ModelArtifact],
     backends: Sequence[Backend],
 ) -> list[Sample]:
-    """Samples from the test data artifacts, each marked with the model artifacts it fits.
+    """Samples from the test data artifacts, each marked with the model artifacts it fits and
+    carrying its tolerances.
 
-    `testdata` pairs each archive with the model file it is for (None: any that it fits). An
-    archive that cannot be read or fits no artifact is left out with a warning: selection then
+    An archive that cannot be read or fits no artifact is left out with a warning: selection then
     proves the model on the pipeline's own input, as without test data.
     """
+    samples = []
+    for data, sample, why in testdata_fits(testdata, models, backends):
+        if sample is None:
+            log.warning("ignoring test data %s: %s", data.artifact.label, why)
+        else:
+            samples.append(sample)
+    return samples
+
+
+def testdata_fits(
+    testdata: Sequence[TestData],
+    models: Sequence[ModelArtifact],
+    backends: Sequence[Backend],
+) -> list[tuple[TestData, Sample | None, str]]:
+    """Each test data artifact with its sample (None when it cannot be read or fits no model
+    file, and why)."""
     if not testdata:
         return []
     specs = {}
@@ -92,26 +132,31 @@ def testdata_samples(
             specs[model.sha256] = session.inputs
         finally:
             session.close()
-    samples = []
-    for artifact, model_file in testdata:
+    found: list[tuple[TestData, Sample | None, str]] = []
+    for data in testdata:
+        artifact, model_file = data.artifact, data.model_file
         try:
             sample = load_testdata(artifact.path, artifact.label)
         except ModelError as exc:
-            log.warning("ignoring test data: %s", exc)
+            found.append((data, None, exc.message))
             continue
         meant = [m for m in models if model_file is None or model_file in (m.name, m.derived_from)]
         problems = {m.label: feeds_problem(specs[m.sha256], sample.feeds) for m in meant if m.sha256 in specs}
-        fits = frozenset(m.sha256 for m in meant if problems.get(m.label) == "")
+        # A model file no CPU backend here reads cannot be checked against: the candidates that try
+        # it say what they make of it.
+        fits = frozenset(m.sha256 for m in meant if problems.get(m.label, "") == "")
         if not fits:
             why = "; ".join(f"{name}: {problem}" for name, problem in problems.items()) or (
                 f"no model file {model_file!r} in this version"
                 if model_file
                 else "no model file to check it on"
             )
-            log.warning("ignoring test data %s: it fits no model file (%s)", artifact.label, why)
+            found.append((data, None, f"it fits no model file ({why})"))
             continue
-        samples.append(Sample(sample.feeds, sample.origin, sample.expected, fits))
-    return samples
+        found.append(
+            (data, Sample(sample.feeds, sample.origin, sample.expected, fits, data.rtol, data.atol), "")
+        )
+    return found
 
 
 def testdata_problem(model: ModelArtifact, sample: Sample, backends: Sequence[Backend] | None = None) -> str:
@@ -130,3 +175,139 @@ def testdata_problem(model: ModelArtifact, sample: Sample, backends: Sequence[Ba
     if problem:
         return f"its expected outputs are not what {model.label} computes on {session.backend}: {problem}"
     return ""
+
+
+@dataclass(frozen=True)
+class TestFile:
+    """A test data file to publish or validate with."""
+
+    __test__ = False  # not a pytest test class
+
+    path: Path  # where its bytes are (a converted model-zoo set lives in a temp dir)
+    name: str  # its file name in the version
+    rtol: float | None
+    atol: float | None
+
+
+def testdata_files(
+    entries: Sequence[Path],
+    model_path: Path,
+    format: str,
+    converted: Path,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> list[TestFile]:
+    """The test data files `entries` name: .npz archives as they are; model-zoo folders converted
+    into `converted`, one archive per set, with the model zoo's default tolerances unless given.
+    ModelError says what is wrong with an entry."""
+    files: list[TestFile] = []
+    for entry in map(Path, entries):
+        if entry.is_file():
+            files.append(TestFile(entry, entry.name, rtol, atol))
+            continue
+        if not entry.is_dir():
+            raise ModelError(f"test data {entry}: no such file or folder")
+        if format != "onnx":
+            raise ModelError(f"test data {entry}: model-zoo test data is for ONNX models")
+        inputs, outputs = onnx_io_names(model_path)
+        for set_dir in model_zoo_sets(entry):
+            target = converted / f"{len(files)}" / f"{set_dir.name}.npz"
+            target.parent.mkdir(parents=True)
+            target.write_bytes(model_zoo_testdata(set_dir, inputs, outputs))
+            files.append(
+                TestFile(
+                    target,
+                    target.name,
+                    MODEL_ZOO_RTOL if rtol is None else rtol,
+                    MODEL_ZOO_ATOL if atol is None else atol,
+                )
+            )
+    return files
+
+
+def onnx_io_names(model_path: Path) -> tuple[list[str], list[str]]:
+    """The graph inputs (initializers excluded) and outputs of an ONNX model, in order."""
+    import onnx
+
+    try:
+        graph = onnx.load(str(model_path), load_external_data=False).graph
+    except Exception as exc:
+        raise ModelError(f"cannot read {model_path} as ONNX: {one_line(exc)}") from None
+    initializers = {t.name for t in graph.initializer}
+    return [i.name for i in graph.input if i.name not in initializers], [o.name for o in graph.output]
+
+
+# --- the ONNX model zoo's test data layout ----------------------------------------------------------
+
+_SET_FILE = re.compile(r"^(input|output)_(\d+)\.pb$")
+
+
+def is_model_zoo_set(path: Path) -> bool:
+    """A folder of input_K.pb (and output_K.pb) files, as the model zoo ships `test_data_set_N`."""
+    return path.is_dir() and any(_SET_FILE.match(p.name) for p in path.iterdir())
+
+
+def model_zoo_sets(path: Path) -> list[Path]:
+    """The test data sets `path` names: itself when it is one, else its `test_data_set_*` folders
+    (a model's folder in the zoo); ModelError when there are none."""
+    if is_model_zoo_set(path):
+        return [path]
+    sets = sorted(
+        (p for p in path.glob("test_data_set_*") if is_model_zoo_set(p)),
+        key=lambda p: [int(n) if n.isdigit() else n for n in re.split(r"(\d+)", p.name)],
+    )
+    if not sets:
+        raise ModelError(
+            f"{path} holds no ONNX test data: expected input_0.pb ... files, "
+            "or test_data_set_N folders of them"
+        )
+    return sets
+
+
+def model_zoo_testdata(set_dir: Path, input_names: Sequence[str], output_names: Sequence[str]) -> bytes:
+    """One model-zoo test data set as the bytes of an .npz archive (this module's format).
+
+    Tensors are matched to the model's inputs and outputs by their own names, else by position
+    (input_K.pb feeds the K-th graph input that is not an initializer). Any ONNX tensor type is
+    taken; strings become unicode arrays. Sequences, maps and optionals are refused by name.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    feeds: dict[str, np.ndarray] = {}
+    expected: dict[str, np.ndarray] = {}
+    files = sorted(
+        (m.group(1), int(m.group(2)), p) for p in set_dir.iterdir() if (m := _SET_FILE.match(p.name))
+    )
+    for kind, index, path in files:
+        names = input_names if kind == "input" else output_names
+        tensor = onnx.TensorProto()
+        try:
+            tensor.ParseFromString(path.read_bytes())
+            value = numpy_helper.to_array(tensor)
+        except Exception as exc:  # DecodeError, or a proto that is not a tensor
+            raise ModelError(
+                f"{path}: not an ONNX TensorProto ({one_line(exc)}); sequence, map and optional "
+                "test data are not supported"
+            ) from None
+        name = tensor.name or (names[index] if index < len(names) else "")
+        if not name:
+            raise ModelError(f"{path}: the model has no {kind} number {index} (it has {len(names)})")
+        if value.dtype.kind == "O":  # strings (bytes from the proto): no pickles in the archive
+            value = np.array([v.decode() if isinstance(v, bytes) else str(v) for v in value.flat]).reshape(
+                value.shape
+            )
+        (feeds if kind == "input" else expected)[name] = value
+    if not feeds:
+        raise ModelError(f"{set_dir}: no input_K.pb files")
+    return testdata_bytes(feeds, expected)
+
+
+def testdata_bytes(
+    feeds: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray] | None = None
+) -> bytes:
+    """An .npz archive of inputs and expected outputs (this module's format)."""
+    arrays = {**feeds, **{EXPECTED_PREFIX + k: v for k, v in (expected or {}).items()}}
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]
+    return buffer.getvalue()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -86,6 +86,10 @@ class Sample:
     origin: str = "a sample input"
     expected: Mapping[str, np.ndarray] | None = None
     fits: frozenset[str] | None = None
+    # Tolerances the expected outputs hold to (declared with the test data): every value must be
+    # within them. None: the selection policy's.
+    rtol: float | None = None
+    atol: float | None = None
 
     def fits_artifact(self, artifact: ModelArtifact) -> bool:
         return self.fits is None or artifact.sha256 in self.fits
@@ -334,7 +338,9 @@ def decide(
         if reference is None:
             report.verdict = "passed"
             return True
-        diff, problem = compare_outputs(result.outputs, reference, policy)
+        diff, problem = compare_outputs(
+            result.outputs, reference, judged_by(inputs[sample_of[i] or 0], policy)
+        )
         report.max_abs_diff = diff
         if problem:
             report.verdict, report.reason = "rejected", problem
@@ -432,6 +438,19 @@ def _reference(
         if result.ok:
             return name, result.outputs
     return None, None
+
+
+def judged_by(sample: Sample, policy: SelectionPolicy) -> SelectionPolicy:
+    """The policy outputs on `sample` are judged by: the tolerances its expected outputs declare
+    (every value within them), else the selection policy's."""
+    if not sample.expected or (sample.rtol is None and sample.atol is None):
+        return policy
+    return replace(
+        policy,
+        rtol=sample.rtol if sample.rtol is not None else policy.rtol,
+        atol=sample.atol if sample.atol is not None else policy.atol,
+        max_mismatch=0.0,
+    )
 
 
 def compare_outputs(
@@ -560,6 +579,9 @@ def feeds_problem(specs: Sequence[TensorSpec], feeds: Mapping[str, np.ndarray]) 
         ):
             shown = [d if isinstance(d, int) and d > 0 else "?" for d in spec.shape]
             return f"input {spec.name!r} has shape {list(value.shape)}, the model wants {shown}"
-        if value.dtype != np.dtype(spec.dtype):
+        wanted_dtype = np.dtype(spec.dtype)
+        if wanted_dtype.kind == "U" and value.dtype.kind in "UO":
+            continue  # strings: any length (object arrays of str too)
+        if value.dtype != wanted_dtype:
             return f"input {spec.name!r} is {value.dtype}, the model wants {spec.dtype}"
     return ""

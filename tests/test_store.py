@@ -284,8 +284,8 @@ def test_non_onnx_file_with_a_matching_hash_is_refused(tmp_path: Path, file_regi
         store.pull(file_registry, "junk", "1")
     message = str(info.value)
     assert "artifact model.onnx of junk@1" in message
-    assert "model.onnx is not a valid ONNX model: onnxruntime cannot load it: " in message
-    assert "Protobuf parsing failed" in message  # the runtime's own reason, quoted
+    assert "model.onnx is not a valid ONNX model: " in message
+    assert "ir_version" in message  # the checker's own reason, quoted
     assert "\n" not in message
     assert_nothing_installed(store, "junk", "1")
 

@@ -39,7 +39,7 @@ from agent.inventory import ResolvedModel, bench_feeds, parse_shapes
 from agent.processing import Preprocessor
 from agent.registry import FileRegistry, Manifest
 from agent.store import ModelStore
-from agent.testdata import load_testdata
+from agent.testdata import TestData, load_testdata
 from agent.testdata import testdata_samples as samples_from_testdata
 from providers import (
     Decision,
@@ -178,8 +178,8 @@ def _bad_object_array(path: Path) -> None:
     np.savez(path, x=np.array([{"a": 1}, None], dtype=object))
 
 
-def _bad_string_array(path: Path) -> None:
-    np.savez(path, x=np.array(["hello", "world"]))
+def _bad_dates_array(path: Path) -> None:
+    np.savez(path, x=np.array(["2026-11-23"], dtype="datetime64[D]"))
 
 
 def _bad_only_expected(path: Path) -> None:
@@ -196,11 +196,11 @@ def _bad_empty(path: Path) -> None:
         (_bad_random_bytes, "is not valid test data: not a NumPy .npz archive (no zip structure)"),
         (_bad_single_npy, "is not valid test data: a single .npy array, not an .npz archive"),
         (_bad_object_array, "is not valid test data (a NumPy .npz archive): Object arrays cannot be loaded"),
-        (_bad_string_array, "is not valid test data: array 'x' holds <U5, not numbers"),
+        (_bad_dates_array, "is not valid test data: array 'x' holds datetime64[D], not numbers or strings"),
         (_bad_only_expected, "is not valid test data: no input arrays (it has 'y'; name each input array"),
         (_bad_empty, "is not valid test data: not a NumPy .npz archive (no zip structure)"),
     ],
-    ids=["random-bytes", "single-npy", "object-array", "string-array", "only-expected", "empty"],
+    ids=["random-bytes", "single-npy", "object-array", "dates-array", "only-expected", "empty"],
 )
 def test_a_bad_archive_is_a_model_error_naming_file_and_problem(
     tmp_path: Path, write: Any, problem: str
@@ -319,8 +319,9 @@ def test_publish_with_test_data_lists_it_and_a_pull_installs_it(
     assert (registry.root / CLS_NAME / CLS_VERSION / "inputs.npz").read_bytes() == good_npz.read_bytes()
 
     installed = ModelStore(tmp_path / "store").pull(registry, CLS_NAME, CLS_VERSION)
-    [(artifact, model_file)] = installed.testdata_artifacts()
-    assert model_file is None
+    [data_file] = installed.testdata_artifacts()
+    artifact = data_file.artifact
+    assert data_file.model_file is None and data_file.rtol is None and data_file.atol is None
     assert (artifact.format, artifact.sha256, artifact.label) == ("test-data", data.sha256, "inputs.npz")
     assert artifact.path.read_bytes() == good_npz.read_bytes()
     [model] = installed.model_artifacts()
@@ -348,7 +349,7 @@ def _refused_publish(tmp_path: Path, model: Path, arrays: Mapping[str, np.ndarra
     with pytest.raises(RegistryError) as caught:
         registry.publish(model, CLS_NAME, CLS_VERSION, testdata=[npz])
     message = str(caught.value)
-    assert message.startswith(f"refusing to publish test data {npz}: "), message
+    assert message.startswith(f"refusing to publish test data {npz.name}: it fits no model file"), message
     # Nothing is published: no manifest, no version (nor model) directory, no staged files.
     assert not (registry.root / CLS_NAME).exists()
     assert registry.list_models() == []
@@ -361,30 +362,43 @@ def test_publish_refuses_test_data_for_an_input_the_model_does_not_have(
     tmp_path: Path, cls_model_path: Path, cls_input: np.ndarray
 ) -> None:
     message = _refused_publish(tmp_path, cls_model_path, {"image": cls_input})
-    assert message.endswith("missing input 'x'; no model input named 'image' (the model's inputs: x)")
+    assert message.endswith("missing input 'x'; no model input named 'image' (the model's inputs: x))")
 
 
 def test_publish_refuses_test_data_of_the_wrong_dtype(
     tmp_path: Path, cls_model_path: Path, cls_input: np.ndarray
 ) -> None:
     message = _refused_publish(tmp_path, cls_model_path, {"x": cls_input.astype(np.float64)})
-    assert message.endswith("input 'x' is float64, the model wants float32")
+    assert message.endswith("input 'x' is float64, the model wants float32)")
 
 
 def test_publish_refuses_test_data_with_a_wrong_fixed_dimension(tmp_path: Path, cls_model_path: Path) -> None:
     # The cls model's channels (3) are fixed; batch, height and width are open.
     wrong = np.zeros((1, 4, 48, 192), np.float32)
     message = _refused_publish(tmp_path, cls_model_path, {"x": wrong})
-    assert message.endswith("input 'x' has shape [1, 4, 48, 192], the model wants ['?', 3, '?', '?']")
+    assert message.endswith("input 'x' has shape [1, 4, 48, 192], the model wants ['?', 3, '?', '?'])")
 
 
 def test_publish_refuses_test_data_whose_expected_outputs_are_wrong(
     tmp_path: Path, cls_model_path: Path, cls_input: np.ndarray, cls_probs: np.ndarray
 ) -> None:
     swapped = np.ascontiguousarray(cls_probs[:, ::-1])
-    message = _refused_publish(tmp_path, cls_model_path, {"x": cls_input, f"expected:{CLS_OUTPUT}": swapped})
-    assert f"its expected outputs are not what {cls_model_path.name} computes on {ORT_CPU}: " in message
-    assert f"output '{CLS_OUTPUT}' differs from the reference: 100.0% of values off" in message
+    npz = _savez(tmp_path / "swapped.npz", {"x": cls_input, f"expected:{CLS_OUTPUT}": swapped})
+    registry = FileRegistry(tmp_path / "registry")
+    with pytest.raises(RegistryError) as caught:
+        registry.publish(cls_model_path, CLS_NAME, CLS_VERSION, testdata=[npz])
+    message = caught.value.message
+    assert message.startswith(
+        f"refusing to publish {CLS_NAME}@{CLS_VERSION}: no backend of this box gives the expected outputs"
+    ), message
+    # Each backend that ran it, with the numbers.
+    for backend in (ORT_CPU, "openvino/CPU"):
+        assert (
+            f"{backend} on {cls_model_path.name}: test data swapped.npz: output '{CLS_OUTPUT}' differs from "
+            "the reference: 100.0% of values off"
+        ) in message, message
+    assert "TensorrtExecutionProvider" not in message  # backends this box lacks are no reason about the model
+    assert not (registry.root / CLS_NAME).exists()
 
 
 def test_publish_refuses_a_test_data_file_that_is_no_archive(tmp_path: Path, cls_model_path: Path) -> None:
@@ -540,11 +554,13 @@ def test_testdata_samples_are_marked_with_the_artifacts_they_fit(
     broken = tmp_path / "broken.npz"
     broken.write_bytes(b"")
     testdata = [
-        (_artifact(good_npz, "test-data", "inputs.npz"), None),  # any model file it fits: the cls one
-        (_artifact(face, "test-data", "face.npz"), "face.tflite"),
-        (_artifact(face, "test-data", "face-for-cls.npz"), "cls.onnx"),  # bound to one it does not fit
-        (_artifact(face, "test-data", "face-for-nothing.npz"), "nope.onnx"),
-        (_artifact(broken, "test-data", "broken.npz"), None),
+        TestData(_artifact(good_npz, "test-data", "inputs.npz"), None),  # any model file it fits: the cls one
+        TestData(_artifact(face, "test-data", "face.npz"), "face.tflite"),
+        TestData(
+            _artifact(face, "test-data", "face-for-cls.npz"), "cls.onnx"
+        ),  # bound to one it does not fit
+        TestData(_artifact(face, "test-data", "face-for-nothing.npz"), "nope.onnx"),
+        TestData(_artifact(broken, "test-data", "broken.npz"), None),
     ]
     samples = samples_from_testdata(testdata, [cls, tflite], all_backends())
 
@@ -563,7 +579,9 @@ def test_testdata_samples_are_marked_with_the_artifacts_they_fit(
         "ignoring test data face-for-nothing.npz: it fits no model file "
         "(no model file 'nope.onnx' in this version)"
     )
-    assert warnings[2].startswith("ignoring test data: broken.npz is not valid test data"), warnings
+    assert warnings[2].startswith("ignoring test data broken.npz: broken.npz is not valid test data"), (
+        warnings
+    )
 
 
 # --- 5. choose_and_load with test data ---------------------------------------------------------------
@@ -613,7 +631,7 @@ def test_test_data_proves_the_model_before_the_source_has_a_frame(
 ) -> None:
     caplog.set_level(logging.INFO)
     config = _config(tmp_path / "state", str(tmp_path / "no-such-camera.mp4"))
-    testdata = [(_artifact(good_npz, "test-data", "inputs.npz"), None)]
+    testdata = [TestData(_artifact(good_npz, "test-data", "inputs.npz"), None)]
     session, decision, _ = choose_and_load(
         config, config.pipelines[0], [_artifact(cls_model_path)], "pp-ocr-cls@2.0", testdata
     )
@@ -640,7 +658,7 @@ def test_test_data_that_fits_nothing_is_ignored_and_a_frame_is_used(
     caplog.set_level(logging.INFO)
     npz = _savez(tmp_path / "wrong.npz", {"image": cls_input})
     config = _config(tmp_path / "state", str(sign_video))
-    testdata = [(_artifact(npz, "test-data", "wrong.npz"), None)]
+    testdata = [TestData(_artifact(npz, "test-data", "wrong.npz"), None)]
     session, decision, _ = choose_and_load(
         config, config.pipelines[0], [_artifact(cls_model_path)], "pp-ocr-cls@2.0", testdata
     )
@@ -667,7 +685,7 @@ def test_the_cached_decision_is_keyed_by_the_test_data_too(
     decisions = tmp_path / "state" / "decisions"
     origins = []
     for path in (good_npz, other, good_npz):  # the third is the first again: from the cache
-        testdata = [(_artifact(path, "test-data", "inputs.npz"), None)]
+        testdata = [TestData(_artifact(path, "test-data", "inputs.npz"), None)]
         session, decision, _ = choose_and_load(config, config.pipelines[0], model, "pp-ocr-cls@2.0", testdata)
         session.close()
         assert decision.checked is True
@@ -768,9 +786,9 @@ def test_bench_feeds_uses_the_models_own_test_data(
     tmp_path: Path, cls_model_path: Path, good_npz: Path, cls_input: np.ndarray
 ) -> None:
     unfit = _savez(tmp_path / "unfit.npz", {"image": cls_input})
-    testdata: list[tuple[ModelArtifact, str | None]] = [
-        (_artifact(unfit, "test-data", "unfit.npz"), None),
-        (_artifact(good_npz, "test-data", "inputs.npz"), None),
+    testdata = [
+        TestData(_artifact(unfit, "test-data", "unfit.npz"), None),
+        TestData(_artifact(good_npz, "test-data", "inputs.npz"), None),
     ]
     resolved = ResolvedModel("pp-ocr-cls@2.0", [_artifact(cls_model_path)], testdata)
     feeds, described = bench_feeds(resolved, [], None)

@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -47,7 +48,8 @@ from agent.registry.manifest import (
     check_model_file,
     key_path,
 )
-from providers.base import BackendError, ModelArtifact
+from agent.testdata import TestFile, testdata_files
+from providers.base import ModelArtifact
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -235,14 +237,21 @@ class FileRegistry:
         force: bool = False,
         testdata: Sequence[Path] = (),
         sign_with: Ed25519PrivateKey | None = None,
+        rtol: float | None = None,
+        atol: float | None = None,
     ) -> Manifest:
         """Copy a model file in as `name@version` and write its manifest; return the manifest.
 
         The format is inferred from the suffix (.onnx, .tflite, .xml) unless given. An OpenVINO
         .xml is published together with the .bin beside it. The file must be a valid model of
-        its format. `testdata` are .npz archives of inputs (and expected outputs) for it
-        (agent/testdata.py): each must fit the model's inputs, and its expected outputs must be
-        what the model computes on a CPU backend. `sign_with` signs the manifest (its signature
+        its format (for ONNX: what the onnx checker accepts). `testdata` are .npz archives of
+        inputs (and expected outputs) for it (agent/testdata.py), or ONNX model-zoo folders
+        (`test_data_set_N` of input_K.pb/output_K.pb, or a folder of them), converted to .npz
+        archives, one per set; `rtol`/`atol` are the tolerances their expected outputs hold to
+        (model-zoo data default to the onnx backend test runner's 1e-3/1e-7). With test data, some
+        candidate of this box (backend x artifact, an upgraded opset included) must give the
+        expected outputs on every set (agent/validate.py), else the version is refused with each
+        backend's reason. `sign_with` signs the manifest (its signature
         file is written before the manifest, so the version never shows up unsigned). An existing
         version is refused unless `force` (versions are immutable).
         """
@@ -275,15 +284,35 @@ class FileRegistry:
             )
         for src in sources:
             _check_artifact_fields(src.name, format, target)
-        testdata = [Path(t) for t in testdata]
-        for src in testdata:
-            if not src.is_file():
-                raise RegistryError(f"cannot publish test data {src}: no such file")
-            _check_artifact_fields(src.name, TESTDATA_FORMAT, "any")
-        names = [src.name for src in [*sources, *testdata]]
-        if len(set(names)) != len(names):
-            raise RegistryError(f"cannot publish {model_path}: two files share a name ({', '.join(names)})")
+        with tempfile.TemporaryDirectory(prefix="edge-agent-testdata-") as converted:
+            try:
+                tests = testdata_files(testdata, model_path, format, Path(converted), rtol, atol)
+            except ModelError as exc:
+                raise RegistryError(exc.message) from None
+            for test in tests:
+                _check_artifact_fields(test.name, TESTDATA_FORMAT, "any")
+            names = [src.name for src in sources] + [t.name for t in tests]
+            if len(set(names)) != len(names):
+                raise RegistryError(
+                    f"cannot publish {model_path}: two files share a name ({', '.join(names)})"
+                )
+            return self._publish(
+                sources, tests, name, version, format, target, metadata, force, sign_with, model_path
+            )
 
+    def _publish(
+        self,
+        sources: list[Path],
+        tests: list[TestFile],
+        name: str,
+        version: str,
+        format: str,
+        target: str,
+        metadata: dict[str, Any] | None,
+        force: bool,
+        sign_with: Ed25519PrivateKey | None,
+        model_path: Path,
+    ) -> Manifest:
         version_dir = self.root / name / version
         manifest_path = version_dir / MANIFEST_FILE
         with self._lock(name, version):
@@ -302,10 +331,13 @@ class FileRegistry:
                 # Stage (copy, hash, validate) everything before touching what is published.
                 for i, src in enumerate(sources):
                     staged.append(self._stage(src, version_dir, format, target, validate=(i == 0)))
-                model = ModelArtifact(model_path, format, staged[0][1].sha256, name=model_path.name)
-                for src in testdata:
-                    staged.append(self._stage(src, version_dir, TESTDATA_FORMAT, "any", validate=True))
-                    _check_testdata(src, model)
+                for test in tests:
+                    fields = {"rtol": test.rtol, "atol": test.atol}
+                    staged.append(
+                        self._stage(test.path, version_dir, TESTDATA_FORMAT, "any", True, test.name, fields)
+                    )
+                if tests:
+                    _require_a_correct_candidate(f"{name}@{version}", staged, format, model_path)
                 artifacts = [artifact for _tmp, artifact in staged]
                 manifest = Manifest(
                     schema_version=1,
@@ -402,10 +434,19 @@ class FileRegistry:
             return None
 
     def _stage(
-        self, src: Path, version_dir: Path, format: str, target: str, validate: bool
+        self,
+        src: Path,
+        version_dir: Path,
+        format: str,
+        target: str,
+        validate: bool,
+        file_name: str | None = None,
+        fields: dict[str, Any] | None = None,
     ) -> tuple[Path, Artifact]:
-        """Copy `src` to a hidden temp file in `version_dir`, hashing it; check it is a model."""
-        tmp = temp_name(version_dir / f".{src.name}")
+        """Copy `src` to a hidden temp file in `version_dir`, hashing it; check it is a model.
+        `file_name` is its name in the version (default: its own); `fields` more manifest keys."""
+        file_name = file_name or src.name
+        tmp = temp_name(version_dir / f".{file_name}")
         try:
             with src.open("rb") as fin, open(tmp, "wb") as fout:
                 sha256, size = copy_hashing(fin, fout)
@@ -413,11 +454,19 @@ class FileRegistry:
                 os.fsync(fout.fileno())
             if validate:
                 try:
-                    check_model_file(tmp, format, file_name=src.name)
+                    check_model_file(tmp, format, file_name=file_name)
                 except ModelError as exc:
                     raise RegistryError(f"refusing to publish {src}: {exc.message}") from None
+            extra = {k: v for k, v in (fields or {}).items() if v is not None}
             artifact = Artifact.model_validate(
-                {"file": src.name, "sha256": sha256, "size": size, "format": format, "target": target}
+                {
+                    "file": file_name,
+                    "sha256": sha256,
+                    "size": size,
+                    "format": format,
+                    "target": target,
+                    **extra,
+                }
             )
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
@@ -426,17 +475,43 @@ class FileRegistry:
         return tmp, artifact
 
 
-def _check_testdata(path: Path, model: ModelArtifact) -> None:
-    """Refuse test data that does not fit the model or whose expected outputs it does not give."""
-    from agent.testdata import load_testdata, testdata_problem
+def _require_a_correct_candidate(
+    ref: str, staged: Sequence[tuple[Path, Artifact]], format: str, model_path: Path
+) -> None:
+    """Refuse a version no candidate of this box runs right on its own test data (agent/validate.py).
 
-    try:
-        problem = testdata_problem(model, load_testdata(path))
-    except BackendError as exc:  # no CPU runtime here: the agents check it when they select
-        log.warning("cannot check test data %s against %s here: %s", path.name, model.label, exc)
-        return
-    if problem:
-        raise RegistryError(f"refusing to publish test data {path}: {problem}")
+    Trials run in this process: publishing is a one-shot command (a runtime that crashes on the
+    model takes the command down, not a daemon), and a version with many test sets stays quick."""
+    from agent.testdata import TestData
+    from agent.validate import validate
+    from providers import run_trial
+    from providers.select import SelectionPolicy
+
+    models = [
+        ModelArtifact(tmp, a.format, a.sha256, name=a.file)
+        for tmp, a in staged
+        if a.format != TESTDATA_FORMAT
+    ]
+    tests = [
+        TestData(ModelArtifact(tmp, a.format, a.sha256, name=a.file), None, a.rtol, a.atol)
+        for tmp, a in staged
+        if a.format == TESTDATA_FORMAT
+    ]
+    policy = SelectionPolicy(warmup=1, runs=1, min_time_s=0.0, budget_s=5.0, max_trials=99)
+    with tempfile.TemporaryDirectory(prefix="edge-agent-derived-") as derived:
+        result = validate(
+            ref, models, tests, policy, Path(derived), trial=lambda request, _t: run_trial(request)
+        )
+    for label, why in result.unfit:
+        raise RegistryError(f"refusing to publish test data {label}: {why}")
+    if not result.usable:
+        raise RegistryError(
+            f"refusing to publish {ref}: no backend of this box gives the expected outputs of its test data: "
+            + "; ".join(result.reasons()),
+            hint="check the test data (`edge-agent models validate MODEL_FILE --test-data ...` shows every "
+            "candidate's numbers), or publish without it",
+        )
+    log.info("%s validated: %s", ref, result.activated)
 
 
 def _check_artifact_fields(file: str, format: str, target: str) -> None:

@@ -38,12 +38,15 @@ def publish_version(
     force: bool = False,
     testdata: Sequence[Path] = (),
     sign_with: Ed25519PrivateKey | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
 ) -> tuple[Manifest, str | None]:
     """Publish a model file as name@version at `url`; return its manifest and, for an OCI registry,
     the pushed image manifest's digest (what `model.digest` pins)."""
     scheme = urlsplit(url).scheme.lower()
     options: dict[str, Any] = {
         "target": target, "metadata": metadata, "force": force, "testdata": testdata, "sign_with": sign_with,
+        "rtol": rtol, "atol": atol,
     }  # fmt: skip
     if scheme == "file":
         return FileRegistry.from_url(url).publish(model_path, name, version, **options), None

@@ -1,0 +1,219 @@
+"""Validate a model version on this box: every candidate (backend x artifact, upgraded twins
+included) on every test set, judged against the expected outputs at the test data's tolerances.
+
+What `edge-agent models validate` prints and what `registry publish` requires: a version is usable
+when some candidate loads, runs and gives the expected outputs on every test set that fits it. The
+candidate the agent would activate comes from the selection itself (`decide`), fed the same trials.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent.testdata import TestData, testdata_fits
+from agent.transform import upgraded_artifacts
+from providers import Backend, ModelArtifact, TrialRequest, TrialResult, all_backends, run_trial_isolated
+from providers.select import (
+    REFERENCE_BACKENDS,
+    Decision,
+    NoBackendError,
+    Sample,
+    SelectionPolicy,
+    Trial,
+    compare_outputs,
+    decide,
+    judged_by,
+    screen,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class OutputError:
+    """How far one output of one test set is from what was expected."""
+
+    test_set: str
+    output: str
+    max_abs: float | None  # None: not numbers (compared for equality)
+    max_rel: float | None
+    within: bool
+
+
+@dataclass
+class CandidateCheck:
+    backend: str
+    artifact: str
+    loads: bool = False
+    runs: bool = False
+    correct: bool | None = None  # None: no test set with expected outputs fits it
+    reason: str = ""
+    precision: str = ""
+    median_ms: float | None = None
+    errors: list[OutputError] = field(default_factory=list)
+
+
+@dataclass
+class Validation:
+    model: str
+    test_sets: list[str]
+    unfit: list[tuple[str, str]]  # (test data, why it fits no model file)
+    candidates: list[CandidateCheck]
+    unusable: list[tuple[str, str, str]]  # (backend, artifact, why it is no candidate)
+    activated: str | None  # "backend on artifact", or None
+    decision: str  # the selection's explanation, or why nothing can be activated
+
+    @property
+    def usable(self) -> bool:
+        """Some candidate gives the expected outputs (or, for test data that has none, runs)."""
+        return any(c.correct or (c.correct is None and c.runs) for c in self.candidates)
+
+    def reasons(self) -> list[str]:
+        """Why each candidate (and each backend that is none) does not serve the model."""
+        lines = [
+            f"{c.backend} on {c.artifact}: {c.reason}"
+            for c in self.candidates
+            if not (c.correct or (c.runs and c.correct is None))
+        ]
+        lines += [f"{backend} on {artifact}: {why}" for backend, artifact, why in self.unusable]
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "usable": self.usable}
+
+
+def validate(
+    model: str,
+    artifacts: Sequence[ModelArtifact],
+    testdata: Sequence[TestData],
+    policy: SelectionPolicy,
+    derived_dir: Path,
+    backends: Sequence[Backend] | None = None,
+    trial: Trial = run_trial_isolated,
+) -> Validation:
+    """Run every candidate of this box on every test set (see the module docstring)."""
+    backends = list(backends if backends is not None else all_backends())
+    reference = next((b for b in backends if b.name == REFERENCE_BACKENDS[0]), None)
+    if reference is not None:
+        artifacts = [*artifacts, *upgraded_artifacts(artifacts, derived_dir, reference)]
+    fits = testdata_fits(testdata, artifacts, backends)
+    samples = [sample for _data, sample, _why in fits if sample is not None]
+    unfit = [(data.artifact.label, why) for data, sample, why in fits if sample is None]
+    ranked, rejected = screen(artifacts, policy, backends)
+    # Backends that are here and read the format but refuse the model (operators): a reason about
+    # the model. Backends this box lacks are `edge-agent providers`' business, not the model's.
+    readers = {b.name: b.formats for b in backends if b.probe().available}
+    refusing = [
+        r
+        for r in rejected
+        if any(a.label == r.artifact and a.format in readers.get(r.backend, ()) for a in artifacts)
+    ]
+    cached = _CachingTrial(trial)
+    checks = []
+    for backend, artifact in ranked:
+        check = CandidateCheck(backend.name, artifact.label)
+        fitting = [(i, s) for i, s in enumerate(samples) if s.fits_artifact(artifact)]
+        if not fitting:
+            check.reason = "no test set fits this artifact"
+        for _index, sample in fitting:
+            result = cached(_request(backend.name, artifact, sample, policy), policy.timeout_s)
+            if not result.ok:
+                check.reason = result.error
+                check.correct = False
+                break
+            check.loads = check.runs = True
+            check.precision, check.median_ms = result.precision, result.median_ms
+            if not sample.expected:
+                continue
+            _judge(check, sample, result, policy)
+        checks.append(check)
+    activated: str | None = None
+    try:
+        decision: Decision = decide(artifacts, policy, samples, backends, trial=cached)
+        activated, explained = f"{decision.backend} on {decision.artifact}", decision.explain()
+    except NoBackendError as exc:
+        explained = str(exc)
+    return Validation(
+        model,
+        [s.origin for s in samples],
+        unfit,
+        checks,
+        [(r.backend, r.artifact, r.reason) for r in refusing],
+        activated,
+        explained,
+    )
+
+
+def _request(backend: str, artifact: ModelArtifact, sample: Sample, policy: SelectionPolicy) -> TrialRequest:
+    """The request `decide` makes for this candidate and sample (so its trials are shared)."""
+    return TrialRequest(
+        backend,
+        artifact,
+        sample.feeds,
+        policy.options_for(backend),
+        warmup=policy.warmup,
+        runs=policy.runs,
+        min_time_s=policy.min_time_s,
+        budget_s=policy.budget_s,
+    )
+
+
+def _judge(check: CandidateCheck, sample: Sample, result: TrialResult, policy: SelectionPolicy) -> None:
+    assert sample.expected is not None
+    rules = judged_by(sample, policy)
+    _worst, problem = compare_outputs(result.outputs, sample.expected, rules)
+    names = list(result.outputs)
+    for position, (name, expected) in enumerate(sample.expected.items()):
+        got = result.outputs.get(name)
+        if got is None and position < len(names):
+            got = result.outputs[names[position]]
+        check.errors.append(_output_error(sample.origin, name, got, expected, rules))
+    if problem:
+        check.correct = False
+        check.reason = f"{sample.origin}: {problem}"
+    elif check.correct is None:
+        check.correct = True
+
+
+def _output_error(
+    test_set: str, name: str, got: Any, expected: np.ndarray, rules: SelectionPolicy
+) -> OutputError:
+    if got is None:
+        return OutputError(test_set, name, None, None, False)
+    out, ref = np.asarray(got), np.asarray(expected)
+    if out.shape != ref.shape:
+        return OutputError(test_set, name, None, None, False)
+    if ref.dtype.kind not in "fc" or out.dtype.kind not in "fciub":
+        return OutputError(test_set, name, None, None, bool(np.array_equal(out, ref)))
+    if not ref.size:
+        return OutputError(test_set, name, 0.0, 0.0, True)
+    out64, ref64 = out.astype(np.float64), ref.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        diff = np.abs(out64 - ref64)
+        rel = np.where(ref64 != 0, diff / np.abs(ref64), np.where(diff == 0, 0.0, np.inf))
+    within = bool(
+        np.isclose(out64, ref64, rtol=rules.rtol, atol=rules.atol, equal_nan=True).mean()
+        >= 1 - rules.max_mismatch
+    )
+    return OutputError(test_set, name, float(np.nanmax(diff)), float(np.nanmax(rel)), within)
+
+
+class _CachingTrial:
+    """A trial function that runs each (backend, artifact, inputs) once: validation's trials are
+    the ones `decide` asks for again."""
+
+    def __init__(self, trial: Trial) -> None:
+        self._trial = trial
+        self._results: dict[tuple[str, str, int], TrialResult] = {}
+
+    def __call__(self, request: TrialRequest, timeout_s: float) -> TrialResult:
+        key = (request.backend, request.artifact.sha256, id(request.feeds))
+        if key not in self._results:
+            self._results[key] = self._trial(request, timeout_s)
+        return self._results[key]
