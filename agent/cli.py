@@ -392,6 +392,107 @@ def _store(config: Path, state_dir: Path | None) -> ModelStore:
     return store_for(_load(config))
 
 
+@models_app.command("rm")
+def models_rm(
+    refs: Annotated[list[str], typer.Argument(help="NAME@VERSION to remove from the store.")],
+    force: Annotated[
+        bool, typer.Option("--force", help="Remove it even if a configured pipeline names it.")
+    ] = False,
+    config: ConfigOption = DEFAULT_CONFIG,
+    state_dir: StateDirOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Remove installed versions (and the files no other version uses)."""
+    removed: list[dict[str, Any]] = []
+    with _user_errors(as_json):
+        store = _store(config, state_dir)
+        in_use = _pipeline_models(config) if state_dir is None else set()
+        for ref in refs:
+            name, version = _split_ref(ref)
+            if (name, version) in in_use and not force:
+                raise EdgeAgentError(
+                    f"{ref} is used by a pipeline in {config}; refusing to remove it",
+                    hint="change the pipeline first, or pass --force",
+                )
+            report = store.remove(name, version)
+            removed.append({"name": name, "version": version, "freed_bytes": report.freed_bytes})
+            if not as_json:
+                typer.echo(f"removed {ref} ({report.freed_bytes:,} bytes freed)")
+    if as_json:
+        _echo_json(removed)
+
+
+@models_app.command("gc")
+def models_gc(
+    keep: Annotated[
+        int | None,
+        typer.Option("--keep", min=1, help="Versions kept per model (default: store.keep_versions)."),
+    ] = None,
+    max_size: Annotated[
+        str | None,
+        typer.Option("--max-size", help="Shrink the store below this, e.g. 2G, 500M (store.max_bytes)."),
+    ] = None,
+    older_than: Annotated[
+        float | None,
+        typer.Option("--older-than", min=0, help="Remove versions installed more than N days ago."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")
+    ] = False,
+    config: ConfigOption = DEFAULT_CONFIG,
+    state_dir: StateDirOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Remove old versions: beyond the newest N of each model, older than N days, and the oldest
+    while the store is over a size. A version a configured pipeline names is never removed."""
+    with _user_errors(as_json):
+        store = _store(config, state_dir)
+        limits = _load(config).store if state_dir is None else None
+        in_use = _pipeline_models(config) if state_dir is None else set()
+        keep_versions = keep if keep is not None else (limits.keep_versions if limits else None)
+        max_bytes = _parse_size(max_size) if max_size else (limits.max_bytes if limits else None)
+        days = older_than if older_than is not None else (limits.max_age_days if limits else None)
+        if keep_versions is None and max_bytes is None and days is None:
+            raise EdgeAgentError("nothing to do: give --keep, --max-size or --older-than (or a config)")
+        report = store.gc(
+            in_use, keep_versions, max_bytes, days * 86400 if days is not None else None, dry_run=dry_run
+        )
+    if as_json:
+        _echo_json(
+            {
+                "dry_run": dry_run,
+                "removed": report.removed,
+                "blobs": report.blobs,
+                "freed_bytes": report.freed_bytes,
+            }
+        )
+        return
+    verb = "would remove" if dry_run else "removed"
+    for row in report.removed:
+        typer.echo(f"{verb} {row['name']}@{row['version']}: {row['why']}")
+    typer.echo(
+        f"{verb} {len(report.removed)} version(s), {report.blobs} file(s), {report.freed_bytes:,} bytes"
+    )
+
+
+def _pipeline_models(config: Path) -> set[tuple[str, str]]:
+    return {(p.model.name, p.model.version) for p in _load(config).pipelines}
+
+
+_SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+def _parse_size(text: str) -> int:
+    """`500M`, `2G`, `1.5G`, `123456` (bytes) -> bytes."""
+    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = value[-1] if value and value[-1] in _SIZE_UNITS else ""
+    try:
+        number = float(value[: len(value) - len(unit)])
+    except ValueError:
+        raise EdgeAgentError(f"--max-size {text!r}: expected a size such as 500M or 2G") from None
+    return int(number * _SIZE_UNITS[unit])
+
+
 @models_app.command("verify")
 def models_verify(
     refs: Annotated[

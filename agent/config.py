@@ -624,12 +624,28 @@ class TelemetryConfig(StrictModel):
         return value
 
 
+class StoreConfig(StrictModel):
+    """What the local model store keeps (`edge-agent models gc` and the daemon after each pull).
+    A version a configured pipeline names is never removed."""
+
+    keep_versions: int = Field(
+        3, ge=1, description="Versions kept per model, newest installed first (for instant rollback)."
+    )
+    max_bytes: int | None = Field(
+        None, ge=0, description="Remove the oldest unused versions while the store holds more than this."
+    )
+    max_age_days: float | None = Field(
+        None, gt=0, description="Remove unused versions installed longer ago than this."
+    )
+
+
 class AgentConfig(StrictModel):
     device: DeviceConfig
     state_dir: Path = Field(Path("/var/lib/edge-agent"), description="Model store, outbox and decisions.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     registry: RegistryConfig | None = Field(None, description="Where models are pulled from.")
+    store: StoreConfig = Field(default_factory=StoreConfig, description="What the model store keeps.")
     backends: SelectionConfig = Field(default_factory=SelectionConfig, description="Backend selection.")
     telemetry: TelemetryConfig = Field(
         default_factory=TelemetryConfig, description="Periodic health reports."

@@ -284,6 +284,25 @@ class Agent:
         pipeline.start()
         slot.pipeline = pipeline
         log.info("pipeline %s started", config.name)
+        self._prune_store()
+
+    def _prune_store(self) -> None:
+        """Keep what `store:` says (the newest versions of each model, size and age limits), never a
+        version a configured pipeline names. A failure is logged: serving comes first."""
+        limits = self.config.store
+        in_use = {(p.model.name, p.model.version) for p in self.config.pipelines}
+        try:
+            max_age_s = limits.max_age_days * 86400 if limits.max_age_days is not None else None
+            report = self.store.gc(in_use, limits.keep_versions, limits.max_bytes, max_age_s)
+        except EdgeAgentError as exc:
+            log.warning("model store clean-up failed: %s", exc)
+            return
+        if report.removed:
+            log.info(
+                "model store: removed %s (%d bytes freed)",
+                ", ".join(f"{r['name']}@{r['version']}" for r in report.removed),
+                report.freed_bytes,
+            )
 
     def _build(
         self,

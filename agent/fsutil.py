@@ -28,9 +28,14 @@ CHUNK_SIZE = 1 << 20
 
 @contextlib.contextmanager
 def file_lock(
-    path: Path, timeout_s: float, what: str, error: type[EdgeAgentError] = EdgeAgentError
+    path: Path,
+    timeout_s: float,
+    what: str,
+    error: type[EdgeAgentError] = EdgeAgentError,
+    shared: bool = False,
 ) -> Iterator[None]:
-    """Hold an exclusive `flock` on `path` (created if needed), waiting at most `timeout_s`.
+    """Hold an exclusive (or, with `shared`, a shared) `flock` on `path` (created if needed),
+    waiting at most `timeout_s`.
 
     flock conflicts between separate open() calls even inside one process, so this serializes
     threads and processes alike. Lock files are never deleted (that would race with waiters).
@@ -47,7 +52,7 @@ def file_lock(
         logged = False
         while True:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
                 break
             except OSError as exc:
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
