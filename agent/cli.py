@@ -546,16 +546,24 @@ def models_pull(config: ConfigOption = DEFAULT_CONFIG, as_json: JsonOption = Fal
     pulled = []
     with _user_errors(as_json):
         cfg = _load(config)
-        if cfg.registry is None:
-            raise EdgeAgentError(f"{config}: no registry configured")
-        registry = open_registry(cfg.registry.url, cfg.registry)
         store = store_for(cfg)
-        with contextlib.closing(registry), _download_bar(enabled=not as_json) as progress:
-            for ref in sorted({(p.model.name, p.model.version) for p in cfg.pipelines}):
-                installed = store.pull(registry, *ref, progress=progress)
-                pulled.append({"name": installed.name, "version": installed.version})
-                if not as_json:
-                    typer.echo(f"ok: {installed.name}@{installed.version}")
+        for model in sorted({p.model for p in cfg.pipelines if p.model.path is not None}, key=str):
+            assert model.path is not None
+            installed = store.import_file(model.path, model.name, model.version)
+            pulled.append({"name": installed.name, "version": installed.version, "path": str(model.path)})
+            if not as_json:
+                typer.echo(f"ok: {installed.name}@{installed.version} (imported from {model.path})")
+        wanted = sorted({(p.model.name, p.model.version) for p in cfg.pipelines if p.model.path is None})
+        if wanted and cfg.registry is None:
+            raise EdgeAgentError(f"{config}: no registry configured")
+        if wanted and cfg.registry is not None:
+            registry = open_registry(cfg.registry.url, cfg.registry)
+            with contextlib.closing(registry), _download_bar(enabled=not as_json) as progress:
+                for ref in wanted:
+                    installed = store.pull(registry, *ref, progress=progress)
+                    pulled.append({"name": installed.name, "version": installed.version})
+                    if not as_json:
+                        typer.echo(f"ok: {installed.name}@{installed.version}")
     if as_json:
         _echo_json(pulled)
 

@@ -176,15 +176,47 @@ class RegistryConfig(RegistryConnection):
         return value
 
 
+LOCAL_VERSION = "local"  # the version of a model imported from a file on the box (model.path)
+
+
 class ModelRef(StrictModel):
-    name: Name
-    version: Name
+    name: Name = Field(description="Model name in the registry (with `path`: defaults to the file's name).")
+    version: Name = Field(description=f"Model version (with `path`: {LOCAL_VERSION!r}).")
     digest: str | None = Field(
         None,
         pattern=r"^sha256:[0-9a-f]{64}$",
         description="Pins the registry's manifest document (OCI: the image manifest's digest; "
         "file/HTTP: sha256 of manifest.json): a version whose manifest changed is refused.",
     )
+    path: Path | None = Field(
+        None,
+        description="A model file on this box (.onnx, .tflite, OpenVINO .xml beside its .bin), used "
+        "without a registry: imported into the store, hashed and verified on every start.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _local_file(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("path") in (None, ""):
+            return data
+        if data.get("version", LOCAL_VERSION) != LOCAL_VERSION or data.get("digest") is not None:
+            key = "digest" if data.get("digest") is not None else "version"
+            raise ValueError(f"{key} is for registry models; a model given by path has none")
+        data = dict(data)
+        if "name" not in data:  # the file's name, made a valid model name
+            stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(str(data["path"])).stem).strip("-_.")[:64]
+            data["name"] = stem or "model"
+        data["version"] = LOCAL_VERSION
+        return data
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_absolute():
+            raise ValueError(
+                f"must be an absolute path (the daemon's working directory is /), got {str(value)!r}"
+            )
+        return value
 
 
 def _non_blank_uri(value: str) -> str:
@@ -664,6 +696,6 @@ class AgentConfig(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> AgentConfig:
-        if self.pipelines and self.registry is None:
-            raise ValueError("pipelines name models, so a registry is required")
+        if self.registry is None and any(p.model.path is None for p in self.pipelines):
+            raise ValueError("pipelines name registry models, so a registry is required (or give model.path)")
         return self

@@ -29,7 +29,7 @@ from agent.clock import iso_utc
 from agent.config import AgentConfig, PipelineConfig
 from agent.errors import EdgeAgentError, ModelError
 from agent.fsutil import atomic_write_bytes
-from agent.model_hints import with_model_hints
+from agent.model_hints import embedded_hints, with_model_hints
 from agent.mqtt import MqttConnection, Outbox, OutboxMessage, results_topic, telemetry_topic
 from agent.pipeline import LoadedModel, Pipeline
 from agent.registry import open_registry
@@ -311,20 +311,25 @@ class Agent:
         progress: Callable[[str], None] | None = None,
         download: Progress | None = None,
     ) -> Pipeline:
-        assert self.config.registry is not None  # the config model requires it with pipelines
         say = progress or (lambda _text: None)
-        say(f"pulling {config.model.name}@{config.model.version}")
-        registry = open_registry(self.config.registry.url, self.config.registry)
-        try:
-            # After a failure, re-hash the installed blobs: a bit-rotted file of the right size
-            # would otherwise fail to load for ever. The first attempt trusts sizes (fast start).
-            model = config.model
-            installed = self.store.pull(
-                registry, model.name, model.version, verify=verify, progress=download, digest=model.digest
-            )
-        finally:
-            registry.close()
-        config = with_model_hints(config, installed.manifest)  # preprocessing, state, labels it ships
+        model = config.model
+        if model.path is not None:
+            say(f"importing {model.path}")
+            installed = self.store.import_file(model.path, model.name, model.version)
+        else:
+            assert self.config.registry is not None  # the config model requires it for registry models
+            say(f"pulling {model.name}@{model.version}")
+            registry = open_registry(self.config.registry.url, self.config.registry)
+            try:
+                # After a failure, re-hash the installed blobs: a bit-rotted file of the right size
+                # would otherwise fail to load for ever. The first attempt trusts sizes (fast start).
+                installed = self.store.pull(
+                    registry, model.name, model.version, verify=verify, progress=download, digest=model.digest
+                )
+            finally:
+                registry.close()
+        # Preprocessing, state and labels the version ships (manifest), then the file's own metadata.
+        config = with_model_hints(config, installed.manifest, embedded_hints(installed.model_artifacts()))
         session, decision, candidates = choose_and_load(
             self.config,
             config,

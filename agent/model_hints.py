@@ -9,10 +9,22 @@
 A pipeline then needs only its source and postprocess type. What the pipeline's YAML says wins,
 key by key (preprocess), or as a whole (state, labels); the manifest fills what the YAML leaves
 out. Hints that do not make a valid pipeline are an error naming the manifest key.
+
+The model file's own metadata fills what both leave out (`embedded_hints`):
+- ONNX `metadata_props` as Ultralytics exports write them: `names` ("{0: 'person', ...}") become
+  the labels, `imgsz` ("[640, 640]") the input size (letterboxed with 114 for detect, segment, pose
+  and obb tasks, as Ultralytics does; centre-cropped for classify), which a model exported with an
+  open input size needs; pixels are RGB scaled to 0..1 (Ultralytics' own preprocessing).
+- TFLite files with metadata carry their associated files in a zip appended to the flatbuffer:
+  a labels file (`labels.txt`, `*label*.txt`, one label per line) becomes the labels.
 """
 
 from __future__ import annotations
 
+import ast
+import logging
+import zipfile
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -20,13 +32,25 @@ from pydantic import ValidationError
 from agent.config import PipelineConfig
 from agent.errors import ModelError
 from agent.registry.manifest import Manifest, key_path
+from providers import ModelArtifact
+
+log = logging.getLogger(__name__)
 
 HINT_KEYS = ("preprocess", "state", "labels")
+_LETTERBOX_TASKS = ("detect", "segment", "pose", "obb")
 
 
-def with_model_hints(config: PipelineConfig, manifest: Manifest) -> PipelineConfig:
-    """`config` completed from the manifest's hints (the same object when there are none)."""
+def with_model_hints(
+    config: PipelineConfig, manifest: Manifest, embedded: Mapping[str, Any] | None = None
+) -> PipelineConfig:
+    """`config` completed from the manifest's hints, then from the model file's own (`embedded`,
+    from `embedded_hints`); the same object when there are none."""
     hints = {key: manifest.metadata[key] for key in HINT_KEYS if key in manifest.metadata}
+    for key, value in (embedded or {}).items():
+        if key == "preprocess" and isinstance(hints.get("preprocess"), dict) and isinstance(value, dict):
+            hints["preprocess"] = {**value, **hints["preprocess"]}
+        else:
+            hints.setdefault(key, value)
     if not hints:
         return config
     raw = config.model_dump(exclude_unset=True)
@@ -50,3 +74,58 @@ def with_model_hints(config: PipelineConfig, manifest: Manifest) -> PipelineConf
 def _describe(error: Any) -> str:
     location = tuple(part for part in error.get("loc", ()) if part not in ("image", "audio"))  # union tags
     return f"{key_path(location)}: {str(error.get('msg', 'invalid value')).removeprefix('Value error, ')}"
+
+
+def embedded_hints(artifacts: Sequence[ModelArtifact]) -> dict[str, Any]:
+    """Hints from the model files' own metadata (see the module docstring); {} when they carry none.
+    Metadata that cannot be read is logged and skipped: it only fills gaps."""
+    for artifact in artifacts:
+        try:
+            if artifact.format == "onnx":
+                hints = _ultralytics_hints(artifact)
+            elif artifact.format == "tflite":
+                hints = _tflite_hints(artifact)
+            else:
+                continue
+        except Exception as exc:  # metadata written by anyone: never a reason not to serve
+            log.warning("ignoring the metadata of %s: %s", artifact.label, exc)
+            continue
+        if hints:
+            log.info("%s carries %s in its own metadata", artifact.label, ", ".join(sorted(hints)))
+            return hints
+    return {}
+
+
+def _ultralytics_hints(artifact: ModelArtifact) -> dict[str, Any]:
+    import onnx
+
+    props = {p.key: p.value for p in onnx.load(str(artifact.path), load_external_data=False).metadata_props}
+    hints: dict[str, Any] = {}
+    if "names" in props:
+        names = ast.literal_eval(props["names"])  # a Python dict literal: {0: 'person', ...}
+        if isinstance(names, dict) and names and all(isinstance(k, int) for k in names):
+            hints["labels"] = [str(names.get(i, i)) for i in range(max(names) + 1)]
+        elif isinstance(names, list):
+            hints["labels"] = [str(n) for n in names]
+    if "imgsz" in props:
+        size = ast.literal_eval(props["imgsz"])
+        if isinstance(size, int):
+            size = [size, size]
+        if isinstance(size, list) and len(size) == 2 and all(isinstance(v, int) and v > 0 for v in size):
+            task = props.get("task", "detect")
+            mode = "letterbox" if task in _LETTERBOX_TASKS else "crop"
+            resize = {"height": size[0], "width": size[1], "mode": mode}
+            hints["preprocess"] = {"resize": resize, "color": "rgb", "scale": 1 / 255}
+    return hints
+
+
+def _tflite_hints(artifact: ModelArtifact) -> dict[str, Any]:
+    if not zipfile.is_zipfile(artifact.path):  # no associated files packed in
+        return {}
+    with zipfile.ZipFile(artifact.path) as packed:
+        names = [n for n in packed.namelist() if n.lower().endswith(".txt") and "label" in n.lower()]
+        if not names:
+            return {}
+        text = packed.read(names[0]).decode("utf-8", errors="replace")
+    labels = [line.strip() for line in text.splitlines() if line.strip()]
+    return {"labels": labels} if labels else {}

@@ -36,9 +36,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.config import AgentConfig
+from agent.config import LOCAL_VERSION, AgentConfig
 from agent.errors import IntegrityError, ModelError, RegistryError, StoreError
-from agent.fsutil import atomic_write_bytes, copy_hashing, file_lock, fsync_dir, hash_file, sha256_file
+from agent.fsutil import (
+    atomic_write_bytes,
+    copy_hashing,
+    file_lock,
+    fsync_dir,
+    hash_file,
+    sha256_file,
+    temp_name,
+)
 from agent.registry import Registry
 from agent.registry.file_registry import check_name, version_sort_key
 from agent.registry.manifest import (
@@ -432,6 +440,94 @@ class ModelStore:
                 "the registry copy is corrupt or was changed after publishing",
                 hint="republish the model as a new version",
             )
+
+    # --- importing a file on the box --------------------------------------------------------
+
+    def import_file(self, path: Path, name: str, version: str = LOCAL_VERSION) -> InstalledModel:
+        """Install a model file that is on this box (`model.path`) as name@version, without a
+        registry: copied into the store, hashed, checked as a model of its format. Every call
+        hashes the file and the stored copy again, so a changed file becomes the new content of
+        the version (the old blob is left for gc) and a damaged copy is replaced. An OpenVINO .xml
+        brings the .bin beside it. Unsigned by nature: refused when the trust policy requires
+        signatures."""
+        from agent.registry.file_registry import SUFFIX_FORMATS, utc_now_iso
+
+        check_name("name", name, StoreError)
+        check_name("version", version, StoreError)
+        if self.trust.required:
+            raise SignatureError(
+                f"model file {path}: this agent runs only signed models (registry.trusted_keys), and a "
+                "file given by model.path has no signature",
+                hint="publish it to a registry with --sign, and name it by name and version",
+            )
+        path = Path(path)
+        format = SUFFIX_FORMATS.get(path.suffix.lower())
+        if format is None:
+            raise StoreError(
+                f"model file {path}: cannot tell its format from the suffix (.onnx, .tflite, .xml)"
+            )
+        sources = [path, path.with_suffix(".bin")] if format == "openvino-ir" else [path]
+        artifacts = []
+        for source in sources:
+            try:
+                sha256, size = hash_file(source).hexdigest(), source.stat().st_size
+            except OSError as exc:
+                raise StoreError(f"cannot read model file {source}: {exc.strerror or exc}") from None
+            artifacts.append(
+                Artifact.model_validate(
+                    {"file": source.name, "sha256": sha256, "size": size, "format": format}
+                )
+            )
+        ref = f"{name}@{version}"
+        with (
+            self._gc_lock(shared=True),
+            self._lock(self.locks_dir / "models" / f"{ref}.lock", f"importing {ref}"),
+        ):
+            installed = self._installed_manifest(name, version, quiet=True)
+            unchanged = installed is not None and installed.artifacts == artifacts
+            if installed is not None and unchanged and not self._blob_problems(installed, rehash=True):
+                return self._installed(installed)
+            manifest = Manifest(
+                schema_version=1, name=name, version=version, created=utc_now_iso(), artifacts=artifacts,
+                metadata={"source": str(path)},
+            )  # fmt: skip
+            for source, artifact in zip(sources, artifacts, strict=True):
+                self._copy_in(source, artifact, f"model file {source}")
+            version_dir = self.models_dir / name / version
+            try:
+                version_dir.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(version_dir / SIGNATURE_FILE)
+                atomic_write_bytes(version_dir / MANIFEST_FILE, manifest.to_bytes())
+            except OSError as exc:
+                raise StoreError(f"cannot record {ref} as installed in {version_dir}: {exc}") from None
+        log.info("imported %s from %s into %s (sha256 %s)", ref, path, self.root, artifacts[0].sha256[:12])
+        return self._installed(manifest)
+
+    def _copy_in(self, source: Path, artifact: Artifact, what: str) -> None:
+        """Make blobs/sha256/<hex> hold `source`'s bytes (which must still hash to the artifact's)."""
+        blob = self.blobs_dir / artifact.sha256
+        with self._lock(self.locks_dir / "blobs" / f"{artifact.sha256}.lock", f"copying {what}"):
+            if self._blob_problem(artifact, rehash=True) is None:
+                return
+            self.blobs_dir.mkdir(parents=True, exist_ok=True)
+            tmp = temp_name(blob)
+            try:
+                with source.open("rb") as src, open(tmp, "wb") as dst:
+                    sha256, size = copy_hashing(src, dst)
+                    dst.flush()
+                    os.fsync(dst.fileno())
+                if (sha256, size) != (artifact.sha256, artifact.size):
+                    raise IntegrityError(f"{what} changed while it was copied into the store; try again")
+                check_model_file(tmp, artifact.format, file_name=artifact.file)
+                os.chmod(tmp, BLOB_MODE)
+                os.replace(tmp, blob)
+            except OSError as exc:
+                raise StoreError(_disk_error(f"cannot copy {what} into {blob}", exc, self.root)) from None
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            fsync_dir(self.blobs_dir)
 
     # --- removing ---------------------------------------------------------------------------
 

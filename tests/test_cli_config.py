@@ -252,7 +252,17 @@ def test_schema_is_json_with_the_top_level_sections() -> None:
     schema = _schema()
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert schema["type"] == "object"
-    sections = {"device", "mqtt", "registry", "backends", "telemetry", "store", "pipelines", "state_dir", "log_level"}
+    sections = {
+        "device",
+        "mqtt",
+        "registry",
+        "backends",
+        "telemetry",
+        "store",
+        "pipelines",
+        "state_dir",
+        "log_level",
+    }
     assert sections == set(schema["properties"])
     assert schema["required"] == ["device"]
     assert schema["additionalProperties"] is False

@@ -332,7 +332,7 @@ BAD_CONFIGS: dict[str, tuple[str, list[tuple[int, str]]]] = {
             source: {type: video, uri: "0"}
             postprocess: {type: raw}
         """,
-        [(1, "(top): pipelines name models, so a registry is required")],
+        [(1, "(top): pipelines name registry models, so a registry is required (or give model.path)")],
     ),
     "tls_cert_without_key": (
         """
