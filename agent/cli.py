@@ -746,6 +746,157 @@ def models_check(
     Console().print(table)
 
 
+@models_app.command("inspect")
+def models_inspect(
+    model: Annotated[str, typer.Argument(help="A model file, or NAME[@VERSION] in the store.")],
+    config: ConfigOption = DEFAULT_CONFIG,
+    state_dir: StateDirOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """What is inside MODEL, read without running it: per model file its format, size, sha256,
+    inputs and outputs, operators and weights (ONNX: opsets, producer, metadata_props; TFLite:
+    quantisation); for a store version also its manifest metadata, artifacts, test sets and signer."""
+    from agent.model_info import inspect_model
+    from agent.store import ModelStore
+
+    with _user_errors(as_json):
+        store_dir = _model_state_dir(model, config, state_dir)
+        info = inspect_model(model, ModelStore((store_dir or Path(".")) / "store"))
+    if as_json:
+        _echo_json(info)
+    else:
+        _print_inspection(info)
+
+
+INSPECT_VALUE_CHARS = 60  # longer metadata values are cut in tables (--json has them whole)
+
+
+def _cut(value: Any, limit: int = INSPECT_VALUE_CHARS) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _inspect_table(title: str, columns: list[str], rows: list[list[Any]]) -> Any:
+    """A rich table of plain text (no markup read from model data); long cells wrap, never cut."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(Text("" if cell is None else str(cell)) for cell in row))
+    return table
+
+
+def _print_inspection(info: dict[str, Any]) -> None:
+    from rich.console import Console
+
+    console = Console()
+    version = info["version"]
+    if version is not None:
+        _say(
+            console,
+            f"{info['model']} (created {version['created']}, signed by {version['signed_by'] or 'nobody'})",
+        )
+        if version["metadata"]:
+            rows = [[key, _cut(value)] for key, value in version["metadata"].items()]
+            console.print(_inspect_table("manifest metadata", ["metadata", "value"], rows))
+        # Test-data columns only where some artifact has them: 80 columns are few.
+        optional = [("model_file", "for model"), ("rtol", "rtol"), ("atol", "atol")]
+        extra = [(key, name) for key, name in optional if any(a[key] is not None for a in info["artifacts"])]
+        columns = ["file", "format", "size", "sha256", "target", *(name for _, name in extra)]
+        rows = [
+            [
+                a["file"],
+                a["format"],
+                f"{a['size']:,}",
+                a["sha256"][:16],
+                a["target"],
+                *(a[k] for k, _ in extra),
+            ]
+            for a in info["artifacts"]
+        ]
+        console.print(_inspect_table("artifacts", columns, rows))
+    for model in info["models"]:
+        _print_model_file(console, model)
+    for test in info["test_sets"]:
+        _print_test_set(console, test)
+
+
+def _say(console: Any, text: str) -> None:
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def _print_model_file(console: Any, m: dict[str, Any]) -> None:
+    from agent.model_info import format_shape
+
+    _say(console, "")
+    _say(console, f"{m['file']}: {m['format']}, {m['size']:,} bytes, sha256 {m['sha256'][:16]}")
+    if "weights_of" in m:
+        _say(console, f"  the weights of {m['weights_of']}")
+        return
+    if m["format"] == "onnx":
+        opsets = ", ".join(f"{domain or 'ai.onnx'} {v}" for domain, v in m["opsets"].items())
+        producer = f"{m['producer_name']} {m['producer_version']}".strip() or "unknown"
+        _say(console, f"  ir_version {m['ir_version']}, producer {producer}, opsets {opsets}")
+        params = f"{m['initializers']} initializers, {m['parameters']:,} parameters"
+        if m["parameters_in_constants"]:
+            params += f" ({m['parameters_in_constants']:,} in Constant nodes)"
+        _say(console, f"  {m['nodes']} nodes, {params}")
+        if m["external_data"]:
+            _say(console, f"  external data (not read): {', '.join(m['external_data'])}")
+    elif m["format"] == "tflite":
+        signatures = f", signatures {', '.join(m['signatures'])}" if m["signatures"] else ""
+        _say(console, f"  read with {m['runtime']}{signatures}")
+    else:
+        _say(
+            console,
+            f"  {m['name']}, weights {m['weights']}, {m['nodes']} nodes, {m['parameters']:,} parameters",
+        )
+    ports = [("input", p) for p in m["inputs"]] + [("output", p) for p in m["outputs"]]
+    quantised = any(p.get("quantization") for _, p in ports)
+    rows = []
+    for kind, port in ports:
+        row = [kind, port["name"], port["dtype"], format_shape(port["shape"])]
+        q = port.get("quantization")
+        if quantised:
+            row.append(f"scale {_cut(q['scales'], 30)}, zero point {_cut(q['zero_points'], 30)}" if q else "")
+        rows.append(row)
+    columns = ["", "name", "dtype", "shape", *(["quantization"] if quantised else [])]
+    console.print(_inspect_table("inputs and outputs", columns, rows))
+    if m["operators"]:
+        default_domain = "ai.onnx" if m["format"] == "onnx" else ""
+        rows = [[op["op_type"], op["domain"] or default_domain, op["count"]] for op in m["operators"]]
+        title = f"operators ({len(rows)} kinds)"
+        console.print(_inspect_table(title, ["operator", "domain", "count"], rows))
+    if m.get("operators_note"):
+        _say(console, f"  {m['operators_note']}")
+    if m.get("metadata_props"):
+        rows = [[key, _cut(value)] for key, value in m["metadata_props"].items()]
+        console.print(_inspect_table("metadata_props", ["key", "value"], rows))
+
+
+def _print_test_set(console: Any, test: dict[str, Any]) -> None:
+    from agent.model_info import format_shape
+
+    _say(console, "")
+    tolerances = "".join(f", {key} {test[key]}" for key in ("rtol", "atol") if test[key] is not None)
+    _say(
+        console, f"test set {test['file']}: for {test['model_file'] or 'any model file it fits'}{tolerances}"
+    )
+    if test["error"]:
+        _say(console, f"  unreadable: {test['error']}")
+        return
+    rows = [
+        [array["name"], role, array["dtype"], format_shape(array["shape"])]
+        for kind, role in (("inputs", "input"), ("expected", "expected output"))
+        for array in test[kind]
+    ]
+    console.print(_inspect_table("", ["array", "role", "dtype", "shape"], rows))
+
+
 @app.command()
 def explain(
     name: Annotated[str, typer.Argument(help="A pipeline name, or a model NAME[@VERSION].")],
