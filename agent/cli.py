@@ -14,9 +14,10 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -538,34 +539,88 @@ def models_verify(
 
 
 @models_app.command("pull")
-def models_pull(config: ConfigOption = DEFAULT_CONFIG, as_json: JsonOption = False) -> None:
-    """Pull every model version the config's pipelines name into the store (verified)."""
+def models_pull(
+    refs: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="NAME@VERSION to pull from the config's registry (default: what the pipelines name)."
+        ),
+    ] = None,
+    config: ConfigOption = DEFAULT_CONFIG,
+    as_json: JsonOption = False,
+) -> None:
+    """Pull model versions into the store (verified): those given, else every one the config's
+    pipelines name (files given by model.path are imported). Each is reported; exit 1 if any failed."""
     from agent.registry import open_registry
     from agent.store import store_for
 
-    pulled = []
+    results: list[dict[str, Any]] = []
     with _user_errors(as_json):
         cfg = _load(config)
         store = store_for(cfg)
-        for model in sorted({p.model for p in cfg.pipelines if p.model.path is not None}, key=str):
+        if refs:
+            wanted = sorted({_split_ref(ref) for ref in refs})
+            local = []
+        else:
+            wanted = sorted({(p.model.name, p.model.version) for p in cfg.pipelines if p.model.path is None})
+            local = sorted({p.model for p in cfg.pipelines if p.model.path is not None}, key=str)
+        for model in local:
             assert model.path is not None
-            installed = store.import_file(model.path, model.name, model.version)
-            pulled.append({"name": installed.name, "version": installed.version, "path": str(model.path)})
-            if not as_json:
-                typer.echo(f"ok: {installed.name}@{installed.version} (imported from {model.path})")
-        wanted = sorted({(p.model.name, p.model.version) for p in cfg.pipelines if p.model.path is None})
+            results.append(
+                _outcome(
+                    model.name,
+                    model.version,
+                    "file",
+                    partial(store.import_file, model.path, model.name, model.version),
+                )
+            )
         if wanted and cfg.registry is None:
             raise EdgeAgentError(f"{config}: no registry configured")
         if wanted and cfg.registry is not None:
             registry = open_registry(cfg.registry.url, cfg.registry)
             with contextlib.closing(registry), _download_bar(enabled=not as_json) as progress:
-                for ref in wanted:
-                    installed = store.pull(registry, *ref, progress=progress)
-                    pulled.append({"name": installed.name, "version": installed.version})
-                    if not as_json:
-                        typer.echo(f"ok: {installed.name}@{installed.version}")
+                for name, version in wanted:
+                    source = "store" if store.is_installed(name, version) else "registry"
+                    results.append(
+                        _outcome(
+                            name,
+                            version,
+                            source,
+                            partial(store.pull, registry, name, version, progress=progress),
+                        )
+                    )
+    unreachable = any("cannot reach registry" in (r["error"] or "") for r in results)
     if as_json:
-        _echo_json(pulled)
+        _echo_json(results)
+    else:
+        for r in results:
+            ref = f"{r['name']}@{r['version']}"
+            if r["ok"]:
+                how = {
+                    "store": "already in the store",
+                    "registry": "pulled",
+                    "file": "imported from its file",
+                }
+                typer.echo(f"ok: {ref} ({how[r['source']]})")
+            else:
+                typer.echo(f"FAILED: {ref}: {r['error']}", err=True)
+        if unreachable:
+            installed = ", ".join(m.ref for m in store.list()) or "nothing"
+            typer.echo(
+                f"the registry could not be reached: the box keeps running what its store has ({installed})",
+                err=True,
+            )
+    if not all(r["ok"] for r in results):
+        raise typer.Exit(1)
+
+
+def _outcome(name: str, version: str, source: str, pull: Callable[[], Any]) -> dict[str, Any]:
+    """One model's pull as a result row; its error (with hint) instead of stopping the others."""
+    try:
+        pull()
+    except EdgeAgentError as exc:
+        return {"name": name, "version": version, "ok": False, "source": source, "error": str(exc)}
+    return {"name": name, "version": version, "ok": True, "source": source, "error": None}
 
 
 @contextmanager

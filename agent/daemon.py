@@ -27,16 +27,16 @@ from agent import __version__
 from agent.backend_choice import DecisionSwitcher, choose_and_load, policy_for
 from agent.clock import iso_utc
 from agent.config import AgentConfig, PipelineConfig
-from agent.errors import EdgeAgentError, ModelError
+from agent.errors import EdgeAgentError, ModelError, RegistryError
 from agent.fsutil import atomic_write_bytes
 from agent.model_hints import embedded_hints, with_model_hints
 from agent.mqtt import MqttConnection, Outbox, OutboxMessage, results_topic, telemetry_topic
 from agent.pipeline import LoadedModel, Pipeline
-from agent.registry import open_registry
+from agent.registry import open_registry, public_url
 from agent.retry import backoff_delay
 from agent.sd_notify import notify, watchdog_interval_s
 from agent.session_pool import SessionPool
-from agent.store import Progress, store_for
+from agent.store import ModelStore, Progress, store_for
 from agent.telemetry import TelemetrySampler
 from providers import BackendError
 from providers.select import SelectionPolicy
@@ -115,11 +115,43 @@ class PipelineSlot:
     download: dict[str, Any] | None = None
 
 
+class RegistryLink:
+    """Whether the registry answered when the agent last needed it (a version not in the store yet).
+    Installed versions are served without asking it: offline, the box runs what its store has."""
+
+    def __init__(self, url: str | None) -> None:
+        self.url = public_url(url) if url else None
+        self.state = "not asked yet" if url else "none configured"
+        self.error: str | None = None
+        self.since = time.time()
+
+    def reached(self, url: str) -> None:
+        if self.state != "reachable":
+            if self.state == "unreachable":
+                log.info("registry %s reachable again", url)
+            self.state, self.error, self.since = "reachable", None, time.time()
+
+    def failed(self, url: str, exc: RegistryError, store: ModelStore) -> None:
+        if "cannot reach registry" not in exc.message:
+            return  # it answered (with an error of its own): reachable, the version is the problem
+        if self.state != "unreachable":
+            installed = ", ".join(m.ref for m in store.list()) or "nothing"
+            log.warning(
+                "registry %s unreachable (%s); serving what the store has: %s", url, exc.message, installed
+            )
+            self.state, self.since = "unreachable", time.time()
+        self.error = exc.message
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "state": self.state, "error": self.error, "since": iso_utc(self.since)}
+
+
 class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.started_at = time.time()
         self.store = store_for(config)  # first: a trusted key that cannot be loaded stops the start here
+        self.registry_link = RegistryLink(config.registry.url if config.registry else None)
         state_dir = config.state_dir
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
@@ -319,6 +351,7 @@ class Agent:
         else:
             assert self.config.registry is not None  # the config model requires it for registry models
             say(f"pulling {model.name}@{model.version}")
+            asks_registry = not self.store.is_installed(model.name, model.version)
             registry = open_registry(self.config.registry.url, self.config.registry)
             try:
                 # After a failure, re-hash the installed blobs: a bit-rotted file of the right size
@@ -326,8 +359,13 @@ class Agent:
                 installed = self.store.pull(
                     registry, model.name, model.version, verify=verify, progress=download, digest=model.digest
                 )
+            except RegistryError as exc:
+                self.registry_link.failed(registry.url, exc, self.store)
+                raise
             finally:
                 registry.close()
+            if asks_registry:
+                self.registry_link.reached(registry.url)
         # Preprocessing, state and labels the version ships (manifest), then the file's own metadata.
         config = with_model_hints(config, installed.manifest, embedded_hints(installed.model_artifacts()))
         session, decision, candidates = choose_and_load(
@@ -381,6 +419,7 @@ class Agent:
         }
         if state == "online":
             payload["started_at"] = iso_utc(self.started_at)
+            payload["registry"] = self.registry_link.to_dict()
             payload["pipelines"] = {
                 name: {
                     "state": s["state"],
@@ -433,6 +472,8 @@ class Agent:
                 "interval_s": self.config.telemetry.interval_s,
                 "skipped_while_offline": self.telemetry_skipped,
             },
+            "registry": self.registry_link.to_dict(),
+            "store": {"installed": [m.ref for m in self.store.list()]},
             "pipelines": self.pipeline_states(),
         }
 

@@ -217,6 +217,10 @@ class ModelStore:
             )
         return self._installed(manifest, signed_by)
 
+    def is_installed(self, name: str, version: str) -> bool:
+        """Installed with every blob in place (sizes; no re-hash): a pull would not ask the registry."""
+        return self._ready(name, version, rehash=False) is not None
+
     def verify(self, name: str, version: str) -> builtins.list[str]:
         """Check the installed copy's signature against the trust policy and re-hash every blob;
         return the problems found (empty: all good)."""

@@ -52,12 +52,13 @@ class RegistryServer:
     token: str | None = None
     stall_s: float = 30.0
     tls: tuple[Path, Path] | None = None  # (certificate, key): serve https
+    port: int = 0  # 0: a free one
     faults: dict[str, Fault] = field(default_factory=dict)
     requests: list[Served] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), _handler_for(self))
         self._httpd.daemon_threads = True
         if self.tls is not None:
             context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
