@@ -121,6 +121,7 @@ class CandidateReport:
     p90_ms: float | None = None
     max_abs_diff: float | None = None
     peak_rss_mb: float | None = None
+    unlock: str = ""  # rejected for its outputs: what would let it through
 
 
 @dataclass
@@ -145,7 +146,9 @@ class Decision:
         if self.note:
             head += f"; {self.note}"
         others = [
-            f"{c.backend} on {c.artifact}: {c.verdict}{_numbers(c)}" + (f": {c.reason}" if c.reason else "")
+            f"{c.backend} on {c.artifact}: {c.verdict}{_numbers(c)}"
+            + (f": {c.reason}" if c.reason else "")
+            + (f" (would pass with {c.unlock})" if c.unlock else "")
             for c in self.candidates
             if c.verdict != "chosen"
         ]
@@ -175,7 +178,11 @@ class Decision:
 
 class NoBackendError(BackendError):
     def __init__(self, candidates: list[CandidateReport]) -> None:
-        reasons = "; ".join(f"{c.backend} on {c.artifact}: {c.reason}" for c in candidates)
+        reasons = "; ".join(
+            f"{c.backend} on {c.artifact}: {c.reason}"
+            + (f" (would pass with {c.unlock})" if c.unlock else "")
+            for c in candidates
+        )
         super().__init__(f"no backend can run this model ({reasons or 'no backends are registered'})")
         self.candidates = candidates
 
@@ -338,12 +345,12 @@ def decide(
         if reference is None:
             report.verdict = "passed"
             return True
-        diff, problem = compare_outputs(
-            result.outputs, reference, judged_by(inputs[sample_of[i] or 0], policy)
-        )
+        rules = judged_by(inputs[sample_of[i] or 0], policy)
+        diff, problem = compare_outputs(result.outputs, reference, rules)
         report.max_abs_diff = diff
         if problem:
             report.verdict, report.reason = "rejected", problem
+            report.unlock = what_would_pass(report.backend, result, reference, rules)
             wrong_backends.add(report.backend)
             return False
         report.verdict = "passed"
@@ -438,6 +445,45 @@ def _reference(
         if result.ok:
             return name, result.outputs
     return None, None
+
+
+FULL_PRECISION = frozenset({"f32", "fp32", "FP32", "float32", ""})
+
+
+def what_would_pass(
+    backend: str, result: TrialResult, reference: Mapping[str, np.ndarray], rules: SelectionPolicy
+) -> str:
+    """For a candidate rejected for its outputs: the settings that would let it through, so a user
+    can choose speed over exactness knowingly (or "" when no setting would: wrong shapes, NaNs)."""
+    ways = []
+    if result.precision not in FULL_PRECISION:
+        option = '{"precision": "f32"}' if backend.startswith("openvino/") else '{"fp16": false}'
+        ways.append(f"full precision: it ran at {result.precision}; backends.options {backend}: {option}")
+    needed = _tolerance_needed(result.outputs, reference, rules)
+    if needed is not None:
+        ways.append(f"a tolerance of atol {needed:.3g} (backends.atol, or the test data's atol)")
+    return " or ".join(ways)
+
+
+def _tolerance_needed(
+    outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], rules: SelectionPolicy
+) -> float | None:
+    """The smallest atol (with the rules' rtol and max_mismatch) at which these outputs would pass."""
+    worst = 0.0
+    for name, ref in reference.items():
+        out = outputs.get(name)
+        if out is None and len(outputs) == len(reference):
+            out = list(outputs.values())[list(reference).index(name)]
+        if out is None or np.shape(out) != np.shape(ref) or np.asarray(ref).dtype.kind not in "fc":
+            return None
+        out64, ref64 = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+        if not np.isfinite(out64).all() and np.isfinite(ref64).all():
+            return None
+        excess = np.abs(out64 - ref64) - rules.rtol * np.abs(ref64)
+        if excess.size:
+            # The atol that leaves at most max_mismatch of the values outside.
+            worst = max(worst, float(np.quantile(excess, 1.0 - rules.max_mismatch)))
+    return worst * 1.0001 if worst > 0 else None
 
 
 def judged_by(sample: Sample, policy: SelectionPolicy) -> SelectionPolicy:

@@ -58,7 +58,10 @@ def test_models_pull_says_what_it_could_not_reach(
         "name": CLS_NAME, "version": CLS_VERSION, "ok": True, "source": "store", "error": None,
     }  # fmt: skip
     assert not rows["2.1"]["ok"] and rows["2.1"]["source"] == "registry"
-    assert f"cannot reach registry at http://127.0.0.1:{port}/pp-ocr-cls/2.1/manifest.json" in rows["2.1"]["error"]
+    assert (
+        f"cannot reach registry at http://127.0.0.1:{port}/pp-ocr-cls/2.1/manifest.json"
+        in rows["2.1"]["error"]
+    )
 
     text = edge_agent("models", "pull", "-c", str(config))
     assert text.returncode == 1
