@@ -6,7 +6,9 @@ CLI only formats it and tests call the same code.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,32 +97,68 @@ def resolve_model(spec: str, store: ModelStore) -> ResolvedModel:
 
 
 def check_model(
-    artifacts: Sequence[ModelArtifact], backends: Sequence[Backend] | None = None
+    artifacts: Sequence[ModelArtifact],
+    backends: Sequence[Backend] | None = None,
+    derived_dir: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """Per backend and artifact: can it run it, and if not, why (naming unsupported operators)."""
-    rows = []
-    for backend in backends if backends is not None else all_backends():
-        probe = backend.probe()
-        for artifact in artifacts:
-            ops: tuple[str, ...] = ()
-            if not probe.available:
-                ok, reason = False, f"backend not available: {probe.reason}"
-            elif artifact.format not in backend.formats:
-                ok, reason = False, f"cannot read {artifact.format} files"
-            else:
-                support = backend.supports(artifact)
-                ok, reason, ops = support.ok, support.reason, support.unsupported_ops
-            rows.append(
-                {
-                    "backend": backend.name,
-                    "artifact": artifact.label,
-                    "format": artifact.format,
-                    "supported": ok,
-                    "reason": reason,
-                    "unsupported_ops": list(ops),
-                }
-            )
+    """Per backend and artifact: can it run it, and if not, why (naming unsupported operators).
+
+    An ONNX file with an old opset that a backend refuses as it is gets an opset-upgraded twin (made
+    in `derived_dir`, a temporary folder by default), checked too: the row of the original then
+    says whether the upgrade fixes it, as selection would use the twin."""
+    backends = list(backends if backends is not None else all_backends())
+    with contextlib.ExitStack() as stack:
+        if derived_dir is None:
+            derived_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="edge-agent-check-")))
+        candidates = [*artifacts, *_upgraded_twins(artifacts, backends, derived_dir)]
+        rows = [_support_row(backend, artifact) for backend in backends for artifact in candidates]
+    for row in rows:
+        refuses_the_model = row.pop("_read")  # the backend is here and reads the format, but not this file
+        if row["supported"] or row["derived_from"] or not refuses_the_model:
+            continue
+        twin = next(
+            (r for r in rows if r["backend"] == row["backend"] and r["derived_from"] == row["artifact"]), None
+        )
+        if twin is not None:
+            upgrade = twin["artifact"].rsplit("(", 1)[-1].rstrip(")")  # "upgraded from opset 6 to 13"
+            fixed = "which fixes it" if twin["supported"] else "which does not fix it"
+            row["reason"] += f" (an old opset: selection uses a copy {upgrade}, {fixed})"
+            row["upgrade_fixes"] = bool(twin["supported"])
     return rows
+
+
+def _upgraded_twins(
+    artifacts: Sequence[ModelArtifact], backends: Sequence[Backend], derived_dir: Path
+) -> list[ModelArtifact]:
+    from agent.transform import upgraded_artifacts
+    from providers.select import REFERENCE_BACKENDS
+
+    reference = next((b for b in backends if b.name == REFERENCE_BACKENDS[0] and b.probe().available), None)
+    return upgraded_artifacts(artifacts, derived_dir, reference) if reference is not None else []
+
+
+def _support_row(backend: Backend, artifact: ModelArtifact) -> dict[str, Any]:
+    probe = backend.probe()
+    ops: tuple[str, ...] = ()
+    read = False
+    if not probe.available:
+        ok, reason = False, f"backend not available: {probe.reason}"
+    elif artifact.format not in backend.formats:
+        ok, reason = False, f"cannot read {artifact.format} files"
+    else:
+        support = backend.supports(artifact)
+        ok, reason, ops, read = support.ok, support.reason, support.unsupported_ops, True
+    return {
+        "backend": backend.name,
+        "artifact": artifact.label,
+        "format": artifact.format,
+        "supported": ok,
+        "reason": reason,
+        "unsupported_ops": list(ops),
+        "derived_from": artifact.derived_from,
+        "upgrade_fixes": None,
+        "_read": read,
+    }
 
 
 OPEN_DIM_SIZE = 224  # an image side most vision models accept

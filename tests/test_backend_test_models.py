@@ -213,3 +213,25 @@ def test_cli_validate_reports_every_candidate_and_publish_takes_the_model_zoo_la
     assert refused.returncode == 1
     assert "activates: nothing" in refused.stdout
     assert "onnxruntime/CPUExecutionProvider on model.onnx" in refused.stdout
+
+
+def test_models_check_says_an_old_opset_is_the_reason_and_the_upgrade_fixes_it() -> None:
+    import json
+
+    from tests.test_cli_config import edge_agent
+
+    model = DATA / "pytorch-operator" / "test_operator_add_broadcast" / "model.onnx"
+    result = edge_agent("models", "check", str(model), "--json")
+    assert result.returncode == 0, result.stderr
+    rows = {(r["backend"], r["artifact"]): r for r in json.loads(result.stdout)["backends"]}
+    original = rows[("onnxruntime/CPUExecutionProvider", "model.onnx")]
+    assert original["supported"] is False and original["upgrade_fixes"] is True
+    assert original["reason"] == (
+        "unsupported operators: Add "
+        "(an old opset: selection uses a copy upgraded from opset 6 to 13, which fixes it)"
+    )
+    twin = rows[("onnxruntime/CPUExecutionProvider", "model.onnx (upgraded from opset 6 to 13)")]
+    assert twin["supported"] is True and twin["derived_from"] == "model.onnx"
+    # Backends this box lacks say so, without a word about opsets.
+    trt = rows[("onnxruntime/TensorrtExecutionProvider", "model.onnx")]
+    assert "opset" not in trt["reason"] and trt["upgrade_fixes"] is None
