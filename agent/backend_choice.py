@@ -11,8 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,7 @@ def _samples(
         config.backends.sample_timeout_s,
         "only the candidates its test data fits are proven"
         if samples
-        else "choosing by rank, outputs not checked",
+        else "serving on the full-precision CPU reference, outputs not checked",
     )
     return samples
 
@@ -258,6 +259,45 @@ def choose_and_load(
     return session, decision, list(artifacts)
 
 
+Prover = Callable[[Mapping[str, np.ndarray]], Decision]
+
+
+def make_prover(
+    config: AgentConfig,
+    pipeline: PipelineConfig,
+    artifacts: Sequence[ModelArtifact],
+    model_ref: str,
+    testdata: Sequence[TestData] = (),
+) -> Prover:
+    """For a pipeline whose decision could not be checked (no sample when it was built): a function
+    that decides again on one of its frames (plus its test data) and caches the checked decision."""
+    policy = policy_for(config, pipeline)
+    backends = all_backends()
+    hardware = detect_hardware()
+    key = decision_key(
+        [*artifacts, *(t.artifact for t in testdata)],
+        policy,
+        backends,
+        hardware,
+        tolerances=[(t.artifact.sha256, t.rtol, t.atol) for t in testdata],
+    )
+
+    def prove(feeds: Mapping[str, np.ndarray]) -> Decision:
+        samples = [
+            *testdata_samples(testdata, artifacts, backends),
+            Sample(feeds, "a frame from the pipeline's source"),
+        ]
+        log.info(
+            "pipeline %s: proving the candidates for %s on a frame from its source", pipeline.name, model_ref
+        )
+        decision = decide(artifacts, policy, samples, backends, hardware=hardware_notes(hardware))
+        if decision.checked:
+            DecisionStore(config.state_dir).put(key, decision, pipeline.name, model_ref)
+        return decision
+
+    return prove
+
+
 class DecisionSwitcher:
     """Runtime fallback along a decision's order (agent.pipeline.BackendSwitcher).
 
@@ -275,7 +315,9 @@ class DecisionSwitcher:
         backends: Sequence[Backend] | None = None,
         retry_first_s: float = 60.0,
         retry_max_s: float = 3600.0,
+        prove: Prover | None = None,
     ) -> None:
+        self.decision = decision
         self.order = decision.order()
         self.artifacts = {a.sha256: a for a in artifacts}
         self.policy = policy
@@ -283,6 +325,53 @@ class DecisionSwitcher:
         self.backends = {b.name: b for b in (backends if backends is not None else all_backends())}
         self.retry_first_s, self.retry_max_s = retry_first_s, retry_max_s
         self._demoted: dict[str, tuple[int, float]] = {}  # backend -> (failures, retry at)
+        # An unchecked decision (no sample at build time) is proven on the first frame offered.
+        self._prove = prove
+        self._proving = False
+        self._upgrade: Session | None = None
+        self._upgrade_lock = threading.Lock()
+
+    # --- proving an unchecked decision on a frame (agent.pipeline.Pipeline offers them) -----------
+
+    @property
+    def wants_sample(self) -> bool:
+        return self._prove is not None and not self._proving
+
+    def offer_sample(self, feeds: Mapping[str, np.ndarray], current: str) -> None:
+        """Start proving the candidates on these inputs, in the background (trials take seconds)."""
+        if not self.wants_sample:
+            return
+        self._proving = True
+        copied = {name: np.array(value, copy=True) for name, value in feeds.items()}
+        threading.Thread(
+            target=self._prove_on, args=(copied, current), name="prove-backend", daemon=True
+        ).start()
+
+    def _prove_on(self, feeds: Mapping[str, np.ndarray], current: str) -> None:
+        assert self._prove is not None
+        try:
+            decision = self._prove(feeds)
+        except Exception as exc:  # selection errors, a runtime's own: keep serving as we are
+            log.warning("could not prove the candidates on a frame: %s; staying on %s", exc, current)
+            self._prove = None
+            return
+        self.decision, self.order = decision, decision.order()
+        self._prove = None
+        log.info("proved on a frame: %s", decision.explain())
+        if decision.backend == current:
+            return
+        if self.warm_up_feeds is None:
+            self.warm_up_feeds = feeds  # inputs the pipeline really makes
+        session = self._load(0)
+        if session is not None:
+            with self._upgrade_lock:
+                self._upgrade = session
+
+    def take_upgrade(self) -> Session | None:
+        """A session on the candidate a frame proved, once it is loaded (the worker swaps it in)."""
+        with self._upgrade_lock:
+            session, self._upgrade = self._upgrade, None
+        return session
 
     def _load(self, index: int) -> Session | None:
         report = self.order[index]

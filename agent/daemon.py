@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent import __version__
-from agent.backend_choice import DecisionSwitcher, choose_and_load, policy_for
+from agent.backend_choice import DecisionSwitcher, choose_and_load, make_prover, policy_for
 from agent.clock import iso_utc
 from agent.config import AgentConfig, PipelineConfig
 from agent.errors import EdgeAgentError, ModelError, RegistryError
@@ -384,8 +384,13 @@ class Agent:
             say(f"warming up on {session.backend}")
             pipeline.warm_up()
             policy = policy_for(self.config, config)
+            prove = None
+            if policy.benchmark and not decision.checked:  # no sample at build time: a frame will do
+                prove = make_prover(
+                    self.config, config, candidates, installed.ref, installed.testdata_artifacts()
+                )
             pipeline.switcher = DecisionSwitcher(
-                decision, candidates, policy, warm_up=pipeline.feeder.warm_up_feeds()
+                decision, candidates, policy, warm_up=pipeline.feeder.warm_up_feeds(), prove=prove
             )
         except Exception:
             session.close()

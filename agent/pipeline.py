@@ -10,8 +10,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+import numpy as np
 
 from agent.config import PipelineConfig
 from agent.processing import Preprocessor, build_postprocessor
@@ -155,6 +158,7 @@ class Pipeline:
             while True:
                 frame = self.slot.get(timeout=0.5)
                 self._maybe_return_to_preferred()
+                self._maybe_take_upgrade()
                 if frame is None:
                     if self.slot.closed:
                         return  # source ended or stopped, and the last frame is done
@@ -197,6 +201,18 @@ class Pipeline:
         if better is not None:
             self._swap(better, "the preferred backend works again")
 
+    def _offer_sample(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """Hand a frame's inputs to a switcher whose decision still needs proving (cheap otherwise)."""
+        offer = getattr(self.switcher, "offer_sample", None)
+        if offer is not None and getattr(self.switcher, "wants_sample", False):
+            offer(feeds, self.model.session.backend)
+
+    def _maybe_take_upgrade(self) -> None:
+        take = getattr(self.switcher, "take_upgrade", None)
+        session = take() if take is not None else None
+        if session is not None:
+            self._swap(session, "a frame from the source proved it the best candidate")
+
     def _failed(self, frame: Frame, what: str, exc: Exception) -> None:
         """Count a failed frame; log the first failure and every 100th (not a line per frame)."""
         with self._lock:
@@ -220,6 +236,7 @@ class Pipeline:
             feeds, geometry = self.feeder.feeds(frame.data, frame.gap)
             t1 = time.perf_counter()
             outputs = self.model.session.run(feeds)
+            self._offer_sample(feeds)
             self.feeder.seen(outputs)
             t2 = time.perf_counter()
             output = self.postprocess(outputs, geometry)

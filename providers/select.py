@@ -50,6 +50,8 @@ DEFAULT_PREFERENCE: tuple[str, ...] = (
 
 # Where reference outputs come from: the plainest CPU backend that can read the artifact.
 REFERENCE_BACKENDS: tuple[str, ...] = ("onnxruntime/CPUExecutionProvider", "tflite/cpu", "openvino/CPU")
+# The references that always compute at full precision (OpenVINO's CPU may default to bf16).
+FULL_PRECISION_REFERENCES: tuple[str, ...] = ("onnxruntime/CPUExecutionProvider", "tflite/cpu")
 
 
 @dataclass(frozen=True)
@@ -287,17 +289,33 @@ def decide(
     sample_of = [next((s for s, x in enumerate(inputs) if x.fits_artifact(a)), None) for _, a in ranked]
     triable = [i for i in range(len(ranked)) if sample_of[i] is not None]
     if not policy.benchmark or not triable:
+        pick = 0
         if not policy.benchmark:
             note = "benchmark off"
         else:
-            note = "outputs not checked: " + (
-                "no sample input fits any artifact" if inputs else "no sample input"
+            # Nothing to prove a faster guess on: serve on the full-precision CPU reference until a
+            # sample proves another candidate (never a reduced-precision guess that may be wrong).
+            missing = "no sample input fits any artifact" if inputs else "no sample input"
+            pick = next(
+                (
+                    i
+                    for name in FULL_PRECISION_REFERENCES
+                    for i, (b, _a) in enumerate(ranked)
+                    if b.name == name
+                ),
+                0,
             )
-        reports[0].verdict = "chosen"
+            verdict = (
+                "serving on the full-precision reference"
+                if ranked[pick][0].name in FULL_PRECISION_REFERENCES
+                else "by rank"
+            )
+            note = f"outputs not checked: {missing}; {verdict} until a sample proves a candidate"
+        reports[pick].verdict = "chosen"
         return Decision(
-            ranked[0][0].name,
-            ranked[0][1].sha256,
-            ranked[0][1].label,
+            ranked[pick][0].name,
+            ranked[pick][1].sha256,
+            ranked[pick][1].label,
             None,
             found + reports + others,
             note=note,

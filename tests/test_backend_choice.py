@@ -34,6 +34,7 @@ from agent.hardware import SYSROOT_ENV, detect_hardware
 from agent.processing import Preprocessor
 from agent.processing.feed import build_feeder
 from providers import ModelArtifact, SelectionPolicy, decide, get_backend, screen
+from tests.agent_process import StartAgent
 from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, demo_video_module
 
 SYSROOTS = Path(__file__).resolve().parent / "fixtures" / "sysroots"
@@ -243,7 +244,12 @@ def test_a_source_that_cannot_be_opened_gives_an_unchecked_decision_that_is_not_
     elapsed = time.perf_counter() - started
     session.close()
     assert decision.checked is False and decision.reference is None
-    assert decision.note == "outputs not checked: no sample input"
+    assert decision.note == (
+        "outputs not checked: no sample input; serving on the full-precision reference until a sample "
+        "proves a candidate"
+    )
+    # Not the top-ranked guess (OpenVINO here, bf16 on some CPUs): the full-precision reference.
+    assert decision.backend == "onnxruntime/CPUExecutionProvider"
     assert "outputs not checked" in decision.explain()
     assert all(c.median_ms is None for c in decision.candidates)  # nothing was benchmarked
     assert "no frame from its source within 1 s" in caplog.text
@@ -328,3 +334,121 @@ def test_policy_for_merges_agent_and_pipeline(tmp_path: Path) -> None:
     assert trt == {"engine_cache_dir": str(tmp_path / "state" / "cache" / "tensorrt")}
     assert merged.options_for(ORT_CPU) == {}
     assert "openvino/*" not in merged.options
+
+
+def test_an_unchecked_decision_is_proven_on_the_first_frame_and_cached(
+    tmp_path: Path, cls_model_path: Path, sign_video: Path
+) -> None:
+    """Built without a sample (the source gave nothing in time), the pipeline serves on the full-
+    precision reference; the first frame it processes proves the candidates in the background, the
+    proven one is loaded for the worker to swap in, and the checked decision is cached."""
+    from agent.backend_choice import DecisionSwitcher, make_prover
+    from agent.processing.feed import build_feeder
+    from tests.waits import wait_until
+
+    artifacts = [_artifact(cls_model_path)]
+    config = _config(tmp_path / "state", str(tmp_path / "missing.mp4"), sample_timeout_s=1.0)
+    pipeline = config.pipelines[0]
+    session, decision, candidates = choose_and_load(config, pipeline, artifacts, "pp-ocr-cls@2.0")
+    assert decision.checked is False and decision.backend == "onnxruntime/CPUExecutionProvider"
+    feeder = build_feeder(pipeline, session.inputs, session.outputs)
+    import cv2
+
+    capture = cv2.VideoCapture(str(sign_video))
+    ok, frame = capture.read()
+    capture.release()
+    assert ok
+    feeds, _geometry = feeder.feeds(frame, False)
+    session.close()
+
+    switcher = DecisionSwitcher(
+        decision,
+        candidates,
+        policy_for(config, pipeline),
+        prove=make_prover(config, pipeline, candidates, "pp-ocr-cls@2.0"),
+    )
+    assert switcher.wants_sample
+    switcher.offer_sample(feeds, current="a backend the proof will not pick")
+    assert not switcher.wants_sample  # one proof at a time
+    upgrade = None
+
+    def loaded() -> bool:
+        nonlocal upgrade
+        upgrade = upgrade or switcher.take_upgrade()
+        return upgrade is not None
+
+    wait_until(loaded, "the proven candidate loaded for the worker")
+    assert upgrade is not None
+    try:
+        assert switcher.decision.checked is True
+        assert upgrade.backend == switcher.decision.backend
+        assert switcher.decision.inputs == "a frame from the pipeline's source"
+    finally:
+        upgrade.close()
+    # Cached: the next start uses the proven decision without waiting for a frame.
+    again, cached, _ = choose_and_load(config, pipeline, artifacts, "pp-ocr-cls@2.0")
+    again.close()
+    assert cached.checked is True and cached.backend == switcher.decision.backend
+
+
+def test_the_daemon_proves_its_choice_once_the_camera_delivers(
+    tmp_path: Path, cls_model_path: Path, sign_video: Path, start_agent: StartAgent
+) -> None:
+    """The camera is not there when the pipeline is built (no sample: served on the reference); once
+    it delivers, a frame proves the candidates and the checked decision is cached for the next start."""
+    import json
+    import shutil
+
+    from agent.registry import FileRegistry
+    from tests.agent_process import pipeline_state
+
+    registry = FileRegistry(tmp_path / "registry")
+    registry.publish(cls_model_path, "pp-ocr-cls", "2.0")
+    camera = tmp_path / "camera.mp4"  # appears later
+    state_dir = tmp_path / "state"
+    config = {
+        "device": {"id": "late-camera"},
+        "state_dir": str(state_dir),
+        "mqtt": {"host": "127.0.0.1", "port": 1, "reconnect_min_s": 0.2, "reconnect_max_s": 1.0},
+        "registry": {"url": registry.url},
+        "backends": {"sample_timeout_s": 1, "runs": 3, "warmup": 1, "budget_s": 1.0, "min_time_s": 0},
+        "pipelines": [
+            {
+                "name": "door",
+                "model": {"name": "pp-ocr-cls", "version": "2.0"},
+                "source": {
+                    "type": "video",
+                    "uri": str(camera),
+                    "loop": True,
+                    "reopen_min_s": 0.5,
+                    "reopen_max_s": 1,
+                },
+                "preprocess": CLS_PREPROCESS.model_dump(),
+                "postprocess": {"type": "classification", "softmax": False},
+            }
+        ],
+    }
+    path = tmp_path / "agent.yaml"
+    path.write_text(json.dumps(config))
+    agent = start_agent(path)
+
+    def decisions() -> list[dict[str, object]]:
+        return [json.loads(p.read_text()) for p in (state_dir / "decisions").glob("*.json")]
+
+    from tests.waits import wait_until
+
+    wait_until(
+        lambda: pipeline_state(state_dir, "door") == "source-unavailable",
+        "the pipeline built, its camera away",
+    )
+    assert decisions() == []  # unchecked: not cached
+    shutil.copy(sign_video, camera)
+    log = agent.run_until(lambda: bool(decisions()), "a decision proven on a frame and cached")
+    assert "serving on the full-precision CPU reference" in log
+    assert "proving the candidates for pp-ocr-cls@2.0 on a frame from its source" in log
+    assert "proved on a frame: chose" in log
+    [stored] = decisions()
+    assert (
+        stored["decision"]["checked"] is True
+        and stored["decision"]["inputs"] == "a frame from the pipeline's source"
+    )

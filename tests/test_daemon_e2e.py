@@ -380,7 +380,8 @@ def test_test_data_proves_the_backends_and_build_steps_show_in_log_and_status(
         f"pipeline signs: warming up on {chosen}",
         "pipeline signs started",
         "pipeline waiting: getting inputs to prove backends on",
-        "pipeline waiting: no frame from its source within 12 s; choosing by rank, outputs not checked",
+        "pipeline waiting: no frame from its source within 12 s; "
+        "serving on the full-precision CPU reference, outputs not checked",
     ):
         assert step in log, step
     # Its own test data proved "signs": it never waited for a frame.
