@@ -21,15 +21,18 @@ from typing import Any
 import numpy as np
 
 from agent.config import AgentConfig, PipelineConfig
+from agent.errors import EdgeAgentError
 from agent.fsutil import atomic_write_bytes
 from agent.hardware import HardwareInfo, detect_hardware
 from agent.processing.feed import Feeder, build_feeder
+from agent.processing.judge import Judge, report_judge
 from agent.retry import backoff_delay
 from agent.sources import open_source
 from agent.testdata import TestData, testdata_samples
 from agent.transform import upgraded_artifacts
 from providers import (
     Backend,
+    BackendError,
     Decision,
     ModelArtifact,
     SelectionPolicy,
@@ -38,7 +41,7 @@ from providers import (
     decide,
     load_decided,
 )
-from providers.select import REFERENCE_BACKENDS, Loader, Progress, Sample, reference_session
+from providers.select import REFERENCE_BACKENDS, Loader, NoBackendError, Progress, Sample, reference_session
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +169,9 @@ class DecisionStore:
             log.warning("ignoring unreadable cached decision %s: %s", path, exc)
             return None
 
-    def put(self, key: str, decision: Decision, pipeline: str, model: str) -> None:
+    def put(self, key: str, decision: Decision, pipeline: str, model: str, cache: bool = True) -> None:
+        """Record the pipeline's decision (for `explain`); with `cache` also under its key, for the
+        next start to reuse (an unchecked decision is only recorded: it is made again)."""
         record = {
             "key": key,
             "pipeline": pipeline,
@@ -176,9 +181,24 @@ class DecisionStore:
         }
         data = json.dumps(record, indent=2).encode()
         self.root.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(self.root / f"{key}.json", data)
+        if cache:
+            atomic_write_bytes(self.root / f"{key}.json", data)
         (self.root / "pipelines").mkdir(exist_ok=True)
         atomic_write_bytes(self.root / "pipelines" / f"{pipeline}.json", data)
+
+    def put_refusal(self, error: NoBackendError, pipeline: str, model: str) -> None:
+        """Record that no candidate could serve the pipeline, and why each could not (for `explain`)."""
+        record = {
+            "pipeline": pipeline,
+            "model": model,
+            "decided_at": time.time(),
+            "refused": str(error),
+            "candidates": [asdict(c) for c in error.candidates],
+        }
+        (self.root / "pipelines").mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(
+            self.root / "pipelines" / f"{pipeline}.json", json.dumps(record, indent=2).encode()
+        )
 
     def for_pipeline(self, pipeline: str) -> dict[str, Any] | None:
         try:
@@ -244,9 +264,16 @@ def choose_and_load(
             else "",
         )
         notes = hardware_notes(hardware)
-        decision = decide(artifacts, policy, samples, backends, hardware=notes, progress=progress)
-        if decision.checked or not policy.benchmark:
-            store.put(key, decision, pipeline.name, model_ref)  # an unchecked choice is made again next time
+        judge = pipeline_judge(config, pipeline, artifacts, backends) if samples else None
+        try:
+            decision = decide(
+                artifacts, policy, samples, backends, hardware=notes, progress=progress, judge=judge
+            )
+        except NoBackendError as exc:
+            store.put_refusal(exc, pipeline.name, model_ref)
+            raise
+        # An unchecked choice is recorded for explain but made again next time.
+        store.put(key, decision, pipeline.name, model_ref, cache=decision.checked or not policy.benchmark)
     else:
         log.info("pipeline %s: using the cached backend decision %s", pipeline.name, key)
     session, used, failures = load_decided(decision, artifacts, policy, backends, progress, load)
@@ -257,6 +284,27 @@ def choose_and_load(
             decision.note + "; " if decision.note else ""
         ) + f"running on fallback {used.backend}"
     return session, decision, list(artifacts)
+
+
+def pipeline_judge(
+    config: AgentConfig,
+    pipeline: PipelineConfig,
+    artifacts: Sequence[ModelArtifact],
+    backends: Sequence[Backend],
+) -> Judge | None:
+    """Judge candidates on the pipeline's reports where its postprocessor says what matters
+    (agent/processing/judge.py); None (tensors) when it does not, or when the outputs cannot be read."""
+    try:
+        reference = reference_session(artifacts, backends)
+    except BackendError:
+        return None
+    try:
+        return report_judge(pipeline.postprocess, reference.outputs, config.backends.match_iou)
+    except EdgeAgentError as exc:  # a postprocess that does not fit the outputs fails the build later
+        log.debug("pipeline %s: judging candidates on tensors: %s", pipeline.name, exc)
+        return None
+    finally:
+        reference.close()
 
 
 Prover = Callable[[Mapping[str, np.ndarray]], Decision]
@@ -290,7 +338,10 @@ def make_prover(
         log.info(
             "pipeline %s: proving the candidates for %s on a frame from its source", pipeline.name, model_ref
         )
-        decision = decide(artifacts, policy, samples, backends, hardware=hardware_notes(hardware))
+        judge = pipeline_judge(config, pipeline, artifacts, backends)
+        decision = decide(
+            artifacts, policy, samples, backends, hardware=hardware_notes(hardware), judge=judge
+        )
         if decision.checked:
             DecisionStore(config.state_dir).put(key, decision, pipeline.name, model_ref)
         return decision

@@ -28,8 +28,11 @@ from agent.config import AgentConfig, RegistryConnection
 from agent.errors import ConfigError, EdgeAgentError
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from agent.store import ModelStore, Progress
     from agent.validate import Validation
+    from providers.select import CandidateReport
 
 DEFAULT_CONFIG = Path(os.environ.get("EDGE_AGENT_CONFIG", "/etc/edge-agent/agent.yaml"))
 
@@ -979,12 +982,18 @@ def explain(
         _echo_json(records)
         return
     from rich.console import Console
-    from rich.table import Table
 
     from providers import Decision
+    from providers.select import CandidateReport
 
     console = Console()
     for record in records:
+        if "refused" in record:
+            console.print(f"[bold]{record['pipeline']}[/bold] ({record['model']}): no backend serves it")
+            console.print(f"  {record['refused']}", markup=False)
+            candidates = [CandidateReport(**c) for c in record["candidates"]]
+            console.print(_candidate_table(candidates))
+            continue
         decision = Decision.from_dict(record["decision"])
         console.print(
             f"[bold]{record['pipeline']}[/bold] ({record['model']}): {decision.backend} "
@@ -995,18 +1004,29 @@ def explain(
             console.print(f"  outputs {checked} against {decision.proof()}")
         if decision.note:
             console.print(f"  note: {decision.note}")
-        table = Table("backend", "artifact", "verdict", "median ms", "precision", "max diff", "reason")
-        for c in decision.candidates:
-            table.add_row(
-                c.backend,
-                c.artifact,
-                c.verdict,
-                _num(c.median_ms),
-                c.precision or "",
-                _num(c.max_abs_diff, ".2g"),
-                c.reason,
-            )
-        console.print(table)
+        if not decision.checked:
+            console.print("  [bold]unchecked[/bold]: no candidate's outputs were compared with a reference")
+        console.print(_candidate_table(decision.candidates))
+
+
+def _candidate_table(candidates: list[CandidateReport]) -> Table:
+    from rich.table import Table
+
+    unlock = any(c.unlock for c in candidates)
+    columns = ["backend", "artifact", "verdict", "median ms", "precision", "max diff", "reason"]
+    table = Table(*columns, *(["would pass with"] if unlock else []))
+    for c in candidates:
+        row = [
+            c.backend,
+            c.artifact,
+            c.verdict,
+            _num(c.median_ms),
+            c.precision or "",
+            _num(c.max_abs_diff, ".2g"),
+            c.reason,
+        ]
+        table.add_row(*row, *([c.unlock] if unlock else []))
+    return table
 
 
 def _num(value: float | None, fmt: str = ".2f") -> str:
@@ -1057,7 +1077,11 @@ def bench(
                 raise EdgeAgentError(f"unknown backend {backend!r}", hint="edge-agent providers lists them")
         feeds, fed = bench_feeds(resolved, shape or [], inputs)
         selected = (
-            {r["decision"]["backend"] for r in DecisionStore(store_root).all_pipelines() if r["model"] == ref}
+            {
+                r["decision"]["backend"]
+                for r in DecisionStore(store_root).all_pipelines()
+                if r["model"] == ref and "decision" in r
+            }
             if store_root
             else set()
         )

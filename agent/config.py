@@ -557,6 +557,13 @@ class SelectionConfig(BackendChoiceConfig):
         180.0, gt=0, description="A candidate that takes longer (load+runs) is rejected."
     )
     sample_timeout_s: float = Field(15.0, gt=0, description="How long to wait for a sample from the source.")
+    match_iou: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Output check of detectors: a candidate's detections must match the reference's by class "
+        "at this IoU (pipelines with a detection or classification postprocess are judged on their reports).",
+    )
     rtol: float = Field(1e-2, ge=0, description="Output check: relative tolerance against the CPU reference.")
     atol: float = Field(1e-3, ge=0, description="Output check: absolute tolerance.")
     max_mismatch: float = Field(

@@ -253,6 +253,8 @@ def screen(
 
 
 Trial = Callable[[TrialRequest, float], TrialResult]
+# (candidate outputs, reference outputs) -> (largest difference, "" or what differs in the reports)
+ReportJudge = Callable[[Mapping[str, np.ndarray], Mapping[str, np.ndarray]], tuple[float | None, str]]
 # Loads a backend's session (a pool may hand out one it already has): Backend.load by default.
 Loader = Callable[[Backend, ModelArtifact, Mapping[str, Any]], Session]
 Progress = Callable[[str], None]  # hears what selection is doing now, e.g. "trial 2: openvino/CPU on ..."
@@ -266,8 +268,13 @@ def decide(
     trial: Trial = run_trial_isolated,
     hardware: Mapping[str, str] | None = None,
     progress: Progress | None = None,
+    judge: ReportJudge | None = None,
 ) -> Decision:
     """Choose a backend. With samples and benchmarking on, the top candidates are proven.
+
+    `judge` compares a candidate's outputs with the reference's as the pipeline would report them
+    (agent/processing/judge.py); without one, or against test data that declares its tolerances
+    (the publisher's own contract), outputs are compared as tensors.
 
     Each candidate is proven on the first sample that fits its artifact; a candidate no sample
     fits is not tried. `progress` hears of each trial before it starts (a trial includes building
@@ -351,7 +358,7 @@ def decide(
 
     wrong_backends: set[str] = set()  # computed wrong outputs on this model
 
-    def judge(i: int) -> bool:
+    def accept(i: int) -> bool:
         report, result = reports[i], results[i]
         if not result.ok:
             report.verdict, report.reason = "rejected", result.error
@@ -363,12 +370,18 @@ def decide(
         if reference is None:
             report.verdict = "passed"
             return True
-        rules = judged_by(inputs[sample_of[i] or 0], policy)
-        diff, problem = compare_outputs(result.outputs, reference, rules)
+        sample = inputs[sample_of[i] or 0]
+        rules = judged_by(sample, policy)
+        by_report = judge is not None and rules is policy  # no tolerances declared for this sample
+        if by_report:
+            assert judge is not None
+            diff, problem = judge(result.outputs, reference)
+        else:
+            diff, problem = compare_outputs(result.outputs, reference, rules)
         report.max_abs_diff = diff
         if problem:
             report.verdict, report.reason = "rejected", problem
-            report.unlock = what_would_pass(report.backend, result, reference, rules)
+            report.unlock = what_would_pass(report.backend, result, reference, rules, tolerance=not by_report)
             wrong_backends.add(report.backend)
             return False
         report.verdict = "passed"
@@ -377,13 +390,13 @@ def decide(
     first = triable[: policy.max_trials]
     for i in first:
         run(i)
-    passed = [i for i in first if judge(i)]
+    passed = [i for i in first if accept(i)]
     # None of the top candidates is right: keep going down the ranking until one is.
     for i in triable[len(first) :]:
         if passed:
             break
         run(i)
-        if judge(i):
+        if accept(i):
             passed.append(i)
     if not passed:
         raise NoBackendError([r for r in reports if r.verdict == "rejected"] + rejected)
@@ -469,7 +482,11 @@ FULL_PRECISION = frozenset({"f32", "fp32", "FP32", "float32", ""})
 
 
 def what_would_pass(
-    backend: str, result: TrialResult, reference: Mapping[str, np.ndarray], rules: SelectionPolicy
+    backend: str,
+    result: TrialResult,
+    reference: Mapping[str, np.ndarray],
+    rules: SelectionPolicy,
+    tolerance: bool = True,
 ) -> str:
     """For a candidate rejected for its outputs: the settings that would let it through, so a user
     can choose speed over exactness knowingly (or "" when no setting would: wrong shapes, NaNs)."""
@@ -477,7 +494,7 @@ def what_would_pass(
     if result.precision not in FULL_PRECISION:
         option = '{"precision": "f32"}' if backend.startswith("openvino/") else '{"fp16": false}'
         ways.append(f"full precision: it ran at {result.precision}; backends.options {backend}: {option}")
-    needed = _tolerance_needed(result.outputs, reference, rules)
+    needed = _tolerance_needed(result.outputs, reference, rules) if tolerance else None
     if needed is not None:
         ways.append(f"a tolerance of atol {needed:.3g} (backends.atol, or the test data's atol)")
     return " or ".join(ways)

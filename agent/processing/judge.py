@@ -1,0 +1,117 @@
+"""Judging a candidate backend on what the pipeline would report, not on raw tensors.
+
+A detector at reduced precision (OpenVINO bf16, TensorRT fp16) moves boxes by a few pixels and
+scores by a few hundredths: its tensors fail an elementwise check that the reports it leads to pass.
+Where the pipeline has a postprocessor that says what matters, the candidate's outputs and the
+reference's go through it and are compared as reports:
+- detection: the same objects: each reference detection matched by one of the same class at IoU >=
+  `match_iou` (greedy, best scores first); detections within `SCORE_MARGIN` of the score threshold
+  may be missing on either side (a coin toss at the threshold is no error);
+- classification: the same top-k classes, in the same order.
+Other postprocessors (raw tensors, regions, thresholds, plugins) are judged on their tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from agent.config import ClassificationPostprocess, DetectionPostprocess, PostprocessConfig
+from agent.errors import EdgeAgentError
+from agent.processing.postprocess import Postprocessor, build_postprocessor
+from providers import TensorSpec
+
+# (candidate outputs, reference outputs) -> (the largest difference, in the report's units; "" or the problem)
+Judge = Callable[[Mapping[str, np.ndarray], Mapping[str, np.ndarray]], tuple[float | None, str]]
+SCORE_MARGIN = 0.1
+
+
+def report_judge(
+    postprocess: PostprocessConfig, outputs: list[TensorSpec], match_iou: float = 0.5
+) -> Judge | None:
+    """A judge for this postprocessor, or None when candidates are judged on their tensors."""
+    if isinstance(postprocess, DetectionPostprocess):
+        return partial(_same_detections, build_postprocessor(postprocess, outputs), postprocess, match_iou)
+    if isinstance(postprocess, ClassificationPostprocess):
+        return partial(_same_top, build_postprocessor(postprocess, outputs))
+    return None
+
+
+def _report(post: Postprocessor, outputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    return post(outputs, None)
+
+
+def _same_detections(
+    post: Postprocessor,
+    config: DetectionPostprocess,
+    match_iou: float,
+    outputs: Mapping[str, np.ndarray],
+    reference: Mapping[str, np.ndarray],
+) -> tuple[float | None, str]:
+    try:
+        got, want = _report(post, outputs)["detections"], _report(post, reference)["detections"]
+    except EdgeAgentError as exc:
+        return None, f"its outputs make no report: {exc}"
+    unmatched = list(got)
+    missing, worst = [], 0.0
+    for wanted in sorted(want, key=lambda d: -float(d["score"])):
+        same_class = [d for d in unmatched if d["index"] == wanted["index"]]
+        best = max(same_class, key=lambda d: _iou(d["box"], wanted["box"]), default=None)
+        if best is None or _iou(best["box"], wanted["box"]) < match_iou:
+            missing.append(wanted)
+            continue
+        unmatched.remove(best)
+        worst = max(worst, float(np.max(np.abs(np.subtract(best["box"], wanted["box"])))))
+    edge = config.score_threshold + SCORE_MARGIN
+    missing = [d for d in missing if float(d["score"]) >= edge]
+    extra = [d for d in unmatched if float(d["score"]) >= edge]
+    if not missing and not extra:
+        return worst, ""
+    parts = [f"{len(want)} detections in the reference, {len(got)} here"]
+    if missing:
+        parts.append("missing " + ", ".join(_describe(d) for d in missing[:3]))
+    if extra:
+        parts.append("extra " + ", ".join(_describe(d) for d in extra[:3]))
+    return (
+        worst,
+        f"reports other detections than the reference ({'; '.join(parts)}; "
+        f"matched by class at IoU >= {match_iou:g})",
+    )
+
+
+def _same_top(
+    post: Postprocessor, outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]
+) -> tuple[float | None, str]:
+    try:
+        got, want = _report(post, outputs)["top"], _report(post, reference)["top"]
+    except EdgeAgentError as exc:
+        return None, f"its outputs make no report: {exc}"
+    worst = max(
+        (abs(float(a["score"]) - float(b["score"])) for a, b in zip(got, want, strict=False)), default=0.0
+    )
+    if [d["index"] for d in got] != [d["index"] for d in want]:
+        shown = ", ".join(str(d["label"] if d["label"] is not None else d["index"]) for d in got)
+        expected = ", ".join(str(d["label"] if d["label"] is not None else d["index"]) for d in want)
+        return (
+            worst,
+            f"reports other classes than the reference (top {len(want)}: {shown}; the reference: {expected})",
+        )
+    return worst, ""
+
+
+def _describe(detection: Mapping[str, Any]) -> str:
+    label = detection.get("label") or detection["index"]
+    box = ", ".join(f"{v:.0f}" for v in detection["box"])
+    return f"{label} {float(detection['score']):.2f} at [{box}]"
+
+
+def _iou(a: Any, b: Any) -> float:
+    ax1, ay1, ax2, ay2 = map(float, a)
+    bx1, by1, bx2, by2 = map(float, b)
+    w, h = max(0.0, min(ax2, bx2) - max(ax1, bx1)), max(0.0, min(ay2, by2) - max(ay1, by1))
+    inter = w * h
+    union = (ax2 - ax1) * (ay2 - ay1) + (bx2 - bx1) * (by2 - by1) - inter
+    return inter / union if union > 0 else 0.0
