@@ -115,6 +115,24 @@ def test_classifiers_must_give_the_same_top_classes() -> None:
     assert problem == "reports other classes than the reference (top 2: a, c; the reference: a, b)"
 
 
+def test_a_threshold_must_fall_on_the_same_side() -> None:
+    from agent.config import ThresholdPostprocess
+
+    judge = report_judge(
+        ThresholdPostprocess(type="threshold", on_score=0.5), [TensorSpec("p", (1, 1), "float32")]
+    )
+    assert judge is not None
+
+    def score(value: float) -> dict[str, np.ndarray]:
+        return {"p": np.array([[value]], np.float32)}
+
+    assert judge(score(0.93), score(0.9))[1] == ""
+    assert judge(score(0.2), score(0.9))[1] == (
+        "reports inactive (score 0.2) where the reference is active (score 0.9; on_score 0.5)"
+    )
+    assert judge(score(0.45), score(0.55))[1] == ""  # the reference itself is at the threshold
+
+
 def test_other_postprocessors_are_judged_on_tensors() -> None:
     assert report_judge(RawPostprocess(type="raw"), [TensorSpec("y", (1, 4), "float32")]) is None
 

@@ -7,7 +7,9 @@ reference's go through it and are compared as reports:
 - detection: the same objects: each reference detection matched by one of the same class at IoU >=
   `match_iou` (greedy, best scores first); detections within `SCORE_MARGIN` of the score threshold
   may be missing on either side (a coin toss at the threshold is no error);
-- classification: the same top-k classes, in the same order.
+- classification: the same top-k classes, in the same order;
+- threshold (speech, anomalies): the same side of `on_score` (a reference score within
+  `SCORE_MARGIN` of it may go either way), so the same events start.
 Other postprocessors (raw tensors, regions, thresholds, plugins) are judged on their tensors.
 """
 
@@ -19,7 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from agent.config import ClassificationPostprocess, DetectionPostprocess, PostprocessConfig
+from agent.config import (
+    ClassificationPostprocess,
+    DetectionPostprocess,
+    PostprocessConfig,
+    ThresholdPostprocess,
+)
 from agent.errors import EdgeAgentError
 from agent.processing.postprocess import Postprocessor, build_postprocessor
 from providers import TensorSpec
@@ -37,6 +44,9 @@ def report_judge(
         return partial(_same_detections, build_postprocessor(postprocess, outputs), postprocess, match_iou)
     if isinstance(postprocess, ClassificationPostprocess):
         return partial(_same_top, build_postprocessor(postprocess, outputs))
+    if isinstance(postprocess, ThresholdPostprocess):
+        build_postprocessor(postprocess, outputs)  # the output must exist
+        return partial(_same_side, postprocess, outputs)
     return None
 
 
@@ -100,6 +110,28 @@ def _same_top(
             f"reports other classes than the reference (top {len(want)}: {shown}; the reference: {expected})",
         )
     return worst, ""
+
+
+def _same_side(
+    config: ThresholdPostprocess,
+    specs: list[TensorSpec],
+    outputs: Mapping[str, np.ndarray],
+    reference: Mapping[str, np.ndarray],
+) -> tuple[float | None, str]:
+    try:  # fresh postprocessors: the threshold's state is per pipeline run, not shared here
+        got = _report(build_postprocessor(config, specs), outputs)
+        want = _report(build_postprocessor(config, specs), reference)
+    except EdgeAgentError as exc:
+        return None, f"its outputs make no report: {exc}"
+    diff = abs(float(got["score"]) - float(want["score"]))
+    undecided = abs(float(want["score"]) - config.on_score) < SCORE_MARGIN
+    if got["active"] != want["active"] and not undecided:
+        state = {True: "active", False: "inactive"}
+        return diff, (
+            f"reports {state[got['active']]} (score {got['score']}) where the reference is "
+            f"{state[want['active']]} (score {want['score']}; on_score {config.on_score:g})"
+        )
+    return diff, ""
 
 
 def _describe(detection: Mapping[str, Any]) -> str:
