@@ -137,14 +137,16 @@ def hardware_notes(hardware: HardwareInfo) -> dict[str, str]:
 
 def decision_key(
     artifacts: Sequence[ModelArtifact],
+    testdata: Sequence[TestData],
     policy: SelectionPolicy,
     backends: Sequence[Backend],
     hardware: HardwareInfo,
-    tolerances: Sequence[tuple[str, float | None, float | None]] = (),
 ) -> str:
+    """What a decision depends on: the files (models and test data, with the test data's
+    tolerances), the hardware, the runtimes and the policy."""
     facts = {
-        "artifacts": sorted(a.sha256 for a in artifacts),
-        "tolerances": sorted(map(str, tolerances)),
+        "artifacts": sorted(a.sha256 for a in [*artifacts, *(t.artifact for t in testdata)]),
+        "tolerances": sorted(str((t.artifact.sha256, t.rtol, t.atol)) for t in testdata),
         "hardware": hardware.fingerprint(),
         "runtimes": sorted({f"{k}={v}" for b in backends for k, v in b.probe().versions.items()}),
         "available": sorted(b.name for b in backends if b.probe().available),
@@ -243,13 +245,7 @@ def choose_and_load(
         derived_dir = config.state_dir / "store" / "derived"
         artifacts = [*artifacts, *upgraded_artifacts(artifacts, derived_dir, cpu_reference)]
     store = DecisionStore(config.state_dir)
-    key = decision_key(
-        [*artifacts, *(t.artifact for t in testdata)],
-        policy,
-        backends,
-        hardware,
-        tolerances=[(t.artifact.sha256, t.rtol, t.atol) for t in testdata],
-    )
+    key = decision_key(artifacts, testdata, policy, backends, hardware)
     decision = store.get(key)
     if decision is None:
         if policy.benchmark:
@@ -322,13 +318,7 @@ def make_prover(
     policy = policy_for(config, pipeline)
     backends = all_backends()
     hardware = detect_hardware()
-    key = decision_key(
-        [*artifacts, *(t.artifact for t in testdata)],
-        policy,
-        backends,
-        hardware,
-        tolerances=[(t.artifact.sha256, t.rtol, t.atol) for t in testdata],
-    )
+    key = decision_key(artifacts, testdata, policy, backends, hardware)
 
     def prove(feeds: Mapping[str, np.ndarray]) -> Decision:
         samples = [

@@ -30,28 +30,12 @@ from agent.store import InstalledModel, ModelStore
 from agent.testdata import load_testdata
 from providers import ModelArtifact
 from providers.base import one_line
+from providers.openvino_backend import OV_ELEMENT_TYPES
 
 Shape = list[int | str] | None  # None: the rank is unknown
 
 # Where a TFLite interpreter comes from, in order of preference (as the tflite backend looks).
 _TFLITE_MODULES = ("ai_edge_litert.interpreter", "tflite_runtime.interpreter")
-_OV_TYPES = {
-    "f64": "float64",
-    "f32": "float32",
-    "f16": "float16",
-    "bf16": "bfloat16",
-    "i64": "int64",
-    "i32": "int32",
-    "i16": "int16",
-    "i8": "int8",
-    "u64": "uint64",
-    "u32": "uint32",
-    "u16": "uint16",
-    "u8": "uint8",
-    "u1": "uint1",
-    "boolean": "bool",
-    "string": "str",
-}
 
 
 def inspect_model(spec: str, store: ModelStore) -> dict[str, Any]:
@@ -437,6 +421,6 @@ def _ov_port(port: Any, index: int, kind: str) -> dict[str, Any]:
     return {
         "name": port.get_any_name() if names else f"{kind}_{index}",
         "names": names,
-        "dtype": _OV_TYPES.get(type_name, type_name),
+        "dtype": OV_ELEMENT_TYPES.get(type_name, type_name),
         "shape": dims,
     }

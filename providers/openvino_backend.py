@@ -56,7 +56,7 @@ _EXTENSIONS = {"onnx": ".onnx", "tflite": ".tflite", "openvino-ir": ".xml"}
 _VIRTUAL_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")
 
 # OpenVINO element type names -> numpy dtype names (bf16 and the sub-byte types have no numpy dtype).
-_OV_TYPES = {
+OV_ELEMENT_TYPES = {
     "f64": "float64",
     "f32": "float32",
     "f16": "float16",
@@ -69,6 +69,7 @@ _OV_TYPES = {
     "u32": "uint32",
     "u16": "uint16",
     "u8": "uint8",
+    "u1": "uint1",
     "boolean": "bool",
     "string": "str",
 }
@@ -225,7 +226,7 @@ def _port_name(port: Any, index: int, kind: str) -> str:
 
 def _dtype(element_type: Any) -> str:
     name = element_type.get_type_name()
-    return _OV_TYPES.get(name, name)
+    return OV_ELEMENT_TYPES.get(name, name)
 
 
 def _shape(port: Any) -> tuple[int | None, ...]:
