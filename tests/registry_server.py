@@ -163,8 +163,10 @@ def _handler_for(server: RegistryServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("ETag", etag)
             self.send_header("Last-Modified", modified)
             self.send_header("Accept-Ranges", "bytes")
-            self.send_header("Content-Length", str(len(body)))
             sent = body
+            if fault is not None and fault.kind == "length":  # declares (and sends) fewer bytes than the file
+                body = sent = body[: int(fault.value)]
+            self.send_header("Content-Length", str(len(body)))
             if fault is not None and fault.kind in ("truncate", "stall"):
                 sent = body[: int(fault.value)]
             server.record(Served(path, status, headers, len(sent)))  # before the client can see it

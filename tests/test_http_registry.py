@@ -234,6 +234,58 @@ def test_bad_answers_are_clear_errors_and_the_store_keeps_what_it_had(
     _still_serving(store)
 
 
+def _manifest_of_2_1(server: RegistryServer, **artifact: object) -> bytes:
+    """2.1's manifest as served, with its model artifact's fields changed."""
+    document = json.loads((server.root / CLS_NAME / "2.1" / "manifest.json").read_bytes())
+    document["artifacts"][0].update(artifact)
+    return json.dumps(document).encode()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"file": "../../etc/cron.d/evil.onnx"}, "artifacts[0].file: must be a plain file name without '/'"),
+        ({"file": "/etc/cron.d/evil.onnx"}, "artifacts[0].file: must be a plain file name without '/'"),
+        ({"file": ".hidden.onnx"}, "artifacts[0].file: must not start with '.'"),
+        ({"size": -5}, "artifacts[0].size: Input should be greater than or equal to 0"),
+    ],
+)
+def test_a_manifest_naming_files_outside_its_version_is_refused(
+    server: RegistryServer, tmp_path: Path, change: dict[str, object], message: str
+) -> None:
+    registry, store = _installed_then(server, tmp_path)
+    server.fault(f"/{CLS_NAME}/2.1/manifest.json", "garbage", _manifest_of_2_1(server, **change), times=10)
+    with pytest.raises(RegistryError) as caught:
+        store.pull(registry, CLS_NAME, "2.1")
+    assert f"invalid model manifest {server.url}/{CLS_NAME}/2.1/manifest.json: " in caught.value.message
+    assert message in caught.value.message, caught.value.message
+    _still_serving(store)
+    assert not list(tmp_path.rglob("cron.d"))
+
+
+def test_a_huge_declared_size_is_refused_before_downloading(server: RegistryServer, tmp_path: Path) -> None:
+    registry, store = _installed_then(server, tmp_path)
+    huge = _manifest_of_2_1(server, size=10**15)
+    server.fault(f"/{CLS_NAME}/2.1/manifest.json", "garbage", huge, times=10)
+    with pytest.raises(StoreError, match=r"needs 1,000,000,000,000,000 bytes, but the disk holding .* free"):
+        store.pull(registry, CLS_NAME, "2.1")
+    assert server.served(f"2.1/{MODEL_FILE}") == []
+    _still_serving(store)
+
+
+def test_a_wrong_content_length_fails_the_size_check(server: RegistryServer, tmp_path: Path) -> None:
+    """The server declares (and sends) 5000 bytes of a larger file: a complete-looking short answer."""
+    registry, store = _installed_then(server, tmp_path)
+    server.fault(f"/{CLS_NAME}/2.1/{MODEL_FILE}", "length", 5000, times=10)
+    size = registry.get_manifest(CLS_NAME, "2.1").artifact(MODEL_FILE).size
+    with pytest.raises(IntegrityError) as caught:
+        store.pull(registry, CLS_NAME, "2.1")
+    assert f"size mismatch: manifest says {size} bytes, got 5000 bytes; the registry copy is truncated" in (
+        caught.value.message
+    )
+    _still_serving(store)
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
