@@ -253,8 +253,9 @@ def screen(
 
 
 Trial = Callable[[TrialRequest, float], TrialResult]
-# (candidate outputs, reference outputs) -> (largest difference, "" or what differs in the reports)
-ReportJudge = Callable[[Mapping[str, np.ndarray], Mapping[str, np.ndarray]], tuple[float | None, str]]
+# (candidate outputs, reference outputs) -> (largest difference, "" or what differs in the reports),
+# or None when the reference makes no report (then the tensors are compared)
+ReportJudge = Callable[[Mapping[str, np.ndarray], Mapping[str, np.ndarray]], tuple[float | None, str] | None]
 # Loads a backend's session (a pool may hand out one it already has): Backend.load by default.
 Loader = Callable[[Backend, ModelArtifact, Mapping[str, Any]], Session]
 Progress = Callable[[str], None]  # hears what selection is doing now, e.g. "trial 2: openvino/CPU on ..."
@@ -372,12 +373,10 @@ def decide(
             return True
         sample = inputs[sample_of[i] or 0]
         rules = judged_by(sample, policy)
-        by_report = judge is not None and rules is policy  # no tolerances declared for this sample
-        if by_report:
-            assert judge is not None
-            diff, problem = judge(result.outputs, reference)
-        else:
-            diff, problem = compare_outputs(result.outputs, reference, rules)
+        # Judged on the reports unless the sample declares tensor tolerances (or makes no report).
+        verdict = judge(result.outputs, reference) if judge is not None and rules is policy else None
+        by_report = verdict is not None
+        diff, problem = verdict if verdict is not None else compare_outputs(result.outputs, reference, rules)
         report.max_abs_diff = diff
         if problem:
             report.verdict, report.reason = "rejected", problem

@@ -111,8 +111,12 @@ def test_classifiers_must_give_the_same_top_classes() -> None:
     assert judge is not None
     reference = {"probs": np.array([[0.7, 0.2, 0.1]], np.float32)}
     assert judge({"probs": np.array([[0.6, 0.3, 0.1]], np.float32)}, reference) == (pytest.approx(0.1), "")
-    _diff, problem = judge({"probs": np.array([[0.6, 0.1, 0.3]], np.float32)}, reference)
-    assert problem == "reports other classes than the reference (top 2: a, c; the reference: a, b)"
+    verdict = judge({"probs": np.array([[0.6, 0.1, 0.3]], np.float32)}, reference)
+    assert verdict is not None
+    assert verdict[1] == "reports other classes than the reference (top 2: a, c; the reference: a, b)"
+    # Test data of two frames makes no single report: the candidate is then judged on its tensors.
+    batch = {"probs": np.array([[0.7, 0.2, 0.1], [0.1, 0.2, 0.7]], np.float32)}
+    assert judge(batch, batch) is None
 
 
 def test_a_threshold_must_fall_on_the_same_side() -> None:

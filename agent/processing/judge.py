@@ -31,8 +31,10 @@ from agent.errors import EdgeAgentError
 from agent.processing.postprocess import Postprocessor, build_postprocessor
 from providers import TensorSpec
 
-# (candidate outputs, reference outputs) -> (the largest difference, in the report's units; "" or the problem)
-Judge = Callable[[Mapping[str, np.ndarray], Mapping[str, np.ndarray]], tuple[float | None, str]]
+# (candidate outputs, reference outputs) -> (the largest difference, in the report's units; "" or the
+# problem), or None when the reference itself makes no report (a test-data batch of several
+# frames, say): then the candidate is judged on its tensors.
+Judge = Callable[[Mapping[str, np.ndarray], Mapping[str, np.ndarray]], tuple[float | None, str] | None]
 SCORE_MARGIN = 0.1
 
 
@@ -60,9 +62,13 @@ def _same_detections(
     match_iou: float,
     outputs: Mapping[str, np.ndarray],
     reference: Mapping[str, np.ndarray],
-) -> tuple[float | None, str]:
+) -> tuple[float | None, str] | None:
     try:
-        got, want = _report(post, outputs)["detections"], _report(post, reference)["detections"]
+        want = _report(post, reference)["detections"]
+    except EdgeAgentError:
+        return None
+    try:
+        got = _report(post, outputs)["detections"]
     except EdgeAgentError as exc:
         return None, f"its outputs make no report: {exc}"
     unmatched = list(got)
@@ -94,9 +100,13 @@ def _same_detections(
 
 def _same_top(
     post: Postprocessor, outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]
-) -> tuple[float | None, str]:
+) -> tuple[float | None, str] | None:
     try:
-        got, want = _report(post, outputs)["top"], _report(post, reference)["top"]
+        want = _report(post, reference)["top"]
+    except EdgeAgentError:
+        return None
+    try:
+        got = _report(post, outputs)["top"]
     except EdgeAgentError as exc:
         return None, f"its outputs make no report: {exc}"
     worst = max(
@@ -117,10 +127,13 @@ def _same_side(
     specs: list[TensorSpec],
     outputs: Mapping[str, np.ndarray],
     reference: Mapping[str, np.ndarray],
-) -> tuple[float | None, str]:
+) -> tuple[float | None, str] | None:
     try:  # fresh postprocessors: the threshold's state is per pipeline run, not shared here
-        got = _report(build_postprocessor(config, specs), outputs)
         want = _report(build_postprocessor(config, specs), reference)
+    except EdgeAgentError:
+        return None
+    try:
+        got = _report(build_postprocessor(config, specs), outputs)
     except EdgeAgentError as exc:
         return None, f"its outputs make no report: {exc}"
     diff = abs(float(got["score"]) - float(want["score"]))
