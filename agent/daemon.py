@@ -325,7 +325,8 @@ class Agent:
         in_use = {(p.model.name, p.model.version) for p in self.config.pipelines}
         try:
             max_age_s = limits.max_age_days * 86400 if limits.max_age_days is not None else None
-            report = self.store.gc(in_use, limits.keep_versions, limits.max_bytes, max_age_s)
+            # A pull by `edge-agent models pull` may hold the store: try again after the next start.
+            report = self.store.gc(in_use, limits.keep_versions, limits.max_bytes, max_age_s, wait_s=5.0)
         except EdgeAgentError as exc:
             log.warning("model store clean-up failed: %s", exc)
             return

@@ -558,15 +558,17 @@ class ModelStore:
         max_bytes: int | None = None,
         max_age_s: float | None = None,
         dry_run: bool = False,
+        wait_s: float | None = None,
     ) -> GcReport:
         """Remove versions beyond the newest `keep_versions` of each model (by install time), those
         installed more than `max_age_s` ago, and then the oldest while the store holds more than
         `max_bytes`; never one in `in_use` (name, version). Then delete blobs no installed version
         uses, stale partial downloads of those, and upgraded twins of deleted blobs. `dry_run`
-        says what would go."""
+        says what would go. `wait_s`: how long to wait for pulls in progress (default: the store's
+        lock timeout); StoreError when they take longer."""
         keep = set(in_use)
         report = GcReport(dry_run=dry_run)
-        with self._gc_lock():
+        with self._gc_lock(wait_s=wait_s):
             installed = sorted(self.list(), key=self._installed_at, reverse=True)  # newest first
             going: dict[tuple[str, str], str] = {}
             seen: dict[str, int] = {}
@@ -648,11 +650,12 @@ class ModelStore:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(twin)
 
-    def _gc_lock(self, shared: bool = False) -> contextlib.AbstractContextManager[None]:
+    def _gc_lock(
+        self, shared: bool = False, wait_s: float | None = None
+    ) -> contextlib.AbstractContextManager[None]:
         what = "the model store (a pull)" if shared else "the model store (removing versions)"
-        return file_lock(
-            self.locks_dir / "gc.lock", self.lock_timeout_s, what, error=StoreError, shared=shared
-        )
+        timeout = self.lock_timeout_s if wait_s is None else wait_s
+        return file_lock(self.locks_dir / "gc.lock", timeout, what, error=StoreError, shared=shared)
 
     # --- listing ---------------------------------------------------------------------------
 

@@ -192,3 +192,19 @@ def test_the_daemon_keeps_what_store_says_after_a_pipeline_starts(
     finally:
         agent.outbox.close()
     assert _versions(store) == ["3", "5"]  # the newest, and the one the pipeline names
+
+
+def test_a_clean_up_gives_up_when_a_pull_holds_the_store_too_long(
+    tmp_path: Path, registry: FileRegistry
+) -> None:
+    """The daemon's clean-up after a start waits briefly: a long `models pull` must not hold it up."""
+    store = ModelStore(tmp_path / "store")
+    store.pull(registry, CLS_NAME, "1")
+    slow = CountingRegistry(registry, delay_s=3.0)
+    worker = threading.Thread(target=store.pull, args=(slow, CLS_NAME, "2"), daemon=True)
+    worker.start()
+    wait_until(lambda: slow.manifest_calls >= 1, "the pull holding the store's shared lock")
+    with pytest.raises(StoreError, match=r"timed out after 0\.2s waiting for the lock on the model store"):
+        store.gc(keep_versions=1, wait_s=0.2)
+    worker.join(timeout=60)
+    assert _versions(store) == ["1", "2"]  # nothing removed while the pull ran
