@@ -58,8 +58,25 @@ log = logging.getLogger(__name__)
 _PACKET_OVERHEAD = 64
 
 Handler = Callable[[str, bytes], None]
-# topic, payload, MQTT 5 subscription identifiers of the copy (None: match by filter)
-_Incoming = tuple[str, bytes, frozenset[int] | None]
+
+
+@dataclass(frozen=True)
+class Message:
+    """An incoming message with what MQTT 5 says about it (None/empty under MQTT 3.1.1)."""
+
+    topic: str
+    payload: bytes
+    retain: bool = False
+    response_topic: str | None = None  # request/response: where the requester waits for the answer
+    correlation_data: bytes | None = None  # ... and what it matches the answer by
+    user_properties: tuple[tuple[str, str], ...] = ()
+    content_type: str | None = None
+    expiry_s: int | None = None  # what is left of its message expiry interval
+
+
+MessageHandler = Callable[[Message], None]
+# the message, MQTT 5 subscription identifiers of the copy (None: match by filter)
+_Incoming = tuple[Message, frozenset[int] | None]
 
 # PUBACK reason codes that no retry can fix (MQTT 5 spec 3.4.2.1).
 _PERMANENT_PUBACK_REFUSALS = {
@@ -81,11 +98,12 @@ _INBOX_SIZE = 1000  # incoming messages waiting for handlers; beyond it they are
 class _Subscription:
     key: int
     topic_filter: str
-    handler: Handler
+    handler: Handler | MessageHandler
     qos: int
+    whole: bool = False  # the handler takes the Message (with its properties), not (topic, payload)
 
 
-def _check_filter(topic_filter: str) -> None:
+def check_topic_filter(topic_filter: str) -> None:
     """ValueError unless `topic_filter` is a valid MQTT filter ('+' a whole level, '#' a whole last level)."""
     if not isinstance(topic_filter, str) or not topic_filter or "\x00" in topic_filter:
         raise ValueError(f"invalid MQTT topic filter {topic_filter!r}")
@@ -321,6 +339,27 @@ class MqttConnection:
             return False
         return info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS
 
+    def publish_reply(
+        self,
+        topic: str,
+        payload: bytes,
+        correlation_data: bytes | None = None,
+        content_type: str | None = None,
+    ) -> bool:
+        """Publish an answer straight away (QoS 1, not through the outbox: an answer nobody waits for
+        any more is worth nothing after an outage). False when there is no link."""
+        properties: Properties | None = None
+        if self._config.protocol == "5":
+            properties = Properties(PacketTypes.PUBLISH)
+            if correlation_data is not None:
+                properties.CorrelationData = correlation_data
+            if content_type is not None:
+                properties.ContentType = content_type
+        if not self.connected:
+            return False
+        info = self._client.publish(topic, payload, qos=1, retain=False, properties=properties)
+        return info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS
+
     def publish_status_now(self) -> bool:
         """Publish the birth payload (retained) again now; False when not connected."""
         if not self.connected:
@@ -439,6 +478,12 @@ class MqttConnection:
 
     # -- subscriptions ---------------------------------------------------------------------------
 
+    def subscribe_messages(
+        self, topic_filter: str, handler: MessageHandler, qos: int = 1
+    ) -> Callable[[], None]:
+        """As `subscribe`, the handler getting the whole Message (MQTT 5 properties included)."""
+        return self._add_subscription(topic_filter, handler, qos, whole=True)
+
     def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> Callable[[], None]:
         """Call `handler(topic, payload)` for each matching message; returns an unsubscribe function.
 
@@ -449,13 +494,18 @@ class MqttConnection:
         subscription a copy is for, so there a broker that sends one copy per matching filter
         (mosquitto does) calls the handler once per copy.
         """
-        _check_filter(topic_filter)
+        return self._add_subscription(topic_filter, handler, qos, whole=False)
+
+    def _add_subscription(
+        self, topic_filter: str, handler: Handler | MessageHandler, qos: int, whole: bool
+    ) -> Callable[[], None]:
+        check_topic_filter(topic_filter)
         if qos not in (0, 1, 2):
             raise ValueError(f"qos must be 0, 1 or 2, got {qos!r}")
         with self._lock:
             self._next_key += 1
             key = self._next_key
-            self._subscriptions[key] = _Subscription(key, topic_filter, handler, qos)
+            self._subscriptions[key] = _Subscription(key, topic_filter, handler, qos, whole)
             sub_id = self._filter_ids.setdefault(topic_filter, len(self._filter_ids) + 1)
             self._filter_state.setdefault(topic_filter, "pending")
             connected = self._connected
@@ -525,14 +575,15 @@ class MqttConnection:
             if item is None:
                 self._inbox.put(item)  # stop() must get through; the dispatcher is draining
             else:
-                log.warning("handler queue full (%d); dropped a message on %s", _INBOX_SIZE, item[0])
+                log.warning("handler queue full (%d); dropped a message on %s", _INBOX_SIZE, item[0].topic)
 
     def _dispatcher_main(self) -> None:
         while True:
             item = self._inbox.get()
             if item is None:
                 return
-            topic, payload, sub_ids = item
+            message, sub_ids = item
+            topic = message.topic
             with self._lock:
                 subs = list(self._subscriptions.values())
                 ids = dict(self._filter_ids)
@@ -545,7 +596,10 @@ class MqttConnection:
                 if not matches:
                     continue
                 try:
-                    sub.handler(topic, payload)
+                    if sub.whole:
+                        cast(MessageHandler, sub.handler)(message)
+                    else:
+                        cast(Handler, sub.handler)(topic, message.payload)
                 except Exception:
                     log.exception("MQTT handler for %s failed on a message on %s", sub.topic_filter, topic)
 
@@ -703,7 +757,19 @@ class MqttConnection:
             log.warning("ignored a message whose topic is not UTF-8")
             return
         sub_ids: frozenset[int] | None = None
-        if message.properties is not None and hasattr(message.properties, "SubscriptionIdentifier"):
-            raw = message.properties.SubscriptionIdentifier
+        props = message.properties
+        if props is not None and hasattr(props, "SubscriptionIdentifier"):
+            raw = props.SubscriptionIdentifier
             sub_ids = frozenset(raw if isinstance(raw, list) else [raw])
-        self._inbox_put((topic, bytes(message.payload), sub_ids))
+        correlation = getattr(props, "CorrelationData", None)
+        incoming = Message(
+            topic,
+            bytes(message.payload),
+            bool(message.retain),
+            getattr(props, "ResponseTopic", None),
+            bytes(correlation) if correlation is not None else None,
+            tuple((str(k), str(v)) for k, v in getattr(props, "UserProperty", None) or ()),
+            getattr(props, "ContentType", None),
+            getattr(props, "MessageExpiryInterval", None),
+        )
+        self._inbox_put((incoming, sub_ids))
