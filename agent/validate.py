@@ -29,7 +29,9 @@ from providers.select import (
     compare_outputs,
     decide,
     judged_by,
+    output_pairs,
     screen,
+    trial_request,
 )
 
 log = logging.getLogger(__name__)
@@ -122,7 +124,7 @@ def validate(
         if not fitting:
             check.reason = "no test set fits this artifact"
         for _index, sample in fitting:
-            result = cached(_request(backend.name, artifact, sample, policy), policy.timeout_s)
+            result = cached(trial_request(backend.name, artifact, sample, policy), policy.timeout_s)
             if not result.ok:
                 check.reason = result.error
                 check.correct = False
@@ -150,29 +152,14 @@ def validate(
     )
 
 
-def _request(backend: str, artifact: ModelArtifact, sample: Sample, policy: SelectionPolicy) -> TrialRequest:
-    """The request `decide` makes for this candidate and sample (so its trials are shared)."""
-    return TrialRequest(
-        backend,
-        artifact,
-        sample.feeds,
-        policy.options_for(backend),
-        warmup=policy.warmup,
-        runs=policy.runs,
-        min_time_s=policy.min_time_s,
-        budget_s=policy.budget_s,
-    )
-
-
 def _judge(check: CandidateCheck, sample: Sample, result: TrialResult, policy: SelectionPolicy) -> None:
     assert sample.expected is not None
     rules = judged_by(sample, policy)
     _worst, problem = compare_outputs(result.outputs, sample.expected, rules)
-    names = list(result.outputs)
-    for position, (name, expected) in enumerate(sample.expected.items()):
-        got = result.outputs.get(name)
-        if got is None and position < len(names):
-            got = result.outputs[names[position]]
+    pairs = output_pairs(result.outputs, sample.expected)  # as compare_outputs pairs them
+    if pairs is None:  # not even the outputs' count fits
+        check.errors += [OutputError(sample.origin, name, None, None, False) for name in sample.expected]
+    for name, got, expected in pairs or []:
         check.errors.append(_output_error(sample.origin, name, got, expected, rules))
     if problem:
         check.correct = False
@@ -182,10 +169,8 @@ def _judge(check: CandidateCheck, sample: Sample, result: TrialResult, policy: S
 
 
 def _output_error(
-    test_set: str, name: str, got: Any, expected: np.ndarray, rules: SelectionPolicy
+    test_set: str, name: str, got: np.ndarray, expected: np.ndarray, rules: SelectionPolicy
 ) -> OutputError:
-    if got is None:
-        return OutputError(test_set, name, None, None, False)
     out, ref = np.asarray(got), np.asarray(expected)
     if out.shape != ref.shape:
         return OutputError(test_set, name, None, None, False)

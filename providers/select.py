@@ -261,6 +261,22 @@ Loader = Callable[[Backend, ModelArtifact, Mapping[str, Any]], Session]
 Progress = Callable[[str], None]  # hears what selection is doing now, e.g. "trial 2: openvino/CPU on ..."
 
 
+def trial_request(
+    backend: str, artifact: ModelArtifact, sample: Sample, policy: SelectionPolicy
+) -> TrialRequest:
+    """How a candidate is tried on a sample under `policy` (validation asks for the same trials)."""
+    return TrialRequest(
+        backend,
+        artifact,
+        sample.feeds,
+        policy.options_for(backend),
+        warmup=policy.warmup,
+        runs=policy.runs,
+        min_time_s=policy.min_time_s,
+        budget_s=policy.budget_s,
+    )
+
+
 def decide(
     artifacts: Sequence[ModelArtifact],
     policy: SelectionPolicy,
@@ -337,17 +353,9 @@ def decide(
     def run(i: int) -> None:
         backend, artifact = ranked[i]
         say(f"trial {len(results) + 1}: {backend.name} on {artifact.label} (load, compile, time, check)")
-        request = TrialRequest(
-            backend.name,
-            artifact,
-            inputs[sample_of[i] or 0].feeds,
-            policy.options_for(backend.name),
-            warmup=policy.warmup,
-            runs=policy.runs,
-            min_time_s=policy.min_time_s,
-            budget_s=policy.budget_s,
+        results[i] = trial(
+            trial_request(backend.name, artifact, inputs[sample_of[i] or 0], policy), policy.timeout_s
         )
-        results[i] = trial(request, policy.timeout_s)
 
     references: dict[int, tuple[str | None, Mapping[str, np.ndarray] | None]] = {}
 
@@ -503,12 +511,12 @@ def _tolerance_needed(
     outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], rules: SelectionPolicy
 ) -> float | None:
     """The smallest atol (with the rules' rtol and max_mismatch) at which these outputs would pass."""
+    pairs = output_pairs(outputs, reference)
+    if pairs is None:
+        return None
     worst = 0.0
-    for name, ref in reference.items():
-        out = outputs.get(name)
-        if out is None and len(outputs) == len(reference):
-            out = list(outputs.values())[list(reference).index(name)]
-        if out is None or np.shape(out) != np.shape(ref) or np.asarray(ref).dtype.kind not in "fc":
+    for _name, out, ref in pairs:
+        if np.shape(out) != np.shape(ref) or np.asarray(ref).dtype.kind not in "fc":
             return None
         out64, ref64 = np.asarray(out, np.float64), np.asarray(ref, np.float64)
         if not np.isfinite(out64).all() and np.isfinite(ref64).all():
@@ -533,6 +541,20 @@ def judged_by(sample: Sample, policy: SelectionPolicy) -> SelectionPolicy:
     )
 
 
+def output_pairs(
+    outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]
+) -> list[tuple[str, np.ndarray, np.ndarray]] | None:
+    """(name, output, reference) for each reference output: by name (the reference may name only
+    some), else by position; None when neither pairs them."""
+    if set(reference) <= set(outputs):  # expected outputs may name only some of them
+        return [(name, outputs[name], reference[name]) for name in reference]
+    if len(outputs) == len(reference):
+        return [
+            (name, out, ref) for (name, ref), out in zip(reference.items(), outputs.values(), strict=True)
+        ]
+    return None
+
+
 def compare_outputs(
     outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], policy: SelectionPolicy
 ) -> tuple[float | None, str]:
@@ -543,13 +565,8 @@ def compare_outputs(
     elements of an output may miss (reduced precision moves a few pixels of a large map a lot
     while the map as a whole agrees); a small output (a few scores) must match everywhere.
     """
-    if set(reference) <= set(outputs):  # expected outputs may name only some of them
-        pairs = [(name, outputs[name], reference[name]) for name in reference]
-    elif len(outputs) == len(reference):
-        pairs = [
-            (name, out, ref) for (name, ref), out in zip(reference.items(), outputs.values(), strict=True)
-        ]
-    else:
+    pairs = output_pairs(outputs, reference)
+    if pairs is None:
         return None, f"{len(outputs)} outputs, the reference has {len(reference)}"
     worst = 0.0
     for name, out, ref in pairs:
