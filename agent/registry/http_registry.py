@@ -28,6 +28,7 @@ from agent.registry.manifest import (
     Manifest,
     ManifestDocument,
     check_manifest_digest,
+    parse_version_manifest,
 )
 
 
@@ -84,11 +85,7 @@ class HttpRegistry:
             raise self._version_missing(name, version) from None
         if digest is not None:
             check_manifest_digest(body, digest, public_url(url))
-        manifest = Manifest.parse_bytes(body, public_url(url))
-        if manifest.name != name or manifest.version != version:
-            raise RegistryError(
-                f"invalid model manifest {public_url(url)}: it describes {manifest.ref}, not {name}@{version}"
-            )
+        manifest = parse_version_manifest(body, public_url(url), name, version)
         try:
             signature: bytes | None = self._http.document(self._url(name, version, SIGNATURE_FILE))[0]
         except NotFound:

@@ -214,6 +214,16 @@ class ManifestDocument:
     source: str  # where it came from, for messages (a URL without credentials, or a path)
 
 
+def parse_version_manifest(data: bytes, source: str, name: str, version: str) -> Manifest:
+    """Parse a served manifest and refuse one that describes another version than was asked for."""
+    manifest = Manifest.parse_bytes(data, source)
+    if manifest.name != name or manifest.version != version:
+        raise RegistryError(
+            f"invalid model manifest {source}: it describes {manifest.ref}, not {name}@{version}"
+        )
+    return manifest
+
+
 def check_manifest_digest(data: bytes, digest: str, source: str) -> None:
     """Refuse manifest bytes whose sha256 is not the pinned `digest` ("sha256:<64 hex>")."""
     actual = "sha256:" + hashlib.sha256(data).hexdigest()

@@ -57,6 +57,7 @@ from agent.registry.manifest import (
     Manifest,
     ManifestDocument,
     key_path,
+    parse_version_manifest,
 )
 
 log = logging.getLogger(__name__)
@@ -213,11 +214,7 @@ class OciRegistry:
             )
             return ManifestDocument(manifest, manifest.to_bytes(), None, shown)
         data = self._small_blob(repository, edge, shown)
-        manifest = Manifest.parse_bytes(data, f"{shown} ({MANIFEST_FILE})")
-        if manifest.name != name or manifest.version != version:
-            raise RegistryError(
-                f"invalid model manifest in {shown}: it describes {manifest.ref}, not {name}@{version}"
-            )
+        manifest = parse_version_manifest(data, f"{shown} ({MANIFEST_FILE})", name, version)
         sig_layer = next(
             (la for la in layers if la.media_type == EDGE_SIGNATURE), by_title.get(SIGNATURE_FILE)
         )
