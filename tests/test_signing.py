@@ -193,7 +193,7 @@ def test_a_manifest_changed_after_signing_is_refused(
     path.write_bytes(path.read_bytes().replace(b'"180"', b'"90"'))
     assert signed_registry.get_manifest(CLS_NAME, "2.1").metadata["labels"] == ["0", "90"]
     store = ModelStore(tmp_path / "store", trust=_trust((release_key[1], ["*"])))
-    with pytest.raises(SignatureError, match="does not match the manifest's bytes"):
+    with pytest.raises(SignatureError, match="does not match the signed bytes"):
         store.pull(signed_registry, CLS_NAME, "2.1")
     assert _blobs(store) == []
 
@@ -271,7 +271,7 @@ def test_a_forged_signature_by_the_trusted_key_id_is_refused(
     (signed_registry.root / CLS_NAME / "2.1" / SIGNATURE_FILE).write_bytes(forged)
     store = ModelStore(tmp_path / "store", trust=_trust((release_key[1], ["*"])))
     with pytest.raises(
-        SignatureError, match="the manifest was changed after signing, or the signature is forged"
+        SignatureError, match="they were changed after signing, or the signature is forged"
     ):
         store.pull(signed_registry, CLS_NAME, "2.1")
 
@@ -289,7 +289,7 @@ def test_the_installed_copy_is_checked_each_time_it_is_served(
     ):
         store.get(CLS_NAME, "2.1")
     problems = store.verify(CLS_NAME, "2.1")
-    assert len(problems) == 1 and "does not match the manifest's bytes" in problems[0]
+    assert len(problems) == 1 and "does not match the signed bytes" in problems[0]
     repaired = store.pull(signed_registry, CLS_NAME, "2.1")
     assert repaired.manifest.metadata["labels"] == ["0", "180"]
     assert store.verify(CLS_NAME, "2.1") == []

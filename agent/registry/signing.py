@@ -229,36 +229,44 @@ class TrustPolicy:
         (None when no key is trusted: signatures are not required); SignatureError saying why not."""
         if not self._keys:
             return None
-        model, source = document.manifest.name, document.source
+        source = document.source
         if document.signature is None:
             raise SignatureError(
                 f"manifest {source} is unsigned, and this agent runs only signed models "
                 f"(registry.trusted_keys lists {len(self._keys)} key(s))",
                 hint="sign it with `edge-agent registry sign` (or publish --sign)",
             )
+        signatures = parse_signatures(document.signature, f"of manifest {source}")
+        return self.verify(document.data, signatures, [document.manifest.name], f"manifest {source}")
+
+    def verify(self, data: bytes, signatures: Sequence[Signature], models: Sequence[str], what: str) -> str:
+        """The id of a trusted key whose signature verifies over `data` and that is trusted for every
+        one of `models`; SignatureError naming `what` and why each signature failed otherwise."""
         problems = []
-        for signature in parse_signatures(document.signature, f"of manifest {source}"):
+        for signature in signatures:
             trusted = self._keys.get(signature.key_id)
             if trusted is None:
                 problems.append(f"key {signature.key_id} is not trusted")
                 continue
-            if not trusted.covers(model):
+            outside = [m for m in models if not trusted.covers(m)]
+            if outside:
                 problems.append(
                     f"key {signature.key_id} ({trusted.path}) is trusted only for models matching "
-                    f"{', '.join(trusted.models)}, not {model!r}"
+                    f"{', '.join(trusted.models)}, not {', '.join(repr(m) for m in outside)}"
                 )
                 continue
             try:
-                trusted.public_key.verify(signature.signature, document.data)
+                trusted.public_key.verify(signature.signature, data)
             except InvalidSignature:
                 problems.append(
-                    f"the signature by key {signature.key_id} does not match the manifest's bytes "
-                    "(the manifest was changed after signing, or the signature is forged)"
+                    f"the signature by key {signature.key_id} does not match the signed bytes "
+                    "(they were changed after signing, or the signature is forged)"
                 )
                 continue
             return signature.key_id
+        models_text = ", ".join(repr(m) for m in models) or "it"
         raise SignatureError(
-            f"manifest {source} has no valid signature by a key trusted for {model!r}: "
-            + "; ".join(problems),
+            f"{what} has no valid signature by a key trusted for {models_text}: "
+            + ("; ".join(problems) or "no signatures"),
             hint="trusted keys are registry.trusted_keys in agent.yaml",
         )

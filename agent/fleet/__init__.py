@@ -1,0 +1,1 @@
+"""Fleet management: desired state, reconciling, reported state, commands, the controller."""
