@@ -277,9 +277,13 @@ class MqttSourceConfig(StrictModel):
 
     type: Literal["mqtt"]
     topic: str = Field(min_length=1, description="Subscription filter, e.g. plant/line-3/vibration/#.")
-    host: str = Field("127.0.0.1", description="The sensors' broker.")
-    port: int = Field(1883, ge=1, le=65535)
-    username: str | None = None
+    host: str | None = Field(
+        None,
+        min_length=1,
+        description="The sensors' broker; default: the agent's own (mqtt: host, port, login and TLS).",
+    )
+    port: int = Field(1883, ge=1, le=65535, description="With host.")
+    username: str | None = Field(None, description="With host: the login on the sensors' broker.")
     password: str | None = None
     field: str | None = Field(
         None,

@@ -1,8 +1,12 @@
-"""One pipeline: source -> preprocess -> inference -> postprocess -> result sink.
+"""One pipeline: source -> stage (preprocess -> inference -> postprocess -> report rules) -> sink.
 
 The source decodes in its own thread into a newest-frame slot; one worker thread here runs
 the model on whatever frame is newest, so a slow model drops frames instead of queueing them.
 Pipelines know nothing about MQTT: results go to a `ResultSink` (the daemon's outbox writer).
+
+The source outlives the stage: a new model version (or a changed pipeline) is built and warmed as a
+new `Stage` off the worker thread and swapped in between two frames (`swap_in`); the old stage stays
+warm until the new one is committed, so a rollback is one more swap and the camera is never reopened.
 """
 
 from __future__ import annotations
@@ -17,10 +21,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from agent.config import PipelineConfig
-from agent.processing import Preprocessor, build_postprocessor
-from agent.processing.feed import ImageFeeder, build_feeder
+from agent.processing import Postprocessor, Preprocessor, build_postprocessor
+from agent.processing.feed import Feeder, ImageFeeder, build_feeder
 from agent.rules import ReportRules
-from agent.sources import Frame, open_source
+from agent.sources import Frame, Slot, Source, open_source
 from providers import BackendError, Decision, Session
 
 log = logging.getLogger(__name__)
@@ -56,26 +60,87 @@ class LoadedModel:
     decision: Decision | None = None  # how the backend was chosen (None: given, not selected)
 
 
-class Pipeline:
-    def __init__(
-        self,
-        config: PipelineConfig,
-        model: LoadedModel,
-        sink: ResultSink,
-        switcher: BackendSwitcher | None = None,
-    ) -> None:
+class StageStats:
+    """What one stage did since it was swapped in: the health window judges a new version on these."""
+
+    def __init__(self) -> None:
+        self.since = time.monotonic()
+        self.frames = 0  # frames it was given
+        self.inferences = 0
+        self.errors = 0
+        self.nan_outputs = 0  # inferences whose outputs held NaN or infinity
+        self.latency_sum_ms = 0.0
+        self.last_error: str | None = None
+
+    def mean_latency_ms(self) -> float | None:
+        return self.latency_sum_ms / self.inferences if self.inferences else None
+
+    def to_dict(self) -> dict[str, Any]:
+        mean = self.mean_latency_ms()
+        return {
+            "seconds": round(time.monotonic() - self.since, 3),
+            "frames": self.frames,
+            "inferences": self.inferences,
+            "errors": self.errors,
+            "nan_outputs": self.nan_outputs,
+            "mean_inference_ms": None if mean is None else round(mean, 3),
+            "last_error": self.last_error,
+        }
+
+
+class Stage:
+    """Everything a frame goes through after the source: the model's session, the feeder that turns
+    frames into its inputs, the postprocessor and the report rules. Built and warmed before it serves."""
+
+    def __init__(self, config: PipelineConfig, model: LoadedModel, switcher: BackendSwitcher | None = None):
         self.config = config
-        self.switcher = switcher
-        self.backend_switches: list[str] = []  # "a -> b: why", newest last
-        self._next_preferred_retry = time.monotonic() + _RETRY_PREFERRED_EVERY_S
-        self.name = config.name
         self.model = model
-        self.sink = sink
+        self.switcher = switcher
         session = model.session
         self.feeder = build_feeder(config, session.inputs, session.outputs)
         self.postprocess = build_postprocessor(config.postprocess, session.outputs)
         self.rules = ReportRules(config.report)
-        self.source, self.slot = open_source(config.source, config.name)
+        self.stats = StageStats()
+        # While on probation (a health window), outputs are checked for NaN and infinity each frame.
+        self.watch_outputs = False
+
+    @property
+    def ref(self) -> str:
+        return f"{self.model.name}@{self.model.version}"
+
+    def warm_up(self) -> None:
+        """Run the model once at its real input shape before it serves a live frame."""
+        self.model.session.run(self.feeder.warm_up_feeds())
+
+    def close(self) -> None:
+        self.model.session.close()
+
+
+class Pipeline:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        model: LoadedModel | Stage,
+        sink: ResultSink,
+        switcher: BackendSwitcher | None = None,
+        source: tuple[Source, Slot] | None = None,
+    ) -> None:
+        """`model`: a loaded model (a stage is made of it) or a built stage; `source`: one already
+        open (started early so nothing is lost while the stage was built), else the config's."""
+        self.stage = model if isinstance(model, Stage) else Stage(config, model, switcher)
+        self.source_config = config.source
+        self.backend_switches: list[str] = []  # "a -> b: why", newest last
+        self._next_preferred_retry = time.monotonic() + _RETRY_PREFERRED_EVERY_S
+        self.name = config.name
+        self.sink = sink
+        self.source, self.slot = source if source is not None else open_source(config.source, config.name)
+        self._source_started = source is not None and source[0].state != "starting"
+        # Swapping stages (worker thread only swaps; others ask and wait).
+        self._pending_stage: Stage | None = None
+        self._previous_stage: Stage | None = None
+        self._swapped = threading.Condition()
+        self.stage_swaps = 0
+        self.last_frame: Frame | None = None  # the newest frame processed: a sample for a new stage
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.results = 0  # published (handed to the sink)
@@ -87,6 +152,35 @@ class Pipeline:
         self._done = threading.Event()
         self._busy_since: float | None = None
 
+    # The current stage's parts, by the names the pipeline had before stages could be swapped.
+    @property
+    def config(self) -> PipelineConfig:
+        return self.stage.config
+
+    @property
+    def model(self) -> LoadedModel:
+        return self.stage.model
+
+    @property
+    def feeder(self) -> Feeder:
+        return self.stage.feeder
+
+    @property
+    def postprocess(self) -> Postprocessor:
+        return self.stage.postprocess
+
+    @property
+    def rules(self) -> ReportRules:
+        return self.stage.rules
+
+    @property
+    def switcher(self) -> BackendSwitcher | None:
+        return self.stage.switcher
+
+    @switcher.setter
+    def switcher(self, switcher: BackendSwitcher | None) -> None:
+        self.stage.switcher = switcher
+
     @property
     def preprocess(self) -> Preprocessor | None:
         """The image preprocessing (None for audio pipelines)."""
@@ -94,12 +188,64 @@ class Pipeline:
 
     def warm_up(self) -> None:
         """Run the model once at its real input shape before it serves a live frame."""
-        self.model.session.run(self.feeder.warm_up_feeds())
+        self.stage.warm_up()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"pipeline-{self.name}", daemon=True)
         self._thread.start()
-        self.source.start()
+        if not self._source_started:
+            self.source.start()
+
+    # --- stage swaps (any thread asks; the worker swaps between two frames) -----------------------
+
+    def swap_in(self, stage: Stage, timeout: float) -> bool:
+        """Make `stage` the one frames go through, between two frames; the current one is kept (warm)
+        as `previous_stage` until `commit` or `roll_back`. False if the worker did not swap in time
+        (stopped, or stuck in a frame): then nothing changed."""
+        with self._swapped:
+            if self._thread is None or self.finished:
+                return False
+            self._pending_stage = stage
+            self._swapped.wait_for(lambda: self._pending_stage is None, timeout)
+            if self._pending_stage is stage:  # not taken in time: withdraw it
+                self._pending_stage = None
+            return self.stage is stage
+
+    @property
+    def previous_stage(self) -> Stage | None:
+        return self._previous_stage
+
+    def commit(self) -> None:
+        """The new stage proved itself: close the previous one."""
+        previous, self._previous_stage = self._previous_stage, None
+        if previous is not None and previous is not self.stage:
+            previous.close()
+
+    def roll_back(self, timeout: float) -> bool:
+        """Swap the previous stage back in and close the failed one; False when there is none or the
+        worker did not swap in time."""
+        previous, failed = self._previous_stage, self.stage
+        if previous is None or not self.swap_in(previous, timeout):
+            return False
+        self._previous_stage = None
+        failed.close()
+        return True
+
+    def _take_pending_stage(self) -> None:
+        with self._swapped:
+            stage = self._pending_stage
+            if stage is None:
+                return
+            old, self.stage = self.stage, stage
+            if stage is not self._previous_stage:  # a roll_back does not keep the failed one
+                self._previous_stage = old
+            self._pending_stage = None
+            stage.stats = StageStats()
+            self.stage_swaps += 1
+            self._swapped.notify_all()
+        log.info(
+            "pipeline %s: now on %s (%s), was %s", self.name, stage.ref, stage.model.session.backend, old.ref
+        )
 
     def request_stop(self) -> None:
         """Ask the source to end; the worker finishes the frame in flight and exits."""
@@ -139,8 +285,9 @@ class Pipeline:
         return {
             "state": state,
             "error": last_error if degraded else source["error"],
-            "model": f"{self.model.name}@{self.model.version}",
+            "model": self.stage.ref,
             "backend": self.model.session.backend,
+            "stage_swaps": self.stage_swaps,
             "backend_switches": list(self.backend_switches[-5:]),
             "results": results,
             "inferences": inferences,
@@ -157,6 +304,7 @@ class Pipeline:
         try:
             while True:
                 frame = self.slot.get(timeout=0.5)
+                self._take_pending_stage()
                 self._maybe_return_to_preferred()
                 self._maybe_take_upgrade()
                 if frame is None:
@@ -166,9 +314,12 @@ class Pipeline:
                 self._process(frame)
         finally:
             self._done.set()
+            with self._swapped:
+                self._swapped.notify_all()
 
     def _process(self, frame: Frame) -> None:
         self._busy_since = time.monotonic()
+        self.last_frame = frame
         try:
             self._process_frame(frame)
         finally:
@@ -220,6 +371,8 @@ class Pipeline:
             self._errors_in_row += 1
             self.last_error = f"{what}: {exc}"
             errors = self.errors
+            self.stage.stats.errors += 1
+            self.stage.stats.last_error = self.last_error
         if errors == 1 or errors % 100 == 0:
             log.error(
                 "pipeline %s: frame %d: %s (%d failed frames so far): %s",
@@ -231,11 +384,15 @@ class Pipeline:
             )
 
     def _process_frame(self, frame: Frame) -> None:
+        stage = self.stage
+        stage.stats.frames += 1
         try:
             t0 = time.perf_counter()
             feeds, geometry = self.feeder.feeds(frame.data, frame.gap)
             t1 = time.perf_counter()
             outputs = self.model.session.run(feeds)
+            if stage.watch_outputs and not all(np.isfinite(v).all() for v in outputs.values()):
+                stage.stats.nan_outputs += 1
             self._offer_sample(feeds)
             self.feeder.seen(outputs)
             t2 = time.perf_counter()
@@ -250,6 +407,8 @@ class Pipeline:
         with self._lock:
             self.inferences += 1
             self._latency_sum_ms += inference_ms
+            stage.stats.inferences += 1
+            stage.stats.latency_sum_ms += inference_ms
             if self.rules.check(output, frame.captured_at) is not None:
                 self._errors_in_row = 0  # a good frame, only not worth publishing (counted by its rule)
                 return

@@ -117,6 +117,26 @@ def _reason_value(reason: ReasonCode | int) -> int:
     return reason.value if isinstance(reason, ReasonCode) else int(reason)
 
 
+def use_credentials(client: mqtt.Client, cfg: MqttConfig) -> None:
+    """The broker login and TLS of `mqtt:` on a paho client (the agent's, and its MQTT sensor sources')."""
+    if cfg.username is not None:
+        client.username_pw_set(cfg.username, cfg.password)
+    if cfg.tls is not None:
+        tls = cfg.tls
+        try:
+            client.tls_set(
+                ca_certs=str(tls.ca_file) if tls.ca_file else None,
+                certfile=str(tls.cert_file) if tls.cert_file else None,
+                keyfile=str(tls.key_file) if tls.key_file else None,
+            )
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                [f"mqtt.tls: cannot load the TLS files: {exc}"],
+                hint="check mqtt.tls.ca_file, cert_file and key_file exist and are readable PEM files",
+            ) from exc
+        client.tls_insecure_set(tls.insecure)
+
+
 class MqttConnection:
     """The daemon's MQTT link: presence, the outbox publisher and subscriptions (module docstring)."""
 
@@ -196,22 +216,7 @@ class MqttConnection:
         # Our callbacks catch their own errors; this keeps a slip from killing paho's network thread.
         client.suppress_exceptions = True
         client.max_inflight_messages_set(self._max_inflight)
-        if cfg.username is not None:
-            client.username_pw_set(cfg.username, cfg.password)
-        if cfg.tls is not None:
-            tls = cfg.tls
-            try:
-                client.tls_set(
-                    ca_certs=str(tls.ca_file) if tls.ca_file else None,
-                    certfile=str(tls.cert_file) if tls.cert_file else None,
-                    keyfile=str(tls.key_file) if tls.key_file else None,
-                )
-            except (OSError, ValueError) as exc:
-                raise ConfigError(
-                    [f"mqtt.tls: cannot load the TLS files: {exc}"],
-                    hint="check mqtt.tls.ca_file, cert_file and key_file exist and are readable PEM files",
-                ) from exc
-            client.tls_insecure_set(tls.insecure)
+        use_credentials(client, cfg)
         # paho annotates the delays as int but handles floats; tests rely on sub-second delays.
         client.reconnect_delay_set(cast(int, cfg.reconnect_min_s), cast(int, cfg.reconnect_max_s))
         client.on_pre_connect = self._on_pre_connect

@@ -11,7 +11,7 @@ from agent.config import (
 from agent.sources.audio import AudioSource, read_wav
 from agent.sources.frames import Frame, FrameQueue, LatestFrameSlot
 from agent.sources.replay import ReplaySource
-from agent.sources.sensors import MqttSource, parse_values
+from agent.sources.sensors import BrokerLink, MqttSource, parse_values
 from agent.sources.serial import SerialSource
 from agent.sources.video import VideoSource, redact_uri
 
@@ -19,14 +19,15 @@ Source = VideoSource | AudioSource | MqttSource | ReplaySource | SerialSource
 Slot = LatestFrameSlot | FrameQueue
 
 
-def open_source(config: SourceConfig, name: str) -> tuple[Source, Slot]:
-    """The (not yet started) source for `config` and the slot it hands frames to."""
+def open_source(config: SourceConfig, name: str, broker: BrokerLink | None = None) -> tuple[Source, Slot]:
+    """The (not yet started) source for `config` and the slot it hands frames to; `broker` is the
+    agent's own, for MQTT sources that name none."""
     if isinstance(config, AudioSourceConfig):
         queue = FrameQueue(config.max_queue)
         return AudioSource(config, name, queue), queue
     if isinstance(config, MqttSourceConfig):
         queue = FrameQueue(config.max_queue)
-        return MqttSource(config, name, queue), queue
+        return MqttSource(config, name, queue, broker), queue
     if isinstance(config, ReplaySourceConfig):
         queue = FrameQueue(config.max_queue)
         return ReplaySource(config, name, queue), queue
@@ -39,6 +40,7 @@ def open_source(config: SourceConfig, name: str) -> tuple[Source, Slot]:
 
 __all__ = [
     "AudioSource",
+    "BrokerLink",
     "Frame",
     "FrameQueue",
     "LatestFrameSlot",

@@ -69,6 +69,12 @@ class LatestFrameSlot(_HandOver):
         with self._cond:
             return 0 if self._frame is None else 1
 
+    def peek(self, timeout: float) -> Frame | None:
+        """The newest frame without taking it (it is still served): a sample for choosing a backend."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._frame is not None or self._closed, timeout)
+            return self._frame
+
 
 class FrameQueue(_HandOver):
     """First in, first out, at most `limit` frames: a source faster than the model loses nothing
@@ -98,6 +104,12 @@ class FrameQueue(_HandOver):
     def __len__(self) -> int:
         with self._cond:
             return len(self._frames)
+
+    def peek(self, timeout: float) -> Frame | None:
+        """The oldest frame without taking it: a sample for choosing a backend costs no window."""
+        with self._cond:
+            self._cond.wait_for(lambda: bool(self._frames) or self._closed, timeout)
+            return self._frames[0] if self._frames else None
 
 
 class Windower:

@@ -15,11 +15,13 @@ import math
 import re
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from agent.config import MqttSourceConfig
+from agent.config import MqttConfig, MqttSourceConfig
+from agent.mqtt.connection import use_credentials
 from agent.sources.base import SourceBase
 from agent.sources.frames import FrameQueue, Windower
 
@@ -67,25 +69,40 @@ def _finite(values: list[float]) -> list[float]:
     return values
 
 
+@dataclass(frozen=True)
+class BrokerLink:
+    """The agent's broker connection, for MQTT sensor sources that name no broker of their own."""
+
+    mqtt: MqttConfig
+    client_id: str  # the agent's client id; a source's is this plus "-sensor-<pipeline>"
+
+
 class MqttSource(SourceBase):
     """Subscribes for one pipeline; windows of `window` values every `hop` values into `queue`."""
 
     kind = "mqtt"
 
-    def __init__(self, config: MqttSourceConfig, name: str, queue: FrameQueue) -> None:
-        super().__init__(name, queue, f"mqtt://{config.host}:{config.port}/{config.topic}")
+    def __init__(
+        self, config: MqttSourceConfig, name: str, queue: FrameQueue, broker: BrokerLink | None = None
+    ) -> None:
+        """`broker`: the agent's own broker and client id, used when the config names no host."""
+        own = broker is not None and config.host is None
+        self.host = broker.mqtt.host if own and broker else (config.host or "127.0.0.1")
+        self.port = broker.mqtt.port if own and broker else config.port
+        super().__init__(name, queue, f"mqtt://{self.host}:{self.port}/{config.topic}")
         self.config = config
         self._windows = Windower(queue, config.window, config.hop or config.window)
         self.messages = 0
         self.bad_messages = 0
         self.last_bad: str | None = None
+        # Client ids are unique per broker: a fleet's boxes share one, so the device's id is in it.
+        client_id = f"{broker.client_id if broker else 'edge-agent'}-sensor-{name}"
         self._client = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2,
-            client_id=f"edge-agent-sensor-{name}",
-            clean_session=False,
-            protocol=mqtt.MQTTv311,
+            mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=False, protocol=mqtt.MQTTv311
         )
-        if config.username is not None:
+        if own and broker:
+            use_credentials(self._client, broker.mqtt)
+        elif config.username is not None:
             self._client.username_pw_set(config.username, config.password)
         self._client.reconnect_delay_set(round(config.reopen_min_s) or 1, max(1, round(config.reopen_max_s)))
         self._client.on_connect = self._on_connect
@@ -95,7 +112,7 @@ class MqttSource(SourceBase):
 
     def start(self) -> None:
         try:
-            self._client.connect_async(self.config.host, self.config.port, keepalive=30)
+            self._client.connect_async(self.host, self.port, keepalive=30)
         except (OSError, ValueError) as exc:
             self._fail(f"cannot connect to {self.display_uri}: {exc}")
         self._client.loop_start()
@@ -122,7 +139,7 @@ class MqttSource(SourceBase):
 
     def _on_connect(self, client: mqtt.Client, _userdata: Any, flags: Any, reason: Any, _props: Any) -> None:
         if reason.is_failure:
-            self._fail(f"broker {self.config.host}:{self.config.port} refused: {reason}")
+            self._fail(f"broker {self.host}:{self.port} refused: {reason}")
             return
         with self._lock:
             if not flags.session_present:  # what came meanwhile is lost: a new stretch
@@ -140,7 +157,7 @@ class MqttSource(SourceBase):
             self._set_state("streaming")
             return
         # An ACL that does not allow the topic: say so, and ask again later (it may be fixed).
-        self._fail(f"broker {self.config.host}:{self.config.port} refused the subscription to "
+        self._fail(f"broker {self.host}:{self.port} refused the subscription to "
                    f"{self.config.topic}: {reason}; check the broker's ACL for this client")  # fmt: skip
         retry = threading.Timer(self.config.reopen_max_s, self._subscribe_again, args=(client,))
         retry.daemon = True
@@ -156,7 +173,7 @@ class MqttSource(SourceBase):
         if self.state == "stopped":  # our own disconnect
             return
         self._count_reconnect()
-        self._fail(f"lost the broker at {self.config.host}:{self.config.port}: {reason}")
+        self._fail(f"lost the broker at {self.host}:{self.port}: {reason}")
 
     def _on_message(self, _client: mqtt.Client, _userdata: Any, message: mqtt.MQTTMessage) -> None:
         try:
