@@ -259,6 +259,7 @@ def test_schema_is_json_with_the_top_level_sections() -> None:
         "backends",
         "telemetry",
         "store",
+        "fleet",
         "pipelines",
         "state_dir",
         "log_level",

@@ -11,8 +11,16 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
-from agent.config import AgentConfig, MqttConfig, OutboxConfig
+from agent.config import (
+    AgentConfig,
+    CommandsConfig,
+    FleetConfig,
+    HealthWindowConfig,
+    MqttConfig,
+    OutboxConfig,
+)
 from agent.config_loader import load_config, parse_config
 from agent.errors import ConfigError
 
@@ -20,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "configs" / "agent.example.yaml"
 DEMO = REPO / "configs" / "demo.yaml"
 
-TOP_KEYS = "backends, device, log_level, mqtt, pipelines, registry, state_dir, store, telemetry"
+TOP_KEYS = "backends, device, fleet, log_level, mqtt, pipelines, registry, state_dir, store, telemetry"
 SOURCE_KEYS = "fps, loop, reopen_max_s, reopen_min_s, type, uri"
 NAME_RULE = (
     "is not a valid name: use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit "
@@ -869,6 +877,8 @@ def test_example_config_documents_the_defaults() -> None:
     assert mqtt.outbox.flush_timeout_s == 10.0
     assert minimal.registry is None
     assert minimal.pipelines == []
+    assert example.fleet == minimal.fleet == FleetConfig()
+    assert minimal.fleet.health.max_latency_ms is None and minimal.fleet.commands.allow is None
 
     # Pipeline keys the example marks as defaults.
     entrance = example.pipelines[0]
@@ -920,6 +930,14 @@ def test_example_config_documents_the_defaults() -> None:
     text = example.pipelines[2].postprocess
     for key in ("output", "threshold", "min_area", "min_score", "max_regions"):
         assert getattr(regions, key) == getattr(text, key), key
+
+
+def test_example_config_spells_out_every_fleet_key() -> None:
+    """The fleet section is new: every key of it (and of health and commands) is written out."""
+    fleet = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))["fleet"]
+    assert set(fleet) == set(FleetConfig.model_fields)
+    assert set(fleet["health"]) == set(HealthWindowConfig.model_fields)
+    assert set(fleet["commands"]) == set(CommandsConfig.model_fields)
 
 
 def test_gray_pipeline_with_default_mean_and_std() -> None:
