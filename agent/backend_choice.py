@@ -27,7 +27,7 @@ from agent.hardware import HardwareInfo, detect_hardware
 from agent.processing.feed import Feeder, build_feeder
 from agent.processing.judge import Judge, report_judge
 from agent.retry import backoff_delay
-from agent.sources import open_source
+from agent.sources import Frame, open_source
 from agent.testdata import TestData, testdata_samples
 from agent.transform import upgraded_artifacts
 from providers import (
@@ -95,15 +95,20 @@ def grab_sample(pipeline: PipelineConfig, feeder: Feeder, timeout_s: float) -> d
     return feeder.feeds(frame.data, gap=True)[0]
 
 
+Peek = Callable[[float], Frame | None]  # a frame of an open source, within a timeout, not taken from it
+
+
 def _samples(
     config: AgentConfig,
     pipeline: PipelineConfig,
     artifacts: Sequence[ModelArtifact],
     testdata: Sequence[TestData],
     backends: Sequence[Backend],
+    peek: Peek | None = None,
 ) -> list[Sample]:
     """What to prove candidates on: the model's test data, then (for the artifacts it does not
-    fit) a frame from the pipeline's own source. Empty when neither can be had."""
+    fit) a frame from the pipeline's own source (`peek`: the open source's, else it is opened for
+    one frame). Empty when neither can be had."""
     samples = testdata_samples(testdata, artifacts, backends)
     if all(any(s.fits_artifact(a) for s in samples) for a in artifacts):
         return samples
@@ -112,7 +117,12 @@ def _samples(
         feeder = build_feeder(pipeline, reference.inputs, reference.outputs)
     finally:
         reference.close()
-    frame = grab_sample(pipeline, feeder, config.backends.sample_timeout_s)
+    timeout = config.backends.sample_timeout_s
+    if peek is not None:
+        seen = peek(timeout)
+        frame = None if seen is None else feeder.feeds(seen.data, gap=True)[0]
+    else:
+        frame = grab_sample(pipeline, feeder, timeout)
     if frame is not None:
         return [*samples, Sample(frame, "a frame from the pipeline's source")]
     log.warning(
@@ -220,6 +230,16 @@ class DecisionStore:
         return records
 
 
+_decision_locks: dict[str, threading.Lock] = {}
+_decision_locks_guard = threading.Lock()
+
+
+def _deciding(key: str) -> threading.Lock:
+    """The lock held while deciding for one decision key (one model, policy and box)."""
+    with _decision_locks_guard:
+        return _decision_locks.setdefault(key, threading.Lock())
+
+
 def choose_and_load(
     config: AgentConfig,
     pipeline: PipelineConfig,
@@ -228,13 +248,17 @@ def choose_and_load(
     testdata: Sequence[TestData] = (),
     progress: Progress | None = None,
     load: Loader | None = None,
+    peek: Peek | None = None,
 ) -> tuple[Session, Decision, list[ModelArtifact]]:
     """Decide (or reuse the cached decision) and load the chosen backend in this process.
 
     Candidates are proven on the model's test data (`testdata`: archives with the model file each
-    is for) where it fits, else on a frame from the pipeline's own source. `progress` hears each
-    step (trials, engine builds) before it starts. Returns the session, the decision, and the
-    artifacts it chose among (derived ones included).
+    is for) where it fits, else on a frame from the pipeline's own source (`peek`: see _samples).
+    `progress` hears each step (trials, engine builds) before it starts. Returns the session, the
+    decision, and the artifacts it chose among (derived ones included).
+
+    Pipelines on the same model decide one at a time: the second finds the first's proven decision
+    in the cache instead of deciding again (or guessing by rank when its own source is dead).
     """
     say = progress or (lambda _text: None)
     backends = all_backends()
@@ -247,31 +271,36 @@ def choose_and_load(
     store = DecisionStore(config.state_dir)
     key = decision_key(artifacts, testdata, policy, backends, hardware)
     decision = store.get(key)
-    if decision is None:
-        if policy.benchmark:
-            say("getting inputs to prove backends on")
-        samples = _samples(config, pipeline, artifacts, testdata, backends) if policy.benchmark else []
-        log.info(
-            "pipeline %s: choosing a backend for %s%s",
-            pipeline.name,
-            model_ref,
-            f" (benchmarking the top candidates on {', '.join(s.origin for s in samples)})"
-            if samples
-            else "",
-        )
-        notes = hardware_notes(hardware)
-        judge = pipeline_judge(config, pipeline, artifacts, backends) if samples else None
-        try:
-            decision = decide(
-                artifacts, policy, samples, backends, hardware=notes, progress=progress, judge=judge
+    samples: list[Sample] = []
+    if decision is None and policy.benchmark:
+        say("getting inputs to prove backends on")
+        samples = _samples(config, pipeline, artifacts, testdata, backends, peek)
+    with _deciding(key):
+        # Another pipeline on this model may have proven a decision while this one waited for a frame.
+        cached = decision or store.get(key)
+        if cached is None:
+            log.info(
+                "pipeline %s: choosing a backend for %s%s",
+                pipeline.name,
+                model_ref,
+                f" (benchmarking the top candidates on {', '.join(s.origin for s in samples)})"
+                if samples
+                else "",
             )
-        except NoBackendError as exc:
-            store.put_refusal(exc, pipeline.name, model_ref)
-            raise
-        # An unchecked choice is recorded for explain but made again next time.
-        store.put(key, decision, pipeline.name, model_ref, cache=decision.checked or not policy.benchmark)
-    else:
-        log.info("pipeline %s: using the cached backend decision %s", pipeline.name, key)
+            notes = hardware_notes(hardware)
+            judge = pipeline_judge(config, pipeline, artifacts, backends) if samples else None
+            try:
+                decision = decide(
+                    artifacts, policy, samples, backends, hardware=notes, progress=progress, judge=judge
+                )
+            except NoBackendError as exc:
+                store.put_refusal(exc, pipeline.name, model_ref)
+                raise
+            # An unchecked choice is recorded for explain but made again next time.
+            store.put(key, decision, pipeline.name, model_ref, cache=decision.checked or not policy.benchmark)
+        else:
+            decision = cached
+            log.info("pipeline %s: using the cached backend decision %s", pipeline.name, key)
     session, used, failures = load_decided(decision, artifacts, policy, backends, progress, load)
     for failure in failures:
         log.warning("pipeline %s: %s; falling back to the next backend", pipeline.name, failure)

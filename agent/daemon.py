@@ -1,9 +1,10 @@
 """The daemon: pipelines up, results out through the outbox, a clean stop.
 
 Lifecycle: open the outbox and start MQTT (a broker that is down is retried in the
-background while results queue up), build every pipeline (pull the model, pick a backend,
-warm it up), run until asked to stop, then stop sources, finish the frames in flight,
-flush the outbox as far as the broker allows and publish `offline`.
+background while results queue up), hand the pipelines to the supervisor (agent/supervisor.py:
+each is pulled, proven on this box and warmed on a thread of its own), run until asked to stop,
+then stop sources, finish the frames in flight, flush the outbox as far as the broker allows and
+publish `offline`.
 
 A pipeline that cannot be built (bad model file, unreachable registry, unknown input) is
 reported in the status and retried with backoff; the others run on.
@@ -20,38 +21,26 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from agent import __version__
-from agent.backend_choice import DecisionSwitcher, choose_and_load, make_prover, policy_for
 from agent.clock import iso_utc
-from agent.config import AgentConfig, PipelineConfig
-from agent.errors import EdgeAgentError, ModelError, RegistryError
+from agent.config import AgentConfig
+from agent.errors import EdgeAgentError, ModelError
 from agent.fsutil import atomic_write_bytes
-from agent.model_hints import embedded_hints, with_model_hints
 from agent.mqtt import MqttConnection, Outbox, OutboxMessage, results_topic, telemetry_topic
-from agent.pipeline import LoadedModel, Pipeline
-from agent.registry import open_registry, public_url
-from agent.retry import backoff_delay
 from agent.sd_notify import notify, watchdog_interval_s
 from agent.session_pool import SessionPool
-from agent.store import ModelStore, Progress, store_for
+from agent.sources import BrokerLink
+from agent.store import store_for
+from agent.supervisor import DesiredPipeline, Supervisor
 from agent.telemetry import TelemetrySampler
-from providers import BackendError
 from providers.select import SelectionPolicy
 
 log = logging.getLogger(__name__)
 
 _STATUS_FILE_EVERY_S = 5.0
-_REBUILD_MIN_S = 10.0
-_REBUILD_MAX_S = 600.0
-_BUILDER_JOIN_S = 5.0  # a build stuck in a download must not eat the stop budget
 _STOP_PIPELINES_S = 10.0
-# A pipeline stuck this long in one frame (a hung driver, a blocked read) stops the watchdog pings.
-_STALL_S = 120.0
-# A build step this long (a TensorRT engine build can take many minutes) is logged again meanwhile.
-_PHASE_LOG_EVERY_S = 30.0
 
 
 # Results are serialised with this placeholder; the publisher swaps in the real send time.
@@ -98,60 +87,11 @@ class ResultWriter:
         self.on_written()
 
 
-@dataclass
-class PipelineSlot:
-    """A configured pipeline: running, or failed to build and waiting to be retried."""
-
-    config: PipelineConfig
-    pipeline: Pipeline | None = None
-    error: str | None = None
-    attempts: int = 0
-    retry_at: float = 0.0
-    # While it is being built: what it is doing (pulling, a backend trial, compiling an engine).
-    phase: str = ""
-    phase_started: float = 0.0  # monotonic
-    phase_logged: float = 0.0  # monotonic: when "still ..." was last logged
-    # While a model file downloads: {"artifact", "bytes", "total", "rate_bps"} (status.json only).
-    download: dict[str, Any] | None = None
-
-
-class RegistryLink:
-    """Whether the registry answered when the agent last needed it (a version not in the store yet).
-    Installed versions are served without asking it: offline, the box runs what its store has."""
-
-    def __init__(self, url: str | None) -> None:
-        self.url = public_url(url) if url else None
-        self.state = "not asked yet" if url else "none configured"
-        self.error: str | None = None
-        self.since = time.time()
-
-    def reached(self, url: str) -> None:
-        if self.state != "reachable":
-            if self.state == "unreachable":
-                log.info("registry %s reachable again", url)
-            self.state, self.error, self.since = "reachable", None, time.time()
-
-    def failed(self, url: str, exc: RegistryError, store: ModelStore) -> None:
-        if "cannot reach registry" not in exc.message:
-            return  # it answered (with an error of its own): reachable, the version is the problem
-        if self.state != "unreachable":
-            installed = ", ".join(m.ref for m in store.list()) or "nothing"
-            log.warning(
-                "registry %s unreachable (%s); serving what the store has: %s", url, exc.message, installed
-            )
-            self.state, self.since = "unreachable", time.time()
-        self.error = exc.message
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"url": self.url, "state": self.state, "error": self.error, "since": iso_utc(self.since)}
-
-
 class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.started_at = time.time()
         self.store = store_for(config)  # first: a trusted key that cannot be loaded stops the start here
-        self.registry_link = RegistryLink(config.registry.url if config.registry else None)
         state_dir = config.state_dir
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
@@ -179,8 +119,19 @@ class Agent:
             prepare_payload=stamp_published_at,
         )
         self.writer = ResultWriter(config, self.outbox, self.mqtt.notify_new_message)
-        self.slots = [PipelineSlot(p) for p in config.pipelines if p.enabled]
-        self._last_states: dict[str, tuple[str, str]] = {}
+        self.supervisor = Supervisor(
+            config,
+            self.store,
+            self.sessions,
+            self.writer,
+            broker=BrokerLink(config.mqtt, self.mqtt.client_id),
+        )
+        self.registry_link = self.supervisor.registry_link
+        self._last_states: dict[str, tuple[str, str, str]] = {}
+
+    def base_pipelines(self) -> list[DesiredPipeline]:
+        """The pipelines agent.yaml asks for (the base layer of desired state)."""
+        return [DesiredPipeline(p) for p in self.config.pipelines]
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -188,12 +139,9 @@ class Agent:
         """Run until `stop` is set (SIGTERM/SIGINT) or `duration_s` passes."""
         deadline = None if duration_s is None else time.monotonic() + duration_s
         self.mqtt.start()
-        # Pipelines are built off the main thread: a slow model pull must not hold back
-        # READY, the watchdog or the status of the pipelines that already run.
-        builder = threading.Thread(
-            target=self._builder_main, args=(stop,), name="pipeline-builder", daemon=True
-        )
-        builder.start()
+        # Pipelines are built off the main thread, each on its own: a slow model pull must not hold
+        # back READY, the watchdog, the status or another pipeline.
+        self.supervisor.apply(self.base_pipelines())
         notify("READY=1", f"STATUS={self._summary()}")
         log.info("edge-agent %s running as %s", __version__, self.config.device.id)
         watchdog = watchdog_interval_s()
@@ -206,15 +154,15 @@ class Agent:
                 if deadline is not None and now >= deadline:
                     log.info("run duration reached, stopping")
                     break
+                self.supervisor.tick()
                 self._report_state_changes()
-                self._log_long_phases(now)
                 if now >= next_status_file:
                     self.write_status_file()
                     next_status_file = now + _STATUS_FILE_EVERY_S
                 if telemetry_every and now >= next_telemetry:
                     self.publish_telemetry()
                     next_telemetry = now + telemetry_every
-                if watchdog is not None and self._healthy():
+                if watchdog is not None and self.supervisor.healthy():
                     notify("WATCHDOG=1")
                 wait = 0.5 if watchdog is None else min(0.5, watchdog)
                 if deadline is not None:
@@ -222,33 +170,12 @@ class Agent:
                 stop.wait(wait)
         finally:
             stop.set()
-            builder.join(_BUILDER_JOIN_S)
             self.shutdown()
-
-    def _builder_main(self, stop: threading.Event) -> None:
-        """Build every pipeline, then retry the failed ones with backoff until stopped."""
-        while not stop.is_set():
-            now = time.monotonic()
-            for slot in self.slots:
-                if stop.is_set():
-                    return
-                if slot.pipeline is None and now >= slot.retry_at:
-                    try:
-                        self._try_build(slot, stop)
-                    except Exception:  # the builder must outlive any one pipeline's trouble
-                        log.exception("pipeline %s: unexpected error while building", slot.config.name)
-                        slot.retry_at = time.monotonic() + _REBUILD_MAX_S
-            stop.wait(0.5)
 
     def shutdown(self) -> None:
         notify("STOPPING=1", "STATUS=stopping")
         log.info("stopping: finishing in-flight frames")
-        running = [slot.pipeline for slot in self.slots if slot.pipeline is not None]
-        for pipeline in running:  # all sources at once, then wait for all against one deadline
-            pipeline.request_stop()
-        deadline = time.monotonic() + _STOP_PIPELINES_S
-        for pipeline in running:
-            pipeline.stop(max(0.1, deadline - time.monotonic()))
+        self.supervisor.stop(_STOP_PIPELINES_S)
         timeout = self.config.mqtt.outbox.flush_timeout_s
         if self.outbox.pending():
             log.info("flushing %d queued results (up to %.0f s)", self.outbox.pending(), timeout)
@@ -258,162 +185,13 @@ class Agent:
             log.warning("%d results stay queued in the outbox; they are sent on the next start", left)
         self.write_status_file()
         self.mqtt.stop(publish_offline=True)
-        for slot in self.slots:
-            if slot.pipeline is not None:
-                slot.pipeline.model.session.close()
         self.outbox.close()
         log.info("stopped")
-
-    # --- pipelines ---------------------------------------------------------------------
-
-    def _set_phase(self, slot: PipelineSlot, text: str) -> None:
-        """What a pipeline being built does now: logged, and shown in the status until it runs."""
-        now = time.monotonic()
-        slot.phase, slot.phase_started, slot.phase_logged = text, now, now
-        slot.download = None
-        if text:
-            log.info("pipeline %s: %s", slot.config.name, text)
-
-    def _set_download(self, slot: PipelineSlot, what: str, done: int, total: int, rate: float) -> None:
-        slot.download = {"artifact": what, "bytes": done, "total": total, "rate_bps": round(rate)}
-
-    def _log_long_phases(self, now: float) -> None:
-        for slot in self.slots:
-            if slot.phase and now - slot.phase_logged >= _PHASE_LOG_EVERY_S:
-                slot.phase_logged = now
-                log.info(
-                    "pipeline %s: still %s (%.0f s)", slot.config.name, slot.phase, now - slot.phase_started
-                )
-
-    def _try_build(self, slot: PipelineSlot, stop: threading.Event) -> None:
-        config = slot.config
-        slot.attempts += 1
-        try:
-            pipeline = self._build(
-                config,
-                verify=slot.attempts > 1,
-                progress=lambda t: self._set_phase(slot, t),
-                download=lambda what, done, total, rate: self._set_download(slot, what, done, total, rate),
-            )
-        except Exception as exc:  # whatever a model or source does wrong, the daemon runs on
-            self._set_phase(slot, "")
-            delay = backoff_delay(slot.attempts, _REBUILD_MIN_S, _REBUILD_MAX_S)
-            slot.error, slot.retry_at = str(exc), time.monotonic() + delay
-            expected = isinstance(exc, (EdgeAgentError, BackendError, OSError))
-            log.error(
-                "pipeline %s not started: %s (retry in %.0f s)",
-                config.name,
-                exc,
-                delay,
-                exc_info=not expected,
-            )
-            return
-        self._set_phase(slot, "")
-        if stop.is_set():  # built while the daemon was asked to stop: do not start it
-            pipeline.model.session.close()
-            return
-        slot.error = None
-        pipeline.start()
-        slot.pipeline = pipeline
-        log.info("pipeline %s started", config.name)
-        self._prune_store()
-
-    def _prune_store(self) -> None:
-        """Keep what `store:` says (the newest versions of each model, size and age limits), never a
-        version a configured pipeline names. A failure is logged: serving comes first."""
-        limits = self.config.store
-        in_use = {(p.model.name, p.model.version) for p in self.config.pipelines}
-        try:
-            max_age_s = limits.max_age_days * 86400 if limits.max_age_days is not None else None
-            # A pull by `edge-agent models pull` may hold the store: try again after the next start.
-            report = self.store.gc(in_use, limits.keep_versions, limits.max_bytes, max_age_s, wait_s=5.0)
-        except EdgeAgentError as exc:
-            log.warning("model store clean-up failed: %s", exc)
-            return
-        if report.removed:
-            log.info(
-                "model store: removed %s (%d bytes freed)",
-                ", ".join(f"{r['name']}@{r['version']}" for r in report.removed),
-                report.freed_bytes,
-            )
-
-    def _build(
-        self,
-        config: PipelineConfig,
-        verify: bool = False,
-        progress: Callable[[str], None] | None = None,
-        download: Progress | None = None,
-    ) -> Pipeline:
-        say = progress or (lambda _text: None)
-        model = config.model
-        if model.path is not None:
-            say(f"importing {model.path}")
-            installed = self.store.import_file(model.path, model.name, model.version)
-        else:
-            assert self.config.registry is not None  # the config model requires it for registry models
-            say(f"pulling {model.name}@{model.version}")
-            asks_registry = not self.store.is_installed(model.name, model.version)
-            registry = open_registry(self.config.registry.url, self.config.registry)
-            try:
-                # After a failure, re-hash the installed blobs: a bit-rotted file of the right size
-                # would otherwise fail to load for ever. The first attempt trusts sizes (fast start).
-                installed = self.store.pull(
-                    registry, model.name, model.version, verify=verify, progress=download, digest=model.digest
-                )
-            except RegistryError as exc:
-                self.registry_link.failed(registry.url, exc, self.store)
-                raise
-            finally:
-                registry.close()
-            if asks_registry:
-                self.registry_link.reached(registry.url)
-        # Preprocessing, state and labels the version ships (manifest), then the file's own metadata.
-        config = with_model_hints(config, installed.manifest, embedded_hints(installed.model_artifacts()))
-        session, decision, candidates = choose_and_load(
-            self.config,
-            config,
-            installed.model_artifacts(),
-            installed.ref,
-            installed.testdata_artifacts(),
-            progress=progress,
-            load=self.sessions.load,
-        )
-        log.info("pipeline %s: %s", config.name, decision.explain())
-        loaded = LoadedModel(installed.name, installed.version, decision.artifact_sha256, session, decision)
-        try:
-            pipeline = Pipeline(config, loaded, self.writer)
-            say(f"warming up on {session.backend}")
-            pipeline.warm_up()
-            policy = policy_for(self.config, config)
-            prove = None
-            if policy.benchmark and not decision.checked:  # no sample at build time: a frame will do
-                prove = make_prover(
-                    self.config, config, candidates, installed.ref, installed.testdata_artifacts()
-                )
-            pipeline.switcher = DecisionSwitcher(
-                decision, candidates, policy, warm_up=pipeline.feeder.warm_up_feeds(), prove=prove
-            )
-        except Exception:
-            session.close()
-            raise
-        return pipeline
 
     # --- status ------------------------------------------------------------------------
 
     def pipeline_states(self) -> dict[str, dict[str, Any]]:
-        states: dict[str, dict[str, Any]] = {}
-        for slot in self.slots:
-            if slot.pipeline is not None:
-                states[slot.config.name] = slot.pipeline.status()
-            else:
-                state = "error" if slot.error else "starting"
-                states[slot.config.name] = {"state": state, "error": slot.error, "attempts": slot.attempts}
-                if slot.phase:
-                    states[slot.config.name]["phase"] = slot.phase
-                    states[slot.config.name]["phase_s"] = round(time.monotonic() - slot.phase_started, 1)
-                if slot.download is not None:
-                    states[slot.config.name]["download"] = dict(slot.download)
-        return states
+        return self.supervisor.states()
 
     def _status_payload(self, state: str) -> bytes:
         payload: dict[str, Any] = {
@@ -430,7 +208,8 @@ class Agent:
                 name: {
                     "state": s["state"],
                     "error": s.get("error"),
-                    **({"phase": s["phase"]} if "phase" in s else {}),
+                    "phase": s["phase"],
+                    **({"step": s["step"]} if "step" in s else {}),
                 }
                 for name, s in self.pipeline_states().items()
             }
@@ -438,7 +217,9 @@ class Agent:
 
     def _report_state_changes(self) -> None:
         """A pipeline's new state, or a new step while it is built, goes out in the MQTT status."""
-        states = {name: (s["state"], s.get("phase", "")) for name, s in self.pipeline_states().items()}
+        states = {
+            name: (s["state"], s["phase"], s.get("step", "")) for name, s in self.pipeline_states().items()
+        }
         if states != self._last_states:
             self._last_states = states
             notify(f"STATUS={self._summary()}")
@@ -448,21 +229,6 @@ class Agent:
         states = self.pipeline_states()
         running = sum(1 for s in states.values() if s["state"] == "running")
         return f"{running}/{len(states)} pipelines running, {self.outbox.pending()} results queued"
-
-    def _healthy(self) -> bool:
-        """Watchdog pings stop when a pipeline's worker died or is stuck in one frame."""
-        for slot in self.slots:
-            p = slot.pipeline
-            if p is None:
-                continue
-            if p.finished and p.source.state != "finished":
-                log.error("pipeline %s: worker thread ended unexpectedly", p.name)
-                return False
-            stuck_s = p.busy_for_s()
-            if stuck_s > _STALL_S:
-                log.error("pipeline %s: stuck in one frame for %.0f s", p.name, stuck_s)
-                return False
-        return True
 
     def status(self) -> dict[str, Any]:
         return {

@@ -215,6 +215,10 @@ class Pipeline:
     def previous_stage(self) -> Stage | None:
         return self._previous_stage
 
+    def keep_previous(self, stage: Stage) -> None:
+        """A new pipeline replacing one on another source keeps the old one's stage warm (rollback)."""
+        self._previous_stage = stage
+
     def commit(self) -> None:
         """The new stage proved itself: close the previous one."""
         previous, self._previous_stage = self._previous_stage, None

@@ -351,14 +351,14 @@ def test_test_data_proves_the_backends_and_build_steps_show_in_log_and_status(
     def waiting_phase() -> dict[str, Any] | None:
         with contextlib.suppress(OSError, ValueError):
             state: dict[str, Any] = json.loads(status_path.read_text())["pipelines"]["waiting"]
-            return state if state.get("phase") == "getting inputs to prove backends on" else None
+            return state if state.get("step") == "getting inputs to prove backends on" else None
         return None
 
     wait_until(
         lambda: waiting_phase() is not None, "the waiting pipeline's phase in status.json", timeout=120
     )
     shown = waiting_phase()
-    assert shown is not None and shown["state"] == "starting" and shown["phase_s"] >= 0
+    assert shown is not None and shown["state"] == "starting" and shown["step_s"] >= 0
     gave_up_waiting = "pipeline waiting: no frame from its source within 12 s"
     log = agent.run_until(
         lambda: "pipeline signs started" in (text := agent.log()) and gave_up_waiting in text,
@@ -387,8 +387,8 @@ def test_test_data_proves_the_backends_and_build_steps_show_in_log_and_status(
     # Its own test data proved "signs": it never waited for a frame.
     assert "pipeline signs: no frame" not in log and "pipeline signs: getting inputs" in log
     online = [json.loads(m.payload) for m in status_sub.messages]
-    phases = [s["pipelines"]["waiting"].get("phase") for s in online if s["status"] == "online"]
-    assert "getting inputs to prove backends on" in phases, online
+    steps = [s["pipelines"]["waiting"].get("step") for s in online if s["status"] == "online"]
+    assert "getting inputs to prove backends on" in steps, online
 
 
 def test_sigterm_stops_gracefully_with_sd_notify(

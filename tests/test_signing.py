@@ -270,9 +270,7 @@ def test_a_forged_signature_by_the_trusted_key_id_is_refused(
     forged = signature_document([Signature(release_key[2], bytes(range(64)))])
     (signed_registry.root / CLS_NAME / "2.1" / SIGNATURE_FILE).write_bytes(forged)
     store = ModelStore(tmp_path / "store", trust=_trust((release_key[1], ["*"])))
-    with pytest.raises(
-        SignatureError, match="they were changed after signing, or the signature is forged"
-    ):
+    with pytest.raises(SignatureError, match="they were changed after signing, or the signature is forged"):
         store.pull(signed_registry, CLS_NAME, "2.1")
 
 

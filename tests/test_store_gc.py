@@ -188,7 +188,7 @@ def test_the_daemon_keeps_what_store_says_after_a_pipeline_starts(
     _install_all(store, registry)
     agent = Agent(load_config(config_path))
     try:
-        agent._prune_store()
+        agent.supervisor._prune_store()
     finally:
         agent.outbox.close()
     assert _versions(store) == ["3", "5"]  # the newest, and the one the pipeline names

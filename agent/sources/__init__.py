@@ -7,16 +7,29 @@ from agent.config import (
     ReplaySourceConfig,
     SerialSourceConfig,
     SourceConfig,
+    VideoSourceConfig,
 )
-from agent.sources.audio import AudioSource, read_wav
+from agent.sources.audio import ALSA_PREFIX, AudioSource, read_wav
 from agent.sources.frames import Frame, FrameQueue, LatestFrameSlot
 from agent.sources.replay import ReplaySource
 from agent.sources.sensors import BrokerLink, MqttSource, parse_values
 from agent.sources.serial import SerialSource
-from agent.sources.video import VideoSource, redact_uri
+from agent.sources.video import VideoSource, redact_uri, source_kind
 
 Source = VideoSource | AudioSource | MqttSource | ReplaySource | SerialSource
 Slot = LatestFrameSlot | FrameQueue
+
+
+def is_live(config: SourceConfig) -> bool:
+    """Whether the source's data goes by whether or not it is read (sensors, capture, cameras and
+    streams), so it is opened before the model is ready; files wait for the pipeline instead."""
+    if isinstance(config, (MqttSourceConfig, SerialSourceConfig)):
+        return True
+    if isinstance(config, AudioSourceConfig):
+        return config.uri.startswith(ALSA_PREFIX)
+    if isinstance(config, VideoSourceConfig):
+        return source_kind(config.uri) in ("url", "device", "gstreamer")
+    return False
 
 
 def open_source(config: SourceConfig, name: str, broker: BrokerLink | None = None) -> tuple[Source, Slot]:
@@ -50,6 +63,7 @@ __all__ = [
     "Slot",
     "Source",
     "VideoSource",
+    "is_live",
     "open_source",
     "parse_values",
     "read_wav",

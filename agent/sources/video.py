@@ -60,7 +60,7 @@ class VideoSource(ThreadedSource):
     def __init__(self, config: VideoSourceConfig, name: str, slot: LatestFrameSlot) -> None:
         super().__init__(name, slot, redact_uri(config.uri))
         self.config = config
-        self.kind = _kind(config.uri)
+        self.kind = source_kind(config.uri)
         self.frames_decoded = 0
         self.frames_skipped_by_fps = 0
 
@@ -225,7 +225,8 @@ class ImageFolder:
         self.paths = []
 
 
-def _kind(uri: str) -> str:
+def source_kind(uri: str) -> str:
+    """gstreamer, url, device, folder or file: what a video uri names."""
     if is_pipeline(uri):
         return "gstreamer"
     if _URL.match(uri):
