@@ -16,7 +16,7 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -168,12 +168,22 @@ def _interpolate(value: str, environ: Mapping[str, str]) -> str:
 
 
 def _format_errors(exc: ValidationError, data: Any, lines: dict[PathKey, int], source: str) -> list[str]:
+    return [
+        f"{source}:{_line_for(path, lines)}: {_dotted(path) or '(top)'}: {message}"
+        for path, message in validation_problems(exc, data, AgentConfig)
+    ]
+
+
+def validation_problems(
+    exc: ValidationError, data: Any, model: type[BaseModel], syntax: Literal["yaml", "json"] = "yaml"
+) -> list[tuple[PathKey, str]]:
+    """(path of keys in `data`, message) for each of pydantic's errors from validating `data` as
+    `model`; the caller says where the path is (a file line, a JSON path). `syntax` is the language
+    `data` was written in, for the hints that depend on it."""
     problems = []
     for error in exc.errors(include_url=False):
         path, missing_leaf = _data_path(error["loc"], data)
-        line = _line_for(path, lines)
-        message = _message(error, path, missing_leaf, data)
-        problems.append(f"{source}:{line}: {_dotted(path) or '(top)'}: {message}")
+        problems.append((path, _message(error, path, missing_leaf, data, model, syntax)))
     return problems
 
 
@@ -213,12 +223,19 @@ def _line_for(path: PathKey, lines: dict[PathKey, int]) -> int:
     return 1
 
 
-def _message(error: Mapping[str, Any], path: PathKey, missing_leaf: bool, data: Any) -> str:
+def _message(
+    error: Mapping[str, Any],
+    path: PathKey,
+    missing_leaf: bool,
+    data: Any,
+    model: type[BaseModel],
+    syntax: Literal["yaml", "json"],
+) -> str:
     kind = error["type"]
     if kind == "missing":
         return "required key is missing"
     if kind == "extra_forbidden":
-        allowed = _allowed_keys(path[:-1], data)
+        allowed = _allowed_keys(path[:-1], data, model)
         hint = ""
         if allowed:
             close = difflib.get_close_matches(str(path[-1]), allowed, n=1)
@@ -226,13 +243,14 @@ def _message(error: Mapping[str, Any], path: PathKey, missing_leaf: bool, data: 
             hint += f" (allowed here: {', '.join(sorted(allowed))})"
         return f"unknown key{hint}"
     if kind == "union_tag_not_found":
-        return f"required key 'type' is missing (one of: {', '.join(_union_tags(path, data))})"
+        return f"required key 'type' is missing (one of: {', '.join(_union_tags(path, data, model))})"
     if kind == "union_tag_invalid":
         tag = (error.get("ctx") or {}).get("tag")
         return f"unknown type {tag!r}; expected one of: {_expected_tags(error)}"
     if kind == "string_type" and isinstance(error.get("input"), (int, float, bool, datetime.date)):
-        # YAML turned an unquoted 2.0 / 2024-01-01 / yes into a number, date or bool.
-        return f'expected a string, got {_short(error["input"])}: quote it in the YAML, e.g. "2.0"'
+        # YAML turned an unquoted 2.0 / 2024-01-01 / yes into a number, date or bool (JSON: a number).
+        got = _short(error["input"])
+        return f'expected a string, got {got}: quote it in the {syntax.upper()}, e.g. "2.0"'
     message = str(error["msg"])
     message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
     if not missing_leaf and kind not in ("value_error", "assertion_error"):
@@ -257,15 +275,15 @@ def _dotted(path: PathKey) -> str:
     return out
 
 
-def _allowed_keys(path: PathKey, data: Any) -> list[str]:
+def _allowed_keys(path: PathKey, data: Any, root: type[BaseModel]) -> list[str]:
     """Field names of the config model at `path` (following the data through unions)."""
-    model = _model_in(*_annotation_at(path, data))
+    model = _model_in(*_annotation_at(path, data, root))
     return list(model.model_fields) if model else []
 
 
-def _union_tags(path: PathKey, data: Any) -> list[str]:
+def _union_tags(path: PathKey, data: Any, root: type[BaseModel]) -> list[str]:
     """The `type` values a tagged union at `path` accepts."""
-    annotation, _ = _annotation_at(path, data)
+    annotation, _ = _annotation_at(path, data, root)
     while typing.get_origin(annotation) is typing.Annotated:
         annotation = typing.get_args(annotation)[0]
     members = typing.get_args(annotation) or (annotation,)
@@ -276,9 +294,9 @@ def _union_tags(path: PathKey, data: Any) -> list[str]:
     return tags
 
 
-def _annotation_at(path: PathKey, data: Any) -> tuple[Any, Any]:
-    """Walk the config models and the data together; return (annotation, data) at `path`."""
-    annotation: Any = AgentConfig
+def _annotation_at(path: PathKey, data: Any, root: type[BaseModel]) -> tuple[Any, Any]:
+    """Walk the config models from `root` and the data together; return (annotation, data) at `path`."""
+    annotation: Any = root
     node = data
     for part in path:
         if isinstance(part, int):
