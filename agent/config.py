@@ -30,8 +30,8 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 _NAME_RE = re.compile(NAME_PATTERN)
 
 
-def _check_name(value: str) -> str:
-    if not _NAME_RE.match(value):
+def check_name(value: str) -> str:
+    if not _NAME_RE.fullmatch(value):  # match() would let a trailing newline through ($)
         raise ValueError(
             f"{value!r} is not a valid name: use 1-64 letters, digits, '_', '.' or '-', starting with a "
             "letter or digit (names become MQTT topic levels and file names)"
@@ -39,9 +39,7 @@ def _check_name(value: str) -> str:
     return value
 
 
-Name = Annotated[
-    str, AfterValidator(_check_name), WithJsonSchema({"type": "string", "pattern": NAME_PATTERN})
-]
+Name = Annotated[str, AfterValidator(check_name), WithJsonSchema({"type": "string", "pattern": NAME_PATTERN})]
 
 
 class StrictModel(BaseModel):

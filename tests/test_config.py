@@ -972,6 +972,13 @@ def test_demo_config_validates(tmp_path: Path) -> None:
     assert pipeline.postprocess.type == "classification"
 
 
+def test_name_with_a_trailing_newline_is_refused() -> None:
+    """A name becomes a topic level and a file name: "cam\\n" must not pass the `$` of the pattern."""
+    with pytest.raises(ConfigError) as info:
+        parse_config('device: {id: "box-1\\n"}\n', environ={})
+    assert info.value.problems == [f"<config>:1: device.id: {bad_name('box-1' + chr(10))}"]
+
+
 def test_config_objects_are_frozen() -> None:
     cfg = load_config(EXAMPLE, environ={})
     assert isinstance(cfg, AgentConfig)
