@@ -217,6 +217,15 @@ class ModelRef(StrictModel):
         return value
 
 
+GST_PREFIX = "gst:"
+
+
+def is_gst_pipeline(uri: str) -> bool:
+    """A video uri that is a GStreamer pipeline (agent/sources/gstreamer.py): `gst:...`, or any text
+    with GStreamer's `!` link between elements. Here, without GStreamer's imports, for desired state."""
+    return uri.startswith(GST_PREFIX) or " ! " in uri
+
+
 def _non_blank_uri(value: str) -> str:
     if not value.strip():
         raise ValueError("uri must not be empty")

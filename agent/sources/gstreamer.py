@@ -17,19 +17,15 @@ from fractions import Fraction
 import cv2
 import numpy as np
 
+from agent.config import GST_PREFIX
 from agent.errors import EdgeAgentError
 from agent.sources.child import ChildStream
 
-PREFIX = "gst:"
+PREFIX = GST_PREFIX
 _APPSINK_END = re.compile(r"!\s*appsink\b[^!]*$")
 _TO_PPM = ["!", "videoconvert", "!", "video/x-raw,format=RGB", "!", "pnmenc", "!", "fdsink", "fd=1"]
 _MAX_SIDE = 16384  # larger "frames" mean the stream is not what we asked for
 _INSTALL = "apt-get install gstreamer1.0-tools gstreamer1.0-plugins-base gstreamer1.0-plugins-bad"
-
-
-def is_pipeline(uri: str) -> bool:
-    """`gst:...`, or any text with GStreamer's `!` link between elements."""
-    return uri.startswith(PREFIX) or " ! " in uri
 
 
 def gst_launch_argv(uri: str, fps: float | None = None) -> list[str]:

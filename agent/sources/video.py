@@ -17,11 +17,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import cv2
 
-from agent.config import VideoSourceConfig
+from agent.config import VideoSourceConfig, is_gst_pipeline
 from agent.retry import backoff_delay
 from agent.sources.base import ThreadedSource
 from agent.sources.frames import Frame, LatestFrameSlot
-from agent.sources.gstreamer import GstLaunchCapture, is_pipeline
+from agent.sources.gstreamer import GstLaunchCapture
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ class ImageFolder:
 
 def source_kind(uri: str) -> str:
     """gstreamer, url, device, folder or file: what a video uri names."""
-    if is_pipeline(uri):
+    if is_gst_pipeline(uri):
         return "gstreamer"
     if _URL.match(uri):
         return "url"
