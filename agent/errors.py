@@ -26,6 +26,17 @@ class ConfigError(EdgeAgentError):
         self.problems = problems
 
 
+class DesiredStateError(EdgeAgentError):
+    """A desired-state document (docs/fleet.md) is refused; `problems` holds one line per problem,
+    each `<layer>: <JSON path>: message`, e.g. `group:lobby: $.pipelines.door-cam.source.uri: ...`.
+    Not a ConfigError: a bad document from the broker never stops the agent, its layer is dropped."""
+
+    def __init__(self, layer: str, problems: list[str], hint: str | None = None) -> None:
+        super().__init__("\n".join(problems), hint)
+        self.layer = layer
+        self.problems = problems
+
+
 class RegistryError(EdgeAgentError):
     """The registry cannot be reached, or its answer is not a valid model version."""
 
