@@ -23,6 +23,8 @@ from agent.fleet.desired import (
     MAX_NESTING,
     DesiredDocument,
     json_path,
+    layer_order,
+    layer_pipelines,
     parse_document,
 )
 from agent.registry.signing import TrustPolicy, generate_key, load_private_key
@@ -633,6 +635,151 @@ def test_a_bad_signature_encoding(keys: Keys) -> None:
         f"{LAYER}: $: invalid signature file in the signed envelope: "
         "signatures[0].signature is not valid base64"
     ]
+
+
+# --- layering -------------------------------------------------------------------------------------
+
+
+def base_pipeline(name: str, model: str = "base-model", enabled: bool = True) -> PipelineConfig:
+    return PipelineConfig.model_validate({"name": name, **pipeline(model), "enabled": enabled})
+
+
+def doc_with(layer: str, generation: int, pipelines: dict[str, Any], **extra: Any) -> DesiredDocument:
+    return parse(encoded(document(layer, generation, pipelines=pipelines, **extra)), layer)
+
+
+DEFAULT_HEALTH = HealthWindowConfig()
+
+
+def summary(layered: dict[str, Any]) -> list[tuple[str, str, str, int | None]]:
+    return [(n, p.config.model.name, p.layer, p.generation) for n, p in layered.items()]
+
+
+def test_layer_order() -> None:
+    docs = [
+        doc_with("device:cam-01", 1, {}),
+        doc_with("group:zz", 1, {}),
+        doc_with("group:aa", 1, {}),
+        doc_with("group:hi", 1, {}, priority=5),
+        doc_with("device:cam-01", 1, {}, priority=-1),
+    ]
+    assert [(d.priority, d.layer) for d in sorted(docs, key=layer_order)] == [
+        (-1, "device:cam-01"),
+        (0, "group:aa"),
+        (0, "group:zz"),
+        (0, "device:cam-01"),
+        (5, "group:hi"),
+    ]
+
+
+def test_layering_replaces_by_name_and_keeps_the_order() -> None:
+    base = [base_pipeline("a"), base_pipeline("b"), base_pipeline("c")]
+    group = doc_with("group:lobby", 12, {"b": pipeline("group-b"), "new-1": pipeline("group-new")})
+    device = doc_with("device:cam-01", 3, {"new-2": pipeline("device-new"), "a": pipeline("device-a")})
+    layered = layer_pipelines(base, [device, group], DEVICE, DEFAULT_HEALTH)
+    assert summary(layered) == [
+        ("a", "device-a", "device:cam-01", 3),
+        ("b", "group-b", "group:lobby", 12),
+        ("c", "base-model", "yaml", None),
+        ("new-1", "group-new", "group:lobby", 12),
+        ("new-2", "device-new", "device:cam-01", 3),
+    ]
+
+
+def test_device_wins_over_group_at_equal_priority_and_priority_wins_over_both() -> None:
+    group = doc_with("group:lobby", 1, {"cam": pipeline("from-group")})
+    device = doc_with("device:cam-01", 1, {"cam": pipeline("from-device")})
+    assert summary(layer_pipelines([], [device, group], DEVICE, DEFAULT_HEALTH)) == [
+        ("cam", "from-device", "device:cam-01", 1)
+    ]
+    urgent = doc_with("group:lobby", 2, {"cam": pipeline("from-group")}, priority=1)
+    assert summary(layer_pipelines([], [device, urgent], DEVICE, DEFAULT_HEALTH)) == [
+        ("cam", "from-group", "group:lobby", 2)
+    ]
+    # Between groups at equal priority, the later name wins.
+    other = doc_with("group:zz", 4, {"cam": pipeline("from-zz")})
+    assert summary(layer_pipelines([], [other, group], DEVICE, DEFAULT_HEALTH)) == [
+        ("cam", "from-zz", "group:zz", 4)
+    ]
+
+
+def test_null_removes_and_a_higher_layer_can_bring_it_back_in_place() -> None:
+    base = [base_pipeline("a"), base_pipeline("b")]
+    remove = doc_with("group:lobby", 1, {"a": None, "missing": None})
+    assert summary(layer_pipelines(base, [remove], DEVICE, DEFAULT_HEALTH)) == [
+        ("b", "base-model", "yaml", None)
+    ]
+    back = doc_with("device:cam-01", 2, {"a": pipeline("again")})
+    assert summary(layer_pipelines(base, [remove, back], DEVICE, DEFAULT_HEALTH)) == [
+        ("a", "again", "device:cam-01", 2),
+        ("b", "base-model", "yaml", None),
+    ]
+
+
+def test_disabled_pipelines_are_left_out() -> None:
+    base = [base_pipeline("a", enabled=False), base_pipeline("b")]
+    group = doc_with("group:lobby", 1, {"b": pipeline(enabled=False), "a": pipeline("enabled-now")})
+    assert summary(layer_pipelines(base, [group], DEVICE, DEFAULT_HEALTH)) == [
+        ("a", "enabled-now", "group:lobby", 1)
+    ]
+
+
+def test_health_comes_from_the_document_else_the_default() -> None:
+    default = HealthWindowConfig(window_s=45)
+    group = doc_with("group:lobby", 1, {"g": pipeline()}, health={"window_s": 120, "max_error_rate": 0.05})
+    device = doc_with("device:cam-01", 1, {"d": pipeline()})
+    layered = layer_pipelines([base_pipeline("y")], [group, device], DEVICE, default)
+    assert layered["g"].health == HealthWindowConfig(window_s=120, max_error_rate=0.05)
+    assert layered["d"].health == default and layered["y"].health == default
+
+
+def _cohort(seed: str, percent: float) -> tuple[str, str]:
+    """A device id in the canary cohort and one outside it, found with the protocol's own rule."""
+    ids = [f"cam-{i:03d}" for i in range(500)]
+    inside = next(d for d in ids if protocol.in_canary(d, seed, percent))
+    outside = next(d for d in ids if not protocol.in_canary(d, seed, percent))
+    return inside, outside
+
+
+def test_canaries_apply_the_pipelines_and_the_others_the_baseline() -> None:
+    seed = "lobby-12"
+    rollout = {
+        "phase": "canary",
+        "canary_percent": 10,
+        "seed": seed,
+        "baseline": {"door-cam": pipeline(version="2.0.0")},
+    }
+    group = doc_with(
+        "group:lobby", 12, {"door-cam": pipeline(version="2.1.0"), "extra": pipeline()}, rollout=rollout
+    )
+    inside, outside = _cohort(seed, 10)
+    base = [base_pipeline("door-cam")]
+    canary = layer_pipelines(base, [group], inside, DEFAULT_HEALTH)
+    assert [(n, p.config.model.version) for n, p in canary.items()] == [
+        ("door-cam", "2.1.0"),
+        ("extra", "2.1.0"),
+    ]
+    others = layer_pipelines(base, [group], outside, DEFAULT_HEALTH)
+    assert [(n, p.config.model.version, p.layer, p.generation) for n, p in others.items()] == [
+        ("door-cam", "2.0.0", "group:lobby", 12)
+    ]
+    # Cohort sizes follow canary_percent.
+    ids = [f"cam-{i:04d}" for i in range(2000)]
+    share = sum(bool(layer_pipelines([], [group], d, DEFAULT_HEALTH).get("extra")) for d in ids) / len(ids)
+    assert 0.07 < share < 0.13
+
+
+def test_phase_all_applies_the_pipelines_everywhere() -> None:
+    rollout = {
+        "phase": "all",
+        "canary_percent": 10,
+        "seed": "s",
+        "baseline": {"door-cam": pipeline(version="1")},
+    }
+    group = doc_with("group:lobby", 13, {"door-cam": pipeline(version="2")}, rollout=rollout)
+    inside, outside = _cohort("s", 10)
+    for device in (inside, outside):
+        assert layer_pipelines([], [group], device, DEFAULT_HEALTH)["door-cam"].config.model.version == "2"
 
 
 # --- fuzz -----------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import datetime
 import json
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NoReturn
 
@@ -77,6 +77,16 @@ class DesiredDocument:
             return self.pipelines
         canary = protocol.in_canary(device_id, rollout.seed, rollout.canary_percent)
         return self.pipelines if canary else rollout.baseline
+
+
+@dataclass(frozen=True)
+class LayeredPipeline:
+    """A pipeline the device should run, with where it came from (reported state names both)."""
+
+    config: PipelineConfig
+    layer: str  # "yaml", or the document's layer
+    generation: int | None  # the document's generation; None for yaml
+    health: HealthWindowConfig  # the document's health window, else fleet.health
 
 
 # --- parsing --------------------------------------------------------------------------------------
@@ -436,3 +446,35 @@ def _kind(value: Any) -> str:
 def _short(value: Any) -> str:
     text = json.dumps(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+# --- layering ------------------------------------------------------------------------------------
+
+
+def layer_order(document: DesiredDocument) -> tuple[int, int, str]:
+    """Lowest layer first: by priority, then group documents before the device's, then by name."""
+    return (document.priority, 0 if document.layer.startswith("group:") else 1, document.layer)
+
+
+def layer_pipelines(
+    base: Sequence[PipelineConfig],
+    documents: Sequence[DesiredDocument],
+    device_id: str,
+    default_health: HealthWindowConfig,
+) -> dict[str, LayeredPipeline]:
+    """The pipelines `device_id` should run (docs/fleet.md, Layering): agent.yaml's, then each
+    document's in `layer_order`, a name replacing the whole pipeline below it and null removing it.
+    Disabled pipelines are left out. Order: agent.yaml's, then new names as the layers add them."""
+    layered: dict[str, LayeredPipeline | None] = {
+        p.name: LayeredPipeline(p, "yaml", None, default_health) for p in base
+    }
+    for document in sorted(documents, key=layer_order):
+        health = document.health or default_health
+        for name, config in document.effective_pipelines(device_id).items():
+            # Setting None (not deleting) keeps the name's place should a higher layer bring it back.
+            layered[name] = (
+                None
+                if config is None
+                else LayeredPipeline(config, document.layer, document.generation, health)
+            )
+    return {name: p for name, p in layered.items() if p is not None and p.config.enabled}
