@@ -21,7 +21,10 @@ from agent.errors import DesiredStateError
 from agent.fleet import protocol
 from agent.fleet.desired import (
     MAX_NESTING,
+    UNCHANGED,
     DesiredDocument,
+    DesiredStore,
+    admit,
     json_path,
     layer_order,
     layer_pipelines,
@@ -637,6 +640,51 @@ def test_a_bad_signature_encoding(keys: Keys) -> None:
     ]
 
 
+# --- the replay rule ------------------------------------------------------------------------------
+
+
+def test_replays_and_reused_generations(tmp_path: Path) -> None:
+    store = DesiredStore(tmp_path)
+    first = parse(encoded(document(generation=5)))
+    assert admit(first, store) is None  # nothing applied yet
+    store.save(first)
+    store.mark_applied(LAYER, 5)
+
+    assert admit(parse(encoded(document(generation=5))), store) == UNCHANGED  # the retained one again
+    assert admit(parse(encoded(document(generation=6))), store) is None
+
+    with pytest.raises(DesiredStateError) as info:
+        admit(parse(encoded(document(generation=4))), store)
+    assert info.value.problems == [
+        f"{LAYER}: $.generation: generation 4 is not newer than the applied 5 (replayed or stale)"
+    ]
+    with pytest.raises(DesiredStateError) as info:
+        admit(parse(encoded(document(generation=5, priority=9))), store)
+    assert info.value.problems == [
+        f"{LAYER}: $.generation: generation 5 is already applied from another document (a second "
+        "document reusing a generation): publish a higher generation"
+    ]
+
+
+def test_a_withdrawn_layer_still_refuses_its_old_generations(tmp_path: Path) -> None:
+    store = DesiredStore(tmp_path)
+    doc = parse(encoded(document(generation=5)))
+    store.save(doc)
+    store.mark_applied(LAYER, 5)
+    store.remove(LAYER)
+    assert store.raw(LAYER) is None
+    with pytest.raises(DesiredStateError, match="generation 5 is not newer than the applied 5"):
+        admit(doc, store)
+
+
+def test_generations_are_per_layer(tmp_path: Path) -> None:
+    store = DesiredStore(tmp_path)
+    store.mark_applied(LAYER, 9)
+    device = parse(encoded(document("device:cam-01", generation=1)), "device:cam-01")
+    assert admit(device, store) is None
+    assert store.applied_generation("device:cam-01") is None and store.applied_generation(LAYER) == 9
+
+
 # --- layering -------------------------------------------------------------------------------------
 
 
@@ -780,6 +828,102 @@ def test_phase_all_applies_the_pipelines_everywhere() -> None:
     inside, outside = _cohort("s", 10)
     for device in (inside, outside):
         assert layer_pipelines([], [group], device, DEFAULT_HEALTH)["door-cam"].config.model.version == "2"
+
+
+# --- the store ------------------------------------------------------------------------------------
+
+
+def test_store_round_trip_survives_a_fresh_instance(tmp_path: Path, keys: Keys) -> None:
+    store = DesiredStore(tmp_path)
+    group = parse(keys.sign(document()), trust=keys.trust)
+    device_payload = keys.sign(document("device:cam-01", 3))
+    device = parse(device_payload, "device:cam-01", trust=keys.trust)
+    store.save(group)
+    store.save(device)
+    store.mark_applied(LAYER, 12)
+    store.mark_applied("device:cam-01", 3)
+    assert (tmp_path / "fleet" / "documents" / "group_lobby.json").read_bytes() == group.raw
+    assert (tmp_path / "fleet" / "documents" / "device_cam-01.json").read_bytes() == device_payload
+    assert json.loads((tmp_path / "fleet" / "applied.json").read_text()) == {"device:cam-01": 3, LAYER: 12}
+
+    again = DesiredStore(tmp_path)
+    documents, reasons = again.load(keys.trust, MAX, NOW)
+    assert reasons == []
+    assert sorted((d.layer, d.generation, d.key_id) for d in documents) == [
+        ("device:cam-01", 3, keys.kid("release")),
+        (LAYER, 12, keys.kid("release")),
+    ]
+    assert {d.layer: d.raw for d in documents} == {LAYER: group.raw, "device:cam-01": device_payload}
+    assert again.applied_generation(LAYER) == 12
+    assert admit(group, again) == UNCHANGED
+
+    again.remove(LAYER)
+    again.remove(LAYER)  # already gone: fine
+    assert [d.layer for d in again.load(keys.trust, MAX, NOW)[0]] == ["device:cam-01"]
+
+
+def test_an_empty_store(tmp_path: Path) -> None:
+    store = DesiredStore(tmp_path / "never-made")
+    assert store.load(NO_KEYS, MAX, NOW) == ([], [])
+    assert store.applied_generation(LAYER) is None and store.raw(LAYER) is None
+
+
+def test_a_corrupt_document_is_reported_and_the_others_load(tmp_path: Path) -> None:
+    store = DesiredStore(tmp_path)
+    store.save(parse(encoded(document())))
+    store.save(parse(encoded(document("device:cam-01", 2)), "device:cam-01"))
+    broken = store.path_of("device:cam-01")
+    broken.write_bytes(b'{"schema_version": 1, "targ')
+    (store.documents_dir / "notes.json").write_text("{}")
+    documents, reasons = store.load(NO_KEYS, MAX, NOW)
+    assert [d.layer for d in documents] == [LAYER]
+    assert reasons == [
+        "device:cam-01: $: the payload is not valid JSON: "
+        f"Unterminated string starting at (line 1, column 23) (persisted in {broken})",
+        f"{store.documents_dir / 'notes.json'}: not a desired-state document "
+        "(expected device_<id>.json or group_<name>.json)",
+    ]
+
+
+def test_an_expired_or_no_longer_trusted_document_is_dropped(tmp_path: Path, keys: Keys) -> None:
+    store = DesiredStore(tmp_path)
+    store.save(parse(keys.sign(document(expires_at="2026-11-23T20:00:00Z")), trust=keys.trust))
+    store.save(parse(keys.sign(document("device:cam-01", 1)), "device:cam-01", trust=keys.trust))
+    later = NOW + 2 * 3600
+    documents, reasons = store.load(keys.trust, MAX, later)
+    assert [d.layer for d in documents] == ["device:cam-01"]
+    assert reasons == [
+        f"{LAYER}: $.expires_at: the document expired at 2026-11-23T20:00:00Z "
+        f"(persisted in {store.path_of(LAYER)})"
+    ]
+    # The release key is rotated out: every document it signed is dropped.
+    only_ocr = TrustPolicy.from_config([TrustedKey(key=keys.paths["ocr"][1], models=["pp-ocr-*"])])
+    documents, reasons = store.load(only_ocr, MAX, NOW)
+    assert documents == [] and len(reasons) == 2
+    assert all(f"key {keys.kid('release')} is not trusted" in r for r in reasons)
+
+
+def test_a_corrupt_applied_file_is_reported_and_replaced(tmp_path: Path) -> None:
+    store = DesiredStore(tmp_path)
+    store.mark_applied(LAYER, 4)
+    store.applied_path.write_text('{"group:lobby": "four"}')
+    assert store.applied_generation(LAYER) is None
+    assert store.load(NO_KEYS, MAX, NOW) == (
+        [],
+        [f"{store.applied_path}: expected {{layer: generation}}; starting afresh"],
+    )
+    store.applied_path.write_bytes(b"\x00garbage")
+    assert "applied generations are not valid JSON" in store.load(NO_KEYS, MAX, NOW)[1][0]
+    store.mark_applied("device:cam-01", 2)
+    assert store.applied_generation("device:cam-01") == 2 and store.load(NO_KEYS, MAX, NOW) == ([], [])
+
+
+@pytest.mark.parametrize("layer", ["lobby", "group:", "group:../etc", "site:x", "device:a/b"])
+def test_layers_are_checked_before_they_become_file_names(tmp_path: Path, layer: str) -> None:
+    with pytest.raises(ValueError):
+        DesiredStore(tmp_path).path_of(layer)
+    with pytest.raises(ValueError):
+        parse_document(encoded(document()), layer, NO_KEYS, MAX, NOW)
 
 
 # --- fuzz -----------------------------------------------------------------------------------------
