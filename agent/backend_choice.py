@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from agent.config import AgentConfig, PipelineConfig
-from agent.errors import EdgeAgentError
+from agent.errors import EdgeAgentError, ModelError
 from agent.fsutil import atomic_write_bytes
 from agent.hardware import HardwareInfo, detect_hardware
 from agent.processing.feed import Feeder, build_feeder
@@ -41,7 +41,16 @@ from providers import (
     decide,
     load_decided,
 )
-from providers.select import REFERENCE_BACKENDS, Loader, NoBackendError, Progress, Sample, reference_session
+from providers.select import (
+    REFERENCE_BACKENDS,
+    Loader,
+    NoBackendError,
+    Progress,
+    Sample,
+    compare_outputs,
+    judged_by,
+    reference_session,
+)
 
 log = logging.getLogger(__name__)
 
@@ -309,6 +318,36 @@ def choose_and_load(
             decision.note + "; " if decision.note else ""
         ) + f"running on fallback {used.backend}"
     return session, decision, list(artifacts)
+
+
+def check_on_testdata(
+    session: Session,
+    artifact_sha256: str,
+    testdata: Sequence[TestData],
+    artifacts: Sequence[ModelArtifact],
+    policy: SelectionPolicy,
+) -> int:
+    """Run the loaded session on every test set that fits its artifact and compare with the expected
+    outputs at the test data's tolerances: the proof a version gets on this box when the decision
+    did not run trials (benchmarking off). Returns the number of sets checked; ModelError naming
+    the set and the difference when one is wrong."""
+    checked = 0
+    artifact = next((a for a in artifacts if a.sha256 == artifact_sha256), None)
+    if artifact is None:
+        return 0
+    for sample in testdata_samples(testdata, [artifact], all_backends()):
+        if not sample.expected or not sample.fits_artifact(artifact):
+            continue
+        outputs = session.run(sample.feeds)
+        max_diff, problem = compare_outputs(outputs, sample.expected, judged_by(sample, policy))
+        if problem:
+            raise ModelError(
+                f"{session.backend} does not give the expected outputs in {sample.origin}: {problem}"
+                + (f" (max abs diff {max_diff:.3g})" if max_diff is not None else ""),
+                hint="the version's test data disagrees with what the model computes on this box",
+            )
+        checked += 1
+    return checked
 
 
 def pipeline_judge(

@@ -27,13 +27,15 @@ from agent import __version__
 from agent.clock import iso_utc
 from agent.config import AgentConfig
 from agent.errors import EdgeAgentError, ModelError
+from agent.fleet.reconciler import Reconciler
 from agent.fsutil import atomic_write_bytes
 from agent.mqtt import MqttConnection, Outbox, OutboxMessage, results_topic, telemetry_topic
+from agent.mqtt.router import Router
 from agent.sd_notify import notify, watchdog_interval_s
 from agent.session_pool import SessionPool
 from agent.sources import BrokerLink
 from agent.store import store_for
-from agent.supervisor import DesiredPipeline, Supervisor
+from agent.supervisor import Supervisor
 from agent.telemetry import TelemetrySampler
 from providers.select import SelectionPolicy
 
@@ -127,11 +129,18 @@ class Agent:
             broker=BrokerLink(config.mqtt, self.mqtt.client_id),
         )
         self.registry_link = self.supervisor.registry_link
+        # Every subscription goes through the router; desired state through the reconciler.
+        self.router = Router(self.mqtt)
+        self.reconciler = Reconciler(
+            config,
+            self.supervisor,
+            self.store.trust,
+            publish_retained=lambda topic, payload: self.mqtt.publish_snapshot(
+                topic, payload, qos=1, retain=True
+            ),
+            connects=lambda: int(self.mqtt.stats()["connects"]),
+        )
         self._last_states: dict[str, tuple[str, str, str]] = {}
-
-    def base_pipelines(self) -> list[DesiredPipeline]:
-        """The pipelines agent.yaml asks for (the base layer of desired state)."""
-        return [DesiredPipeline(p) for p in self.config.pipelines]
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -141,7 +150,7 @@ class Agent:
         self.mqtt.start()
         # Pipelines are built off the main thread, each on its own: a slow model pull must not hold
         # back READY, the watchdog, the status or another pipeline.
-        self.supervisor.apply(self.base_pipelines())
+        self.reconciler.start(self.router)
         notify("READY=1", f"STATUS={self._summary()}")
         log.info("edge-agent %s running as %s", __version__, self.config.device.id)
         watchdog = watchdog_interval_s()
@@ -156,6 +165,7 @@ class Agent:
                     break
                 self.supervisor.tick()
                 self._report_state_changes()
+                self.reconciler.report()
                 if now >= next_status_file:
                     self.write_status_file()
                     next_status_file = now + _STATUS_FILE_EVERY_S
@@ -185,6 +195,7 @@ class Agent:
             log.warning("%d results stay queued in the outbox; they are sent on the next start", left)
         self.write_status_file()
         self.mqtt.stop(publish_offline=True)
+        self.supervisor.close()
         self.outbox.close()
         log.info("stopped")
 

@@ -32,10 +32,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.backend_choice import DecisionSwitcher, choose_and_load, make_prover, policy_for
+from agent.backend_choice import (
+    DecisionSwitcher,
+    check_on_testdata,
+    choose_and_load,
+    make_prover,
+    policy_for,
+)
 from agent.clock import iso_utc
 from agent.config import AgentConfig, HealthWindowConfig, PipelineConfig
 from agent.errors import EdgeAgentError, RegistryError
+from agent.fleet.desired import DesiredPipeline
 from agent.model_hints import embedded_hints, with_model_hints
 from agent.pipeline import LoadedModel, Pipeline, ResultSink, Stage
 from agent.registry import open_registry, public_url
@@ -58,16 +65,6 @@ _PHASE_LOG_EVERY_S = 30.0
 STALL_S = 120.0
 
 IN_FLIGHT = ("pending", "pulling", "validating", "building", "health-check")
-
-
-@dataclass(frozen=True)
-class DesiredPipeline:
-    """One pipeline as it should run, and where that wish came from."""
-
-    config: PipelineConfig
-    layer: str = "yaml"  # "yaml", "device:<id>" or "group:<name>"
-    generation: int | None = None
-    health: HealthWindowConfig | None = None  # None: kept as soon as it runs (no health window)
 
 
 @dataclass
@@ -175,6 +172,7 @@ class PipelineSlot:
                 "backend_why": self.backend_why,
             }
         )
+        state["desired_model"] = _ref(self.desired.config)
         if self.running is not None and self.running.config != self.desired.config:
             state["running_layer"], state["running_generation"] = self.running.layer, self.running.generation
         if self.phase in IN_FLIGHT and self.step:
@@ -382,6 +380,14 @@ class Supervisor:
             load=self.sessions.load,
             peek=peek,
         )
+        try:
+            if not decision.checked:  # no trials ran: the version's own test data proves the choice
+                testdata = installed.testdata_artifacts()
+                policy = policy_for(self.config, config)
+                check_on_testdata(session, decision.artifact_sha256, testdata, candidates, policy)
+        except Exception:
+            session.close()
+            raise
         log.info("pipeline %s: %s", config.name, decision.explain())
         slot.backend_why = decision.explain()
         loaded = LoadedModel(installed.name, installed.version, decision.artifact_sha256, session, decision)
@@ -633,7 +639,10 @@ class Supervisor:
         deadline = time.monotonic() + timeout
         for pipeline in running:
             pipeline.stop(max(0.1, deadline - time.monotonic()))
-        for pipeline in running:
+
+    def close(self) -> None:
+        """Close every stage's session (after `stop`; the final status still shows them)."""
+        for pipeline in self.pipelines():
             pipeline.stage.close()
             if pipeline.previous_stage is not None:
                 pipeline.previous_stage.close()

@@ -778,7 +778,7 @@ def test_health_comes_from_the_document_else_the_default() -> None:
     device = doc_with("device:cam-01", 1, {"d": pipeline()})
     layered = layer_pipelines([base_pipeline("y")], [group, device], DEVICE, default)
     assert layered["g"].health == HealthWindowConfig(window_s=120, max_error_rate=0.05)
-    assert layered["d"].health == default and layered["y"].health == default
+    assert layered["d"].health == default and layered["y"].health is None  # agent.yaml: no window
 
 
 def _cohort(seed: str, percent: float) -> tuple[str, str]:

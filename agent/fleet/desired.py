@@ -88,13 +88,16 @@ class DesiredDocument:
 
 
 @dataclass(frozen=True)
-class LayeredPipeline:
-    """A pipeline the device should run, with where it came from (reported state names both)."""
+class DesiredPipeline:
+    """A pipeline the device should run, with where it came from (reported state names both).
+    This is what `Supervisor.apply` takes."""
 
     config: PipelineConfig
-    layer: str  # "yaml", or the document's layer
-    generation: int | None  # the document's generation; None for yaml
-    health: HealthWindowConfig  # the document's health window, else fleet.health
+    layer: str = "yaml"  # "yaml", or the document's layer
+    generation: int | None = None  # the document's generation; None for yaml
+    # The window a new version must pass before it is kept: the document's, else fleet.health;
+    # None for agent.yaml's pipelines (kept as soon as they run).
+    health: HealthWindowConfig | None = None
 
 
 # --- parsing --------------------------------------------------------------------------------------
@@ -469,13 +472,11 @@ def layer_pipelines(
     documents: Sequence[DesiredDocument],
     device_id: str,
     default_health: HealthWindowConfig,
-) -> dict[str, LayeredPipeline]:
+) -> dict[str, DesiredPipeline]:
     """The pipelines `device_id` should run (docs/fleet.md, Layering): agent.yaml's, then each
     document's in `layer_order`, a name replacing the whole pipeline below it and null removing it.
     Disabled pipelines are left out. Order: agent.yaml's, then new names as the layers add them."""
-    layered: dict[str, LayeredPipeline | None] = {
-        p.name: LayeredPipeline(p, "yaml", None, default_health) for p in base
-    }
+    layered: dict[str, DesiredPipeline | None] = {p.name: DesiredPipeline(p) for p in base}
     for document in sorted(documents, key=layer_order):
         health = document.health or default_health
         for name, config in document.effective_pipelines(device_id).items():
@@ -483,7 +484,7 @@ def layer_pipelines(
             layered[name] = (
                 None
                 if config is None
-                else LayeredPipeline(config, document.layer, document.generation, health)
+                else DesiredPipeline(config, document.layer, document.generation, health)
             )
     return {name: p for name, p in layered.items() if p is not None and p.config.enabled}
 

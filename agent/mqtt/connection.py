@@ -332,13 +332,13 @@ class MqttConnection:
                 return False
             time.sleep(min(0.05, remaining))
 
-    def publish_snapshot(self, topic: str, payload: bytes) -> bool:
-        """Publish now at QoS 0, bypassing the outbox: for reports that the next one supersedes
-        (telemetry). False, and nothing queued, when not connected."""
+    def publish_snapshot(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> bool:
+        """Publish now, bypassing the outbox: for reports that the next one supersedes (telemetry at
+        QoS 0; reported state retained at QoS 1). False, and nothing queued, when not connected."""
         if not self.connected:
             return False
         try:
-            info = self._client.publish(topic, payload, qos=0, retain=False)
+            info = self._client.publish(topic, payload, qos=qos, retain=retain)
         except Exception:
             log.exception("could not publish to %s", topic)
             return False

@@ -1,0 +1,273 @@
+"""Desired state in, reported state out: the device side of docs/fleet.md.
+
+Documents arrive on the device's and its groups' desired topics (through the router), are checked
+(agent/fleet/desired.py: size, JSON, signature, schema, generation, expiry), persisted, layered over
+agent.yaml and handed to `Supervisor.apply`, which brings each changed pipeline in with its health
+window and rolls it back by itself. A refused document changes nothing that runs; the reason goes
+into reported state. Reported state is retained on `<prefix>/<device>/reported`, republished on every
+transition and after every reconnect, and kept small (reasons clipped, the last few refusals).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agent import __version__
+from agent.clock import iso_utc
+from agent.config import AgentConfig
+from agent.fleet import protocol
+from agent.fleet.desired import (
+    UNCHANGED,
+    DesiredDocument,
+    DesiredPipeline,
+    DesiredStateError,
+    DesiredStore,
+    admit,
+    layer_pipelines,
+    parse_document,
+)
+from agent.mqtt.connection import Message
+from agent.mqtt.router import Router
+from agent.mqtt.topics import desired_topic, group_desired_topic, reported_topic
+from agent.registry.signing import TrustPolicy
+from agent.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+_MAX_REFUSALS = 10  # kept in reported state, newest last
+_REASON_CHARS = 600  # one reason in reported state; the log has it whole
+
+
+def _clip(text: str | None) -> str | None:
+    if text is None or len(text) <= _REASON_CHARS:
+        return text
+    return text[: _REASON_CHARS - 15] + " ... (clipped)"
+
+
+class Reconciler:
+    def __init__(
+        self,
+        config: AgentConfig,
+        supervisor: Supervisor,
+        trust: TrustPolicy,
+        publish_retained: Callable[[str, bytes], bool],
+        connects: Callable[[], int],
+    ) -> None:
+        """`publish_retained(topic, payload)` sends reported state (False: not sent, try later);
+        `connects()` counts connections, so a reconnect republishes it."""
+        self.config = config
+        self.device = config.device.id
+        self.supervisor = supervisor
+        self.trust = trust
+        self.store = DesiredStore(config.state_dir)
+        self._publish_retained = publish_retained
+        self._connects = connects
+        self._lock = threading.Lock()
+        self._documents: dict[str, DesiredDocument] = {}  # layer -> the accepted document
+        self._document_state: dict[str, dict[str, Any]] = {}  # layer -> observed/applied/state/reason
+        self._refused: list[dict[str, Any]] = []
+        self._refusals = 0  # every refusal since the start (`refused` keeps the last few)
+        self._last_sent: bytes | None = None
+        self._sent_on_connect = -1
+        self.topic = reported_topic(config.mqtt.topic_prefix, self.device)
+        self.layers = {
+            desired_topic(config.mqtt.topic_prefix, self.device): protocol.device_layer(self.device)
+        }
+        for group in config.device.groups:
+            self.layers[group_desired_topic(config.mqtt.topic_prefix, group)] = protocol.group_layer(group)
+
+    # --- start: the persisted documents, then the broker's ------------------------------------
+
+    def start(self, router: Router | None) -> None:
+        """Apply agent.yaml with the documents accepted before (the broker may be away), then listen."""
+        documents, reasons = self.store.load(self.trust, self.config.fleet.max_document_bytes, time.time())
+        for reason in reasons:
+            log.warning("desired state: %s", reason)
+            self._refuse(
+                reason.split(":", 2)[0] if reason.startswith(("device:", "group:")) else "?", None, reason
+            )
+        with self._lock:
+            for document in documents:
+                if document.layer in self.layers.values():
+                    self._documents[document.layer] = document
+                    self._document_state[document.layer] = {
+                        "observed_generation": document.generation,
+                        "applied_generation": document.generation,
+                        "state": "applied",
+                        "reason": None,
+                    }
+        if documents:
+            log.info(
+                "desired state: starting on %s",
+                ", ".join(f"{d.layer} generation {d.generation}" for d in documents),
+            )
+        self.apply()
+        if router is not None and self.config.fleet.enabled:
+            for topic, layer in self.layers.items():
+                router.route(topic, self._handler_for(layer))
+
+    def _handler_for(self, layer: str) -> Callable[[Message], None]:
+        return lambda message: self.on_document(layer, message)
+
+    # --- documents ------------------------------------------------------------------------------
+
+    def on_document(self, layer: str, message: Message) -> None:
+        """One message on a desired topic: withdraw, refuse, ignore (the applied one again) or apply."""
+        if not message.payload:
+            with self._lock:
+                withdrawn = self._documents.pop(layer, None)
+                self._document_state[layer] = {
+                    "observed_generation": None,
+                    "applied_generation": None,
+                    "state": "withdrawn",
+                    "reason": None,
+                }
+            if withdrawn is not None:
+                log.info("desired state: %s withdrawn (empty retained message)", layer)
+                self.store.remove(layer)
+                self.apply()
+            return
+        observed = _generation_of(message.payload)
+        try:
+            document = parse_document(
+                message.payload, layer, self.trust, self.config.fleet.max_document_bytes, time.time()
+            )
+            observed = document.generation
+            if admit(document, self.store) == UNCHANGED:
+                return  # the applied document again (a retained message after a reconnect)
+            self._check_can_serve(document)
+        except DesiredStateError as exc:
+            self._refuse(layer, observed, str(exc))
+            return
+        self.store.save(document)
+        self.store.mark_applied(layer, document.generation)
+        with self._lock:
+            self._documents[layer] = document
+            self._document_state[layer] = {
+                "observed_generation": document.generation,
+                "applied_generation": document.generation,
+                "state": "applied",
+                "reason": None,
+            }
+        log.info("desired state: %s generation %d accepted", layer, document.generation)
+        self.apply()
+
+    def _check_can_serve(self, document: DesiredDocument) -> None:
+        """What the schema cannot know: this agent pulls registry models only with a registry."""
+        if self.config.registry is not None:
+            return
+        uses = sorted(
+            name for name, p in document.pipelines.items() if p is not None and p.model.path is None
+        )
+        if uses:
+            problem = (
+                f"{document.layer}: $.pipelines: {', '.join(uses)} name registry models, and this agent "
+                "has no registry configured (registry: in agent.yaml)"
+            )
+            raise DesiredStateError(document.layer, [problem])
+
+    def _refuse(self, layer: str, generation: int | None, reason: str) -> None:
+        log.error("desired state refused: %s", reason)
+        with self._lock:
+            state = self._document_state.setdefault(
+                layer,
+                {"observed_generation": None, "applied_generation": None, "state": "refused", "reason": None},
+            )
+            applied = self._documents.get(layer)
+            state.update(
+                {
+                    "observed_generation": generation,
+                    "applied_generation": applied.generation if applied else state.get("applied_generation"),
+                    "state": "refused",
+                    "reason": _clip(reason),
+                }
+            )
+            self._refused.append(
+                {
+                    "layer": layer,
+                    "generation": generation,
+                    "reason": _clip(reason),
+                    "at": iso_utc(time.time()),
+                }
+            )
+            del self._refused[:-_MAX_REFUSALS]
+            self._refusals += 1
+        self.report(force=True)
+
+    def desired(self) -> list[DesiredPipeline]:
+        """agent.yaml layered with the accepted documents (docs/fleet.md, Layering)."""
+        with self._lock:
+            documents = list(self._documents.values())
+        layered = layer_pipelines(self.config.pipelines, documents, self.device, self.config.fleet.health)
+        return list(layered.values())
+
+    def apply(self) -> None:
+        self.supervisor.apply(self.desired())
+        self.report(force=True)
+
+    # --- reported state --------------------------------------------------------------------------
+
+    def reported(self) -> dict[str, Any]:
+        pipelines = {}
+        for name, state in self.supervisor.states().items():
+            pipelines[name] = {
+                "phase": state["phase"],
+                "since": state["since"],
+                "reason": _clip(state.get("reason")),
+                "layer": state["layer"],
+                "generation": state["generation"],
+                "model": state.get("model"),
+                "desired_model": state.get("desired_model"),
+                "backend": state.get("backend"),
+                "backend_why": _clip(state.get("backend_why")),
+                "state": state["state"],
+                "last_error": _clip(state.get("last_error")),
+            }
+        with self._lock:
+            documents = {layer: dict(s) for layer, s in self._document_state.items()}
+            refused, refusals = list(self._refused), self._refusals
+        return {
+            "schema_version": protocol.SCHEMA_VERSION,
+            "device": self.device,
+            "groups": list(self.config.device.groups),
+            "agent_version": __version__,
+            "updated_at": iso_utc(time.time()),
+            "documents": documents,
+            "pipelines": pipelines,
+            "refused": refused,
+            "refusals": refusals,
+        }
+
+    def report(self, force: bool = False) -> None:
+        """Publish reported state when it changed (or after a reconnect); called on every transition
+        and from the daemon's loop, so one that could not be sent goes out once the link is back."""
+        document = self.reported()
+        body = dict(document, updated_at=None)
+        fingerprint = json.dumps(body, sort_keys=True, default=str).encode()
+        connects = self._connects()
+        with self._lock:
+            if not force and fingerprint == self._last_sent and connects == self._sent_on_connect:
+                return
+        payload = json.dumps(document, separators=(",", ":"), default=str).encode()
+        if self._publish_retained(self.topic, payload):
+            with self._lock:
+                self._last_sent, self._sent_on_connect = fingerprint, connects
+
+
+def _generation_of(payload: bytes) -> int | None:
+    """The generation a refused document claims, for reported state (best effort, small ones only)."""
+    if len(payload) > protocol.MAX_DOCUMENT_BYTES:
+        return None
+    try:
+        data = json.loads(payload)
+        if protocol.is_envelope(data) and isinstance(data.get("document"), str):
+            data = json.loads(data["document"])
+        generation = data.get("generation") if isinstance(data, dict) else None
+    except (ValueError, RecursionError):
+        return None
+    return generation if type(generation) is int else None
