@@ -221,6 +221,18 @@ class DecisionStore:
             self.root / "pipelines" / f"{pipeline}.json", json.dumps(record, indent=2).encode()
         )
 
+    def forget(self, pipeline: str) -> bool:
+        """Drop the cached decision the pipeline last used, so its next build decides again; False
+        when there was none cached."""
+        record = self.for_pipeline(pipeline)
+        key = record.get("key") if record else None
+        if not isinstance(key, str):
+            return False
+        path = self.root / f"{key}.json"
+        existed = path.exists()
+        path.unlink(missing_ok=True)
+        return existed
+
     def for_pipeline(self, pipeline: str) -> dict[str, Any] | None:
         try:
             record: dict[str, Any] = json.loads((self.root / "pipelines" / f"{pipeline}.json").read_text())

@@ -27,6 +27,8 @@ from agent import __version__
 from agent.clock import iso_utc
 from agent.config import AgentConfig
 from agent.errors import EdgeAgentError, ModelError
+from agent.fleet.commands import CommandServer, RecentLogs
+from agent.fleet.device_commands import device_handlers
 from agent.fleet.reconciler import Reconciler
 from agent.fsutil import atomic_write_bytes
 from agent.mqtt import MqttConnection, Outbox, OutboxMessage, results_topic, telemetry_topic
@@ -140,6 +142,10 @@ class Agent:
             ),
             connects=lambda: int(self.mqtt.stats()["connects"]),
         )
+        self.recent_logs = RecentLogs()
+        self.commands = CommandServer(
+            config.fleet.commands, device_handlers(self, self.recent_logs), config.mqtt.max_payload_bytes
+        )
         self._last_states: dict[str, tuple[str, str, str]] = {}
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -150,7 +156,11 @@ class Agent:
         self.mqtt.start()
         # Pipelines are built off the main thread, each on its own: a slow model pull must not hold
         # back READY, the watchdog, the status or another pipeline.
+        logging.getLogger().addHandler(self.recent_logs)
         self.reconciler.start(self.router)
+        if self.config.fleet.enabled:
+            prefix, device = self.config.mqtt.topic_prefix, self.config.device.id
+            self.commands.start(self.router, f"{prefix}/{device}/cmd/+")
         notify("READY=1", f"STATUS={self._summary()}")
         log.info("edge-agent %s running as %s", __version__, self.config.device.id)
         watchdog = watchdog_interval_s()
@@ -198,6 +208,7 @@ class Agent:
         self.supervisor.close()
         self.outbox.close()
         log.info("stopped")
+        logging.getLogger().removeHandler(self.recent_logs)
 
     # --- status ------------------------------------------------------------------------
 
@@ -249,6 +260,8 @@ class Agent:
             "started_at": iso_utc(self.started_at),
             "updated_at": iso_utc(time.time()),
             "mqtt": self.mqtt.stats(),
+            "router": self.router.stats(),
+            "commands": self.commands.stats(),
             "outbox": self.outbox.stats(),
             "sessions": self.sessions.stats(),
             "telemetry": {

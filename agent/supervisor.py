@@ -572,6 +572,36 @@ class Supervisor:
         with self._lock:
             return [s.pipeline for s in self._slots.values() if s.pipeline is not None]
 
+    def pipeline(self, name: str) -> Pipeline:
+        """The running pipeline called `name`; EdgeAgentError when there is none."""
+        with self._lock:
+            slot = self._slots.get(name)
+            if slot is None or slot.pipeline is None:
+                known = ", ".join(sorted(n for n, s in self._slots.items() if s.pipeline)) or "none"
+                raise EdgeAgentError(f"no running pipeline {name!r} (running: {known})")
+            return slot.pipeline
+
+    def restart(self, name: str) -> None:
+        """Build the pipeline again from scratch (source reopened, backend chosen again unless cached);
+        what ran is stopped first. EdgeAgentError when there is no such pipeline."""
+        with self._lock:
+            slot = self._slots.get(name)
+            if slot is None:
+                raise EdgeAgentError(
+                    f"no pipeline {name!r} (known: {', '.join(sorted(self._slots)) or 'none'})"
+                )
+            if slot.change is not None:
+                slot.change.cancel.set()
+                slot.change = None
+            pipeline, slot.pipeline, slot.running = slot.pipeline, None, None
+        log.info("pipeline %s: restarting (asked by a command)", name)
+        if pipeline is not None:
+            self._stop_pipeline(pipeline)
+        with self._lock:
+            if self._slots.get(name) is slot and slot.change is None:
+                self._begin(slot, slot.desired)
+        self._on_change()
+
     def healthy(self) -> bool:
         """Watchdog pings stop when a pipeline's worker died or is stuck in one frame."""
         for p in self.pipelines():

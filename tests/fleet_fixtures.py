@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -93,13 +94,14 @@ def agent_config(
     registry: Path,
     pipelines: dict[str, dict[str, Any]] | None = None,
     groups: tuple[str, ...] = ("lobby",),
+    registry_settings: dict[str, Any] | None = None,
     **extra: Any,
 ) -> Path:
     config: dict[str, Any] = {
         "device": {"id": device, "groups": list(groups)},
         "state_dir": str(tmp_path / device / "state"),
         "mqtt": {"host": "127.0.0.1", "port": port, "reconnect_min_s": 0.2, "reconnect_max_s": 1.0},
-        "registry": {"url": f"file://{registry}"},
+        "registry": {"url": f"file://{registry}", **(registry_settings or {})},
         "backends": {"benchmark": False, "min_time_s": 0.0},
         "telemetry": {"interval_s": 0},
         "pipelines": [{"name": name, **body} for name, body in (pipelines or {}).items()],
@@ -148,9 +150,16 @@ class Reported:
         messages = self.subscriber.messages
         return json.loads(messages[-1].payload) if messages else {}
 
-    def wait(self, predicate: Any, what: str, timeout: float = 120.0) -> dict[str, Any]:
+    def wait(self, predicate: Any, what: str, timeout: float = 120.0, since: float = 0.0) -> dict[str, Any]:
+        """Wait until the latest reported state satisfies `predicate`; `since` (time.time()): only a
+        report made after it counts (a retained one from an earlier run does not)."""
+
         def holds(messages: list[Any]) -> bool:
-            return bool(messages) and bool(predicate(json.loads(messages[-1].payload)))
+            if not messages:
+                return False
+            state = json.loads(messages[-1].payload)
+            made = datetime.fromisoformat(state["updated_at"].replace("Z", "+00:00")).timestamp()
+            return made >= since and bool(predicate(state))
 
         try:
             self.subscriber.wait_until(holds, timeout)

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent.fleet import protocol
+from agent.registry.file_registry import FileRegistry
+from agent.registry.signing import generate_key, load_private_key
 from tests.agent_process import StartAgent, read_status
 from tests.fleet_fixtures import (
     BAD_TESTDATA,
@@ -163,4 +167,83 @@ def test_bad_documents_and_bad_versions_leave_the_running_pipeline_serving(
         assert why in (cam["reason"] or ""), cam
         assert cam["model"] == f"{MODEL}@{GOOD}" and cam["state"] == "running", cam
         assert state["documents"][f"device:{DEVICE}"]["applied_generation"] == generation
+    agent.stop()
+
+
+def test_signed_desired_state_refuses_forged_unsigned_replayed_and_expired_documents_and_survives_a_restart(
+    tmp_path: Path,
+    mosquitto: Mosquitto,
+    cls_model_path: Path,
+    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    start_agent: StartAgent,
+) -> None:
+    """With registry.trusted_keys, documents need a signature by a trusted key (the same keys sign
+    the models); an older generation and an expired document are refused even when signed. What was
+    accepted is persisted: a restart starts on it, and a document published while the agent was
+    down is applied when it is back."""
+    path = video[0]
+    generate_key(tmp_path / "keys" / "release.key")
+    stranger, _ = generate_key(tmp_path / "keys" / "stranger.key")
+    release_key, stranger_key = (
+        load_private_key(tmp_path / "keys" / "release.key"),
+        load_private_key(tmp_path / "keys" / "stranger.key"),
+    )
+    registry = FileRegistry(tmp_path / "registry")
+    for version in (GOOD, NEWER):
+        registry.publish(cls_model_path, MODEL, version, sign_with=release_key)
+    trusted = {"trusted_keys": [{"key": str(tmp_path / "keys" / "release.key.pub")}]}
+    cam = {"cam": pipeline_body(GOOD, path)}
+    config = agent_config(tmp_path, DEVICE, mosquitto.port, registry.root, cam, registry_settings=trusted)
+    reported = Reported(mosquitto, DEVICE)
+    agent = start_agent(config)
+    reported.wait(_running(GOOD), "cam running 1.0")
+
+    def signed(generation: int, version: str, key: Any = release_key, **extra: Any) -> bytes:
+        body = document(f"device:{DEVICE}", generation, {"cam": pipeline_body(version, path)}, **extra)
+        return protocol.sign_envelope(protocol.encode(body), key)
+
+    forged = json.loads(signed(2, NEWER))
+    forged["document"] = forged["document"].replace('"generation":2', '"generation":3')
+    for i, (payload, reason) in enumerate(
+        [
+            (
+                protocol.encode(document(f"device:{DEVICE}", 2, {"cam": pipeline_body(NEWER, path)})),
+                "unsigned",
+            ),
+            (json.dumps(forged).encode(), "does not match the signed bytes"),
+            (signed(2, NEWER, stranger_key), f"key {stranger} is not trusted"),
+            (signed(2, NEWER, expires_at="2020-01-01T00:00:00Z"), "expired"),
+        ],
+        start=1,
+    ):
+        publish(mosquitto, DEVICE_TOPIC, payload)
+        state = reported.wait(lambda r, i=i: r.get("refusals", 0) >= i, f"refusal {i} ({reason})")
+        assert reason in state["refused"][-1]["reason"], (reason, state["refused"][-1])
+        assert _running(GOOD)(state)
+
+    publish(mosquitto, DEVICE_TOPIC, signed(3, NEWER))
+    reported.wait(_running(NEWER), "the signed generation 3 running 2.0")
+    publish(mosquitto, DEVICE_TOPIC, signed(2, GOOD))  # validly signed, but older: a replay
+    state = reported.wait(lambda r: r.get("refusals", 0) >= 5, "the replay refused")
+    assert "generation 2 is not newer than the applied 3" in state["refused"][-1]["reason"], state["refused"]
+    assert _running(NEWER)(state)
+    agent.stop()
+
+    # Restart: it starts on the accepted document (persisted, signature checked again) at once.
+    restarted = time.time()
+    agent = start_agent(config)
+    reported.wait(_running(NEWER), "2.0 again after the restart", since=restarted)
+    agent.stop()
+    assert f"desired state: starting on device:{DEVICE} generation 3" in agent.log()
+
+    # Published while the agent is down: applied once it is back (retained on the broker).
+    publish(mosquitto, DEVICE_TOPIC, signed(4, GOOD))
+    restarted = time.time()
+    agent = start_agent(config)
+    state = reported.wait(
+        lambda r: _running(GOOD)(r) and pipeline_in(r, "cam").get("generation") == 4,
+        "generation 4 after a restart",
+        since=restarted,
+    )
+    assert state["documents"][f"device:{DEVICE}"]["applied_generation"] == 4
     agent.stop()
