@@ -1,22 +1,308 @@
-"""The fleet's mosquitto ACL (configs/mosquitto/acl): generated from an inventory by
-agent.fleet.acl.render_acl / scripts/fleet_acl.py, and the checked-in file is that output."""
+"""The checked-in broker configs (configs/mosquitto/) on real mosquittos, on loopback only.
+
+Exercised as checked in:
+- configs/mosquitto/acl, byte for byte (and it is what scripts/fleet_acl.py makes of
+  inventory.example.yaml), with a password file made by `mosquitto_passwd`;
+- configs/mosquitto/mosquitto.conf with only the lines naming host paths and ports rewritten
+  (`render_config`: the listener's port, password_file, acl_file, persistence_location, pid_file,
+  log_dest to stderr, include_dir). Everything else is loaded as written: allow_anonymous false,
+  persistence, queues, max_packet_size (tested: announced to MQTT 5 clients, a 256 KiB result
+  passes, a bigger packet is refused).
+Not exercised: persistent_client_expiration (14 days) and autosave_interval only load; the log
+file, the pid file, dropping to the mosquitto user and the TLS lines are not used.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import paho.mqtt.client as mqtt
 import pytest
 import yaml
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
 
+from agent.config import MqttConfig
 from agent.fleet.acl import parse_inventory, render_acl
+from agent.mqtt import results_topic
+from tests.mosquitto import Mosquitto
+from tests.pki import run_tool, tool
+from tests.waits import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs" / "mosquitto"
 ACL = CONFIGS / "acl"
+USERS = ("cam-01", "cam-02", "cam-03", "controller", "site-north")
+PASSWORDS = {user: f"test-password-{user}" for user in USERS}  # throwaway test credentials
 TIMEOUT_S = 30.0
+
+
+def doc(target: str, generation: int) -> bytes:
+    return json.dumps({"schema_version": 1, "target": target, "generation": generation}).encode()
+
+
+# -- rendering the checked-in configs for a test -------------------------------------------------------
+
+
+def render_config(text: str, edits: Mapping[str, str | None]) -> str:
+    """`text` with the line of each directive in `edits` replaced by its new line (None: uncommented
+    as it is). A key names the directive as the line starts: `listener`, or `#listener` for the
+    commented-out one. Each must be on exactly one line, so a changed config fails here, loudly."""
+    lines = text.splitlines()
+    for key, new in edits.items():
+        found = [i for i, line in enumerate(lines) if line.split(" ", 1)[0] == key]
+        assert len(found) == 1, f"{key!r} is on {len(found)} lines of the config, expected exactly one"
+        lines[found[0]] = new if new is not None else lines[found[0]].removeprefix("#")
+    return "\n".join(lines) + "\n"
+
+
+def broker_config(broker: Mosquitto, passwd: Path, conf_d: Path) -> str:
+    """configs/mosquitto/mosquitto.conf for `broker`: its port and tmp paths (module docstring)."""
+    edits: dict[str, str | None] = {
+        "listener": f"listener {broker.port} {broker.host}",
+        "password_file": f"password_file {passwd}",
+        "acl_file": f"acl_file {ACL}",
+        "persistence_location": f"persistence_location {broker.workdir}/",
+        "pid_file": f"pid_file {broker.workdir / 'mosquitto.pid'}",
+        "log_dest": "log_dest stderr",  # unbuffered, into the log Mosquitto keeps
+        "include_dir": f"include_dir {conf_d}",
+    }
+    return render_config((CONFIGS / "mosquitto.conf").read_text(), edits)
+
+
+def config_value(name: str, path: Path = CONFIGS / "mosquitto.conf") -> str:
+    values = [line.split(" ", 1)[1] for line in path.read_text().splitlines() if line.startswith(name + " ")]
+    assert len(values) == 1, f"{name} is set {len(values)} times in {path}"
+    return values[0]
+
+
+@pytest.fixture(scope="module")
+def passwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A password file for USERS made by mosquitto_passwd (fails, not skips, when it is missing)."""
+    mosquitto_passwd = tool("mosquitto_passwd", "mosquitto")
+    workdir = tmp_path_factory.mktemp("passwd")
+    path = workdir / "passwd"
+    for i, user in enumerate(USERS):
+        create = ["-c"] if i == 0 else []
+        run_tool([mosquitto_passwd, "-b", *create, str(path), user, PASSWORDS[user]], workdir)
+    os.chmod(path, 0o600)
+    return path
+
+
+BrokerFactory = Callable[..., Mosquitto]
+
+
+@pytest.fixture
+def brokers(tmp_path: Path, passwd: Path) -> Iterator[BrokerFactory]:
+    """`start(name)` -> a started broker running the checked-in config; closed after the test."""
+    made: list[Mosquitto] = []
+
+    def start(name: str) -> Mosquitto:
+        workdir = tmp_path / name
+        conf_d = workdir / "conf.d"
+        conf_d.mkdir(parents=True)
+        broker = Mosquitto(workdir, config=lambda b: broker_config(b, passwd, conf_d))
+        made.append(broker)
+        broker.start()
+        return broker
+
+    try:
+        yield start
+    finally:
+        for broker in made:
+            broker.close()
+
+
+@pytest.fixture
+def fleet_broker(brokers: BrokerFactory) -> Mosquitto:
+    return brokers("fleet")
+
+
+# -- a logged-in MQTT client that records what it gets and how its publishes were answered --------------
+
+
+@dataclass(frozen=True)
+class Got:
+    topic: str
+    payload: bytes
+    retain: bool
+    properties: Properties | None
+
+
+class Client:
+    """paho, logged in as `user` (MQTT 5 or 3.1.1). Records every message (with its MQTT 5 properties),
+    every PUBACK reason code and every disconnect; every wait is bounded."""
+
+    def __init__(
+        self,
+        broker: Mosquitto,
+        user: str,
+        protocol: str = "5",
+        client_id: str | None = None,
+        session_expiry_s: int | None = None,
+    ) -> None:
+        self.broker = broker
+        self.user = user
+        self.v5 = protocol == "5"
+        self._cond = threading.Condition()
+        self.received: list[Got] = []
+        self._acks: dict[int, ReasonCode] = {}
+        self._subacks: dict[int, list[ReasonCode]] = {}
+        self.connacks: list[tuple[ReasonCode, Properties | None]] = []
+        self.disconnects: list[ReasonCode] = []
+        cid = client_id or f"test-{user}-{free_port()}-{time.monotonic_ns()}"
+        if self.v5:
+            self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=cid, protocol=mqtt.MQTTv5)
+        else:
+            self.client = mqtt.Client(
+                CallbackAPIVersion.VERSION2, client_id=cid, protocol=mqtt.MQTTv311, clean_session=True
+            )
+        self.client.username_pw_set(user, PASSWORDS[user])
+        # A client kicked off (session taken over) must not kick the other one straight back.
+        self.client.reconnect_delay_set(5, 5)
+        self.client.on_connect = self._on_connect
+        self.client.on_disconnect = self._on_disconnect
+        self.client.on_message = self._on_message
+        self.client.on_publish = self._on_publish
+        self.client.on_subscribe = self._on_subscribe
+        connect_props = None
+        if session_expiry_s is not None:
+            connect_props = Properties(PacketTypes.CONNECT)
+            connect_props.SessionExpiryInterval = session_expiry_s
+        self.client.connect(
+            broker.host,
+            broker.port,
+            keepalive=10,
+            clean_start=session_expiry_s is None if self.v5 else mqtt.MQTT_CLEAN_START_FIRST_ONLY,
+            properties=connect_props,
+        )
+        self.client.loop_start()
+        self._wait(lambda: bool(self.connacks), "CONNACK")
+        assert not self.connacks[0][0].is_failure, f"{user} refused: {self.connacks[0][0]}"
+
+    def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        with self._cond:
+            self.connacks.append((reason, props))
+            self._cond.notify_all()
+
+    def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        with self._cond:
+            self.disconnects.append(reason)
+            self._cond.notify_all()
+
+    def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        props = getattr(message, "properties", None)
+        with self._cond:
+            self.received.append(Got(message.topic, bytes(message.payload), bool(message.retain), props))
+            self._cond.notify_all()
+
+    def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason: Any, props: Any) -> None:
+        with self._cond:
+            self._acks[mid] = reason
+            self._cond.notify_all()
+
+    def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, reasons: Any, props: Any) -> None:
+        with self._cond:
+            self._subacks[mid] = list(reasons)
+            self._cond.notify_all()
+
+    def _wait(self, condition: Callable[[], object], what: str, timeout: float = TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not condition():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    got = [(g.topic, g.payload[:60]) for g in self.received[-10:]]
+                    raise AssertionError(
+                        f"{self.user}: timed out after {timeout} s waiting for {what}; last received "
+                        f"{got}\n{self.broker.log_tail()}"
+                    )
+                self._cond.wait(remaining)
+
+    def subscribe(self, *filters: str) -> list[ReasonCode]:
+        result, mid = self.client.subscribe([(f, 1) for f in filters])
+        assert result == mqtt.MQTT_ERR_SUCCESS and mid is not None
+        self._wait(lambda: mid in self._subacks, f"SUBACK for {filters}")
+        return self._subacks[mid]
+
+    def publish(
+        self, topic: str, payload: bytes, retain: bool = False, properties: Properties | None = None
+    ) -> ReasonCode:
+        """QoS 1; returns the broker's answer (MQTT 3.1.1 PUBACKs carry none: always Success)."""
+        info = self.client.publish(topic, payload, qos=1, retain=retain, properties=properties)
+        assert info.rc == mqtt.MQTT_ERR_SUCCESS, f"paho could not send to {topic}: {info.rc}"
+        self._wait(lambda: info.mid in self._acks, f"PUBACK for {topic}")
+        return self._acks[info.mid]
+
+    def wait_for(self, topic: str, payload: bytes | None = None, timeout: float = TIMEOUT_S) -> Got:
+        def match() -> Got | None:
+            return next((g for g in self.received if g.topic == topic and payload in (None, g.payload)), None)
+
+        self._wait(lambda: match() is not None, f"{topic} {payload!r}", timeout)
+        found = match()
+        assert found is not None
+        return found
+
+    def topics(self) -> set[str]:
+        with self._cond:
+            return {g.topic for g in self.received}
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+ClientFactory = Callable[..., Client]
+
+
+@pytest.fixture
+def clients() -> Iterator[ClientFactory]:
+    made: list[Client] = []
+
+    def make(broker: Mosquitto, user: str, **kwargs: Any) -> Client:
+        client = Client(broker, user, **kwargs)
+        made.append(client)
+        return client
+
+    try:
+        yield make
+    finally:
+        for client in made:
+            client.close()
+
+
+def prop(properties: Properties | None, name: str) -> Any:
+    """An MQTT 5 property of a received message, None when it is absent."""
+    return getattr(properties, name, None)
+
+
+def request_properties(response_topic: str, correlation: bytes) -> Properties:
+    props = Properties(PacketTypes.PUBLISH)
+    props.ResponseTopic = response_topic
+    props.CorrelationData = correlation
+    props.UserProperty = [("sent-by", "test")]
+    props.MessageExpiryInterval = 120
+    return props
+
+
+NOT_AUTHORIZED = 0x87
+SUCCESS = 0x00
+
+
+def accepted(reason: ReasonCode) -> bool:
+    """A PUBACK that took the message: 0x00, or 0x10 "No matching subscribers" (MQTT 5)."""
+    return reason.value in (0x00, 0x10)
 
 
 # -- the ACL generator ---------------------------------------------------------------------------------
@@ -125,3 +411,207 @@ def test_the_script_refuses_a_bad_inventory_naming_the_entry(tmp_path: Path) -> 
     ]:
         with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
             parse_inventory(yaml.safe_load(bad))
+
+
+# -- one broker: what each user may read and write ---------------------------------------------------
+
+
+RETAINED_DESIRED = {
+    "edge/cam-01/desired": doc("device:cam-01", 1),
+    "edge/cam-02/desired": doc("device:cam-02", 1),
+    "edge/groups/lobby/desired": doc("group:lobby", 1),
+    "edge/groups/dock/desired": doc("group:dock", 1),
+    "edge/groups/north/desired": doc("group:north", 1),
+}
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_a_device_reads_its_own_and_its_groups_desired_state_and_its_commands_only(
+    protocol: str, fleet_broker: Mosquitto, clients: ClientFactory
+) -> None:
+    controller = clients(fleet_broker, "controller")
+    for topic, payload in RETAINED_DESIRED.items():
+        assert accepted(controller.publish(topic, payload, retain=True))
+
+    cam01 = clients(fleet_broker, "cam-01", protocol=protocol)
+    # mosquitto 2.0's acl_file grants every SUBSCRIBE, even to '#', and checks each message as it
+    # is delivered: the broadest filter shows anything the ACL would let through.
+    assert [r.value for r in cam01.subscribe("#")] == [1]
+    # Positive control: once a live message cam-01 may read arrives, every retained message (sent
+    # while the SUBSCRIBE was handled, before it) has been delivered or withheld.
+    assert accepted(controller.publish("edge/cam-01/cmd/control-1", b"c1"))
+    cam01.wait_for("edge/cam-01/cmd/control-1")
+    assert cam01.topics() == {"edge/cam-01/desired", "edge/groups/lobby/desired", "edge/cam-01/cmd/control-1"}
+    own = cam01.wait_for("edge/cam-01/desired")
+    group = cam01.wait_for("edge/groups/lobby/desired")
+    assert own.retain and own.payload == RETAINED_DESIRED["edge/cam-01/desired"]
+    assert group.retain and group.payload == RETAINED_DESIRED["edge/groups/lobby/desired"]
+
+    # Live messages: other devices' desired state and commands, other groups, other devices'
+    # reports, and the device's own status are all withheld; its own commands come through.
+    forbidden = [
+        "edge/cam-02/desired",
+        "edge/groups/dock/desired",
+        "edge/groups/north/desired",
+        "edge/cam-02/cmd/ping",
+        "edge/cam-02/status",
+        "edge/cam-01/status",
+        "edge/cam-01/reported",
+    ]
+    for topic in forbidden:
+        assert accepted(controller.publish(topic, b"forbidden"))
+    correlation = b"corr-" + protocol.encode()
+    controller.publish(
+        "edge/cam-01/cmd/ping",
+        b'{"id": "1"}',
+        properties=request_properties("edge/cam-01/cmd/ping/reply", correlation),
+    )
+    controller.publish("edge/groups/lobby/desired", doc("group:lobby", 2))  # live, not retained
+    controller.publish("edge/cam-01/cmd/control-2", b"c2")
+    cam01.wait_for("edge/cam-01/cmd/control-2")
+    assert cam01.topics() == {
+        "edge/cam-01/desired",
+        "edge/groups/lobby/desired",
+        "edge/cam-01/cmd/control-1",
+        "edge/cam-01/cmd/ping",
+        "edge/cam-01/cmd/control-2",
+    }
+    cam01.wait_for("edge/groups/lobby/desired", doc("group:lobby", 2))
+    ping = cam01.wait_for("edge/cam-01/cmd/ping")
+    if protocol == "5":  # the request's MQTT 5 properties reach the device
+        assert prop(ping.properties, "ResponseTopic") == "edge/cam-01/cmd/ping/reply"
+        assert prop(ping.properties, "CorrelationData") == correlation
+        assert prop(ping.properties, "UserProperty") == [("sent-by", "test")]
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_a_device_writes_only_its_reports_under_its_own_prefix(
+    protocol: str, fleet_broker: Mosquitto, clients: ClientFactory
+) -> None:
+    controller = clients(fleet_broker, "controller")
+    for topic in ("edge/cam-01/desired", "edge/groups/lobby/desired"):
+        assert accepted(controller.publish(topic, RETAINED_DESIRED[topic], retain=True))
+    assert [r.value for r in controller.subscribe("#")] == [1]
+    cam01 = clients(fleet_broker, "cam-01", protocol=protocol)
+
+    allowed = [
+        "edge/cam-01/status",
+        "edge/cam-01/results/people",
+        "edge/cam-01/telemetry",
+        "edge/cam-01/reported",
+        "edge/cam-01/cmd/ping/reply",
+    ]
+    for topic in allowed:
+        assert accepted(cam01.publish(topic, b"from cam-01")), topic
+        controller.wait_for(topic, b"from cam-01")
+
+    forbidden = [
+        "edge/cam-01/desired",  # its own desired state: only the controller writes it
+        "edge/groups/lobby/desired",  # its group's
+        "edge/groups/dock/desired",
+        "edge/cam-02/status",  # another device's topics
+        "edge/cam-02/results/people",
+        "edge/cam-02/desired",
+        "edge/cam-02/cmd/reboot",
+        "edge/cam-01/cmd/ping",  # a command request, even to itself
+        "edge/cam-01/logs",  # not a topic of the scheme
+        "edge/cam-01",
+        "controller/replies/1",  # a response topic outside the convention (README.md)
+        "other/topic",
+    ]
+    # MQTT 5: mosquitto answers a refused QoS 1 PUBLISH with PUBACK 0x87 "Not authorized" and keeps
+    # the connection. MQTT 3.1.1 PUBACKs carry no reason code: it is acknowledged and dropped silently.
+    expected = NOT_AUTHORIZED if protocol == "5" else SUCCESS
+    for topic in forbidden:
+        reason = cam01.publish(topic, b"forged", retain=True)
+        assert reason.value == expected, (topic, reason)
+    # Positive control: once this arrives, every forged publish before it was handled.
+    assert accepted(cam01.publish("edge/cam-01/telemetry", b"control"))
+    controller.wait_for("edge/cam-01/telemetry", b"control")
+    assert not [g for g in controller.received if g.payload == b"forged"]
+    assert cam01.disconnects == []  # refused publishes do not cost the device its connection
+
+    # Nor did a forged retained message replace the controller's retained documents.
+    check = clients(fleet_broker, "controller")
+    check.subscribe("edge/cam-01/desired", "edge/groups/lobby/desired", "edge/cam-02/status")
+    check.publish("edge/controller-marker", b"m")  # the controller reads its own writes: a control
+    check.wait_for("edge/cam-01/desired")
+    check.wait_for("edge/groups/lobby/desired")
+    assert {g.topic: g.payload for g in check.received} == {
+        "edge/cam-01/desired": RETAINED_DESIRED["edge/cam-01/desired"],
+        "edge/groups/lobby/desired": RETAINED_DESIRED["edge/groups/lobby/desired"],
+    }
+
+
+def test_the_controller_writes_any_desired_state_and_reads_everything(
+    fleet_broker: Mosquitto, clients: ClientFactory
+) -> None:
+    controller = clients(fleet_broker, "controller")
+    controller.subscribe("edge/#")
+    cam02 = clients(fleet_broker, "cam-02")
+    cam02.subscribe("edge/cam-02/desired", "edge/groups/dock/desired", "edge/cam-02/cmd/+")
+    for topic, payload in [
+        ("edge/cam-02/desired", doc("device:cam-02", 5)),
+        ("edge/groups/dock/desired", doc("group:dock", 7)),
+        ("edge/groups/new-group/desired", doc("group:new-group", 1)),
+    ]:
+        assert accepted(controller.publish(topic, payload, retain=True))
+    assert accepted(controller.publish("edge/cam-02/cmd/status", b"{}"))
+    cam02.wait_for("edge/cam-02/desired", doc("device:cam-02", 5))
+    cam02.wait_for("edge/groups/dock/desired", doc("group:dock", 7))
+    cam02.wait_for("edge/cam-02/cmd/status")
+    for topic in ("edge/cam-02/status", "edge/cam-02/reported", "edge/cam-02/results/x"):
+        assert accepted(cam02.publish(topic, b"report"))
+        controller.wait_for(topic, b"report")
+    assert "edge/groups/new-group/desired" not in cam02.topics()
+    # Its rights end at the prefix.
+    assert controller.publish("other/topic", b"x").value == NOT_AUTHORIZED
+
+
+def test_another_device_using_a_devices_client_id_reads_nothing_of_it(
+    fleet_broker: Mosquitto, clients: ClientFactory
+) -> None:
+    """The ACL keys on the username, never on the client id, which a client chooses. mosquitto's
+    acl_file cannot tie a client id to a user: the impostor takes the connection over (README.md)."""
+    controller = clients(fleet_broker, "controller")
+    controller.publish("edge/cam-01/desired", RETAINED_DESIRED["edge/cam-01/desired"], retain=True)
+    cam01 = clients(fleet_broker, "cam-01", client_id="edge-agent-cam-01")
+    cam01.subscribe("edge/cam-01/cmd/+")
+    impostor = clients(fleet_broker, "cam-02", client_id="edge-agent-cam-01")
+    # mosquitto 2.0.11 drops the first connection without a DISCONNECT packet (no reason code 0x8E
+    # "Session taken over" reaches the client). Its network loop stops here: reconnecting would take
+    # the connection back, and so on.
+    cam01._wait(lambda: bool(cam01.disconnects), "cam-01 to be disconnected")
+    cam01.client.loop_stop()
+    impostor.subscribe("#")
+    controller.publish("edge/cam-01/cmd/reboot", b"{}")
+    controller.publish("edge/cam-02/cmd/control", b"c")
+    impostor.wait_for("edge/cam-02/cmd/control")
+    assert impostor.topics() == {"edge/cam-02/cmd/control"}
+    assert impostor.publish("edge/cam-01/status", b"forged").value == NOT_AUTHORIZED
+
+
+def test_the_packet_size_limit_passes_the_agents_largest_results_and_stops_bigger_packets(
+    fleet_broker: Mosquitto, clients: ClientFactory
+) -> None:
+    limit = int(config_value("max_packet_size"))
+    agent_max = MqttConfig().max_payload_bytes
+    assert limit >= 2 * agent_max
+    controller = clients(fleet_broker, "controller")
+    controller.subscribe("edge/cam-01/results/+")
+    cam01 = clients(fleet_broker, "cam-01")
+    connack_props = cam01.connacks[0][1]
+    assert prop(connack_props, "MaximumPacketSize") == limit  # told to MQTT 5 clients
+
+    topic = results_topic("edge", "cam-01", "big")
+    largest = b"r" * (agent_max - len(topic) - 64)  # the agent's own bound (connection._PACKET_OVERHEAD)
+    assert accepted(cam01.publish(topic, largest))
+    assert len(controller.wait_for(topic).payload) == len(largest)
+
+    # An MQTT 3.1.1 client cannot be told the limit; a packet over it costs the connection.
+    old = clients(fleet_broker, "cam-01", protocol="3.1.1")
+    old.client.publish(results_topic("edge", "cam-01", "huge"), b"h" * limit, qos=1)
+    old._wait(lambda: bool(old.disconnects), "the broker to drop the oversized packet's connection")
+    assert accepted(cam01.publish(topic, b"control"))
+    controller.wait_for(topic, b"control")
+    assert results_topic("edge", "cam-01", "huge") not in controller.topics()
