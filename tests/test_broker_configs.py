@@ -7,15 +7,21 @@ Exercised as checked in:
   (`render_config`: the listener's port, password_file, acl_file, persistence_location, pid_file,
   log_dest to stderr, include_dir). Everything else is loaded as written: allow_anonymous false,
   persistence, queues, max_packet_size (tested: announced to MQTT 5 clients, a 256 KiB result
-  passes, a bigger packet is refused).
+  passes, a bigger packet is refused). For the bridge tests the central broker's commented TLS
+  listener is uncommented with a throwaway PKI;
+- configs/mosquitto/bridge-site.conf with its address and remote_password rewritten and its
+  bridge_cafile line uncommented (TLS to the central broker), restart_timeout shortened where a
+  test waits for a reconnect, bridge_protocol_version switched to mqttv311 where a test shows why
+  the file asks for mqttv50.
 Not exercised: persistent_client_expiration (14 days) and autosave_interval only load; the log
-file, the pid file, dropping to the mosquitto user and the TLS lines are not used.
+file, the pid file, dropping to the mosquitto user and the mutual-TLS lines are not used.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -33,12 +39,14 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from agent.config import MqttConfig
+from agent.config import MqttConfig, OutboxConfig
 from agent.fleet.acl import parse_inventory, render_acl
-from agent.mqtt import results_topic
+from agent.mqtt import MqttConnection, Outbox, results_topic
+from agent.mqtt.connection import Message
+from agent.mqtt.router import Router
 from tests.mosquitto import Mosquitto
-from tests.pki import run_tool, tool
-from tests.waits import free_port
+from tests.pki import Pki, run_tool, tool
+from tests.waits import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs" / "mosquitto"
@@ -67,7 +75,13 @@ def render_config(text: str, edits: Mapping[str, str | None]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def broker_config(broker: Mosquitto, passwd: Path, conf_d: Path) -> str:
+@dataclass(frozen=True)
+class Tls:
+    pki: Pki
+    port: int
+
+
+def broker_config(broker: Mosquitto, passwd: Path, conf_d: Path, tls: Tls | None = None) -> str:
     """configs/mosquitto/mosquitto.conf for `broker`: its port and tmp paths (module docstring)."""
     edits: dict[str, str | None] = {
         "listener": f"listener {broker.port} {broker.host}",
@@ -78,7 +92,25 @@ def broker_config(broker: Mosquitto, passwd: Path, conf_d: Path) -> str:
         "log_dest": "log_dest stderr",  # unbuffered, into the log Mosquitto keeps
         "include_dir": f"include_dir {conf_d}",
     }
+    if tls is not None:
+        edits |= {
+            "#listener": f"listener {tls.port} 127.0.0.1",
+            "#cafile": f"cafile {tls.pki.ca}",
+            "#certfile": f"certfile {tls.pki.server_cert}",
+            "#keyfile": f"keyfile {tls.pki.server_key}",
+            "#tls_version": None,
+        }
     return render_config((CONFIGS / "mosquitto.conf").read_text(), edits)
+
+
+def bridge_config(central: Tls, **edits: str) -> str:
+    """configs/mosquitto/bridge-site.conf bridging to `central`'s TLS listener on loopback."""
+    base: dict[str, str | None] = {
+        "address": f"address 127.0.0.1:{central.port}",
+        "#bridge_cafile": f"bridge_cafile {central.pki.ca}",
+        "remote_password": f"remote_password {PASSWORDS['site-north']}",
+    }
+    return render_config((CONFIGS / "bridge-site.conf").read_text(), base | edits)
 
 
 def config_value(name: str, path: Path = CONFIGS / "mosquitto.conf") -> str:
@@ -105,16 +137,22 @@ BrokerFactory = Callable[..., Mosquitto]
 
 @pytest.fixture
 def brokers(tmp_path: Path, passwd: Path) -> Iterator[BrokerFactory]:
-    """`start(name)` -> a started broker running the checked-in config; closed after the test."""
+    """`start(name, tls=None, bridge=None)` -> a started broker running the checked-in config (with
+    `bridge` text as conf.d/bridge-site.conf); closed after the test."""
     made: list[Mosquitto] = []
 
-    def start(name: str) -> Mosquitto:
+    def start(name: str, tls: Tls | None = None, bridge: str | None = None) -> Mosquitto:
         workdir = tmp_path / name
         conf_d = workdir / "conf.d"
         conf_d.mkdir(parents=True)
-        broker = Mosquitto(workdir, config=lambda b: broker_config(b, passwd, conf_d))
+        if bridge is not None:
+            (conf_d / "bridge-site.conf").write_text(bridge)
+            os.chmod(conf_d / "bridge-site.conf", 0o600)
+        broker = Mosquitto(workdir, config=lambda b: broker_config(b, passwd, conf_d, tls))
         made.append(broker)
         broker.start()
+        if tls is not None:
+            wait_until(lambda: _listening(tls.port), f"the TLS listener on {tls.port}", timeout=TIMEOUT_S)
         return broker
 
     try:
@@ -122,6 +160,14 @@ def brokers(tmp_path: Path, passwd: Path) -> Iterator[BrokerFactory]:
     finally:
         for broker in made:
             broker.close()
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
 
 
 @pytest.fixture
@@ -615,3 +661,297 @@ def test_the_packet_size_limit_passes_the_agents_largest_results_and_stops_bigge
     assert accepted(cam01.publish(topic, b"control"))
     controller.wait_for(topic, b"control")
     assert results_topic("edge", "cam-01", "huge") not in controller.topics()
+
+
+# -- a site broker bridged to the central one ---------------------------------------------------------
+
+
+@dataclass
+class Fleet:
+    central: Mosquitto
+    central_tls: Tls
+    site: Mosquitto
+    controller: Client  # on the central broker
+
+
+@pytest.fixture
+def fleet_factory(brokers: BrokerFactory, clients: ClientFactory, pki: Pki) -> Callable[..., Fleet]:
+    """`make(**bridge edits)`: a central broker (checked-in config, TLS listener on) holding retained
+    desired state for devices at the site and elsewhere, and a site broker bridged to it over TLS."""
+
+    def make(**bridge_edits: str) -> Fleet:
+        central_tls = Tls(pki, free_port())
+        central = brokers("central", tls=central_tls)
+        controller = clients(central, "controller")
+        assert [r.value for r in controller.subscribe("edge/#")] == [1]
+        for topic, payload in [
+            *RETAINED_DESIRED.items(),
+            ("edge/cam-03/desired", doc("device:cam-03", 1)),  # cam-03 is not at site-north
+        ]:
+            assert accepted(controller.publish(topic, payload, retain=True))
+        site = brokers("site", bridge=bridge_config(central_tls, **bridge_edits))
+        return Fleet(central, central_tls, site, controller)
+
+    return make
+
+
+def wait_for_bridge(fleet: Fleet, clients: ClientFactory) -> Client:
+    """A site-local observer (the controller user on the site broker) once the bridge is up: the
+    central broker's retained group documents are on the site. mosquitto sends a bridge's SUBSCRIBEs
+    in the order of its `topic` lines (commands, device documents, group documents), so by then the
+    earlier subscriptions were answered too. Returns the observer."""
+    observer = clients(fleet.site, "controller")
+    observer.subscribe("edge/#")
+    observer.wait_for("edge/groups/lobby/desired")
+    return observer
+
+
+@pytest.fixture
+def agent_device(tmp_path: Path) -> Iterator[Callable[[Mosquitto], tuple[MqttConnection, Outbox]]]:
+    """The agent's own MQTT connection for cam-01 (MQTT 5, logged in as cam-01): started by the test."""
+    made: list[tuple[MqttConnection, Outbox]] = []
+
+    def make(broker: Mosquitto) -> tuple[MqttConnection, Outbox]:
+        outbox = Outbox(tmp_path / f"outbox-{len(made)}.db")
+        config = MqttConfig(
+            host=broker.host,
+            port=broker.port,
+            protocol="5",
+            username="cam-01",
+            password=PASSWORDS["cam-01"],
+            keepalive_s=5,
+            reconnect_min_s=0.1,
+            reconnect_max_s=0.5,
+            outbox=OutboxConfig(max_inflight=10),
+        )
+        conn = MqttConnection(config, "cam-01", outbox, lambda: b'{"state":"online"}', lambda: b"{}")
+        made.append((conn, outbox))
+        return conn, outbox
+
+    try:
+        yield make
+    finally:
+        for conn, outbox in made:
+            conn.stop(publish_offline=False)
+            outbox.close()
+
+
+class Inbox:
+    """What the device's handlers got, waitable."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.messages: list[Message] = []
+
+    def add(self, message: Message) -> None:
+        with self._cond:
+            self.messages.append(message)
+            self._cond.notify_all()
+
+    def wait_for(self, topic: str, payload: bytes | None = None) -> Message:
+        def match() -> Message | None:
+            with self._cond:
+                return next(
+                    (m for m in self.messages if m.topic == topic and payload in (None, m.payload)), None
+                )
+
+        wait_until(lambda: match() is not None, f"{topic} {payload!r} at the device", timeout=TIMEOUT_S)
+        found = match()
+        assert found is not None
+        return found
+
+
+def serve_commands(conn: MqttConnection, inbox: Inbox) -> Router:
+    """cam-01's desired state and commands, as the daemon will route them: every command is answered
+    with Router.reply (the request's response topic, else <request topic>/reply)."""
+    router = Router(conn)
+    for topic in ("edge/cam-01/desired", "edge/groups/lobby/desired"):
+        router.route(topic, inbox.add)
+
+    def command(message: Message) -> None:
+        inbox.add(message)
+        request = json.loads(message.payload)
+        router.reply(message, {"id": request["id"], "ok": True, "result": {"pong": True}})
+
+    router.route("edge/cam-01/cmd/+", command)
+    return router
+
+
+def test_a_device_on_a_site_broker_is_deployed_to_and_reports_through_the_bridge(
+    fleet_factory: Callable[..., Fleet],
+    clients: ClientFactory,
+    agent_device: Callable[[Mosquitto], tuple[MqttConnection, Outbox]],
+) -> None:
+    fleet = fleet_factory()
+    controller = fleet.controller
+    observer = wait_for_bridge(fleet, clients)
+    # What the central ACL lets the site's bridge have: its devices' and their groups' documents,
+    # not cam-03's or group north's. Control: a later generation of a document the site may have
+    # (the bridge's SUBSCRIBEs were answered, retained documents first, before it could arrive).
+    assert accepted(controller.publish("edge/groups/dock/desired", doc("group:dock", 2), retain=True))
+    observer.wait_for("edge/groups/dock/desired", doc("group:dock", 2))
+    assert observer.topics() == {
+        "edge/cam-01/desired",
+        "edge/cam-02/desired",
+        "edge/groups/lobby/desired",
+        "edge/groups/dock/desired",
+    }
+
+    # The agent's connection on the site broker: retained documents from the site's store.
+    conn, outbox = agent_device(fleet.site)
+    inbox = Inbox()
+    serve_commands(conn, inbox)
+    conn.start()
+    wait_until(lambda: set(conn.stats()["subscriptions"].values()) == {"active"}, "SUBACKs", state=conn.stats)
+    assert inbox.wait_for("edge/groups/lobby/desired").retain
+    assert inbox.wait_for("edge/cam-01/desired").payload == doc("device:cam-01", 1)
+
+    # Deployed to: a new retained group document published on the central broker reaches the device.
+    assert accepted(controller.publish("edge/groups/lobby/desired", doc("group:lobby", 2), retain=True))
+    inbox.wait_for("edge/groups/lobby/desired", doc("group:lobby", 2))
+
+    # Reports through the bridge: the birth status, results from the agent's outbox, and (published
+    # by a plain client, as the daemon does not publish it yet) retained reported state and telemetry.
+    assert controller.wait_for("edge/cam-01/status").payload == b'{"state":"online"}'
+    for n in range(3):
+        outbox.put(results_topic("edge", "cam-01", "people"), json.dumps({"id": f"r{n}"}).encode())
+    conn.notify_new_message()
+    device = clients(fleet.site, "cam-01")
+    assert accepted(device.publish("edge/cam-01/reported", b'{"device": "cam-01"}', retain=True))
+    assert accepted(device.publish("edge/cam-01/telemetry", b'{"cpu": 1}'))
+    controller.wait_for("edge/cam-01/reported")
+    controller.wait_for("edge/cam-01/telemetry")
+    wait_until(
+        lambda: (
+            [g.payload for g in controller.received if g.topic.endswith("/results/people")]
+            == [json.dumps({"id": f"r{n}"}).encode() for n in range(3)]
+        ),
+        "the three results, in order, at the controller",
+        timeout=TIMEOUT_S,
+    )
+    later = clients(fleet.central, "controller")
+    later.subscribe("edge/cam-01/reported")
+    assert later.wait_for("edge/cam-01/reported").retain  # retained on the central broker as well
+
+    # A command from the central broker with an MQTT 5 response topic and correlation data: the
+    # request reaches the device with both, the reply (Router.reply) reaches the controller with its
+    # correlation data. Response topic convention: <request topic>/reply (README.md).
+    controller.subscribe("edge/+/cmd/+/reply")
+    props = request_properties("edge/cam-01/cmd/ping/reply", b"corr-42")
+    assert accepted(controller.publish("edge/cam-01/cmd/ping", b'{"id": "c42"}', properties=props))
+    request = inbox.wait_for("edge/cam-01/cmd/ping")
+    assert request.response_topic == "edge/cam-01/cmd/ping/reply"
+    assert request.correlation_data == b"corr-42"
+    assert request.user_properties == (("sent-by", "test"),)
+    assert request.expiry_s is not None and 0 < request.expiry_s <= 120
+    reply = controller.wait_for("edge/cam-01/cmd/ping/reply")
+    assert json.loads(reply.payload) == {"id": "c42", "ok": True, "result": {"pong": True}}
+    assert prop(reply.properties, "CorrelationData") == b"corr-42"
+    assert prop(reply.properties, "ContentType") == "application/json"
+
+    # A device the central broker does not know at this site: the site broker takes its messages
+    # (its own prefix), the central one refuses them from the bridge, and the bridge carries on.
+    cam03 = clients(fleet.site, "cam-03")
+    assert accepted(cam03.publish("edge/cam-03/status", b"cam-03 here"))
+    assert accepted(controller.publish("edge/cam-03/cmd/ping", b'{"id": "x"}'))
+    assert accepted(device.publish("edge/cam-01/telemetry", b"control"))
+    controller.wait_for("edge/cam-01/telemetry", b"control")
+    assert "edge/cam-03/status" not in controller.topics()
+    assert accepted(controller.publish("edge/cam-01/cmd/control", b'{"id": "ctl"}'))
+    observer.wait_for("edge/cam-01/cmd/control")
+    assert "edge/cam-03/cmd/ping" not in observer.topics()
+
+
+def test_an_mqtt_3_1_1_bridge_drops_the_mqtt_5_properties_and_the_reply_convention_still_holds(
+    fleet_factory: Callable[..., Fleet],
+    clients: ClientFactory,
+    agent_device: Callable[[Mosquitto], tuple[MqttConnection, Outbox]],
+) -> None:
+    """Why bridge-site.conf sets bridge_protocol_version mqttv50: mosquitto's default bridge protocol
+    strips every property. The reply still arrives, because the response topic a controller must use
+    is the topic the agent falls back to without one; only the correlation data is lost (the payload's
+    id correlates)."""
+    fleet = fleet_factory(bridge_protocol_version="bridge_protocol_version mqttv311")
+    controller = fleet.controller
+    wait_for_bridge(fleet, clients)
+    conn, _ = agent_device(fleet.site)
+    inbox = Inbox()
+    serve_commands(conn, inbox)
+    conn.start()
+    wait_until(lambda: set(conn.stats()["subscriptions"].values()) == {"active"}, "SUBACKs", state=conn.stats)
+    controller.subscribe("edge/+/cmd/+/reply")
+    props = request_properties("edge/cam-01/cmd/ping/reply", b"corr-7")
+    assert accepted(controller.publish("edge/cam-01/cmd/ping", b'{"id": "c7"}', properties=props))
+    request = inbox.wait_for("edge/cam-01/cmd/ping")
+    assert request.response_topic is None and request.correlation_data is None
+    assert request.user_properties == () and request.expiry_s is None
+    reply = controller.wait_for("edge/cam-01/cmd/ping/reply")
+    assert json.loads(reply.payload)["id"] == "c7"
+    assert (reply.properties.json() if reply.properties is not None else {}) == {}
+    # Retained documents still cross it as retained (try_private).
+    assert inbox.wait_for("edge/groups/lobby/desired").retain
+
+
+def test_the_site_broker_keeps_results_while_the_central_broker_is_away(
+    fleet_factory: Callable[..., Fleet],
+    clients: ClientFactory,
+    agent_device: Callable[[Mosquitto], tuple[MqttConnection, Outbox]],
+) -> None:
+    """cleansession false + the site's queue: results the agent handed to the site broker while the
+    central one was down reach a controller with a persistent session once the bridge is back."""
+    fleet = fleet_factory(restart_timeout="restart_timeout 1 2")  # the file's 5-120 s backoff is slow
+    wait_for_bridge(fleet, clients)
+    controller = clients(fleet.central, "controller", client_id="test-controller", session_expiry_s=3600)
+    controller.subscribe("edge/+/results/+")
+    controller.close()
+    conn, outbox = agent_device(fleet.site)
+    conn.start()
+    wait_until(lambda: conn.connected, "the agent connected to the site broker", timeout=TIMEOUT_S)
+
+    fleet.central.stop()  # a clean shutdown: the controller's session is saved (persistence true)
+    ids = [f"while-away-{n}" for n in range(20)]
+    for result_id in ids:
+        outbox.put(results_topic("edge", "cam-01", "people"), json.dumps({"id": result_id}).encode())
+    conn.notify_new_message()
+    assert conn.flush(TIMEOUT_S), "the site broker did not take the results"  # PUBACKed by the site
+
+    fleet.central.start()
+    back = clients(fleet.central, "controller", client_id="test-controller", session_expiry_s=3600)
+    wait_until(
+        lambda: [json.loads(g.payload)["id"] for g in back.received if "/results/" in g.topic] == ids,
+        "every result, in order, after the central broker came back",
+        timeout=TIMEOUT_S,
+        state=lambda: [g.topic for g in back.received],
+    )
+
+
+@pytest.mark.parametrize("version", ["mqttv50", "mqttv311"])
+def test_what_the_central_broker_keeps_for_a_site_that_is_away(
+    version: str, fleet_factory: Callable[..., Fleet], clients: ClientFactory
+) -> None:
+    """mosquitto 2.0 connects an mqttv50 bridge with clean start off but no session expiry interval,
+    so the central broker ends its session when the link drops: a command sent meanwhile is lost. An
+    mqttv311 bridge's session is kept and the command is delivered when the site is back. Retained
+    desired state arrives either way (the bridge subscribes again)."""
+    fleet = fleet_factory(bridge_protocol_version=f"bridge_protocol_version {version}")
+    wait_for_bridge(fleet, clients)
+    # A persistent session on the site broker (which persists, and is stopped cleanly) collects
+    # what the bridge brings in for cam-01 while no one is connected.
+    site_session = {"client_id": "test-site-observer", "session_expiry_s": 3600}
+    first = clients(fleet.site, "controller", **site_session)
+    first.subscribe("edge/cam-01/cmd/+")
+    first.close()  # the session stays (its expiry); a client left running would reconnect and take it
+    fleet.site.stop()
+    controller = fleet.controller
+    assert accepted(controller.publish("edge/cam-01/cmd/while-away", b'{"id": "a"}'))
+    assert accepted(controller.publish("edge/groups/lobby/desired", doc("group:lobby", 3), retain=True))
+    fleet.site.start()
+    back = clients(fleet.site, "controller")
+    back.subscribe("edge/groups/lobby/desired")
+    back.wait_for("edge/groups/lobby/desired", doc("group:lobby", 3))  # the bridge is back
+    assert accepted(controller.publish("edge/cam-01/cmd/control", b'{"id": "c"}'))
+    observer = clients(fleet.site, "controller", **site_session)
+    observer.wait_for("edge/cam-01/cmd/control")
+    # Anything the central broker kept for the bridge was sent on its reconnect, before the control.
+    kept = "edge/cam-01/cmd/while-away" in observer.topics()
+    assert kept == (version == "mqttv311")
