@@ -577,15 +577,16 @@ def test_a_device_writes_only_its_reports_under_its_own_prefix(
     assert not [g for g in controller.received if g.payload == b"forged"]
     assert cam01.disconnects == []  # refused publishes do not cost the device its connection
 
-    # Nor did a forged retained message replace the controller's retained documents.
+    # Nor did a forged retained message replace or create a retained one. Control: a live message
+    # published after the SUBACK comes after every retained message of the SUBSCRIBE.
     check = clients(fleet_broker, "controller")
-    check.subscribe("edge/cam-01/desired", "edge/groups/lobby/desired", "edge/cam-02/status")
-    check.publish("edge/controller-marker", b"m")  # the controller reads its own writes: a control
-    check.wait_for("edge/cam-01/desired")
-    check.wait_for("edge/groups/lobby/desired")
+    check.subscribe("edge/#")  # every retained message under the prefix: the controller's two
+    assert accepted(check.publish("edge/check", b"control"))
+    check.wait_for("edge/check")
     assert {g.topic: g.payload for g in check.received} == {
         "edge/cam-01/desired": RETAINED_DESIRED["edge/cam-01/desired"],
         "edge/groups/lobby/desired": RETAINED_DESIRED["edge/groups/lobby/desired"],
+        "edge/check": b"control",
     }
 
 
