@@ -50,6 +50,8 @@ class Mosquitto:
     `persistence=True` keeps sessions and queued QoS 1 messages across `restart()` (written on
     the clean shutdown that `stop()` does), which tests need to prove nothing is lost.
     `extra_config` lines are appended to the generated config (e.g. `allow_anonymous false`).
+    `config` replaces the generated config: it gets this broker (host, port, workdir) and returns the
+    whole file, which must listen on `port` (tests of checked-in broker configs render them with it).
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class Mosquitto:
         persistence: bool = False,
         allow_anonymous: bool = True,
         extra_config: str = "",
+        config: Callable[[Mosquitto], str] | None = None,
     ) -> None:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if workdir is None:
@@ -81,6 +84,8 @@ class Mosquitto:
             "log_type all",
             extra_config,
         ]
+        if config is not None:
+            lines = [config(self)]
         if os.geteuid() == 0:
             # As root, mosquitto drops to the "mosquitto" user, which cannot read our 0700 tmp dirs
             # (ACL files, persistence): stay the user we are.
