@@ -97,7 +97,16 @@ class MqttConfig(StrictModel):
         le=268_435_455,
         description="Largest message sent; bigger results are refused and counted (brokers limit it too).",
     )
-    reconnect_min_s: float = Field(1.0, gt=0, description="First reconnect delay; doubles up to the max.")
+    session_expiry_s: int = Field(
+        86_400,
+        ge=0,
+        le=4_294_967_295,
+        description="Keep the MQTT session (subscriptions, QoS 1 messages queued for the agent) this long "
+        "after the link drops (MQTT 5; 3.1.1 keeps it until the broker drops it); 0: a clean session.",
+    )
+    reconnect_min_s: float = Field(
+        1.0, gt=0, description="First reconnect delay; doubles up to the max, plus a random share (jitter)."
+    )
     reconnect_max_s: float = Field(60.0, gt=0)
     outbox: OutboxConfig = Field(default_factory=OutboxConfig)
 

@@ -14,6 +14,7 @@ Model changes go through desired state, never through commands.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
 import threading
@@ -70,6 +71,7 @@ class CommandServer:
         self.handlers = handlers
         self.max_reply_bytes = max_reply_bytes
         self._router: Router | None = None
+        self._own_prefix = ""  # replies go under the device's own topics (the broker's ACL allows no other)
         self._lock = threading.Lock()
         self._replies: collections.OrderedDict[str, tuple[float, dict[str, Any]]] = collections.OrderedDict()
         self._in_progress: set[str] = set()
@@ -80,6 +82,7 @@ class CommandServer:
     def start(self, router: Router, topic_filter: str) -> None:
         """Answer requests on `topic_filter` (`<prefix>/<device>/cmd/+`)."""
         self._router = router
+        self._own_prefix = topic_filter.rsplit("/cmd/", 1)[0] + "/"
         router.route(topic_filter, self.on_request)
 
     # --- one request (the router's dispatcher thread) --------------------------------------------
@@ -219,8 +222,20 @@ class CommandServer:
             self._replies.popitem(last=False)
 
     def _send(self, message: Message, reply: dict[str, Any]) -> None:
-        if self._router is not None:
-            self._router.reply(message, json.loads(json.dumps(reply, default=str)))
+        if self._router is None:
+            return
+        if message.response_topic and not message.response_topic.startswith(self._own_prefix):
+            # A device may write only under its own prefix (configs/mosquitto/acl): an answer sent
+            # elsewhere would be dropped by the broker. The documented reply topic reaches the asker.
+            log.warning(
+                "command on %s asks for the reply on %s, outside %s; answering on %s/reply",
+                message.topic,
+                message.response_topic,
+                self._own_prefix,
+                message.topic,
+            )
+            message = dataclasses.replace(message, response_topic=None)
+        self._router.reply(message, json.loads(json.dumps(reply, default=str)))
 
     def stats(self) -> dict[str, Any]:
         with self._lock:

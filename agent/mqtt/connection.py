@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import random
 import sys
 import threading
 import time
@@ -168,6 +169,7 @@ class MqttConnection:
         self._stopped = False
         self._auth_backoff = False
         self._connects = 0
+        self._attempts = 0  # connection attempts since the last CONNACK (paho's network thread)
         self._disconnects = 0
         self._published = 0
         self._rejected = 0
@@ -208,7 +210,7 @@ class MqttConnection:
                 CallbackAPIVersion.VERSION2,
                 client_id=self.client_id,
                 protocol=mqtt.MQTTv311,
-                clean_session=True,
+                clean_session=cfg.session_expiry_s == 0,  # 3.1.1 sessions live until the broker drops them
             )
         paho_log = log.getChild("paho")
         paho_log.addFilter(self._not_shutdown_noise)
@@ -247,7 +249,20 @@ class MqttConnection:
         self._set_will()
         cfg = self._config
         log.info("connecting to MQTT broker %s as %s (MQTT %s)", self._broker, self.client_id, cfg.protocol)
-        self._client.connect_async(cfg.host, cfg.port, keepalive=cfg.keepalive_s)
+        if cfg.protocol == "5":
+            # A persistent session: what the broker queued while the link was down (commands, QoS 1)
+            # is delivered on reconnect, and the session ends by itself after session_expiry_s.
+            session = Properties(PacketTypes.CONNECT)
+            session.SessionExpiryInterval = int(cfg.session_expiry_s)
+            self._client.connect_async(
+                cfg.host,
+                cfg.port,
+                keepalive=cfg.keepalive_s,
+                clean_start=cfg.session_expiry_s == 0,
+                properties=session,
+            )
+        else:
+            self._client.connect_async(cfg.host, cfg.port, keepalive=cfg.keepalive_s)
         self._dispatcher.start()
         self._publisher.start()
         self._client.loop_start()
@@ -613,6 +628,13 @@ class MqttConnection:
     def _on_pre_connect(self, client: mqtt.Client, userdata: Any) -> None:
         # The offline payload may carry state (version, uptime): refresh the will for each attempt.
         self._set_will()
+        # A reconnect waits a random share of its backoff on top of paho's: after a broker restart a
+        # fleet comes back spread out, not all in the same second (a thundering herd).
+        self._attempts += 1
+        if self._attempts > 1:
+            cfg = self._config
+            cap = min(cfg.reconnect_max_s, cfg.reconnect_min_s * 2 ** min(self._attempts - 2, 16))
+            self._stopping.wait(random.uniform(0, cap))
 
     def _on_connect(
         self,
@@ -645,6 +667,7 @@ class MqttConnection:
                 self._connected = True
                 self._generation += 1
                 self._connects += 1
+                self._attempts = 0
                 self._last_error = None
                 self._unreachable_logged = False
                 restore_backoff = self._auth_backoff
