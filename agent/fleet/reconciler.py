@@ -71,7 +71,9 @@ class Reconciler:
         self._documents: dict[str, DesiredDocument] = {}  # layer -> the accepted document
         self._document_state: dict[str, dict[str, Any]] = {}  # layer -> observed/applied/state/reason
         self._refused: list[dict[str, Any]] = []
-        self._refusals = 0  # every refusal since the start (`refused` keeps the last few)
+        # Every document message since the start: each ends refused, accepted or unchanged.
+        self._counts = {"received": 0, "accepted": 0, "unchanged": 0, "withdrawn": 0}
+        self._refusals = 0  # (`refused` keeps the last few)
         self._last_sent: bytes | None = None
         self._sent_on_connect = -1
         self.topic = reported_topic(config.mqtt.topic_prefix, self.device)
@@ -118,8 +120,11 @@ class Reconciler:
 
     def on_document(self, layer: str, message: Message) -> None:
         """One message on a desired topic: withdraw, refuse, ignore (the applied one again) or apply."""
+        with self._lock:
+            self._counts["received"] += 1
         if not message.payload:
             with self._lock:
+                self._counts["withdrawn"] += 1
                 withdrawn = self._documents.pop(layer, None)
                 self._document_state[layer] = {
                     "observed_generation": None,
@@ -139,6 +144,8 @@ class Reconciler:
             )
             observed = document.generation
             if admit(document, self.store) == UNCHANGED:
+                with self._lock:
+                    self._counts["unchanged"] += 1
                 return  # the applied document again (a retained message after a reconnect)
             self._check_can_serve(document)
         except DesiredStateError as exc:
@@ -147,6 +154,7 @@ class Reconciler:
         self.store.save(document)
         self.store.mark_applied(layer, document.generation)
         with self._lock:
+            self._counts["accepted"] += 1
             self._documents[layer] = document
             self._document_state[layer] = {
                 "observed_generation": document.generation,
@@ -230,7 +238,7 @@ class Reconciler:
             }
         with self._lock:
             documents = {layer: dict(s) for layer, s in self._document_state.items()}
-            refused, refusals = list(self._refused), self._refusals
+            refused, refusals, counts = list(self._refused), self._refusals, dict(self._counts)
         return {
             "schema_version": protocol.SCHEMA_VERSION,
             "device": self.device,
@@ -241,6 +249,7 @@ class Reconciler:
             "pipelines": pipelines,
             "refused": refused,
             "refusals": refusals,
+            "messages": {**counts, "refused": refusals},
         }
 
     def report(self, force: bool = False) -> None:
