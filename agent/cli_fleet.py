@@ -38,6 +38,7 @@ fleet_app = typer.Typer(
 )
 
 DEFAULT_BROKER = "127.0.0.1:1883"
+PROBLEMS_SHOWN = 10  # per wave, in the human output
 BrokerOption = Annotated[
     str,
     typer.Option("--broker", envvar="EDGE_AGENT_FLEET_BROKER", help="The fleet's MQTT broker as host:port."),
@@ -93,7 +94,6 @@ def _broker(
     broker: str, username: str | None, password_file: Path | None, ca_file: Path | None, prefix: str
 ) -> BrokerOptions:
     from agent.fleet.controller import BrokerOptions
-    from agent.mqtt.topics import status_topic
 
     host, sep, port_text = broker.rpartition(":")
     if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
@@ -104,10 +104,6 @@ def _broker(
             password = password_file.read_text(encoding="utf-8").rstrip("\r\n")
         except (OSError, UnicodeDecodeError) as exc:
             raise EdgeAgentError(f"cannot read the password file {password_file}: {exc}") from None
-    try:
-        status_topic(prefix, "x")  # the prefix must be one valid topic level
-    except ValueError as exc:
-        raise EdgeAgentError(f"--prefix: {exc}") from None
     return BrokerOptions(
         host=host.strip("[]"),
         port=int(port_text),
@@ -119,9 +115,11 @@ def _broker(
 
 
 def _target(group: str | None, device: str | None) -> Target:
-    if (group is None) == (device is None):
-        raise typer.BadParameter("give exactly one of --group and --device")
-    return ("group", group) if group is not None else ("device", device)  # type: ignore[return-value]
+    if group is not None and device is None:
+        return ("group", group)
+    if device is not None and group is None:
+        return ("device", device)
+    raise typer.BadParameter("give exactly one of --group and --device")
 
 
 def _progress(phase: str, generation: int, counts: Mapping[str, int], devices: int) -> None:
@@ -139,11 +137,17 @@ def _print_result(result: DeployResult, as_json: bool) -> None:
     else:
         signed = f", signed by key {result.signed_by}" if result.signed_by else ""
         typer.echo(f"published {result.target} generation(s) {', '.join(map(str, result.published))}{signed}")
-        problems = [(d, o, r) for d, (o, r) in sorted(result.outcomes.items()) if o != "converged"]
-        for device, outcome, reason in problems[:20]:
-            typer.echo(f"  {device}: {outcome}: {reason}")
-        if len(problems) > 20:
-            typer.echo(f"  ... and {len(problems) - 20} more (--json lists every device)")
+        for wave in result.waves:
+            counts = ", ".join(f"{n} {o}" for o, n in wave.counts().items() if n) or "no devices"
+            typer.echo(
+                f"{wave.phase} wave, generation {wave.generation}: {counts} "
+                f"({wave.failed_pct:.1f}% failed, {wave.seconds:.1f} s)"
+            )
+            problems = [(d, o, r) for d, (o, r) in sorted(wave.outcomes.items()) if o != "converged"]
+            for device, outcome, reason in problems[:PROBLEMS_SHOWN]:
+                typer.echo(f"  {device}: {outcome}: {reason}")
+            if len(problems) > PROBLEMS_SHOWN:
+                typer.echo(f"  ... and {len(problems) - PROBLEMS_SHOWN} more (--json lists every device)")
         typer.echo(result.message)
     raise typer.Exit(int(result.exit_code))
 
@@ -183,13 +187,14 @@ def deploy(
     failed. --canary deploys to that share of the group first; when more than --max-failed % of
     the canaries (or later of all) fail, the baseline goes back and the rollout stops.
     """
-    from agent.fleet.controller import FleetClient
-    from agent.fleet.spec import load_spec
+    from agent.fleet.controller import FleetClient, target_layer
+    from agent.fleet.spec import check_spec, load_spec
     from agent.registry.signing import load_private_key
 
     chosen = _target(group, device)
     with _fleet_errors(as_json):
-        spec = load_spec(file)  # before connecting: an invalid spec publishes nothing
+        spec = load_spec(file)
+        check_spec(spec, target_layer(chosen))  # before connecting: an invalid spec publishes nothing
         key = load_private_key(sign) if sign is not None else None
         with FleetClient(_broker(broker, username, password_file, ca_file, prefix)) as client:
             result = client.deploy(
@@ -290,9 +295,17 @@ def _print_status(records: list[DeviceRecord], summary: str) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(
-        "device", "online", "generation (desired/reported)", "pipeline", "model", "backend", "last seen"
-    )
+    table = Table()
+    for column in (
+        "device",
+        "online",
+        "generation (desired/reported)",
+        "pipeline",
+        "model",
+        "backend",
+        "last seen",
+    ):
+        table.add_column(column, overflow="fold")  # long ids and models wrap, never cut
     for record in records:
         online = {True: "online", False: "offline", None: "?"}[record.online]
         layers = "\n".join(

@@ -6,9 +6,9 @@ Each simulated device:
 - publishes a retained `online` status (and has an `offline` last will), and a retained reported
   state at connect and on every transition;
 - subscribes to its own desired topic, its groups' desired topics and its command topics;
-- layers the documents it accepts like an agent (priority, then group documents before its own,
-  groups by name; `null` removes; a canary wave's non-canaries take the baseline), refuses
-  documents for another target, older generations and expired ones;
+- checks each document with the agent's own code (agent/fleet/desired.py: parse_document, with
+  signatures checked against --trusted-key when given) and its replay rule, reports refusals, and
+  layers what it accepted with the agent's layer_pipelines (canary or baseline included);
 - "runs" each pipeline that changed: pending -> pulling -> health-check -> running, each step
   after --delay-s (with jitter). A pipeline whose model version is in --fail-versions ends
   `rolled-back` (the previous model runs again) when one ran before, else `failed`;
@@ -58,8 +58,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from agent.clock import iso_utc  # noqa: E402
-from agent.fleet.protocol import SCHEMA_VERSION, device_layer, group_layer, in_canary  # noqa: E402
-from agent.fleet.records import parse_document  # noqa: E402
+from agent.config import HealthWindowConfig, PipelineConfig, TrustedKey  # noqa: E402
+from agent.errors import DesiredStateError  # noqa: E402
+from agent.fleet.desired import DesiredDocument, layer_pipelines, parse_document  # noqa: E402
+from agent.fleet.protocol import MAX_DOCUMENT_BYTES, SCHEMA_VERSION, device_layer, group_layer  # noqa: E402
+from agent.fleet.records import read_document  # noqa: E402
 from agent.mqtt.router import REPLY_SUFFIX  # noqa: E402
 from agent.mqtt.topics import (  # noqa: E402
     command_topic,
@@ -68,6 +71,7 @@ from agent.mqtt.topics import (  # noqa: E402
     reported_topic,
     status_topic,
 )
+from agent.registry.signing import TrustPolicy  # noqa: E402
 
 log = logging.getLogger("fleet_sim")
 
@@ -81,15 +85,8 @@ _REFUSALS_KEPT = 10
 
 
 @dataclass
-class _Layer:
-    generation: int
-    priority: int
-    pipelines: dict[str, Any]  # what this device takes from the document (canary or baseline)
-
-
-@dataclass
 class _Pipeline:
-    config: dict[str, Any] | None
+    config: PipelineConfig | None
     phase: str
     layer: str
     generation: int
@@ -105,7 +102,7 @@ class _Device:
     id: str
     groups: tuple[str, ...]
     client: mqtt.Client
-    layers: dict[str, _Layer] = field(default_factory=dict)
+    accepted: dict[str, DesiredDocument] = field(default_factory=dict)  # layer -> document
     documents: dict[str, dict[str, Any]] = field(default_factory=dict)
     pipelines: dict[str, _Pipeline] = field(default_factory=dict)
     refused: list[dict[str, Any]] = field(default_factory=list)
@@ -116,11 +113,8 @@ class _Device:
     reconnect_delay_s: float = 1.0
 
 
-def _model_of(config: dict[str, Any] | None) -> tuple[str | None, str | None]:
-    model = config.get("model") if isinstance(config, dict) else None
-    if not isinstance(model, dict):
-        return None, None
-    return (str(model.get("name")), str(model.get("version")))
+# A refused document: every problem, and its generation when that much could be read.
+_Refusal = tuple[list[str], int | None]
 
 
 class Simulator:
@@ -142,11 +136,14 @@ class Simulator:
         id_prefix: str = "sim",
         keepalive_s: int = 60,
         seed: int = 0,
+        trust: TrustPolicy | None = None,
     ) -> None:
         self.host, self.port, self.prefix = host, port, prefix
         self.groups = tuple(groups)
         self.fail_versions = frozenset(fail_versions)
         self.delay_s = delay_s
+        # No trusted keys: unsigned documents are accepted and signatures not checked, as on an agent.
+        self.trust = trust or TrustPolicy()
         self.keepalive_s = keepalive_s
         width = max(5, len(str(count - 1)))
         self.device_ids = [f"{id_prefix}-{i:0{width}d}" for i in range(count)]
@@ -158,7 +155,8 @@ class Simulator:
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._sequence = itertools.count()
         self._dirty: set[str] = set()
-        self._documents: dict[str, tuple[bytes, dict[str, Any] | str]] = {}  # topic -> parsed or error
+        self._documents: dict[str, tuple[bytes, DesiredDocument | _Refusal]] = {}  # by layer
+        self._health = HealthWindowConfig()
         self._cond = threading.Condition()
         self._ready = 0
         self._connecting = 0  # first connections without a CONNACK yet
@@ -383,77 +381,59 @@ class Simulator:
         if topic.endswith("/desired"):
             parts = topic.split("/")
             layer = group_layer(parts[2]) if len(parts) == 4 else device_layer(device.id)
-            self._on_document(device, layer, topic, bytes(message.payload))
+            self._on_document(device, layer, bytes(message.payload))
         elif "/cmd/" in topic:
             self._on_command(device, message)
 
-    def _document(self, topic: str, payload: bytes) -> dict[str, Any] | str:
-        """The document in `payload`, or why it is refused; parsed once per payload for all the
-        devices that share the topic (a group's 10,000 members)."""
-        cached = self._documents.get(topic)
+    def _document(self, layer: str, payload: bytes) -> DesiredDocument | _Refusal:
+        """The device side's own check of `payload` (agent/fleet/desired.py), done once per payload
+        for all the devices that share the topic (a group's 10,000 members)."""
+        cached = self._documents.get(layer)
         if cached is not None and cached[0] == payload:
             return cached[1]
+        result: DesiredDocument | _Refusal
         try:
-            document: dict[str, Any] | str = parse_document(payload, topic)
-        except ValueError as exc:
-            document = str(exc)
-        self._documents[topic] = (payload, document)
-        return document
+            result = parse_document(payload, layer, self.trust, MAX_DOCUMENT_BYTES, time.time())
+        except DesiredStateError as exc:
+            try:  # the generation the refusal is about, for the controller, when it can be read
+                generation: int | None = read_document(payload, layer)["generation"]
+            except ValueError:
+                generation = None
+            result = (exc.problems, generation)
+        self._documents[layer] = (payload, result)
+        return result
 
-    def _on_document(self, device: _Device, layer: str, topic: str, payload: bytes) -> None:
+    def _on_document(self, device: _Device, layer: str, payload: bytes) -> None:
         if not payload:  # withdrawn: the layer goes
-            device.layers.pop(layer, None)
+            device.accepted.pop(layer, None)
             device.documents.pop(layer, None)
             self._converge(device)
             return
-        document = self._document(topic, payload)
-        applied = device.layers.get(layer)
-        if isinstance(document, str):
-            self._refuse(device, layer, None, document)
+        document = self._document(layer, payload)
+        if not isinstance(document, DesiredDocument):
+            self._refuse(device, layer, document[1], "; ".join(document[0]))
             return
-        generation = document["generation"]
-        if applied is not None and generation == applied.generation:
-            return  # the same document again (a reconnect re-delivers retained messages)
-        problem = self._check(document, layer, applied)
-        if problem is not None:
-            self._refuse(device, layer, generation, problem)
-            return
-        pipelines = document.get("pipelines") or {}
-        rollout = document.get("rollout")
-        if (
-            isinstance(rollout, dict)
-            and rollout.get("phase") == "canary"
-            and not in_canary(device.id, str(rollout.get("seed")), float(rollout.get("canary_percent", 0)))
-        ):
-            pipelines = rollout.get("baseline") or {}  # not a canary: the group's previous pipelines
-        priority = document.get("priority", 0)
-        device.layers[layer] = _Layer(
-            generation, priority if isinstance(priority, int) else 0, dict(pipelines)
-        )
+        applied = device.accepted.get(layer)
+        if applied is not None and document.generation <= applied.generation:  # the replay rule
+            if document.raw != applied.raw:
+                why = (
+                    "already applied from another document"
+                    if document.generation == applied.generation
+                    else (f"older than the applied {applied.generation}")
+                )
+                self._refuse(device, layer, document.generation, f"{layer}: $.generation: {why}")
+            return  # else the same document again: a reconnect re-delivers retained messages
+        device.accepted[layer] = document
         device.documents[layer] = {
-            "observed_generation": generation,
-            "applied_generation": generation,
+            "observed_generation": document.generation,
+            "applied_generation": document.generation,
             "state": "applied",
             "reason": None,
         }
         self._converge(device)
 
-    def _check(self, document: dict[str, Any], layer: str, applied: _Layer | None) -> str | None:
-        if document.get("schema_version") != SCHEMA_VERSION:
-            return f"$.schema_version: must be {SCHEMA_VERSION}"
-        if document.get("target") != layer:
-            return f"$.target: {document.get('target')!r} does not name this topic ({layer})"
-        if applied is not None and document["generation"] < applied.generation:
-            return f"$.generation: {document['generation']} is older than the applied {applied.generation}"
-        expires = document.get("expires_at")
-        if isinstance(expires, str) and expires < _now():  # both RFC 3339 UTC: text order is time order
-            return f"$.expires_at: expired at {expires}"
-        if not isinstance(document.get("pipelines"), dict):
-            return "$.pipelines: must be a mapping name -> pipeline"
-        return None
-
     def _refuse(self, device: _Device, layer: str, generation: int | None, reason: str) -> None:
-        applied = device.layers.get(layer)
+        applied = device.accepted.get(layer)
         device.documents[layer] = {
             "observed_generation": generation,
             "applied_generation": applied.generation if applied else None,
@@ -467,51 +447,42 @@ class Simulator:
         self._dirty.add(device.id)
 
     def _converge(self, device: _Device) -> None:
-        """Layer the accepted documents and start every pipeline whose configuration changed."""
-        effective: dict[str, tuple[dict[str, Any] | None, str, int]] = {}
-        ordered = sorted(
-            device.layers.items(),
-            key=lambda item: (item[1].priority, 0 if item[0].startswith("group:") else 1, item[0]),
-        )
-        for layer, accepted in ordered:
-            for name, config in accepted.pipelines.items():
-                effective[name] = (config, layer, accepted.generation)
-        for name in effective.keys() | device.pipelines.keys():
+        """Layer the accepted documents as the agent does (agent/fleet/desired.py, layer_pipelines)
+        and start every pipeline whose configuration changed; one no layer names any more is
+        removed (reported under its old layer, at that layer's current generation)."""
+        layered = layer_pipelines([], list(device.accepted.values()), device.id, self._health)
+        for name in layered.keys() | device.pipelines.keys():
             current = device.pipelines.get(name)
-            config, layer, generation = effective.get(name) or (None, *self._layer_of(device, current))
-            if config is None:
+            target = layered.get(name)
+            if target is None:
                 if current is not None and current.phase != "removed":
+                    document = device.accepted.get(current.layer)
                     current.epoch += 1
                     current.config, current.phase, current.model, current.reason = None, "removed", None, None
-                    current.layer, current.generation, current.since = layer, generation, _now()
+                    current.generation = document.generation if document else current.generation
+                    current.since = _now()
                 continue
+            generation = target.generation or 0
             restart = (
                 current is None
                 or current.phase == "removed"
-                or current.config != config
+                or current.config != target.config
                 or (current.phase in ("failed", "rolled-back") and current.generation != generation)
             )
             if current is None:
-                current = device.pipelines[name] = _Pipeline(None, "pending", layer, generation, None, _now())
-            current.layer, current.generation = layer, generation
+                current = device.pipelines[name] = _Pipeline(
+                    None, "pending", target.layer, generation, None, _now()
+                )
+            current.layer, current.generation = target.layer, generation
             if restart:
-                self._start(device, name, current, config)
+                self._start(device, name, current, target.config)
         self._dirty.add(device.id)
 
-    def _layer_of(self, device: _Device, current: _Pipeline | None) -> tuple[str, int]:
-        """Where a pipeline no layer names any more was dropped: its old layer, at that layer's
-        current generation (it may be gone too)."""
-        if current is None:
-            return "", 0
-        layer = device.layers.get(current.layer)
-        return current.layer, layer.generation if layer else current.generation
-
-    def _start(self, device: _Device, name: str, pipeline: _Pipeline, config: dict[str, Any]) -> None:
-        model, version = _model_of(config)
+    def _start(self, device: _Device, name: str, pipeline: _Pipeline, config: PipelineConfig) -> None:
         pipeline.config = config
         pipeline.epoch += 1
         pipeline.phase, pipeline.reason, pipeline.since = _STEPS[0], None, _now()
-        pipeline.model = f"{model}@{version}" if model else None
+        pipeline.model = f"{config.model.name}@{config.model.version}"
         self._schedule_step(device, name, pipeline.epoch, 1)
 
     def _schedule_step(self, device: _Device, name: str, epoch: int, step: int) -> None:
@@ -528,7 +499,7 @@ class Simulator:
             pipeline.phase = _STEPS[step]
             self._schedule_step(device, name, epoch, step + 1)
             return
-        _, version = _model_of(pipeline.config)
+        version = pipeline.config.model.version if pipeline.config else None
         if version not in self.fail_versions:
             pipeline.phase, pipeline.good_model = "running", pipeline.model
         elif pipeline.good_model is not None:
@@ -646,6 +617,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fail-versions", default="", help="Model versions that fail, comma-separated.")
     parser.add_argument("--delay-s", type=float, default=0.05, help="Seconds per pipeline step (jittered).")
     parser.add_argument("--id-prefix", default="sim", help="Device ids are <id-prefix>-00000, ...")
+    parser.add_argument(
+        "--trusted-key", type=Path, default=None, help="Refuse documents not signed by this public key."
+    )
     parser.add_argument("--duration", type=float, default=None, help="Stop after this many seconds.")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -659,6 +633,7 @@ def main(argv: list[str] | None = None) -> int:
         fail_versions=[v for v in args.fail_versions.split(",") if v],
         delay_s=args.delay_s,
         id_prefix=args.id_prefix,
+        trust=TrustPolicy.from_config([TrustedKey(key=args.trusted_key)]) if args.trusted_key else None,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -360,38 +360,38 @@ prority: 1
     code, out = fleet(mosquitto, "deploy", str(spec), "--group", GROUP)
     assert code == 1 and out["ok"] is False, out
     errors = "\n".join(out["errors"])
-    assert f"{spec}: $.pipelines.door-cam.model.version: expected a string, got 2.0" in errors
-    assert f"{spec}: $.pipelines.door-cam.source.uri: required key is missing" in errors
+    # The devices' own check (agent/fleet/desired.py), with what it would refuse on group:lobby.
+    assert f"{spec}: group:lobby: $.pipelines.door-cam.model.version: expected a string, got 2.0" in errors
+    assert f"{spec}: group:lobby: $.pipelines.door-cam.source.uri: required key is missing" in errors
     assert "$.pipelines.door-cam.postprocess.top_kk: unknown key; did you mean 'top_k'?" in errors
-    assert "$.prority: unknown key" in errors
+    assert f"{spec}: $.prority: unknown key" in errors
     with _client(mosquitto) as client:
         assert client.current_document(("group", GROUP)) is None
 
 
-def test_a_signed_deploy_publishes_an_envelope_that_verifies(
-    mosquitto: Mosquitto, sim: Simulator, tmp_path: Path, mqtt_subscriber_factory: SubscriberFactory
+def test_devices_that_trust_a_key_refuse_unsigned_documents_and_take_signed_ones(
+    mosquitto: Mosquitto, tmp_path: Path, mqtt_subscriber_factory: SubscriberFactory
 ) -> None:
     kid, public = generate_key(tmp_path / "fleet.key")
-    spec = _spec(tmp_path, "1.0")
-    code, out = fleet(
-        mosquitto,
-        "deploy",
-        str(spec),
-        "--group",
-        GROUP,
-        "--sign",
-        str(tmp_path / "fleet.key"),
-        "--timeout",
-        WAIT_S,
-    )
-    assert code == 0 and out["signed_by"] == kid, out
-
-    retained = mqtt_subscriber_factory(mosquitto, f"edge/groups/{GROUP}/desired").wait_for(1)[0]
-    assert retained.retain
-    signed, signatures = open_envelope(json.loads(retained.payload), "test")
     policy = TrustPolicy.from_config([TrustedKey(key=public, models=["mobilenet"])])
-    assert policy.verify(signed, signatures, ["mobilenet"], "the group document") == kid
-    assert json.loads(signed)["generation"] == 1
+    spec = str(_spec(tmp_path, "1.0"))
+    with Simulator(
+        mosquitto.host, mosquitto.port, 5, groups=["secure"], id_prefix="safe", trust=policy
+    ) as sim:
+        code, out = fleet(mosquitto, "deploy", spec, "--group", "secure", "--timeout", WAIT_S)
+        assert code == 4 and out["summary"]["failed"] == 5, out
+        reason = out["devices"][sim.device_ids[0]]["reason"]
+        assert "refused group:secure generation 1" in reason and "the document is unsigned" in reason
+
+        signed = ["--sign", str(tmp_path / "fleet.key")]
+        code, out = fleet(mosquitto, "deploy", spec, "--group", "secure", *signed, "--timeout", WAIT_S)
+        assert code == 0 and out["signed_by"] == kid and out["published"] == [2], out
+
+    retained = mqtt_subscriber_factory(mosquitto, "edge/groups/secure/desired").wait_for(1)[0]
+    assert retained.retain
+    document, signatures = open_envelope(json.loads(retained.payload), "test")
+    assert policy.verify(document, signatures, ["mobilenet"], "the group document") == kid
+    assert json.loads(document)["generation"] == 2
 
 
 def test_broker_problems_are_clear(tmp_path: Path, pki: Pki, broker_with_auth: Mosquitto) -> None:

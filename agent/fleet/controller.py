@@ -48,6 +48,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from agent.clock import iso_utc
+from agent.config import check_name
 from agent.errors import EdgeAgentError
 from agent.fleet.protocol import device_layer, encode, group_layer, in_canary, sign_envelope
 from agent.fleet.records import (
@@ -60,11 +61,19 @@ from agent.fleet.records import (
     TIMED_OUT,
     DeviceRecord,
     parse_device,
-    parse_document,
     parse_status,
+    read_document,
     with_desired,
 )
-from agent.fleet.spec import DeploySpec, Pipelines, build_document, check_size, lifetime_s, load_spec
+from agent.fleet.spec import (
+    DeploySpec,
+    Pipelines,
+    build_document,
+    check_document,
+    check_spec,
+    lifetime_s,
+    load_spec,
+)
 from agent.mqtt.router import REPLY_SUFFIX
 from agent.mqtt.topics import (
     GROUPS_LEVEL,
@@ -119,6 +128,12 @@ class BrokerOptions:
     prefix: str = DEFAULT_PREFIX
     connect_timeout_s: float = 10.0
 
+    def __post_init__(self) -> None:
+        try:
+            check_name(self.prefix)  # the rule of the agents' mqtt.topic_prefix: one topic level
+        except ValueError as exc:
+            raise FleetError(f"topic prefix: {exc}") from None
+
     @property
     def address(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -153,6 +168,11 @@ class _Target:
         """Whether a device is a target member: the device itself, or a device whose retained
         reported state lists the group (docs/fleet.md: `device.groups` is the agent's to say)."""
         return record.device == self.name if self.kind == "device" else self.name in record.groups
+
+
+def target_layer(target: Target) -> str:
+    """The document target of a target: "group:<name>" or "device:<id>"; FleetError if not one."""
+    return _Target.of(target, DEFAULT_PREFIX).layer
 
 
 # --- results ------------------------------------------------------------------------------------
@@ -514,7 +534,7 @@ class FleetClient:
         cached = self._generations.get(layer)
         if cached is None or cached[0] is not payload:
             try:
-                generation: int | None = parse_document(payload, layer)["generation"]
+                generation: int | None = read_document(payload, layer)["generation"]
             except ValueError:
                 generation = None
             cached = (payload, generation)
@@ -570,7 +590,7 @@ class FleetClient:
         if payload is None:
             return None
         try:
-            return parse_document(payload, target.topic)
+            return read_document(payload, target.topic)
         except ValueError as exc:
             raise FleetError(
                 f"the retained document on {target.topic} is unreadable: {exc}",
@@ -600,11 +620,14 @@ class FleetClient:
         if not isinstance(spec, DeploySpec):
             spec = load_spec(spec)
         t = _Target.of(target, self._prefix)
+        check_spec(spec, t.layer)
         if canary_pct is not None:
             if t.kind != "group":
                 raise FleetError("--canary needs a group target: a device is all or nothing")
             if not 0 < canary_pct < 100:
                 raise FleetError(f"the canary share is a percentage between 0 and 100, not {canary_pct:g}")
+            if not wait:
+                raise FleetError("a canary rollout waits for each wave: --canary cannot go with --no-wait")
         if not 0 <= max_failed_pct <= 100:
             raise FleetError(f"--max-failed is a percentage from 0 to 100, not {max_failed_pct:g}")
         deadline = time.monotonic() + self.options.connect_timeout_s
@@ -613,7 +636,7 @@ class FleetClient:
         baseline = _baseline(current)
         settings = {"priority": spec.priority, "health": spec.health, "expires_in_s": spec.expires_in_s}
         result = DeployResult(t.layer, t.topic, signed_by=_key_id(sign_key))
-        if wait or canary_pct is not None:
+        if wait:
             self._watch(self._state_filters(t), deadline)
 
         if canary_pct is None:
@@ -737,7 +760,7 @@ class FleetClient:
         document = build_document(t.layer, generation, pipelines, rollout=rollout, **settings)
         data = encode(document)
         payload = sign_envelope(data, sign_key) if sign_key is not None else data
-        check_size(payload, f"the document for {t.layer} generation {generation}")
+        check_document(payload, t.layer)  # what a device would refuse is not published
         self._publish(t.topic, payload, time.monotonic() + self.options.connect_timeout_s, retain=True)
         result.published.append(generation)
 

@@ -10,8 +10,10 @@ A spec is YAML or JSON::
     health: {window_s: 30}
     expires_in_s: 604800
 
-Every pipeline is validated with the agent's own models before anything is published, and errors
-name JSON paths the way devices name them in a refusal (`$.pipelines.door-cam.source.uri: ...`).
+Every document is checked with the devices' own parser (agent/fleet/desired.py: the pipelines by
+agent.yaml's models, plus what a document may not do, such as local model files) before it is
+published, so the controller refuses what the devices would refuse, with the same messages
+(`group:lobby: $.pipelines.door-cam.source.uri: ...`). Signatures are the devices' business.
 """
 
 from __future__ import annotations
@@ -24,35 +26,32 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
 from agent.clock import iso_utc
-from agent.config import PipelineConfig
-
-# The agent.yaml error wording (unknown keys with suggestions, missing 'type' with the choices),
-# so a spec reads the same as `edge-agent config validate`.
-from agent.config_loader import _data_path, _message
-from agent.errors import ConfigError
-from agent.fleet.protocol import MAX_DOCUMENT_BYTES, SCHEMA_VERSION
+from agent.errors import ConfigError, DesiredStateError
+from agent.fleet.desired import parse_document
+from agent.fleet.protocol import MAX_DOCUMENT_BYTES, SCHEMA_VERSION, encode
+from agent.registry.signing import TrustPolicy
 
 SPEC_KEYS = ("pipelines", "priority", "health", "expires_in_s")
-Pipelines = dict[str, dict[str, Any] | None]
+Pipelines = dict[str, Any]  # name -> pipeline (as written, without `name`) or None (removes it)
 
 
 @dataclass(frozen=True)
 class DeploySpec:
-    """A validated spec: pipelines as they go into the document (name -> pipeline without `name`,
-    None removes), and the document's optional settings."""
+    """A spec's pipelines as they go into the document, and the document's optional settings."""
 
     pipelines: Pipelines
-    priority: int = 0
-    health: dict[str, Any] | None = None
+    priority: Any = 0  # checked with the document
+    health: Any = None
     expires_in_s: float | None = None
     source: str = "<spec>"
+    problems: tuple[str, ...] = ()  # of its shape; `check_spec` reports them with the document's
 
 
 def load_spec(path: Path) -> DeploySpec:
-    """Read and validate a spec file; ConfigError listing every problem."""
+    """Read a spec file: ConfigError when it is not YAML or JSON; any other problem is reported by
+    `check_spec`, all of them at once."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -72,80 +71,58 @@ def parse_spec(data: Any, source: str = "<spec>") -> DeploySpec:
         for key in data
         if key not in SPEC_KEYS
     ]
-    pipelines = _pipelines(data.get("pipelines"), source, problems)
-    priority = data.get("priority", 0)
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        problems.append(f"{source}: $.priority: must be an integer (got {priority!r})")
-    health = data.get("health")
-    if health is not None and not isinstance(health, dict):
-        problems.append(f"{source}: $.health: must be a mapping such as {{window_s: 30}}")
-    expires = data.get("expires_in_s")
-    if expires is not None and (
-        not isinstance(expires, (int, float)) or isinstance(expires, bool) or expires <= 0
-    ):
-        problems.append(f"{source}: $.expires_in_s: must be a positive number of seconds")
-    if problems:
-        raise ConfigError(problems, hint="pipelines use the schema of agent.yaml's pipelines:")
-    return DeploySpec(pipelines, priority, health, expires, source)
-
-
-def _pipelines(raw: Any, source: str, problems: list[str]) -> Pipelines:
-    """name -> pipeline (without `name`) from a list or a mapping; problems appended, not raised,
-    so one run lists every mistake."""
-    entries: list[tuple[str, Any]] = []
-    if isinstance(raw, list):
+    raw = data.get("pipelines")
+    pipelines: Pipelines = {}
+    if isinstance(raw, dict):
+        pipelines = dict(raw)  # keys are the names; the document check reads the rest
+    elif isinstance(raw, list):
         for i, item in enumerate(raw):
             name = item.get("name") if isinstance(item, dict) else None
             if not isinstance(name, str):
                 problems.append(f"{source}: $.pipelines[{i}].name: required key is missing")
-                continue
-            if any(name == seen for seen, _ in entries):
+            elif name in pipelines:
                 problems.append(f"{source}: $.pipelines[{i}].name: pipeline name {name!r} is used twice")
-                continue
-            entries.append((name, {k: v for k, v in item.items() if k != "name"}))
-    elif isinstance(raw, dict):
-        for name, item in raw.items():
-            if isinstance(item, dict) and "name" in item and item["name"] != name:
-                problems.append(f"{source}: $.pipelines.{name}.name: differs from its key; leave it out")
-                continue
-            entries.append((str(name), None if item is None else _without_name(item)))
+            else:
+                pipelines[name] = {k: v for k, v in item.items() if k != "name"}
     else:
         problems.append(f"{source}: $.pipelines: required: a list of pipelines or a mapping name -> pipeline")
-    pipelines: Pipelines = {}
-    for name, item in entries:
-        if item is not None:
-            problems.extend(_check_pipeline(name, item, source))
-        pipelines[name] = item
-    return pipelines
+    expires = data.get("expires_in_s")
+    if expires is not None and (type(expires) not in (int, float) or not 0 < expires < 10 * 365 * 86400):
+        problems.append(f"{source}: $.expires_in_s: must be a positive number of seconds")
+    if problems:
+        expires = None
+    return DeploySpec(
+        pipelines, data.get("priority", 0), data.get("health"), expires, source, tuple(problems)
+    )
 
 
-def _without_name(item: Any) -> Any:
-    return {k: v for k, v in item.items() if k != "name"} if isinstance(item, dict) else item
-
-
-def _check_pipeline(name: str, item: Any, source: str) -> list[str]:
-    where = f"{source}: $.pipelines.{name}"
-    if not isinstance(item, dict):
-        return [f"{where}: must be a mapping (a pipeline) or null (remove it)"]
-    candidate = {"name": name, **item}
+def check_spec(spec: DeploySpec, layer: str) -> None:
+    """ConfigError naming the spec and listing every problem, unless it is well formed and the
+    devices would accept its document for `layer`: checked before connecting, so an invalid spec
+    publishes nothing."""
+    document = build_document(
+        layer, 1, spec.pipelines, priority=spec.priority, health=spec.health, expires_in_s=spec.expires_in_s
+    )
     try:
-        PipelineConfig.model_validate(candidate)
-    except ValidationError as exc:
-        # Paths are walked from agent.yaml's top so the error wording knows each model's keys.
-        wrapper = {"pipelines": [candidate]}
-        problems = []
-        for error in exc.errors(include_url=False):
-            path, missing_leaf = _data_path(("pipelines", 0, *error["loc"]), wrapper)
-            inner = path[2:]
-            dotted = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in inner)
-            if inner == ("name",):  # the key is the name
-                dotted = ""
-            problems.append(f"{where}{dotted}: {_message(error, path, missing_leaf, wrapper)}")
-        return problems
-    return []
+        check_document(encode(document), layer, f"{spec.source}: ")
+    except ConfigError as exc:
+        raise ConfigError([*spec.problems, *exc.problems], exc.hint) from None
+    if spec.problems:
+        raise ConfigError(
+            list(spec.problems), hint="a spec has pipelines: and optionally " + ", ".join(SPEC_KEYS[1:])
+        )
 
 
-# --- documents ---------------------------------------------------------------------------------
+def check_document(payload: bytes, layer: str, where: str = "") -> None:
+    """ConfigError unless a device would accept `payload` on `layer`'s topic (signatures aside):
+    the devices' own parser, size limit included."""
+    try:
+        parse_document(payload, layer, TrustPolicy(), MAX_DOCUMENT_BYTES, time.time())
+    except DesiredStateError as exc:
+        raise ConfigError(
+            [where + problem for problem in exc.problems],
+            hint=exc.hint or "pipelines use the schema of agent.yaml's pipelines: (docs/fleet.md)",
+        ) from None
 
 
 def build_document(
@@ -153,8 +130,8 @@ def build_document(
     generation: int,
     pipelines: Mapping[str, Any],
     *,
-    priority: int = 0,
-    health: Mapping[str, Any] | None = None,
+    priority: Any = 0,
+    health: Any = None,
     expires_in_s: float | None = None,
     rollout: Mapping[str, Any] | None = None,
     now: float | None = None,
@@ -172,7 +149,7 @@ def build_document(
     if expires_in_s is not None:
         document["expires_at"] = iso_utc(issued + expires_in_s)
     if health is not None:
-        document["health"] = dict(health)
+        document["health"] = health
     if rollout is not None:
         document["rollout"] = dict(rollout)
     return document
@@ -192,11 +169,3 @@ def _parse_time(value: Any) -> float:
     if not isinstance(value, str):
         raise TypeError(value)
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-
-
-def check_size(payload: bytes, what: str) -> None:
-    if len(payload) > MAX_DOCUMENT_BYTES:
-        raise ConfigError(
-            [f"{what} is {len(payload)} bytes; devices refuse documents over {MAX_DOCUMENT_BYTES}"],
-            hint="deploy fewer pipelines per document (a group and device documents layer)",
-        )
