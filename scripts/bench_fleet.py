@@ -37,7 +37,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.mosquitto import Mosquitto  # noqa: E402
+from tests.mosquitto import Mosquitto, find_mosquitto  # noqa: E402
 
 GROUP = "bench"
 BAD_VERSION = "3.0-bad"
@@ -84,7 +84,7 @@ def _startup() -> float:
     return time.monotonic() - started
 
 
-def _start_simulator(count: int, broker: str, delay_s: float) -> subprocess.Popen[str]:
+def _start_simulator(count: int, broker: str, delay_s: float) -> tuple[subprocess.Popen[str], float]:
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -104,8 +104,9 @@ def _start_simulator(count: int, broker: str, delay_s: float) -> subprocess.Pope
     line = proc.stdout.readline()  # {"ready": N, ...} once all are connected (the sim's own timeout)
     if not line:
         raise RuntimeError(f"the simulator exited with {proc.wait()} before its devices were ready")
-    print(f"  {count} simulated devices ready in {json.loads(line)['seconds']:.1f} s", file=sys.stderr)
-    return proc
+    seconds = float(json.loads(line)["seconds"])
+    print(f"  {count} simulated devices ready in {seconds:.1f} s", file=sys.stderr)
+    return proc, seconds
 
 
 def run(count: int, delay_s: float, workdir: Path) -> dict[str, Any]:
@@ -116,8 +117,8 @@ def run(count: int, delay_s: float, workdir: Path) -> dict[str, Any]:
     )
     broker.start()
     address = f"{broker.host}:{broker.port}"
-    simulator = _start_simulator(count, address, delay_s)
-    results: dict[str, Any] = {"devices": count}
+    simulator, started_s = _start_simulator(count, address, delay_s)
+    results: dict[str, Any] = {"devices": count, "load_before": os.getloadavg()[0], "sim_start_s": started_s}
     try:
         results["cli_startup_s"] = statistics.median(_startup() for _ in range(3))
         specs = {v: _spec(workdir / f"spec-{v}.json", v) for v in ("1.0", "2.0", BAD_VERSION)}
@@ -152,6 +153,7 @@ def run(count: int, delay_s: float, workdir: Path) -> dict[str, Any]:
         results["rollback_wave_s"] = out["waves"][-1]["seconds"]
         results["broker_rss_mb"] = psutil.Process(broker._proc.pid).memory_info().rss / 2**20  # type: ignore[union-attr]
         results["simulator_rss_mb"] = psutil.Process(simulator.pid).memory_info().rss / 2**20
+        results["load_after"] = os.getloadavg()[0]
     finally:
         simulator.terminate()
         try:
@@ -162,26 +164,50 @@ def run(count: int, delay_s: float, workdir: Path) -> dict[str, Any]:
     return results
 
 
+def _mosquitto_version() -> str:
+    proc = subprocess.run([find_mosquitto(), "-h"], capture_output=True, text=True, timeout=10, check=False)
+    words = (proc.stdout or proc.stderr).split()
+    return f"mosquitto {words[2]}" if len(words) > 2 and words[1] == "version" else "mosquitto"
+
+
 def report(rows: list[dict[str, Any]], delay_s: float) -> str:
     lines = [
         "## Benchmark: simulated devices",
         "",
         f"`scripts/bench_fleet.py` on {dt.date.today().isoformat()}, {os.cpu_count()} cores "
-        f"({platform.processor() or platform.machine()}), Python {platform.python_version()}, mosquitto on "
-        "loopback (per-packet logging off), the simulator (scripts/fleet_sim.py: one MQTT connection per "
-        f"device, one thread) and the CLI on the same machine; each pipeline step takes ~{delay_s} s. CLI "
-        "times are whole `edge-agent fleet` processes, start-up included "
-        f"(`edge-agent version` takes {rows[0]['cli_startup_s']:.2f} s).",
+        f"({platform.processor() or platform.machine()}), Python {platform.python_version()}, "
+        f"{_mosquitto_version()} on loopback (per-packet logging off), the simulator "
+        "(scripts/fleet_sim.py: one MQTT connection per device, one thread) and the CLI on the same "
+        f"machine; each pipeline step takes ~{delay_s} s. CLI times are whole `edge-agent fleet` "
+        "processes, start-up included "
+        f"(`edge-agent version` takes {rows[0]['cli_startup_s']:.2f} s). 1-minute load average before and "
+        "after each size: "
+        + ", ".join(f"{r['load_before']:.1f} -> {r['load_after']:.1f}" for r in rows)
+        + " (the machine was not otherwise idle).",
         "",
         "| devices | deploy --no-wait | until `fleet status` shows all converged | `fleet status` | "
-        "deploy --wait | canary 10% + rollback | broker RSS | simulator RSS |",
-        "|---|---|---|---|---|---|---|---|",
+        "deploy --wait | canary 10% + rollback |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['devices']:,} | {r['deploy_publish_s']:.2f} s | {r['status_shows_converged_s']:.1f} s "
-            f"({r['status_polls']} polls) | {r['status_s']:.2f} s | {r['deploy_wait_s']:.1f} s | "
-            f"{r['canary_rollback_s']:.1f} s ({r['canaries']} canaries) | {r['broker_rss_mb']:.0f} MB | "
+            f"({r['status_polls']} {'polls' if r['status_polls'] > 1 else 'poll'}) | {r['status_s']:.2f} s | "
+            f"{r['deploy_wait_s']:.1f} s | "
+            f"{r['canary_rollback_s']:.1f} s ({r['canaries']} canaries) |"
+        )
+    lines += [
+        "",
+        "Inside those runs (the waves' own times from `--json`, and the processes):",
+        "",
+        "| devices | simulator start (connections) | deploy --wait: its wave | canary wave | rollback wave "
+        "| broker RSS | simulator RSS |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['devices']:,} | {r['sim_start_s']:.1f} s | {r['deploy_wait_wave_s']:.1f} s | "
+            f"{r['canary_wave_s']:.1f} s | {r['rollback_wave_s']:.1f} s | {r['broker_rss_mb']:.0f} MB | "
             f"{r['simulator_rss_mb']:.0f} MB |"
         )
     return "\n".join(lines) + "\n"

@@ -50,8 +50,8 @@ def sim(mosquitto: Mosquitto) -> Iterator[Simulator]:
         simulator.stop()
 
 
-def _spec(tmp_path: Path, version: str, name: str = "spec") -> Path:
-    path = tmp_path / f"{name}-{version}.yaml"
+def _spec(tmp_path: Path, version: str) -> Path:
+    path = tmp_path / f"spec-{version}.yaml"
     path.write_text(
         f"""
 pipelines:
@@ -83,65 +83,6 @@ def _client(broker: Mosquitto) -> FleetClient:
 def _models(broker: Mosquitto) -> dict[str, str | None]:
     with _client(broker) as client:
         return {r.device: r.pipelines["door-cam"].model for r in client.collect(GROUP)}
-
-
-def test_a_deploy_to_a_group_converges_and_publishes_the_documented_document(
-    mosquitto: Mosquitto, sim: Simulator, tmp_path: Path
-) -> None:
-    code, out = fleet(mosquitto, "deploy", str(_spec(tmp_path, "1.0")), "--group", GROUP, "--timeout", WAIT_S)
-    assert code == 0, out
-    assert out["status"] == "converged" and out["ok"] is True
-    assert out["target"] == "group:lobby" and out["published"] == [1]
-    assert out["summary"] == {
-        "devices": DEVICES, "converged": DEVICES, "failed": 0, "rolled-back": 0, "offline": 0, "timed-out": 0,
-    }  # fmt: skip
-    assert sorted(out["devices"]) == sim.device_ids
-
-    with _client(mosquitto) as client:
-        document = client.current_document(("group", GROUP))
-        records = client.collect(GROUP)
-    assert document is not None
-    assert document["schema_version"] == 1 and document["target"] == "group:lobby"
-    assert document["generation"] == 1 and document["priority"] == 0
-    assert document["health"] == {"window_s": 30}
-    assert document["pipelines"] == {
-        "door-cam": {
-            "model": {"name": "mobilenet", "version": "1.0"},
-            "source": {"type": "video", "uri": "rtsp://10.0.0.5/stream1"},
-            "postprocess": {"type": "classification", "top_k": 3},
-        }
-    }  # the name is the key
-    assert document["rollout"] == {"phase": "all", "baseline": {}}
-    assert document["issued_at"].endswith("Z")
-    assert [r.device for r in records] == sim.device_ids
-    for record in records:
-        pipeline = record.pipelines["door-cam"]
-        assert (pipeline.phase, pipeline.model, pipeline.layer, pipeline.generation) == (
-            "running", "mobilenet@1.0", "group:lobby", 1,
-        )  # fmt: skip
-
-
-def test_a_failing_version_is_reported_failed_and_exits_non_zero(
-    mosquitto: Mosquitto, sim: Simulator, tmp_path: Path
-) -> None:
-    device = sim.device_ids[0]
-    code, out = fleet(mosquitto, "deploy", str(_spec(tmp_path, BAD)), "--device", device, "--timeout", WAIT_S)
-    assert code == 4, out
-    assert out["status"] == "failed" and list(out["devices"]) == [device]
-    assert out["devices"][device]["outcome"] == "failed"
-    assert f"mobilenet@{BAD} failed to start" in out["devices"][device]["reason"]
-
-    # The group's document converges everywhere: on that device its door-cam is the device
-    # document's (equal priority), so the group layer has nothing to run there.
-    code, out = fleet(mosquitto, "deploy", str(_spec(tmp_path, "1.0")), "--group", GROUP, "--timeout", WAIT_S)
-    assert code == 0 and out["summary"]["converged"] == DEVICES, out
-
-    code, out = fleet(mosquitto, "deploy", str(_spec(tmp_path, BAD)), "--group", GROUP, "--timeout", WAIT_S)
-    assert code == 4 and out["status"] == "failed", out
-    assert out["summary"]["rolled-back"] == DEVICES - 1  # the health check put 1.0 back on each
-    assert out["published"] == [2]  # no canary wave: nothing is rolled back by the controller
-    models = _models(mosquitto)
-    assert {models[d] for d in sim.device_ids[1:]} == {"mobilenet@1.0"}
 
 
 class Recorder:
@@ -204,6 +145,65 @@ def _reported_models(recorder: Recorder, device: str) -> list[tuple[int | None, 
             pipeline = report["pipelines"].get("door-cam") or {}
             seen.append((pipeline.get("generation"), pipeline.get("model")))
     return seen
+
+
+def test_a_deploy_to_a_group_converges_and_publishes_the_documented_document(
+    mosquitto: Mosquitto, sim: Simulator, tmp_path: Path
+) -> None:
+    code, out = fleet(mosquitto, "deploy", str(_spec(tmp_path, "1.0")), "--group", GROUP, "--timeout", WAIT_S)
+    assert code == 0, out
+    assert out["status"] == "converged" and out["ok"] is True
+    assert out["target"] == "group:lobby" and out["published"] == [1]
+    assert out["summary"] == {
+        "devices": DEVICES, "converged": DEVICES, "failed": 0, "rolled-back": 0, "offline": 0, "timed-out": 0,
+    }  # fmt: skip
+    assert sorted(out["devices"]) == sim.device_ids
+
+    with _client(mosquitto) as client:
+        document = client.current_document(("group", GROUP))
+        records = client.collect(GROUP)
+    assert document is not None
+    assert document["schema_version"] == 1 and document["target"] == "group:lobby"
+    assert document["generation"] == 1 and document["priority"] == 0
+    assert document["health"] == {"window_s": 30}
+    assert document["pipelines"] == {
+        "door-cam": {
+            "model": {"name": "mobilenet", "version": "1.0"},
+            "source": {"type": "video", "uri": "rtsp://10.0.0.5/stream1"},
+            "postprocess": {"type": "classification", "top_k": 3},
+        }
+    }  # the name is the key
+    assert document["rollout"] == {"phase": "all", "baseline": {}}
+    assert document["issued_at"].endswith("Z")
+    assert [r.device for r in records] == sim.device_ids
+    for record in records:
+        pipeline = record.pipelines["door-cam"]
+        assert (pipeline.phase, pipeline.model, pipeline.layer, pipeline.generation) == (
+            "running", "mobilenet@1.0", "group:lobby", 1,
+        )  # fmt: skip
+
+
+def test_a_failing_version_is_reported_failed_and_exits_non_zero(
+    mosquitto: Mosquitto, sim: Simulator, tmp_path: Path
+) -> None:
+    device = sim.device_ids[0]
+    code, out = fleet(mosquitto, "deploy", str(_spec(tmp_path, BAD)), "--device", device, "--timeout", WAIT_S)
+    assert code == 4, out
+    assert out["status"] == "failed" and list(out["devices"]) == [device]
+    assert out["devices"][device]["outcome"] == "failed"
+    assert f"mobilenet@{BAD} failed to start" in out["devices"][device]["reason"]
+
+    # The group's document converges everywhere: on that device its door-cam is the device
+    # document's (equal priority), so the group layer has nothing to run there.
+    code, out = fleet(mosquitto, "deploy", str(_spec(tmp_path, "1.0")), "--group", GROUP, "--timeout", WAIT_S)
+    assert code == 0 and out["summary"]["converged"] == DEVICES, out
+
+    code, out = fleet(mosquitto, "deploy", str(_spec(tmp_path, BAD)), "--group", GROUP, "--timeout", WAIT_S)
+    assert code == 4 and out["status"] == "failed", out
+    assert out["summary"]["rolled-back"] == DEVICES - 1  # the health check put 1.0 back on each
+    assert out["published"] == [2]  # no canary wave: nothing is rolled back by the controller
+    models = _models(mosquitto)
+    assert {models[d] for d in sim.device_ids[1:]} == {"mobilenet@1.0"}
 
 
 def test_a_failing_canary_wave_stops_the_rollout_and_the_canaries_go_back(
