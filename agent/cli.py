@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from agent import __version__
+from agent.cli_fleet import fleet_app
 from agent.config import AgentConfig, RegistryConnection
 from agent.errors import ConfigError, EdgeAgentError
 
@@ -48,6 +49,7 @@ models_app = typer.Typer(help="Models in the local store.", no_args_is_help=True
 app.add_typer(config_app, name="config")
 app.add_typer(registry_app, name="registry")
 app.add_typer(models_app, name="models")
+app.add_typer(fleet_app, name="fleet")
 
 ConfigOption = Annotated[
     Path, typer.Option("--config", "-c", help="Agent config file (env EDGE_AGENT_CONFIG).", show_default=True)

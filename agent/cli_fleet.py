@@ -1,0 +1,391 @@
+"""`edge-agent fleet ...`: deploy desired state to groups and devices, watch them converge, roll
+back, and send commands, over the fleet's MQTT broker (docs/fleet.md). A thin layer over
+agent/fleet/controller.py: its typed errors become one-line messages and the exit codes below.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from agent.errors import ConfigError, EdgeAgentError
+
+if TYPE_CHECKING:
+    from agent.fleet.controller import BrokerOptions, DeployResult, Target
+    from agent.fleet.records import DeviceRecord
+
+EXIT_CODES = """Exit codes:
+
+- 0: every target device converged (status: all converged; cmd: the device answered ok)
+- 1: invalid input (spec, key or password file): nothing was published
+- 2: command-line usage
+- 3: broker: cannot connect, refused, or the connection was lost
+- 4: devices failed: a document refused, a pipeline failed or rolled back (cmd: the device answered an error)
+- 5: the rollout was stopped and the target rolled back to the baseline
+- 6: timed out: devices still in flight (status: some in flight), or no answer to a command
+- 7: some target devices are offline (every online one converged)
+"""
+
+fleet_app = typer.Typer(
+    help="Drive a fleet over MQTT: deploy desired state, watch it converge, roll back, send commands.\n\n"
+    + EXIT_CODES,
+    no_args_is_help=True,
+)
+
+DEFAULT_BROKER = "127.0.0.1:1883"
+PROBLEMS_SHOWN = 10  # per wave, in the human output
+BrokerOption = Annotated[
+    str,
+    typer.Option("--broker", envvar="EDGE_AGENT_FLEET_BROKER", help="The fleet's MQTT broker as host:port."),
+]
+UsernameOption = Annotated[str | None, typer.Option("--username", help="MQTT user name.")]
+PasswordFileOption = Annotated[
+    Path | None, typer.Option("--password-file", help="File holding the MQTT password.", dir_okay=False)
+]
+CaFileOption = Annotated[
+    Path | None, typer.Option("--ca-file", help="Use TLS, trusting this CA bundle for the broker.")
+]
+PrefixOption = Annotated[str, typer.Option("--prefix", help="Topic prefix (the agents' mqtt.topic_prefix).")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one machine-readable JSON object.")]
+GroupOption = Annotated[str | None, typer.Option("--group", "-g", help="Target this device group.")]
+DeviceOption = Annotated[str | None, typer.Option("--device", "-d", help="Target this one device.")]
+SignOption = Annotated[
+    Path | None,
+    typer.Option("--sign", help="Sign the document with this Ed25519 private key (registry keygen)."),
+]
+WaitOption = Annotated[
+    bool, typer.Option("--wait/--no-wait", help="Wait until the target devices converged or failed.")
+]
+TimeoutOption = Annotated[
+    float, typer.Option("--timeout", min=0.1, help="Seconds to wait for each wave of devices.")
+]
+
+
+def _echo_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+@contextmanager
+def _fleet_errors(as_json: bool) -> Iterator[None]:
+    """The controller's errors as a message (or JSON) and their exit code, never a traceback."""
+    from agent.fleet.controller import ExitCode, FleetError
+
+    try:
+        yield
+    except EdgeAgentError as exc:
+        code = exc.exit_code if isinstance(exc, FleetError) else ExitCode.ERROR
+        problems = exc.problems if isinstance(exc, ConfigError) else [exc.message]
+        if as_json:
+            _echo_json({"ok": False, "errors": problems, "hint": exc.hint, "exit_code": int(code)})
+        else:
+            for line in problems:
+                typer.echo(f"error: {line}", err=True)
+            if exc.hint:
+                typer.echo(f"hint: {exc.hint}", err=True)
+        raise typer.Exit(int(code)) from None
+
+
+def _broker(
+    broker: str, username: str | None, password_file: Path | None, ca_file: Path | None, prefix: str
+) -> BrokerOptions:
+    from agent.fleet.controller import BrokerOptions
+
+    host, sep, port_text = broker.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise EdgeAgentError(f"--broker {broker!r} is not host:port (e.g. 127.0.0.1:1883)")
+    password = None
+    if password_file is not None:
+        try:
+            password = password_file.read_text(encoding="utf-8").rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise EdgeAgentError(f"cannot read the password file {password_file}: {exc}") from None
+    return BrokerOptions(
+        host=host.strip("[]"),
+        port=int(port_text),
+        username=username,
+        password=password,
+        ca_file=ca_file,
+        prefix=prefix,
+    )
+
+
+def _target(group: str | None, device: str | None) -> Target:
+    if group is not None and device is None:
+        return ("group", group)
+    if device is not None and group is None:
+        return ("device", device)
+    raise typer.BadParameter("give exactly one of --group and --device")
+
+
+def _progress(phase: str, generation: int, counts: Mapping[str, int], devices: int) -> None:
+    done = ", ".join(f"{n} {o}" for o, n in counts.items() if n and o != "in-flight")
+    typer.echo(
+        f"{phase} wave, generation {generation}: {devices - counts.get('in-flight', 0)}/{devices} done"
+        + (f" ({done})" if done else ""),
+        err=True,
+    )
+
+
+def _print_result(result: DeployResult, as_json: bool) -> None:
+    if as_json:
+        _echo_json(result.to_dict())
+    else:
+        signed = f", signed by key {result.signed_by}" if result.signed_by else ""
+        typer.echo(f"published {result.target} generation(s) {', '.join(map(str, result.published))}{signed}")
+        for wave in result.waves:
+            counts = ", ".join(f"{n} {o}" for o, n in wave.counts().items() if n) or "no devices"
+            typer.echo(
+                f"{wave.phase} wave, generation {wave.generation}: {counts} "
+                f"({wave.failed_pct:.1f}% failed, {wave.seconds:.1f} s)"
+            )
+            problems = [(d, o, r) for d, (o, r) in sorted(wave.outcomes.items()) if o != "converged"]
+            for device, outcome, reason in problems[:PROBLEMS_SHOWN]:
+                typer.echo(f"  {device}: {outcome}: {reason}")
+            if len(problems) > PROBLEMS_SHOWN:
+                typer.echo(f"  ... and {len(problems) - PROBLEMS_SHOWN} more (--json lists every device)")
+        typer.echo(result.message)
+    raise typer.Exit(int(result.exit_code))
+
+
+@fleet_app.command("deploy")
+def deploy(
+    file: Annotated[Path, typer.Argument(help="Deploy spec (YAML or JSON) with pipelines:.", dir_okay=False)],
+    group: GroupOption = None,
+    device: DeviceOption = None,
+    sign: SignOption = None,
+    wait: WaitOption = True,
+    canary: Annotated[
+        float | None,
+        typer.Option("--canary", min=0.01, max=99.99, help="Deploy to this % of the group first (canaries)."),
+    ] = None,
+    max_failed: Annotated[
+        float,
+        typer.Option(
+            "--max-failed",
+            min=0,
+            max=100,
+            help="With --canary: roll back when more than this % of a wave failed.",
+        ),
+    ] = 0.0,
+    timeout: TimeoutOption = 600.0,
+    as_json: JsonOption = False,
+    broker: BrokerOption = DEFAULT_BROKER,
+    username: UsernameOption = None,
+    password_file: PasswordFileOption = None,
+    ca_file: CaFileOption = None,
+    prefix: PrefixOption = "edge",
+) -> None:
+    """Publish a deploy spec as the target's next generation and wait for the devices.
+
+    FILE's pipelines become the next generation of the group's or device's desired-state document
+    (retained, QoS 1; signed with --sign). --wait waits until every target device converged or
+    failed. --canary deploys to that share of the group first; when more than --max-failed % of
+    the canaries (or later of all) fail, the baseline goes back and the rollout stops.
+    """
+    from agent.fleet.controller import FleetClient, target_layer
+    from agent.fleet.spec import check_spec, load_spec
+    from agent.registry.signing import load_private_key
+
+    chosen = _target(group, device)
+    with _fleet_errors(as_json):
+        spec = load_spec(file)
+        check_spec(spec, target_layer(chosen))  # before connecting: an invalid spec publishes nothing
+        key = load_private_key(sign) if sign is not None else None
+        with FleetClient(_broker(broker, username, password_file, ca_file, prefix)) as client:
+            result = client.deploy(
+                spec,
+                chosen,
+                sign_key=key,
+                canary_pct=canary,
+                max_failed_pct=max_failed,
+                wait=wait,
+                timeout_s=timeout,
+                progress=None if as_json else _progress,
+            )
+    _print_result(result, as_json)
+
+
+@fleet_app.command("rollback")
+def rollback(
+    group: GroupOption = None,
+    device: DeviceOption = None,
+    sign: SignOption = None,
+    wait: WaitOption = True,
+    timeout: TimeoutOption = 600.0,
+    as_json: JsonOption = False,
+    broker: BrokerOption = DEFAULT_BROKER,
+    username: UsernameOption = None,
+    password_file: PasswordFileOption = None,
+    ca_file: CaFileOption = None,
+    prefix: PrefixOption = "edge",
+) -> None:
+    """Put the baseline back: what the target ran before the last deploy.
+
+    Publishes the next generation with the current document's rollout.baseline as its pipelines,
+    then (--wait) waits for the target devices.
+    """
+    from agent.fleet.controller import FleetClient
+    from agent.registry.signing import load_private_key
+
+    chosen = _target(group, device)
+    with _fleet_errors(as_json):
+        key = load_private_key(sign) if sign is not None else None
+        with FleetClient(_broker(broker, username, password_file, ca_file, prefix)) as client:
+            result = client.rollback(
+                chosen, sign_key=key, wait=wait, timeout_s=timeout, progress=None if as_json else _progress
+            )
+    _print_result(result, as_json)
+
+
+@fleet_app.command("status")
+def status(
+    group: GroupOption = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the broker's retained state.")
+    ] = 30.0,
+    as_json: JsonOption = False,
+    broker: BrokerOption = DEFAULT_BROKER,
+    username: UsernameOption = None,
+    password_file: PasswordFileOption = None,
+    ca_file: CaFileOption = None,
+    prefix: PrefixOption = "edge",
+) -> None:
+    """Every device: desired vs reported generation, pipelines, models, backends.
+
+    Read from the broker's retained state. Exits 0 when all converged, 4 if any failed, 6 if any is
+    still in flight, 7 if any is offline.
+    """
+    from agent.fleet.controller import ExitCode, FleetClient
+
+    with (
+        _fleet_errors(as_json),
+        FleetClient(_broker(broker, username, password_file, ca_file, prefix)) as client,
+    ):
+        records = client.collect(group, timeout_s=timeout)
+    summary = {"devices": len(records), "converged": 0, "failed": 0, "in-flight": 0, "offline": 0}
+    for record in records:
+        summary[record.condition()[0]] += 1
+    code = ExitCode.OK
+    for condition, exit_code in (
+        ("failed", ExitCode.FAILED),
+        ("in-flight", ExitCode.TIMED_OUT),
+        ("offline", ExitCode.OFFLINE),
+    ):
+        if summary[condition]:
+            code = exit_code
+            break
+    line = (
+        f"{summary['devices']} devices: {summary['converged']} converged, {summary['failed']} failed, "
+        f"{summary['in-flight']} in flight, {summary['offline']} offline"
+    )
+    if as_json:
+        _echo_json({"ok": code == ExitCode.OK, "summary": summary, "devices": [r.to_dict() for r in records]})
+    else:
+        _print_status(records, line)
+    raise typer.Exit(int(code))
+
+
+def _print_status(records: list[DeviceRecord], summary: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table()
+    for column in (
+        "device",
+        "online",
+        "generation (desired/reported)",
+        "pipeline",
+        "model",
+        "backend",
+        "last seen",
+    ):
+        table.add_column(column, overflow="fold")  # long ids and models wrap, never cut
+    for record in records:
+        online = {True: "online", False: "offline", None: "?"}[record.online]
+        layers = "\n".join(
+            f"{r.layer} {_gen(r.desired_generation)}/{_gen(r.applied_generation)}"
+            + (f" {r.state}" if r.state not in (None, "applied") else "")
+            for r in record.layers.values()
+        )
+        pipelines = list(record.pipelines.values())
+        table.add_row(
+            *(
+                Text(cell)
+                for cell in (
+                    record.device,
+                    online,
+                    layers,
+                    "\n".join(f"{p.name}: {p.phase}" for p in pipelines) or (record.problem or ""),
+                    "\n".join(p.model or "" for p in pipelines),
+                    "\n".join(p.backend or "" for p in pipelines),
+                    record.last_seen or "",
+                )
+            )
+        )
+    console = Console()
+    console.print(table)
+    console.print(summary, markup=False, highlight=False)
+
+
+def _gen(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+@fleet_app.command("cmd")
+def cmd(
+    device: Annotated[str, typer.Argument(help="The device id.")],
+    name: Annotated[str, typer.Argument(help="The command: ping, status, diagnostics, logs, ...")],
+    args: Annotated[
+        list[str] | None, typer.Argument(help="Arguments as key=value (JSON values: lines=50, on=true).")
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the answer.")
+    ] = 10.0,
+    as_json: JsonOption = False,
+    broker: BrokerOption = DEFAULT_BROKER,
+    username: UsernameOption = None,
+    password_file: PasswordFileOption = None,
+    ca_file: CaFileOption = None,
+    prefix: PrefixOption = "edge",
+) -> None:
+    """Send a command to one device and print its answer.
+
+    MQTT 5 request/response: the answer comes back on <prefix>/<device>/cmd/<name>/reply with the
+    request's correlation data.
+    """
+    from agent.fleet.controller import ExitCode, FleetClient
+
+    arguments = _command_args(args or [])
+    with (
+        _fleet_errors(as_json),
+        FleetClient(_broker(broker, username, password_file, ca_file, prefix)) as client,
+    ):
+        reply = client.command(device, name, arguments, timeout_s=timeout)
+    code = ExitCode.OK if reply.ok else ExitCode.FAILED
+    if as_json:
+        _echo_json(reply.to_dict())
+    elif reply.ok:
+        typer.echo(json.dumps(reply.result, indent=2, default=str))
+    else:
+        error = reply.error or {}
+        typer.echo(f"error: {device} answered {error.get('code', '?')}: {error.get('message', '')}", err=True)
+    raise typer.Exit(int(code))
+
+
+def _command_args(items: list[str]) -> dict[str, Any]:
+    arguments: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{item!r} is not key=value")
+        try:
+            arguments[key] = json.loads(text)
+        except ValueError:
+            arguments[key] = text
+    return arguments
