@@ -4,113 +4,43 @@ update can, desired-state documents, and reading an agent's reported state off t
 from __future__ import annotations
 
 import json
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import onnx
 import paho.mqtt.client as mqtt
 import pytest
-import yaml
-from onnx import TensorProto, helper
 from paho.mqtt.enums import CallbackAPIVersion
 
 from agent.fleet import protocol
-from agent.registry import file_registry
-from agent.registry.file_registry import FileRegistry
 from tests.mosquitto import Mosquitto, Subscriber
 
-MODEL = "text-direction"
-GOOD, NEWER, BAD_TESTDATA, NAN_LIVE, MISSING = "1.0", "2.0", "3.0", "4.0", "9.9"
-LABELS = ["upright", "upside-down"]
-INPUT_SHAPE = (1, 3, 48, 192)
+SCRIPTS_DIR = Path(__file__).resolve().parents[1] / "scripts"
+if str(SCRIPTS_DIR) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS_DIR))
+from fleet_agents import (  # noqa: E402  (scripts/ is not a package)
+    BAD_TESTDATA,
+    GOOD,
+    LABELS,
+    MISSING,
+    MODEL,
+    NAN_LIVE,
+    NEWER,
+    AgentFleet,
+    agent_config,
+    pipeline_body,
+)
+from fleet_agents import publish_fleet_versions as _publish_fleet_versions  # noqa: E402
 
-
-def nan_on_live_frames_model(path: Path) -> Path:
-    """Gives log(min(x)) for both classes: finite on its test data (all ones), NaN or -inf on any real
-    frame (dark pixels normalise to <= 0). Passes validation, fails the health window."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(INPUT_SHAPE))
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])
-    nodes = [
-        helper.make_node("ReduceMin", ["x"], ["m"], keepdims=0),
-        helper.make_node("Reshape", ["m", "shape"], ["m2"]),
-        helper.make_node("Log", ["m2"], ["l"]),
-        helper.make_node("Concat", ["l", "l"], ["y"], axis=1),
-    ]
-    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [1, 1])
-    graph = helper.make_graph(nodes, "nan_on_live", [x], [y], initializer=[shape])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    return path
+__all__ = ["BAD_TESTDATA", "GOOD", "LABELS", "MISSING", "MODEL", "NAN_LIVE", "NEWER", "AgentFleet",
+           "agent_config", "pipeline_body"]  # fmt: skip
 
 
 def publish_fleet_versions(root: Path, cls_model_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """GOOD and NEWER (the real text direction classifier), BAD_TESTDATA (its test data expects
-    outputs the model never gives) and NAN_LIVE (right on its test data, NaN on real frames)."""
-    registry = FileRegistry(root)
-    registry.publish(cls_model_path, MODEL, GOOD)
-    registry.publish(cls_model_path, MODEL, NEWER)
-    work = root.parent / "fleet-models"
-    work.mkdir(exist_ok=True)
-    ones = np.ones(INPUT_SHAPE, np.float32)
-    wrong = work / "wrong-expected.npz"
-    np.savez(
-        wrong, x=ones, **{"expected:save_infer_model/scale_0.tmp_1": np.array([[7.0, -7.0]], np.float32)}
-    )
-    nan_model = nan_on_live_frames_model(work / "nan-on-live.onnx")
-    right = work / "nan-testdata.npz"
-    np.savez(right, x=ones, **{"expected:y": np.zeros((1, 2), np.float32)})
-    registry.publish(nan_model, MODEL, NAN_LIVE, testdata=[right])
-    # A publisher whose own box passed it (validation there is skipped here): this box must refuse it.
-    monkeypatch.setattr(file_registry, "_require_a_correct_candidate", lambda *args: None)
-    registry.publish(cls_model_path, MODEL, BAD_TESTDATA, testdata=[wrong])
-    monkeypatch.undo()
-    return root
-
-
-def pipeline_body(version: str, video: Path, fps: float = 5.0) -> dict[str, Any]:
-    """A pipeline as desired state carries it (the name is the key)."""
-    return {
-        "model": {"name": MODEL, "version": version},
-        "source": {"type": "video", "uri": str(video), "fps": fps, "loop": True},
-        "preprocess": {
-            "resize": {"width": 192, "height": 48},
-            "color": "bgr",
-            "mean": [0.5, 0.5, 0.5],
-            "std": [0.5, 0.5, 0.5],
-        },
-        "postprocess": {"type": "classification", "softmax": False, "top_k": 2, "labels": LABELS},
-    }
-
-
-def agent_config(
-    tmp_path: Path,
-    device: str,
-    port: int,
-    registry: Path,
-    pipelines: dict[str, dict[str, Any]] | None = None,
-    groups: tuple[str, ...] = ("lobby",),
-    registry_settings: dict[str, Any] | None = None,
-    **extra: Any,
-) -> Path:
-    config: dict[str, Any] = {
-        "device": {"id": device, "groups": list(groups)},
-        "state_dir": str(tmp_path / device / "state"),
-        "mqtt": {"host": "127.0.0.1", "port": port, "reconnect_min_s": 0.2, "reconnect_max_s": 1.0},
-        "registry": {"url": f"file://{registry}", **(registry_settings or {})},
-        "backends": {"benchmark": False, "min_time_s": 0.0},
-        "telemetry": {"interval_s": 0},
-        "pipelines": [{"name": name, **body} for name, body in (pipelines or {}).items()],
-        **extra,
-    }
-    path = tmp_path / device / "agent.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+    """The fleet test registry (scripts/fleet_agents.py). `monkeypatch` is not needed any more."""
+    return _publish_fleet_versions(root, cls_model_path)
 
 
 def document(
