@@ -25,12 +25,17 @@ in flight. A pipeline that never started is retried with backoff; a failed upgra
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from agent.backend_choice import (
     DecisionSwitcher,
@@ -43,6 +48,7 @@ from agent.clock import iso_utc
 from agent.config import AgentConfig, HealthWindowConfig, PipelineConfig
 from agent.errors import EdgeAgentError, RegistryError
 from agent.fleet.desired import DesiredPipeline
+from agent.fsutil import atomic_write_bytes
 from agent.model_hints import embedded_hints, with_model_hints
 from agent.pipeline import LoadedModel, Pipeline, ResultSink, Stage
 from agent.registry import open_registry, public_url
@@ -129,6 +135,7 @@ class _Change:
     deadline: float = 0.0  # monotonic: the current phase must end by then
     thread: threading.Thread | None = None
     new_pipeline: bool = False  # a new source: a new Pipeline replaced the old one (not a stage swap)
+    note: str | None = None  # set: a rollback brought in at start (see Supervisor._begin)
 
 
 class PipelineSlot:
@@ -204,6 +211,7 @@ class Supervisor:
         self._slots: dict[str, PipelineSlot] = {}
         self._stopping = threading.Event()
         self.phase_timeout_s = config.fleet.phase_timeout_s
+        self.memory = VersionMemory(config.state_dir / "pipelines.json")
 
     # --- the one entry point ---------------------------------------------------------------------
 
@@ -224,7 +232,7 @@ class Supervisor:
                 if existing is None:
                     slot = self._slots[name] = PipelineSlot(want)
                     report.added.append(name)
-                    self._begin(slot, want)
+                    self._start_new(slot, want)
                     continue
                 slot = existing
                 if slot.desired.config == want.config:
@@ -239,8 +247,18 @@ class Supervisor:
         self._on_change()
         return report
 
-    def _begin(self, slot: PipelineSlot, desired: DesiredPipeline) -> None:
-        """Start bringing `desired` in (pre-empting a change in flight). Holds the lock."""
+    def _start_new(self, slot: PipelineSlot, want: DesiredPipeline) -> None:
+        """A version that failed here before a restart is not tried again: the last good one runs."""
+        good, why = self.memory.fallback_for(want)
+        if good is None:
+            self._begin(slot, want)
+            return
+        failed, last_good = _ref(want.config), _ref(good.config)
+        self._begin(slot, good, f"{failed} failed here before ({why}); running the last good {last_good}")
+
+    def _begin(self, slot: PipelineSlot, desired: DesiredPipeline, note: str | None = None) -> None:
+        """Start bringing `desired` in (pre-empting a change in flight); `note`: it stands in for the
+        wanted version as its rollback (reported `rolled-back` with the note). Holds the lock."""
         if slot.change is not None:
             slot.change.cancel.set()
             log.info("pipeline %s: a newer version pre-empts the change in flight", slot.name)
@@ -248,7 +266,7 @@ class Supervisor:
             slot.change = None  # back to what runs (a change in flight was withdrawn)
             slot.set_phase("running")
             return
-        change = _Change(desired)
+        change = _Change(desired, note=note)
         slot.change = change
         slot.set_phase("pending")
         slot.retry_at = None
@@ -439,6 +457,7 @@ class Supervisor:
     def _roll_back(self, slot: PipelineSlot, change: _Change, pipeline: Pipeline, why: str) -> None:
         """Back to the version that ran before (`rolled-back`), or stopped when there was none (`failed`)."""
         log.error("pipeline %s: %s; rolling back", slot.name, why)
+        self.memory.failed(slot.name, change.desired, why)
         if not change.new_pipeline and pipeline.roll_back(_SWAP_TIMEOUT_S):
             with self._lock:
                 slot.change = None
@@ -467,7 +486,11 @@ class Supervisor:
             first = slot.running is None
             slot.running = change.desired
             slot.change = None
-            slot.set_phase("running")
+            if change.note:
+                slot.set_phase("rolled-back", change.note)
+            else:
+                slot.set_phase("running")
+        self.memory.good(slot.name, change.desired)
         backend, ref = pipeline.model.session.backend, pipeline.stage.ref
         if first:
             log.info("pipeline %s started: %s on %s", slot.name, ref, backend)
@@ -496,6 +519,7 @@ class Supervisor:
                 )
             else:  # an upgrade: the version that runs keeps running
                 slot.set_phase("failed", str(exc))
+                self.memory.failed(slot.name, change.desired, str(exc))
                 running = slot.pipeline.stage.ref if slot.pipeline else "?"
                 log.error(
                     "pipeline %s: %s not brought in: %s; %s keeps running",
@@ -683,6 +707,69 @@ class Supervisor:
             pipeline.stage.close()
             if pipeline.previous_stage is not None:
                 pipeline.previous_stage.close()
+
+
+class VersionMemory:
+    """Per pipeline, the last version that was committed and the last one that failed on this box,
+    kept in `<state_dir>/pipelines.json`: after a restart a version known to fail here is not tried
+    again (its persisted desired state still names it) and the last good one runs instead."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            data = json.loads(path.read_text())
+            self._records: dict[str, dict[str, Any]] = data if isinstance(data, dict) else {}
+        except FileNotFoundError:
+            self._records = {}
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring %s: %s", path, exc)
+            self._records = {}
+
+    def good(self, name: str, desired: DesiredPipeline) -> None:
+        record = {"config": desired.config.model_dump(mode="json"), "layer": desired.layer,
+                  "generation": desired.generation}  # fmt: skip
+        with self._lock:
+            entry = self._records.setdefault(name, {})
+            entry["good"] = record
+            if entry.get("failed", {}).get("fingerprint") == _fingerprint(desired.config):
+                entry.pop("failed")
+            self._save()
+
+    def failed(self, name: str, desired: DesiredPipeline, why: str) -> None:
+        with self._lock:
+            entry = self._records.setdefault(name, {})
+            entry["failed"] = {"fingerprint": _fingerprint(desired.config), "reason": why[:500]}
+            self._save()
+
+    def fallback_for(self, desired: DesiredPipeline) -> tuple[DesiredPipeline | None, str]:
+        """(the last good version, why `desired` failed) when `desired` is the version that failed here
+        last; (None, "") otherwise."""
+        with self._lock:
+            entry = self._records.get(desired.config.name, {})
+        failed, good = entry.get("failed"), entry.get("good")
+        if not failed or not good or failed.get("fingerprint") != _fingerprint(desired.config):
+            return None, ""
+        try:
+            config = PipelineConfig.model_validate(good["config"])
+        except (ValidationError, KeyError, TypeError) as exc:
+            log.warning(
+                "%s: the last good version of %s is unreadable: %s", self.path, desired.config.name, exc
+            )
+            return None, ""
+        return DesiredPipeline(config, good.get("layer", "yaml"), good.get("generation")), str(
+            failed.get("reason")
+        )
+
+    def _save(self) -> None:
+        try:
+            atomic_write_bytes(self.path, json.dumps(self._records, indent=2).encode())
+        except OSError as exc:  # the daemon serves on; only a restart's memory is lost
+            log.warning("cannot write %s: %s", self.path, exc)
+
+
+def _fingerprint(config: PipelineConfig) -> str:
+    return hashlib.sha256(json.dumps(config.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
 
 
 def _unhealthy(

@@ -169,6 +169,21 @@ def test_bad_documents_and_bad_versions_leave_the_running_pipeline_serving(
         assert state["documents"][f"device:{DEVICE}"]["applied_generation"] == generation
     agent.stop()
 
+    # After a restart the persisted document still names the version that failed here: it is not
+    # tried again, the last good version runs, reported as the rollback it is.
+    restarted = time.time()
+    agent = start_agent(config)
+    state = reported.wait(
+        lambda r: (p := pipeline_in(r, "cam")).get("phase") == "rolled-back" and p.get("state") == "running",
+        "the last good version after a restart",
+        since=restarted,
+    )
+    cam = pipeline_in(state, "cam")
+    assert cam["model"] == f"{MODEL}@{GOOD}" and cam["generation"] == 8, cam
+    assert f"{MODEL}@{NAN_LIVE} failed here before" in cam["reason"], cam
+    log = agent.stop()
+    assert f"now on {MODEL}@{NAN_LIVE}" not in log
+
 
 def test_signed_desired_state_refuses_forged_unsigned_replayed_and_expired_documents_and_survives_a_restart(
     tmp_path: Path,
