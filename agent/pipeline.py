@@ -241,12 +241,19 @@ class Pipeline:
             if stage is None:
                 return
             old, self.stage = self.stage, stage
-            if stage is not self._previous_stage:  # a roll_back does not keep the failed one
+            unproven = None
+            if stage is self._previous_stage:
+                pass  # a roll_back: it closes the failed one itself
+            elif self._previous_stage is not None:
+                unproven = old  # never committed: the last good stays the one to go back to
+            else:
                 self._previous_stage = old
             self._pending_stage = None
             stage.stats = StageStats()
             self.stage_swaps += 1
             self._swapped.notify_all()
+        if unproven is not None:
+            unproven.close()
         log.info(
             "pipeline %s: now on %s (%s), was %s", self.name, stage.ref, stage.model.session.backend, old.ref
         )

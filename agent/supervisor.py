@@ -136,6 +136,7 @@ class _Change:
     thread: threading.Thread | None = None
     new_pipeline: bool = False  # a new source: a new Pipeline replaced the old one (not a stage swap)
     note: str | None = None  # set: a rollback brought in at start (see Supervisor._begin)
+    swapped_in: Stage | None = None  # the stage it swapped into a running pipeline (not yet committed)
 
 
 class PipelineSlot:
@@ -312,7 +313,7 @@ class Supervisor:
                         f"the running pipeline did not take the new stage in {_SWAP_TIMEOUT_S:.0f} s"
                     )
                 pipeline = running
-                stage = None  # the pipeline owns it now
+                change.swapped_in, stage = stage, None  # the pipeline owns it now
             else:
                 pipeline = Pipeline(desired.config, stage, self.sink, source=source)
                 stage, source = None, None  # the pipeline owns them now
@@ -325,11 +326,22 @@ class Supervisor:
                     pipeline.keep_previous(previous.stage)  # warm, for a rollback
                 pipeline.start()
             self._on_change()
-            if desired.health is not None:
-                self._health_check(slot, change, pipeline, desired.health)
+            if desired.health is not None and not self._health_check(slot, change, pipeline, desired.health):
+                return  # rolled back (or stopped, when there was nothing to go back to)
             self._commit(slot, change, pipeline)
         except Cancelled:
             log.info("pipeline %s: change to %s abandoned", slot.name, _ref(desired.config))
+            # Pre-empted in its health window: back to the last good stage; the newer version will be
+            # swapped in from there. (At a stop the stages are closed as they are.)
+            live = slot.pipeline
+            swapped = change.swapped_in
+            if (
+                swapped is not None
+                and live is not None
+                and live.stage is swapped
+                and not self._stopping.is_set()
+            ):
+                live.roll_back(_SWAP_TIMEOUT_S)
         except Exception as exc:  # whatever a model or source does wrong, the daemon runs on
             self._failed(slot, change, exc)
         finally:
@@ -430,11 +442,10 @@ class Supervisor:
 
     def _health_check(
         self, slot: PipelineSlot, change: _Change, pipeline: Pipeline, health: HealthWindowConfig
-    ) -> None:
-        """Watch the new stage on live frames for the window; roll back when it fails the limits."""
-        self._phase(
-            slot, change, "health-check", f"watching {pipeline.stage.ref} for {health.window_s:.0f} s"
-        )
+    ) -> bool:
+        """Watch the new stage on live frames for the window; False (rolled back) when it fails."""
+        watching = f"watching {pipeline.stage.ref} for {health.window_s:.0f} s"
+        self._phase(slot, change, "health-check", watching, extra_s=health.window_s)
         stage = pipeline.stage
         stage.watch_outputs = health.nan_is_failure
         before = pipeline.previous_stage.stats.mean_latency_ms() if pipeline.previous_stage else None
@@ -447,12 +458,12 @@ class Supervisor:
         problem = problem or _unhealthy(stage, health, before, final=True)
         stage.watch_outputs = False
         if problem is None:
-            return
+            return True
         with self._lock:
             if change.cancel.is_set():
                 raise Cancelled()
         self._roll_back(slot, change, pipeline, f"{stage.ref} failed its health window: {problem}")
-        raise Cancelled()  # the slot's phase says rolled-back (or failed) already
+        return False
 
     def _roll_back(self, slot: PipelineSlot, change: _Change, pipeline: Pipeline, why: str) -> None:
         """Back to the version that ran before (`rolled-back`), or stopped when there was none (`failed`)."""
@@ -536,10 +547,13 @@ class Supervisor:
         if change.cancel.is_set() or self._stopping.is_set():
             raise Cancelled()
 
-    def _phase(self, slot: PipelineSlot, change: _Change, phase: str, step: str) -> None:
+    def _phase(
+        self, slot: PipelineSlot, change: _Change, phase: str, step: str, extra_s: float = 0.0
+    ) -> None:
+        """Enter `phase`; it must end within fleet.phase_timeout_s (plus `extra_s`: a health window)."""
         with self._lock:
             self._check(change)
-            change.deadline = time.monotonic() + self.phase_timeout_s
+            change.deadline = time.monotonic() + self.phase_timeout_s + extra_s
             slot.set_phase(phase)
             self._set_step(slot, step)
         self._on_change()

@@ -36,6 +36,7 @@ from tests.fleet_fixtures import (
 from tests.mosquitto import Mosquitto
 from tests.mqtt_fixtures import SubscriberFactory
 from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
+from tests.waits import wait_until
 
 DEVICE = "fleet-box"
 GROUP_TOPIC = "edge/groups/lobby/desired"
@@ -262,3 +263,39 @@ def test_signed_desired_state_refuses_forged_unsigned_replayed_and_expired_docum
     )
     assert state["documents"][f"device:{DEVICE}"]["applied_generation"] == 4
     agent.stop()
+
+
+def test_a_newer_generation_pre_empts_one_still_in_its_health_window(
+    tmp_path: Path,
+    mosquitto: Mosquitto,
+    fleet_registry: Path,
+    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    start_agent: StartAgent,
+) -> None:
+    """Generation 1 (2.0, a 60 s health window) is still being watched when generation 2 (back to
+    1.0) comes: 2.0 is dropped at once, 1.0 serves, nothing waits for the first window to end."""
+    path = video[0]
+    config = agent_config(
+        tmp_path, DEVICE, mosquitto.port, fleet_registry, {"cam": pipeline_body(GOOD, path)}
+    )
+    reported = Reported(mosquitto, DEVICE)
+    agent = start_agent(config)
+    reported.wait(_running(GOOD), "cam running 1.0")
+    slow = document(f"device:{DEVICE}", 1, {"cam": pipeline_body(NEWER, path)}, window_s=60)
+    publish(mosquitto, DEVICE_TOPIC, slow)
+    reported.wait(lambda r: pipeline_in(r, "cam").get("phase") == "health-check", "2.0 in its health window")
+    started = time.monotonic()
+    publish(mosquitto, DEVICE_TOPIC, document(f"device:{DEVICE}", 2, {"cam": pipeline_body(GOOD, path)}))
+    state = reported.wait(
+        lambda r: _running(GOOD)(r) and pipeline_in(r, "cam").get("generation") == 2,
+        "generation 2 running 1.0",
+    )
+    assert time.monotonic() - started < 30, "the first health window was waited out"
+    status_path = tmp_path / DEVICE / "state"
+    back = f"{MODEL}@{GOOD}"
+    wait_until(
+        lambda: read_status(status_path)["pipelines"]["cam"].get("model") == back, "back on 1.0", timeout=30
+    )
+    log = agent.stop()
+    assert "change to text-direction@2.0 abandoned" in log
+    assert state["pipelines"]["cam"]["state"] == "running"
