@@ -64,9 +64,9 @@ def test_a_group_deployment_hot_swaps_the_model_on_a_live_stream(
     start_agent: StartAgent,
 ) -> None:
     path = video[0]
-    config = agent_config(
-        tmp_path, DEVICE, mosquitto.port, fleet_registry, {"cam": pipeline_body(GOOD, path, FPS)}
-    )
+    # "other" is in agent.yaml and not in the document: it must not be touched.
+    yaml_pipelines = {"cam": pipeline_body(GOOD, path, FPS), "other": pipeline_body(GOOD, path, 1.0)}
+    config = agent_config(tmp_path, DEVICE, mosquitto.port, fleet_registry, yaml_pipelines)
     results = mqtt_subscriber_factory(mosquitto, f"edge/{DEVICE}/results/cam")
     reported = Reported(mosquitto, DEVICE)
     agent = start_agent(config)
@@ -97,6 +97,9 @@ def test_a_group_deployment_hot_swaps_the_model_on_a_live_stream(
     assert frames == sorted(frames) and frames[first_new] > frames[first_new - 1], frames
     assert {m["source"]["outages"] for m in messages} == {0}
     assert status["pipelines"]["cam"]["stage_swaps"] == 1
+    other = status["pipelines"]["other"]
+    assert (other["stage_swaps"], other["layer"], other["model"]) == (0, "yaml", f"{MODEL}@{GOOD}"), other
+    assert other["source"]["reconnects"] == 0 and other["attempts"] == 1, other
     assert status["pipelines"]["cam"]["source"]["reconnects"] == 0
     # The gap at the swap, against the frame interval the fps cap sets (captured_at of neighbours).
     gap = _seconds(messages[first_new]["captured_at"]) - _seconds(messages[first_new - 1]["captured_at"])
