@@ -262,10 +262,27 @@ class Reconciler:
         with self._lock:
             if not force and fingerprint == self._last_sent and connects == self._sent_on_connect:
                 return
-        payload = json.dumps(document, separators=(",", ":"), default=str).encode()
+        payload = _fit(document, self.config.mqtt.max_payload_bytes)
         if self._publish_retained(self.topic, payload):
             with self._lock:
                 self._last_sent, self._sent_on_connect = fingerprint, connects
+
+
+def _fit(document: dict[str, Any], limit: int) -> bytes:
+    """The reported document as JSON within `limit` bytes (any broker's packet limit): with very many
+    pipelines, the long texts go first (backend explanations, then reasons), then the refusals list."""
+    payload = json.dumps(document, separators=(",", ":"), default=str).encode()
+    for key in ("backend_why", "last_error", "reason"):
+        if len(payload) <= limit:
+            return payload
+        for pipeline in document["pipelines"].values():
+            pipeline[key] = None
+        document["trimmed"] = True
+        payload = json.dumps(document, separators=(",", ":"), default=str).encode()
+    if len(payload) > limit:
+        document["refused"] = document["refused"][-1:]
+        payload = json.dumps(document, separators=(",", ":"), default=str).encode()
+    return payload
 
 
 def _generation_of(payload: bytes) -> int | None:
