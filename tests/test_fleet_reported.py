@@ -17,7 +17,7 @@ def _document(pipelines: int) -> dict[str, object]:
                 "backend_why": "w" * 500,
                 "reason": "r" * 500,
                 "last_error": "e" * 500,
-            }  # fmt: skip
+            }
             for i in range(pipelines)
         },
         "refused": [{"reason": "x" * 600}] * 10,
