@@ -126,7 +126,7 @@ class Pipeline:
         source: tuple[Source, Slot] | None = None,
     ) -> None:
         """`model`: a loaded model (a stage is made of it) or a built stage; `source`: one already
-        open (started early so nothing is lost while the stage was built), else the config's."""
+        started (early, so nothing is lost while the stage was built), else the config's is opened."""
         self.stage = model if isinstance(model, Stage) else Stage(config, model, switcher)
         self.source_config = config.source
         self.backend_switches: list[str] = []  # "a -> b: why", newest last
@@ -134,7 +134,7 @@ class Pipeline:
         self.name = config.name
         self.sink = sink
         self.source, self.slot = source if source is not None else open_source(config.source, config.name)
-        self._source_started = source is not None and source[0].state != "starting"
+        self._source_started = source is not None  # a source handed in is already started
         # Swapping stages (worker thread only swaps; others ask and wait).
         self._pending_stage: Stage | None = None
         self._previous_stage: Stage | None = None
