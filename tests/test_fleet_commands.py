@@ -5,9 +5,11 @@ response topic outside the device's prefix, MQTT 3.1.1, a request queued while t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -17,6 +19,8 @@ import pytest
 
 from agent import __version__
 from agent.clock import iso_utc
+from agent.config_loader import load_config
+from agent.daemon import Agent
 from agent.registry.file_registry import FileRegistry
 from tests.agent_process import EDGE_AGENT, AgentProcess, StartAgent
 from tests.fleet_fixtures import GOOD, MODEL, Reported, agent_config, pipeline_body, pipeline_in
@@ -321,3 +325,57 @@ def test_the_fleet_commands_settings_refuse_and_limit_requests(
     }, answer  # fmt: skip
     for agent in agents:
         agent.stop()
+
+
+def test_a_request_queued_in_the_session_is_answered_however_soon_the_broker_delivers_it(
+    tmp_path: Path, mosquitto: Mosquitto, clients: ClientFactory
+) -> None:
+    """Right after the CONNACK the broker delivers what it queued in the agent's session. The daemon
+    routes its handlers (commands, desired state) before it connects, so such a request finds its
+    handler however soon it comes. It used to connect first: on loopback the CONNACK came ~4 ms
+    after the routes were in place, and a request that beat them was dropped without a reply. Here
+    (in process) the connection's start returns only once the queued request was handled, as with a
+    broker that answers faster than the agent starts up."""
+    (tmp_path / "registry").mkdir()
+    config = load_config(agent_config(tmp_path, "queued-box", mosquitto.port, tmp_path / "registry"))
+    cmd_filter = "edge/queued-box/cmd/+"
+
+    def run(agent: Agent) -> tuple[threading.Thread, threading.Event]:
+        stop = threading.Event()
+        thread = threading.Thread(target=agent.run, args=(stop,), name="agent-run", daemon=True)
+        thread.start()
+        return thread, stop
+
+    first = Agent(config)  # makes the session: subscribed to its commands, then stopped
+    thread, stop = run(first)
+    wait_until(
+        lambda: first.mqtt.stats()["subscriptions"].get(cmd_filter) == "active",
+        "the first run subscribed to its commands",
+        state=first.mqtt.stats,
+    )
+    stop.set()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+
+    requester = clients(mosquitto, "controller")
+    requester.subscribe("edge/queued-box/cmd/+/reply")
+    reason = _request(requester, "ping", {"id": "queued"}, b"queued", device="queued-box")
+    assert reason.value == 0x00, reason  # queued in the stopped agent's session
+
+    second = Agent(config)
+    connect = second.mqtt.start
+
+    def connect_and_deliver() -> None:
+        connect()
+        with contextlib.suppress(AssertionError):  # bounded: without its route it never comes
+            wait_until(lambda: second.router.stats().get(cmd_filter, {}).get("messages", 0) >= 1, timeout=10)
+
+    second.mqtt.start = connect_and_deliver  # type: ignore[method-assign]
+    thread, stop = run(second)
+    try:
+        _, answer = _reply(requester, b"queued", timeout=20)
+        assert answer["id"] == "queued" and answer["ok"], answer
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert not thread.is_alive()
