@@ -379,3 +379,34 @@ def test_a_request_queued_in_the_session_is_answered_however_soon_the_broker_del
         stop.set()
         thread.join(timeout=60)
     assert not thread.is_alive()
+
+
+def test_a_request_queued_before_the_devices_groups_changed_is_answered(
+    tmp_path: Path, mosquitto: Mosquitto, start_agent: StartAgent, clients: ClientFactory
+) -> None:
+    """The agent numbers its MQTT 5 subscriptions (identifiers) in the order it routes them: its
+    desired state, each group's, then its commands. A request queued in its session carries the
+    identifier of the run that subscribed; after agent.yaml gained a group, that number belongs to
+    the new group's desired state. The request still reaches the command handler (the topic must
+    match the filter), rather than being refused as that group's document and never answered."""
+    (tmp_path / "registry").mkdir()
+    device, started = "regrouped-box", time.time()
+    reported = Reported(mosquitto, device)
+    agent = start_agent(
+        agent_config(tmp_path, device, mosquitto.port, tmp_path / "registry", groups=("lobby",))
+    )
+    reported.wait(lambda r: True, "the first run reporting (subscribed)", since=started)
+    agent.stop()
+
+    requester = clients(mosquitto, "controller")
+    requester.subscribe(f"edge/{device}/cmd/+/reply")
+    request = {"id": "before-regroup", "deadline": iso_utc(time.time() + 120)}
+    assert _request(requester, "ping", request, b"regroup", device=device).value == 0x00
+
+    config = agent_config(tmp_path, device, mosquitto.port, tmp_path / "registry", groups=("lobby", "north"))
+    agent = start_agent(config)
+    _, answer = _reply(requester, b"regroup", timeout=30)
+    assert answer["id"] == "before-regroup" and answer["ok"], answer
+    log = agent.stop()
+    assert "desired state refused" not in log, log
+    reported.close()
