@@ -153,7 +153,6 @@ class Agent:
     def run(self, stop: threading.Event, duration_s: float | None = None) -> None:
         """Run until `stop` is set (SIGTERM/SIGINT) or `duration_s` passes."""
         deadline = None if duration_s is None else time.monotonic() + duration_s
-        self.mqtt.start()
         # Pipelines are built off the main thread, each on its own: a slow model pull must not hold
         # back READY, the watchdog, the status or another pipeline.
         logging.getLogger().addHandler(self.recent_logs)
@@ -161,6 +160,10 @@ class Agent:
         if self.config.fleet.enabled:
             prefix, device = self.config.mqtt.topic_prefix, self.config.device.id
             self.commands.start(self.router, f"{prefix}/{device}/cmd/+")
+        # Connect only once every handler is routed: right after the CONNACK the broker delivers what
+        # it queued in our session (commands sent while we were down), and a message that comes
+        # before its handler is registered is dropped.
+        self.mqtt.start()
         notify("READY=1", f"STATUS={self._summary()}")
         log.info("edge-agent %s running as %s", __version__, self.config.device.id)
         watchdog = watchdog_interval_s()

@@ -607,14 +607,14 @@ class MqttConnection:
             with self._lock:
                 subs = list(self._subscriptions.values())
                 ids = dict(self._filter_ids)
+            subs = [s for s in subs if mqtt.topic_matches_sub(s.topic_filter, topic)]
+            if sub_ids is not None:
+                # MQTT 5: this copy is for exactly these broker-side subscriptions. A copy queued in
+                # the session by an earlier run carries that run's identifiers, which may number
+                # other filters now (agent.yaml changed): when they name none that matches, the
+                # topic decides.
+                subs = [s for s in subs if ids.get(s.topic_filter) in sub_ids] or subs
             for sub in subs:
-                if sub_ids is not None:
-                    # MQTT 5: this copy is for exactly these broker-side subscriptions.
-                    matches = ids.get(sub.topic_filter) in sub_ids
-                else:
-                    matches = mqtt.topic_matches_sub(sub.topic_filter, topic)
-                if not matches:
-                    continue
                 try:
                     if sub.whole:
                         cast(MessageHandler, sub.handler)(message)
