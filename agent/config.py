@@ -713,10 +713,12 @@ class HealthWindowConfig(StrictModel):
         "(a stage that never runs is not healthy).",
     )
     max_latency_ms: float | None = Field(
-        None, gt=0, description="Most mean inference time in the window; None: no absolute limit."
+        None,
+        gt=0,
+        description="Most median inference time in the window (judged on 5 frames or more); None: no limit.",
     )
     max_latency_ratio: float = Field(
-        3.0, gt=1, description="Most new mean inference time over the previous version's."
+        3.0, gt=1, description="Most new median inference time over the previous version's."
     )
     nan_is_failure: bool = Field(True, description="A frame whose outputs hold NaN or inf counts as failed.")
 

@@ -11,7 +11,9 @@ warm until the new one is committed, so a rollback is one more swap and the came
 
 from __future__ import annotations
 
+import collections
 import logging
+import statistics
 import threading
 import time
 from collections.abc import Mapping
@@ -70,10 +72,15 @@ class StageStats:
         self.errors = 0
         self.nan_outputs = 0  # inferences whose outputs held NaN or infinity
         self.latency_sum_ms = 0.0
+        self.recent_ms: collections.deque[float] = collections.deque(maxlen=200)  # the last inferences
         self.last_error: str | None = None
 
     def mean_latency_ms(self) -> float | None:
         return self.latency_sum_ms / self.inferences if self.inferences else None
+
+    def median_latency_ms(self) -> float | None:
+        """Of the last inferences: a few slow frames (a busy box) do not move it, a slower model does."""
+        return statistics.median(self.recent_ms) if self.recent_ms else None
 
     def to_dict(self) -> dict[str, Any]:
         mean = self.mean_latency_ms()
@@ -420,6 +427,7 @@ class Pipeline:
             self._latency_sum_ms += inference_ms
             stage.stats.inferences += 1
             stage.stats.latency_sum_ms += inference_ms
+            stage.stats.recent_ms.append(inference_ms)
             if self.rules.check(output, frame.captured_at) is not None:
                 self._errors_in_row = 0  # a good frame, only not worth publishing (counted by its rule)
                 return

@@ -70,6 +70,7 @@ _PHASE_LOG_EVERY_S = 30.0
 # A pipeline stuck this long in one frame (a hung driver, a blocked read) stops the watchdog pings.
 STALL_S = 120.0
 
+_MIN_INFERENCES_FOR_LATENCY = 5  # the health window judges latency on at least this many frames
 IN_FLIGHT = ("pending", "pulling", "validating", "building", "health-check")
 
 
@@ -448,7 +449,7 @@ class Supervisor:
         self._phase(slot, change, "health-check", watching, extra_s=health.window_s)
         stage = pipeline.stage
         stage.watch_outputs = health.nan_is_failure
-        before = pipeline.previous_stage.stats.mean_latency_ms() if pipeline.previous_stage else None
+        before = pipeline.previous_stage.stats.median_latency_ms() if pipeline.previous_stage else None
         window_ends = time.monotonic() + health.window_s
         problem = None
         while problem is None and time.monotonic() < window_ends:
@@ -807,12 +808,14 @@ def _unhealthy(
         return None
     if stats.frames < health.min_frames:
         return f"only {stats.frames} frame(s) in {health.window_s:g} s (min_frames {health.min_frames})"
-    mean = stats.mean_latency_ms()
-    if mean is not None and health.max_latency_ms is not None and mean > health.max_latency_ms:
-        return f"mean inference {mean:.1f} ms over max_latency_ms {health.max_latency_ms:g}"
-    if mean is not None and latency_before_ms and mean > latency_before_ms * health.max_latency_ratio:
+    if stats.inferences < _MIN_INFERENCES_FOR_LATENCY:
+        return None  # too few to tell a slower model from a busy moment
+    median = stats.median_latency_ms()
+    if median is not None and health.max_latency_ms is not None and median > health.max_latency_ms:
+        return f"median inference {median:.1f} ms over max_latency_ms {health.max_latency_ms:g}"
+    if median is not None and latency_before_ms and median > latency_before_ms * health.max_latency_ratio:
         return (
-            f"mean inference {mean:.1f} ms, {mean / latency_before_ms:.1f}x the previous version's "
+            f"median inference {median:.1f} ms, {median / latency_before_ms:.1f}x the previous version's "
             f"{latency_before_ms:.1f} ms (max_latency_ratio {health.max_latency_ratio:g})"
         )
     return None

@@ -85,7 +85,8 @@ def spec(tmp_path: Path, version: str, video_path: Path) -> Path:
     path = tmp_path / f"spec-{version}.yaml"
     content = {
         "pipelines": {"cam": pipeline_body(version, video_path, FPS)},
-        "health": {"window_s": 4, "min_frames": 2},
+        # Twenty agents share two cores with the test: latency is not what this test judges.
+        "health": {"window_s": 4, "min_frames": 2, "max_latency_ratio": 50},
     }
     path.write_text(yaml.safe_dump(content))
     return path
