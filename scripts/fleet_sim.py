@@ -60,7 +60,7 @@ if str(ROOT) not in sys.path:
 from agent.clock import iso_utc  # noqa: E402
 from agent.config import HealthWindowConfig, PipelineConfig, TrustedKey  # noqa: E402
 from agent.errors import DesiredStateError  # noqa: E402
-from agent.fleet.desired import DesiredDocument, layer_pipelines, parse_document  # noqa: E402
+from agent.fleet.desired import DesiredDocument, admit_after, layer_pipelines, parse_document  # noqa: E402
 from agent.fleet.protocol import MAX_DOCUMENT_BYTES, SCHEMA_VERSION, device_layer, group_layer  # noqa: E402
 from agent.fleet.records import read_document  # noqa: E402
 from agent.mqtt.router import REPLY_SUFFIX  # noqa: E402
@@ -414,15 +414,12 @@ class Simulator:
             self._refuse(device, layer, document[1], "; ".join(document[0]))
             return
         applied = device.accepted.get(layer)
-        if applied is not None and document.generation <= applied.generation:  # the replay rule
-            if document.raw != applied.raw:
-                why = (
-                    "already applied from another document"
-                    if document.generation == applied.generation
-                    else (f"older than the applied {applied.generation}")
-                )
-                self._refuse(device, layer, document.generation, f"{layer}: $.generation: {why}")
-            return  # else the same document again: a reconnect re-delivers retained messages
+        try:  # the agent's replay rule
+            if admit_after(document, *((applied.generation, applied.raw) if applied else (None, None))):
+                return  # the same document again: a reconnect re-delivers retained messages
+        except DesiredStateError as exc:
+            self._refuse(device, layer, document.generation, "; ".join(exc.problems))
+            return
         device.accepted[layer] = document
         device.documents[layer] = {
             "observed_generation": document.generation,

@@ -589,18 +589,23 @@ class DesiredStore:
 
 
 def admit(document: DesiredDocument, store: DesiredStore) -> str | None:
-    """The replay rule: None for a new document; UNCHANGED ("unchanged") for the applied one
-    delivered again (a retained message after a reconnect); DesiredStateError for an older
-    generation, or another document reusing the applied generation."""
+    """The replay rule against what this box applied (see `admit_after`)."""
     applied = store.applied_generation(document.layer)
+    return admit_after(document, applied, store.raw(document.layer) if applied is not None else None)
+
+
+def admit_after(document: DesiredDocument, applied: int | None, applied_raw: bytes | None) -> str | None:
+    """The replay rule, given the generation applied from the document's layer and that document's
+    bytes: None for a new document; UNCHANGED ("unchanged") for the applied one delivered again (a
+    retained message after a reconnect); DesiredStateError for an older generation, or another
+    document reusing the applied generation."""
     if applied is None or document.generation > applied:
         return None
     problems = _Problems(document.layer)
     if document.generation == applied:
-        stored = store.raw(document.layer)
-        if stored == document.raw:
+        if applied_raw == document.raw:
             return UNCHANGED
-        if stored is not None:
+        if applied_raw is not None:
             problems.fail(
                 ("generation",),
                 f"generation {applied} is already applied from another document (a second document "
