@@ -322,6 +322,8 @@ def choose_and_load(
         else:
             decision = cached
             log.info("pipeline %s: using the cached backend decision %s", pipeline.name, key)
+            # Recorded for this pipeline too: `explain` shows it, reselect-backend finds what to forget.
+            store.put(key, decision, pipeline.name, model_ref, cache=False)
     session, used, failures = load_decided(decision, artifacts, policy, backends, progress, load)
     for failure in failures:
         log.warning("pipeline %s: %s; falling back to the next backend", pipeline.name, failure)
