@@ -114,13 +114,13 @@ def _samples(
     testdata: Sequence[TestData],
     backends: Sequence[Backend],
     peek: Peek | None = None,
-) -> list[Sample]:
+) -> tuple[list[Sample], bool]:
     """What to prove candidates on: the model's test data, then (for the artifacts it does not
     fit) a frame from the pipeline's own source (`peek`: the open source's, else it is opened for
-    one frame). Empty when neither can be had."""
+    one frame); empty when neither can be had. And whether a frame was wanted but none came."""
     samples = testdata_samples(testdata, artifacts, backends)
     if all(any(s.fits_artifact(a) for s in samples) for a in artifacts):
-        return samples
+        return samples, False
     reference = reference_session(artifacts, backends)
     try:
         feeder = build_feeder(pipeline, reference.inputs, reference.outputs)
@@ -133,16 +133,8 @@ def _samples(
     else:
         frame = grab_sample(pipeline, feeder, timeout)
     if frame is not None:
-        return [*samples, Sample(frame, "a frame from the pipeline's source")]
-    log.warning(
-        "pipeline %s: no frame from its source within %.0f s; %s",
-        pipeline.name,
-        config.backends.sample_timeout_s,
-        "only the candidates its test data fits are proven"
-        if samples
-        else "serving on the full-precision CPU reference, outputs not checked",
-    )
-    return samples
+        return [*samples, Sample(frame, "a frame from the pipeline's source")], False
+    return samples, True
 
 
 def hardware_notes(hardware: HardwareInfo) -> dict[str, str]:
@@ -293,12 +285,24 @@ def choose_and_load(
     key = decision_key(artifacts, testdata, policy, backends, hardware)
     decision = store.get(key)
     samples: list[Sample] = []
+    no_frame = False
     if decision is None and policy.benchmark:
         say("getting inputs to prove backends on")
-        samples = _samples(config, pipeline, artifacts, testdata, backends, peek)
+        samples, no_frame = _samples(config, pipeline, artifacts, testdata, backends, peek)
     with _deciding(key):
         # Another pipeline on this model may have proven a decision while this one waited for a frame.
         cached = decision or store.get(key)
+        if no_frame:
+            log.warning(
+                "pipeline %s: no frame from its source within %.0f s; %s",
+                pipeline.name,
+                config.backends.sample_timeout_s,
+                "another pipeline on this model proved a decision meanwhile: using it"
+                if cached is not None
+                else "only the candidates its test data fits are proven"
+                if samples
+                else "serving on the full-precision CPU reference, outputs not checked",
+            )
         if cached is None:
             log.info(
                 "pipeline %s: choosing a backend for %s%s",
@@ -322,6 +326,8 @@ def choose_and_load(
         else:
             decision = cached
             log.info("pipeline %s: using the cached backend decision %s", pipeline.name, key)
+            # Recorded for this pipeline too: `explain` shows it, reselect-backend finds what to forget.
+            store.put(key, decision, pipeline.name, model_ref, cache=False)
     session, used, failures = load_decided(decision, artifacts, policy, backends, progress, load)
     for failure in failures:
         log.warning("pipeline %s: %s; falling back to the next backend", pipeline.name, failure)
