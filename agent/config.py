@@ -73,7 +73,18 @@ class TlsConfig(StrictModel):
 
 class OutboxConfig(StrictModel):
     max_messages: int = Field(
-        100_000, ge=100, description="Outbox capacity; beyond it the oldest results are dropped and counted."
+        100_000,
+        ge=100,
+        description="Outbox capacity in messages; beyond it (or max_bytes) when_full applies.",
+    )
+    max_bytes: int = Field(
+        268_435_456, ge=65_536, description="Outbox capacity in payload bytes (256 MiB by default)."
+    )
+    when_full: Literal["drop-oldest", "drop-newest", "wait"] = Field(
+        "drop-oldest",
+        description="When full: drop the oldest results, drop the new one, or wait (the pipelines stop "
+        "taking frames, so cameras drop frames, counted, and nothing stored is lost). Drops are counted "
+        "per pipeline.",
     )
     max_inflight: int = Field(20, ge=1, le=1000, description="Unacknowledged QoS 1 publishes at once.")
     flush_timeout_s: float = Field(

@@ -32,6 +32,7 @@ from agent.fleet.device_commands import device_handlers
 from agent.fleet.reconciler import Reconciler
 from agent.fsutil import atomic_write_bytes
 from agent.mqtt import MqttConnection, Outbox, OutboxMessage, results_topic, telemetry_topic
+from agent.mqtt.outbox import OutboxFull
 from agent.mqtt.router import Router
 from agent.sd_notify import notify, watchdog_interval_s
 from agent.session_pool import SessionPool
@@ -68,26 +69,35 @@ class ResultWriter:
 
     def submit(self, pipeline: str, result: dict[str, Any]) -> None:
         produced = time.time()
-        message = {
+        base = {
             "id": str(uuid.uuid4()),
             "device": self.config.device.id,
             "pipeline": pipeline,
-            "seq": self.outbox.next_sequence(f"results/{pipeline}"),
+        }
+        rest = {
             "captured_at": iso_utc(result.pop("captured_at")),
             "produced_at": iso_utc(produced),
             "published_at": None,  # set when sent: see stamp_published_at
             **result,
         }
         topic = results_topic(self.config.mqtt.topic_prefix, self.config.device.id, pipeline)
-        # allow_nan=False: NaN is not JSON; a model emitting it fails the frame (counted), not the reader.
-        payload = json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
         limit = self.config.mqtt.max_payload_bytes
-        if len(payload) > limit:
-            raise ModelError(
-                f"result of {len(payload)} bytes is over mqtt.max_payload_bytes ({limit}); "
-                "lower postprocess.max_values or raise the limit"
-            )
-        self.outbox.put(topic, payload, qos=1)
+
+        def payload(seq: int) -> bytes:
+            # allow_nan=False: NaN is not JSON; a model emitting it fails the frame (counted), not the reader.
+            data = json.dumps({**base, "seq": seq, **rest}, separators=(",", ":"), allow_nan=False).encode()
+            if len(data) > limit:
+                raise ModelError(
+                    f"result of {len(data)} bytes is over mqtt.max_payload_bytes ({limit}); "
+                    "lower postprocess.max_values or raise the limit"
+                )
+            return data
+
+        try:
+            # The sequence number is taken in the transaction that stores the result: a gap is a loss.
+            self.outbox.put_numbered(topic, payload, qos=1, stream=f"results/{pipeline}")
+        except OutboxFull:
+            return  # when_full: drop-newest; counted per pipeline by the outbox (status, telemetry, log)
         self.on_written()
 
 
@@ -99,7 +109,13 @@ class Agent:
         state_dir = config.state_dir
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
-            self.outbox = Outbox(state_dir / "outbox.sqlite", config.mqtt.outbox.max_messages)
+            box = config.mqtt.outbox
+            self.outbox = Outbox(
+                state_dir / "outbox.sqlite",
+                box.max_messages,
+                max_bytes=box.max_bytes,
+                when_full=box.when_full,
+            )
         except (OSError, sqlite3.Error) as exc:
             raise EdgeAgentError(
                 f"cannot use state_dir {state_dir}: {exc}",
@@ -147,6 +163,7 @@ class Agent:
             config.fleet.commands, device_handlers(self, self.recent_logs), config.mqtt.max_payload_bytes
         )
         self._last_states: dict[str, tuple[str, str, str]] = {}
+        self._outage_mark: tuple[int, dict[str, int]] = (0, self.outbox.dropped_by_stream())
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -179,6 +196,7 @@ class Agent:
                 self.supervisor.tick()
                 self._report_state_changes()
                 self.reconciler.report()
+                self._summarise_outage()
                 if now >= next_status_file:
                     self.write_status_file()
                     next_status_file = now + _STATUS_FILE_EVERY_S
@@ -216,7 +234,29 @@ class Agent:
     # --- status ------------------------------------------------------------------------
 
     def pipeline_states(self) -> dict[str, dict[str, Any]]:
-        return self.supervisor.states()
+        states = self.supervisor.states()
+        dropped = self.outbox.dropped_by_stream()
+        for name, state in states.items():
+            state["results_dropped"] = dropped.get(f"results/{name}", 0)  # by the outbox's when_full
+        return states
+
+    def _summarise_outage(self) -> None:
+        """When the link comes back after drops, one line says what the outage cost, per pipeline."""
+        connects = int(self.mqtt.stats()["connects"])
+        if connects == self._outage_mark[0]:
+            return
+        dropped = self.outbox.dropped_by_stream()
+        before = self._outage_mark[1]
+        lost = {s: n - before.get(s, 0) for s, n in dropped.items() if n > before.get(s, 0)}
+        if lost:
+            log.warning(
+                "broker reachable again; while it was away the outbox (when_full: %s) dropped %d "
+                "result(s): %s",
+                self.config.mqtt.outbox.when_full,
+                sum(lost.values()),
+                ", ".join(f"{s.removeprefix('results/')}: {n}" for s, n in sorted(lost.items())),
+            )
+        self._outage_mark = (connects, dropped)
 
     def _status_payload(self, state: str) -> bytes:
         payload: dict[str, Any] = {

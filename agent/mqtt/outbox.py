@@ -9,8 +9,16 @@ WAL with synchronous=NORMAL: a commit survives a crash of the process; on power 
 last few commits may be lost, which is the usual trade for not fsyncing every result on
 SD cards and eMMC.
 
-The queue is bounded (`max_messages`): a box offline for weeks drops its oldest results,
-counts them (`dropped`, persistent) and logs a warning, instead of filling its disk.
+The queue is bounded in messages and in bytes (`max_messages`, `max_bytes`): a box offline for
+weeks does not fill its disk. What happens when it is full is a policy (`when_full`):
+`drop-oldest` (the default: the newest results matter most), `drop-newest` (the new result is
+refused), or `wait` (the writer blocks until the broker takes some: the pipeline stops taking
+frames, so its camera drops them and counts them, and nothing already stored is lost). Every drop
+is counted per stream (the pipeline), persistently, and logged with the running total.
+
+A result's sequence number is taken in the same transaction that stores it (`put_numbered`): a
+number is never handed out for a result that was not stored, so a gap in a pipeline's `seq`
+always means a result was lost (dropped by the policy, and counted).
 
 One connection guarded by a lock serves every thread (pipeline workers put, the publisher
 peeks and acks); SQLite calls are short, so contention is small.
@@ -22,10 +30,11 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +44,8 @@ CREATE TABLE IF NOT EXISTS messages (
     topic TEXT NOT NULL,
     payload BLOB NOT NULL,
     qos INT NOT NULL,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    stream TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS sequences (
     stream TEXT PRIMARY KEY,
@@ -60,14 +70,38 @@ class OutboxMessage:
     created: float
 
 
+WHEN_FULL = ("drop-oldest", "drop-newest", "wait")
+
+
+class _NoRoomYet(Exception):
+    """`wait`: the built message does not fit yet (its transaction is rolled back, number included)."""
+
+
+class OutboxFull(Exception):
+    """`drop-newest`: the outbox is full and this message was not stored (it is counted)."""
+
+
 class Outbox:
     """Bounded, durable, thread-safe FIFO of MQTT messages (see module docstring)."""
 
-    def __init__(self, path: Path, max_messages: int = 100_000, *, busy_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        path: Path,
+        max_messages: int = 100_000,
+        *,
+        max_bytes: int | None = None,
+        when_full: str = "drop-oldest",
+        busy_timeout_s: float = 10.0,
+    ) -> None:
         if max_messages < 1:
             raise ValueError("max_messages must be >= 1")
+        if when_full not in WHEN_FULL:
+            raise ValueError(f"when_full must be one of {', '.join(WHEN_FULL)}, got {when_full!r}")
         self.path = Path(path)
         self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self.when_full = when_full
+        self._room = threading.Condition()  # `wait`: writers wait here for an ack to make room
         self._busy_timeout_s = busy_timeout_s  # waiting for another process (e.g. the CLI) holding the file
         self._lock = threading.Lock()
         self._acked_total = 0
@@ -88,9 +122,15 @@ class Outbox:
             )
             self._conn = self._open()
         self._count = self._scalar("SELECT COUNT(*) FROM messages")
+        self._bytes = self._scalar("SELECT COALESCE(SUM(LENGTH(payload)), 0) FROM messages")
         self._dropped = self._scalar(
             "SELECT COALESCE((SELECT value FROM counters WHERE name = 'dropped'), 0)"
         )
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT name, value FROM counters WHERE name LIKE 'dropped:%'"
+            ).fetchall()
+        self._dropped_by_stream = {str(name)[len("dropped:") :]: int(value) for name, value in rows}
         self._closed = False
 
     # -- opening -------------------------------------------------------------------------------
@@ -104,6 +144,9 @@ class Outbox:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SCHEMA)
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
+            if "stream" not in columns:  # an outbox written by an earlier version
+                conn.execute("ALTER TABLE messages ADD COLUMN stream TEXT NOT NULL DEFAULT ''")
             # quick_check reads every page once: cheap at outbox sizes, and it finds corruption now
             # rather than in the middle of a put from a pipeline thread.
             result = conn.execute("PRAGMA quick_check").fetchone()
@@ -150,62 +193,169 @@ class Outbox:
 
     # -- queue ---------------------------------------------------------------------------------
 
-    def put(self, topic: str, payload: bytes, qos: int = 1) -> int:
-        """Store one message; returns its row id. Drops the oldest rows when full."""
+    def put(self, topic: str, payload: bytes, qos: int = 1, stream: str = "") -> int:
+        """Store one message; returns its row id. When full, the `when_full` policy applies."""
+        return self.put_numbered(topic, lambda _seq: payload, qos, stream, numbered=False)[0]
+
+    def put_numbered(
+        self,
+        topic: str,
+        make_payload: Callable[[int], bytes],
+        qos: int = 1,
+        stream: str = "",
+        numbered: bool = True,
+    ) -> tuple[int, int]:
+        """Store the message `make_payload(seq)` builds, with `seq` the stream's next sequence number
+        taken in the same transaction; returns (row id, seq). An exception from `make_payload` stores
+        nothing and uses no number. When full: `drop-oldest` drops the oldest messages; `drop-newest`
+        raises OutboxFull (the number is used: the gap shows the loss, and it is counted); `wait`
+        blocks until acks make room (the number is taken once there is room)."""
         if qos not in (0, 1, 2):
             raise ValueError(f"qos must be 0, 1 or 2, got {qos!r}")
-        now = time.time()
-        with self._lock:
-            self._check_open()
-            overflow = self._count - self.max_messages + 1
-            with self._transaction():
-                if overflow > 0:
-                    cur = self._conn.execute(
-                        "DELETE FROM messages WHERE id IN (SELECT id FROM messages ORDER BY id LIMIT ?)",
-                        (overflow,),
-                    )
-                    removed = max(cur.rowcount, 0)
-                    self._conn.execute(
-                        "INSERT INTO counters(name, value) VALUES('dropped', ?) "
-                        "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
-                        (removed,),
-                    )
-                else:
-                    removed = 0
+        while True:
+            now = time.time()
+            with self._lock:
+                self._check_open()
+                if not (self.when_full == "wait" and self._full(0)):
+                    try:
+                        return self._store(topic, make_payload, qos, stream, numbered, now)
+                    except _NoRoomYet:
+                        pass
+            with self._room:  # `wait`: until an ack makes room (or the outbox closes)
+                self._room.wait(0.5)
+
+    def _store(
+        self,
+        topic: str,
+        make_payload: Callable[[int], bytes],
+        qos: int,
+        stream: str,
+        numbered: bool,
+        now: float,
+    ) -> tuple[int, int]:
+        """One put, as one transaction (caller holds the lock)."""
+        try:
+            return self._store_in_transaction(topic, make_payload, qos, stream, numbered, now)
+        except (sqlite3.Error, OSError):
+            # Rolled back (disk full, I/O): the counts kept in memory follow the database again.
+            self._count = int(self._conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0])
+            self._bytes = int(
+                self._conn.execute("SELECT COALESCE(SUM(LENGTH(payload)), 0) FROM messages").fetchone()[0]
+            )
+            raise
+
+    def _store_in_transaction(
+        self,
+        topic: str,
+        make_payload: Callable[[int], bytes],
+        qos: int,
+        stream: str,
+        numbered: bool,
+        now: float,
+    ) -> tuple[int, int]:
+        with self._transaction():
+            seq = self._take_sequence(stream) if numbered else 0
+            payload = bytes(make_payload(seq))
+            full = self._full(len(payload))
+            if full and self.when_full == "wait" and self._count:
+                raise _NoRoomYet()  # rolled back, the number included
+            dropped_new = full and (self.when_full == "drop-newest" or self._count == 0)
+            if dropped_new:
+                removed = {stream: 1}
+                self._count_drops(removed)
+            else:
+                removed = self._drop_oldest(len(payload))
                 cur = self._conn.execute(
-                    "INSERT INTO messages(topic, payload, qos, created) VALUES (?, ?, ?, ?)",
-                    (topic, sqlite3.Binary(bytes(payload)), qos, now),
+                    "INSERT INTO messages(topic, payload, qos, created, stream) VALUES (?, ?, ?, ?, ?)",
+                    (topic, sqlite3.Binary(payload), qos, now, stream),
                 )
-            row_id = cur.lastrowid
-            self._count += 1 - removed
-            if removed:
-                self._dropped += removed
-                self._dropped_since_warning += removed
-                if now - self._last_drop_warning >= _DROP_WARN_INTERVAL_S:
-                    log.warning(
-                        "outbox full (%d messages): dropped %d oldest message(s) since the last warning, "
-                        "%d in total; is the broker reachable?",
-                        self.max_messages,
-                        self._dropped_since_warning,
-                        self._dropped,
-                    )
-                    self._last_drop_warning = now
-                    self._dropped_since_warning = 0
+        self._note_drops(removed, now)
+        if dropped_new:
+            raise OutboxFull(
+                f"outbox full ({self._describe_limits()}, when_full: {self.when_full}): "
+                f"message {seq or ''} of {stream or topic} dropped"
+            )
+        self._count += 1
+        self._bytes += len(payload)
+        row_id = cur.lastrowid
         assert row_id is not None
-        return row_id
+        return row_id, seq
+
+    def _full(self, adding: int) -> bool:
+        over_bytes = self.max_bytes is not None and self._bytes + adding > self.max_bytes
+        return self._count + 1 > self.max_messages or over_bytes
+
+    def _drop_oldest(self, size: int) -> dict[str, int]:
+        """Drop the oldest messages until one of `size` bytes fits; the drops per stream. Caller holds
+        the lock inside a transaction."""
+        removed: dict[str, int] = {}
+        while self._count and self._full(size):
+            rows = self._conn.execute(
+                "SELECT id, LENGTH(payload), stream FROM messages ORDER BY id LIMIT 256"
+            ).fetchall()
+            for row_id, length, row_stream in rows:
+                if not self._full(size):
+                    break
+                self._conn.execute("DELETE FROM messages WHERE id = ?", (row_id,))
+                self._count -= 1
+                self._bytes -= int(length)
+                removed[row_stream] = removed.get(row_stream, 0) + 1
+        self._count_drops(removed)
+        return removed
+
+    def _count_drops(self, removed: dict[str, int]) -> None:
+        for stream, count in removed.items():
+            if not count:
+                continue
+            for name in ("dropped", f"dropped:{stream}"):
+                self._conn.execute(
+                    "INSERT INTO counters(name, value) VALUES(?, ?) "
+                    "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+                    (name, count),
+                )
+
+    def _note_drops(self, removed: dict[str, int], now: float) -> None:
+        total = sum(removed.values())
+        if not total:
+            return
+        self._dropped += total
+        self._dropped_since_warning += total
+        for stream, count in removed.items():
+            self._dropped_by_stream[stream] = self._dropped_by_stream.get(stream, 0) + count
+        if now - self._last_drop_warning >= _DROP_WARN_INTERVAL_S:
+            by_stream = ", ".join(f"{s or '-'}: {n}" for s, n in sorted(self._dropped_by_stream.items()))
+            log.warning(
+                "outbox full (%s, when_full: %s): dropped %d message(s) since the last warning, %d in "
+                "total (%s); is the broker reachable?",
+                self._describe_limits(),
+                self.when_full,
+                self._dropped_since_warning,
+                self._dropped,
+                by_stream,
+            )
+            self._last_drop_warning = now
+            self._dropped_since_warning = 0
+
+    def _describe_limits(self) -> str:
+        limits = f"{self.max_messages} messages"
+        return limits + (f" or {self.max_bytes} bytes" if self.max_bytes is not None else "")
+
+    def _take_sequence(self, stream: str) -> int:
+        """The stream's next sequence number (caller holds the lock in a transaction)."""
+        self._conn.execute(
+            "INSERT INTO sequences(stream, value) VALUES (?, 1) "
+            "ON CONFLICT(stream) DO UPDATE SET value = value + 1",
+            (stream,),
+        )
+        row = self._conn.execute("SELECT value FROM sequences WHERE stream = ?", (stream,)).fetchone()
+        return int(row[0])
 
     def next_sequence(self, stream: str) -> int:
         """Next value (1, 2, 3, ...) of a persistent per-stream counter; survives restarts."""
         with self._lock:
             self._check_open()
             with self._transaction():
-                self._conn.execute(
-                    "INSERT INTO sequences(stream, value) VALUES (?, 1) "
-                    "ON CONFLICT(stream) DO UPDATE SET value = value + 1",
-                    (stream,),
-                )
-                row = self._conn.execute("SELECT value FROM sequences WHERE stream = ?", (stream,)).fetchone()
-        return int(row[0])
+                return self._take_sequence(stream)
 
     def peek(self, limit: int, exclude: set[int] | frozenset[int] = frozenset()) -> list[OutboxMessage]:
         """Up to `limit` messages, oldest first, skipping the ids in `exclude` (in flight)."""
@@ -229,11 +379,18 @@ class Outbox:
         """Delete a delivered message; False when it was already gone (dropped or acked)."""
         with self._lock:
             self._check_open()
+            row = self._conn.execute(
+                "SELECT LENGTH(payload) FROM messages WHERE id = ?", (message_id,)
+            ).fetchone()
             cur = self._conn.execute("DELETE FROM messages WHERE id = ?", (message_id,))
             removed = cur.rowcount > 0
             if removed:
                 self._count -= 1
+                self._bytes -= int(row[0]) if row else 0
                 self._acked_total += 1
+        if removed:
+            with self._room:
+                self._room.notify_all()
         return removed
 
     def pending(self) -> int:
@@ -248,10 +405,22 @@ class Outbox:
         with self._lock:
             return self._dropped
 
-    def stats(self) -> dict[str, int]:
-        """pending: queued now; dropped: lost to the cap (persistent); acked_total: since open."""
+    def dropped_by_stream(self) -> dict[str, int]:
         with self._lock:
-            return {"pending": self._count, "dropped": self._dropped, "acked_total": self._acked_total}
+            return dict(self._dropped_by_stream)
+
+    def stats(self) -> dict[str, Any]:
+        """pending: queued now (and its bytes); dropped: lost to the limits (persistent, also per
+        stream); acked_total: since open."""
+        with self._lock:
+            return {
+                "pending": self._count,
+                "pending_bytes": self._bytes,
+                "dropped": self._dropped,
+                "dropped_by_stream": dict(self._dropped_by_stream),
+                "acked_total": self._acked_total,
+                "when_full": self.when_full,
+            }
 
     def close(self) -> None:
         with self._lock:
@@ -259,6 +428,8 @@ class Outbox:
                 return
             self._closed = True
             self._conn.close()
+        with self._room:  # writers waiting for room find it closed
+            self._room.notify_all()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -1,0 +1,114 @@
+"""The outbox's limits and what happens when they are reached (issue 13): bounded by messages and
+by bytes, a policy when full (drop the oldest, drop the newest, or wait), every drop counted per
+stream, and sequence numbers taken in the same transaction as the result they number."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.mqtt.outbox import Outbox, OutboxFull
+from tests.waits import wait_until
+
+
+def _put(box: Outbox, stream: str, size: int = 100) -> tuple[int, int]:
+    return box.put_numbered("t", lambda seq: f"{stream}:{seq}:".encode().ljust(size, b"."), stream=stream)
+
+
+def test_the_byte_limit_drops_the_oldest_and_counts_each_stream(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.db", max_bytes=1000)  # ten 100-byte results
+    for i in range(12):
+        _put(box, "results/a" if i % 2 == 0 else "results/b")
+    assert box.pending() == 10 and box.stats()["pending_bytes"] == 1000
+    assert box.dropped_by_stream() == {"results/a": 1, "results/b": 1} and box.dropped == 2
+    # The survivors are the newest ten; the sequence numbers show where the losses were.
+    assert [m.payload.split(b":")[:2] for m in box.peek(2)] == [[b"results/a", b"2"], [b"results/b", b"2"]]
+    box.close()
+    again = Outbox(tmp_path / "o.db", max_bytes=1000)  # the counts are persistent
+    assert (
+        again.dropped_by_stream() == {"results/a": 1, "results/b": 1}
+        and again.stats()["pending_bytes"] == 1000
+    )
+    again.close()
+
+
+def test_drop_newest_refuses_the_new_result_and_leaves_a_gap_in_its_stream(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.db", max_messages=100, when_full="drop-newest")
+    for _ in range(100):
+        _put(box, "results/a")
+    with pytest.raises(OutboxFull, match="message 101 of results/a dropped"):
+        _put(box, "results/a")
+    assert box.pending() == 100 and box.dropped_by_stream() == {"results/a": 1}
+    box.ack(box.peek(1)[0].id)
+    assert _put(box, "results/a")[1] == 102  # 101 is the gap that shows the loss
+    assert [m.payload.split(b":")[1] for m in box.peek(1)] == [b"2"]  # nothing stored was dropped
+    box.close()
+
+
+def test_wait_blocks_the_writer_until_an_ack_makes_room_and_loses_nothing(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.db", max_messages=100, when_full="wait")
+    for _ in range(100):
+        _put(box, "results/a")
+    stored: list[int] = []
+    writer = threading.Thread(target=lambda: stored.append(_put(box, "results/a")[1]))
+    writer.start()
+    time.sleep(0.3)  # a writer that did not block would have stored by now (checked below)
+    assert stored == [] and writer.is_alive()
+    box.ack(box.peek(1)[0].id)
+    wait_until(lambda: stored == [101], "the waiting writer stores once there is room", timeout=10)
+    writer.join(10)
+    assert box.dropped == 0 and box.pending() == 100
+    box.close()
+
+
+def test_wait_gives_up_when_the_outbox_closes(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.db", max_messages=100, when_full="wait")
+    for _ in range(100):
+        _put(box, "s")
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            _put(box, "s")
+        except BaseException as exc:
+            errors.append(exc)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    box.close()
+    writer.join(10)
+    assert not writer.is_alive() and isinstance(errors[0], RuntimeError)
+
+
+def test_a_result_that_cannot_be_built_uses_no_sequence_number(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.db")
+    assert _put(box, "results/a")[1] == 1
+
+    def too_big(seq: int) -> bytes:
+        raise ValueError(f"result {seq} is over the limit")
+
+    with pytest.raises(ValueError, match="result 2 is over the limit"):
+        box.put_numbered("t", too_big, stream="results/a")
+    assert _put(box, "results/a")[1] == 2 and box.pending() == 2
+    box.close()
+
+
+def test_an_outbox_from_an_earlier_version_is_opened_and_kept(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as db:
+        db.executescript(
+            "CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, "
+            "payload BLOB NOT NULL, qos INT NOT NULL, created REAL NOT NULL);"
+            "CREATE TABLE sequences (stream TEXT PRIMARY KEY, value INTEGER NOT NULL);"
+            "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);"
+            "INSERT INTO messages(topic, payload, qos, created) VALUES ('t', x'7b7d', 1, 1.0);"
+            "INSERT INTO sequences VALUES ('results/a', 41);"
+        )
+    box = Outbox(path)
+    assert [m.payload for m in box.peek(5)] == [b"{}"] and box.stats()["pending_bytes"] == 2
+    assert _put(box, "results/a")[1] == 42
+    box.close()
