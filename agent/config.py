@@ -116,7 +116,11 @@ class MqttConfig(StrictModel):
         "after the link drops (MQTT 5; 3.1.1 keeps it until the broker drops it); 0: a clean session.",
     )
     reconnect_min_s: float = Field(
-        1.0, gt=0, description="First reconnect delay; doubles up to the max, plus a random share (jitter)."
+        1.0,
+        gt=0,
+        description="First reconnect delay; doubles up to the max (a random half of it: jitter). While "
+        "waiting the broker's port is probed each second: a broker that is back is reconnected to within "
+        "a few seconds (a random spread of up to 3 s, so a fleet does not return at once).",
     )
     reconnect_max_s: float = Field(60.0, gt=0)
     outbox: OutboxConfig = Field(default_factory=OutboxConfig)

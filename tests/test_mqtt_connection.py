@@ -482,3 +482,24 @@ def test_an_oversized_message_is_refused_and_does_not_block_the_queue(
         stats = conn.stats()
         assert stats["rejected"] == 1 and stats["disconnects"] == 0, stats
         assert "10000 bytes is over the limit" in str(stats["last_error"])
+
+
+def test_a_broker_back_after_a_long_outage_is_reconnected_within_seconds_not_a_backoff(
+    mosquitto: Mosquitto, connection_factory: ConnectionFactory
+) -> None:
+    """With the default 60 s backoff cap, an agent whose backoff has grown during a long outage still
+    reconnects within a few seconds of the broker's return: its port is probed during the wait."""
+    conn, _ = connection_factory(mosquitto, "5", reconnect_min_s=1.0, reconnect_max_s=60.0)
+    conn.start()
+    wait_until(lambda: conn.connected, "the first connection", timeout=30)
+    mosquitto.stop()
+    wait_until(lambda: not conn.connected, "the broker gone", timeout=30)
+    # Long enough for the backoff to grow to 16 s: attempt 6 waits 8-16 s before it connects.
+    wait_until(lambda: conn._attempts >= 6, "the backoff to grow", timeout=90)
+    mosquitto.start()
+    back = time.monotonic()
+    wait_until(lambda: conn.connected, "reconnected", timeout=60)
+    took = time.monotonic() - back
+    print(f"reconnected {took:.1f} s after the broker came back (attempt {conn._attempts or 'done'})")
+    # Probe every 1 s + a spread of at most 3 s + paho's 1 s delay (the backoff alone: 8-16 s).
+    assert took < 7, took

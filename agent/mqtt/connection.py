@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import queue
 import random
+import socket
 import sys
 import threading
 import time
@@ -54,6 +55,12 @@ from agent.mqtt.outbox import Outbox, OutboxMessage
 from agent.mqtt.topics import status_topic
 
 log = logging.getLogger(__name__)
+
+# While the broker is away: how often its port is probed, and how long a probe may take.
+_PROBE_EVERY_S = 1.0
+_PROBE_TIMEOUT_S = 1.0
+# The most a reconnect waits (at random) once the broker is back: a fleet returns spread out.
+_RECONNECT_SPREAD_S = 3.0
 
 # Bytes of an MQTT PUBLISH besides topic and payload: fixed header, packet id, properties.
 _PACKET_OVERHEAD = 64
@@ -219,8 +226,9 @@ class MqttConnection:
         client.suppress_exceptions = True
         client.max_inflight_messages_set(self._max_inflight)
         use_credentials(client, cfg)
-        # paho annotates the delays as int but handles floats; tests rely on sub-second delays.
-        client.reconnect_delay_set(cast(int, cfg.reconnect_min_s), cast(int, cfg.reconnect_max_s))
+        # paho waits a short fixed delay between attempts; the backoff (with its jitter and the probe
+        # that ends it early) is ours: _wait_for_broker. paho annotates delays as int, handles floats.
+        client.reconnect_delay_set(cast(int, cfg.reconnect_min_s), cast(int, cfg.reconnect_min_s))
         client.on_pre_connect = self._on_pre_connect
         client.on_connect = self._on_connect
         client.on_connect_fail = self._on_connect_fail
@@ -628,13 +636,33 @@ class MqttConnection:
     def _on_pre_connect(self, client: mqtt.Client, userdata: Any) -> None:
         # The offline payload may carry state (version, uptime): refresh the will for each attempt.
         self._set_will()
-        # A reconnect waits a random share of its backoff on top of paho's: after a broker restart a
-        # fleet comes back spread out, not all in the same second (a thundering herd).
         self._attempts += 1
-        if self._attempts > 1:
-            cfg = self._config
-            cap = min(cfg.reconnect_max_s, cfg.reconnect_min_s * 2 ** min(self._attempts - 2, 16))
-            self._stopping.wait(random.uniform(0, cap))
+        if self._attempts > 1 and not self._auth_backoff:
+            self._wait_for_broker(self._attempts)
+
+    def _wait_for_broker(self, attempt: int) -> None:
+        """Back off before reconnect attempt `attempt` (exponential from reconnect_min_s to
+        reconnect_max_s, a random half of it as jitter), but end the wait once the broker's port
+        accepts a TCP connection again (probed every few seconds): a broker back after a long outage
+        is reconnected to within seconds, not at the end of a 60 s backoff. The connect itself waits
+        a random moment within a short spread so a fleet does not come back all at once."""
+        cfg = self._config
+        backoff = min(cfg.reconnect_max_s, cfg.reconnect_min_s * 2 ** min(attempt - 2, 16))
+        deadline = time.monotonic() + random.uniform(backoff / 2, backoff)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._stopping.wait(min(_PROBE_EVERY_S, remaining)):
+                return
+            if self._broker_listens():
+                self._stopping.wait(random.uniform(0, min(_RECONNECT_SPREAD_S, 3 * cfg.reconnect_min_s)))
+                return
+
+    def _broker_listens(self) -> bool:
+        try:
+            with socket.create_connection((self._config.host, self._config.port), timeout=_PROBE_TIMEOUT_S):
+                return True
+        except OSError:
+            return False
 
     def _on_connect(
         self,
@@ -674,7 +702,7 @@ class MqttConnection:
                 self._auth_backoff = False
             if restore_backoff:
                 cfg = self._config
-                client.reconnect_delay_set(cast(int, cfg.reconnect_min_s), cast(int, cfg.reconnect_max_s))
+                client.reconnect_delay_set(cast(int, cfg.reconnect_min_s), cast(int, cfg.reconnect_min_s))
             # After `connected` is set: a concurrent subscribe() is either in this snapshot or
             # subscribes itself (at worst twice, which is harmless).
             self._resubscribe()
