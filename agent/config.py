@@ -86,6 +86,15 @@ class OutboxConfig(StrictModel):
         "taking frames, so cameras drop frames, counted, and nothing stored is lost). Drops are counted "
         "per pipeline.",
     )
+    durability: Literal["crash-safe", "power-loss-safe"] = Field(
+        "crash-safe",
+        description="crash-safe: a stored result survives the process dying (SQLite WAL, synchronous "
+        "NORMAL); power-loss-safe: also the box losing power (fsync), committing results together "
+        "every commit_interval_ms, so at most that much is lost.",
+    )
+    commit_interval_ms: float = Field(
+        50.0, ge=1, le=5000, description="power-loss-safe: how long results are grouped into one commit."
+    )
     max_inflight: int = Field(20, ge=1, le=1000, description="Unacknowledged QoS 1 publishes at once.")
     flush_timeout_s: float = Field(
         10.0, ge=0, description="On shutdown, how long to keep delivering queued results."

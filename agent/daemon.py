@@ -115,6 +115,8 @@ class Agent:
                 box.max_messages,
                 max_bytes=box.max_bytes,
                 when_full=box.when_full,
+                durability=box.durability,
+                commit_interval_s=box.commit_interval_ms / 1000,
             )
         except (OSError, sqlite3.Error) as exc:
             raise EdgeAgentError(

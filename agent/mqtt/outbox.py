@@ -5,9 +5,12 @@ it (`ack`, called on the PUBACK for its message id). So a result survives a brok
 a network loss and a daemon restart; delivery is at-least-once (payloads carry unique ids
 so consumers can de-duplicate).
 
-WAL with synchronous=NORMAL: a commit survives a crash of the process; on power loss the
-last few commits may be lost, which is the usual trade for not fsyncing every result on
-SD cards and eMMC.
+Durability is a choice (`durability`): `crash-safe` (the default) is WAL with synchronous=NORMAL:
+a commit survives a crash of the process; on power loss the last few commits may be lost, the
+usual trade for not fsyncing every result on SD cards and eMMC. `power-loss-safe` fsyncs
+(synchronous=FULL), and to keep the rate up it commits the puts of `commit_interval_s` together:
+each put is a savepoint in the open transaction, and a commit every interval makes them durable.
+On power loss at most the last interval's results are lost; nothing committed is.
 
 The queue is bounded in messages and in bytes (`max_messages`, `max_bytes`): a box offline for
 weeks does not fill its disk. What happens when it is full is a policy (`when_full`):
@@ -91,6 +94,8 @@ class Outbox:
         *,
         max_bytes: int | None = None,
         when_full: str = "drop-oldest",
+        durability: str = "crash-safe",
+        commit_interval_s: float = 0.05,
         busy_timeout_s: float = 10.0,
     ) -> None:
         if max_messages < 1:
@@ -101,6 +106,12 @@ class Outbox:
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self.when_full = when_full
+        if durability not in ("crash-safe", "power-loss-safe"):
+            raise ValueError(f"durability must be crash-safe or power-loss-safe, got {durability!r}")
+        self.durability = durability
+        # power-loss-safe: puts are grouped into one fsynced commit per interval (see the docstring).
+        self._group_s = commit_interval_s if durability == "power-loss-safe" else 0.0
+        self._group_started: float | None = None  # monotonic: when the open group transaction began
         self._room = threading.Condition()  # `wait`: writers wait here for an ack to make room
         self._busy_timeout_s = busy_timeout_s  # waiting for another process (e.g. the CLI) holding the file
         self._lock = threading.Lock()
@@ -132,6 +143,8 @@ class Outbox:
             ).fetchall()
         self._dropped_by_stream = {str(name)[len("dropped:") :]: int(value) for name, value in rows}
         self._closed = False
+        if self._group_s:
+            threading.Thread(target=self._committer, name="outbox-commit", daemon=True).start()
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -142,7 +155,7 @@ class Outbox:
         )
         try:
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA synchronous=FULL" if self._group_s else "PRAGMA synchronous=NORMAL")
             conn.executescript(_SCHEMA)
             columns = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
             if "stream" not in columns:  # an outbox written by an earlier version
@@ -176,6 +189,10 @@ class Outbox:
     def _transaction(self) -> Iterator[None]:
         # Caller holds self._lock. IMMEDIATE takes the write lock up front, so a second process
         # on the same file (e.g. the CLI) waits instead of failing half-way.
+        if self._group_s:
+            with self._grouped():
+                yield
+            return
         self._conn.execute("BEGIN IMMEDIATE")
         try:
             yield
@@ -185,6 +202,44 @@ class Outbox:
                 self._conn.execute("ROLLBACK")
             raise
         self._conn.execute("COMMIT")
+
+    @contextmanager
+    def _grouped(self) -> Iterator[None]:
+        """power-loss-safe: one savepoint in the group transaction (a failing put undoes only itself);
+        the group is committed by the committer thread, or here once the interval has passed."""
+        if not self._conn.in_transaction:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._group_started = time.monotonic()
+        self._conn.execute("SAVEPOINT put")
+        try:
+            yield
+        except BaseException:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK TO put")
+                self._conn.execute("RELEASE put")
+            raise
+        self._conn.execute("RELEASE put")
+        self._commit_group_if_due()
+
+    def _commit_group_if_due(self, force: bool = False) -> None:
+        """Caller holds self._lock."""
+        started = self._group_started
+        due = started is not None and (force or time.monotonic() - started >= self._group_s)
+        if due and self._conn.in_transaction:
+            self._conn.execute("COMMIT")
+            self._group_started = None
+
+    def _committer(self) -> None:
+        """power-loss-safe: commit the open group every interval, even when no more puts come."""
+        while True:
+            time.sleep(self._group_s)
+            with self._lock:
+                if self._closed:
+                    return
+                try:
+                    self._commit_group_if_due()
+                except sqlite3.Error:
+                    log.exception("outbox %s: could not commit", self.path)
 
     def _scalar(self, sql: str, args: Iterable[object] = ()) -> int:
         with self._lock:
@@ -427,6 +482,8 @@ class Outbox:
             if self._closed:
                 return
             self._closed = True
+            if self._group_s:
+                self._commit_group_if_due(force=True)
             self._conn.close()
         with self._room:  # writers waiting for room find it closed
             self._room.notify_all()
