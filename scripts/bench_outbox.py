@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Benchmark: results per second through the outbox and the broker, against a bare paho QoS 1
+publisher on the same broker, in one run (ratios, so a noisy machine cancels out).
+
+- bare paho: one MQTT 5 client publishing N messages at QoS 1 with the agent's in-flight window (20),
+  timed until the broker acknowledged the last one;
+- outbox: a writer thread storing N results in the SQLite outbox (as a pipeline does) while the
+  agent's MqttConnection drains it; timed until the last PUBACK removed the last row. Once in each
+  durability mode: crash-safe (the default) and power-loss-safe (fsync, grouped commits).
+
+    .venv/bin/python scripts/bench_outbox.py [--results 20000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import psutil
+from paho.mqtt.enums import CallbackAPIVersion
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from agent.config import MqttConfig  # noqa: E402
+from agent.mqtt.connection import MqttConnection  # noqa: E402
+from agent.mqtt.outbox import Outbox  # noqa: E402
+from tests.mosquitto import Mosquitto  # noqa: E402
+
+PAYLOAD = json.dumps(
+    {"id": "x" * 36, "output": {"top": [{"label": "upright", "score": 0.98}]}, "pad": "y" * 400}
+)
+TOPIC = "edge/bench/results/cam"
+INFLIGHT = 20
+
+
+def bare_paho(broker: Mosquitto, count: int) -> float:
+    done = threading.Event()
+    acked = 0
+
+    def on_publish(*_args: object) -> None:
+        nonlocal acked
+        acked += 1
+        if acked == count:
+            done.set()
+
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="bench-bare", protocol=mqtt.MQTTv5)
+    client.max_inflight_messages_set(INFLIGHT)
+    client.max_queued_messages_set(0)
+    client.on_publish = on_publish
+    client.connect(broker.host, broker.port)
+    client.loop_start()
+    started = time.perf_counter()
+    for _ in range(count):
+        client.publish(TOPIC, PAYLOAD, qos=1)
+    if not done.wait(600):
+        raise SystemExit("bare paho: not every publish was acknowledged")
+    took = time.perf_counter() - started
+    client.disconnect()
+    client.loop_stop()
+    return count / took
+
+
+def through_outbox(broker: Mosquitto, count: int, durability: str, work: Path) -> float:
+    outbox = Outbox(work / f"outbox-{durability}-{time.monotonic_ns()}.db", max_messages=count + 10,
+                    durability=durability)  # fmt: skip
+    config = MqttConfig(host=broker.host, port=broker.port, outbox={"max_inflight": INFLIGHT})  # type: ignore[arg-type]
+    conn = MqttConnection(config, "bench", outbox, lambda: b"online", lambda: b"offline")
+    conn.start()
+    deadline = time.monotonic() + 30
+    while not conn.connected:
+        if time.monotonic() > deadline:
+            raise SystemExit("the connection did not come up")
+        time.sleep(0.05)
+    payload = PAYLOAD.encode()
+    started = time.perf_counter()
+
+    def write() -> None:
+        for _ in range(count):
+            outbox.put_numbered(TOPIC, lambda _seq: payload, stream="results/cam")
+            conn.notify_new_message()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    while outbox.stats()["acked_total"] < count:
+        if time.perf_counter() - started > 600:
+            raise SystemExit(
+                f"outbox ({durability}): only {outbox.stats()['acked_total']} of {count} delivered"
+            )
+        time.sleep(0.01)
+    took = time.perf_counter() - started
+    writer.join()
+    conn.stop(publish_offline=False)
+    outbox.close()
+    return count / took
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    rates: dict[str, list[float]] = {"bare": [], "crash-safe": [], "power-loss-safe": []}
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-outbox-") as tmp,
+        Mosquitto(Path(tmp) / "broker") as broker,
+    ):
+        for _ in range(args.rounds):  # interleaved, so a noisy stretch hits every kind
+            rates["bare"].append(bare_paho(broker, args.results))
+            for mode in ("crash-safe", "power-loss-safe"):
+                rates[mode].append(through_outbox(broker, args.results, mode, Path(tmp)))
+            print(json.dumps({k: round(v[-1]) for k, v in rates.items()}), flush=True)
+    bare = statistics.median(rates["bare"])
+    print(
+        f"\n`scripts/bench_outbox.py` on {dt.date.today()}, {psutil.cpu_count()} cores "
+        f"({platform.machine()}), "
+        f"Python {platform.python_version()}, mosquitto on loopback; {args.results} results of "
+        f"{len(PAYLOAD)} bytes, median of {args.rounds} interleaved rounds:\n"
+    )
+    print("| path | results/s | vs bare paho |")
+    print("|---|---|---|")
+    for name, values in rates.items():
+        rate = statistics.median(values)
+        print(f"| {name} | {rate:,.0f} | {rate / bare:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
