@@ -96,6 +96,15 @@ class OutboxConfig(StrictModel):
         50.0, ge=1, le=5000, description="power-loss-safe: how long results are grouped into one commit."
     )
     max_inflight: int = Field(20, ge=1, le=1000, description="Unacknowledged QoS 1 publishes at once.")
+    backlog_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="While a backlog is queued (after an outage), the share of the in-flight window "
+        "given to the oldest results; the rest carries the newest, so fresh results are not held behind "
+        "the backlog. 1: strictly oldest first. Per pipeline, results then arrive out of order: order "
+        "them by seq.",
+    )
     flush_timeout_s: float = Field(
         10.0, ge=0, description="On shutdown, how long to keep delivering queued results."
     )

@@ -270,7 +270,10 @@ def test_results_queued_while_broker_is_down_are_all_delivered(
         broker.stop()
         assert broker.persistence_file.exists()  # the watcher's session survives the outage
 
-        conn, outbox = connection_factory(broker, protocol)
+        # backlog_share 1: strictly oldest first (the default sends some of the newest beside the backlog).
+        conn, outbox = connection_factory(
+            broker, protocol, outbox=OutboxConfig(max_inflight=10, backlog_share=1.0)
+        )
         conn.start()  # the broker is down: start() must not fail or block
         ids = [f"r{i}" for i in range(300)]
         put_results(conn, outbox, ids)
@@ -503,3 +506,28 @@ def test_a_broker_back_after_a_long_outage_is_reconnected_within_seconds_not_a_b
     print(f"reconnected {took:.1f} s after the broker came back (attempt {conn._attempts or 'done'})")
     # Probe every 1 s + a spread of at most 3 s + paho's 1 s delay (the backoff alone: 8-16 s).
     assert took < 7, took
+
+
+def test_after_an_outage_fresh_results_go_out_beside_the_backlog(
+    tmp_path: Path, mqtt_subscriber_factory: SubscriberFactory, connection_factory: ConnectionFactory
+) -> None:
+    """The default backlog_share (0.5): with 300 results queued, the newest are among the first sent
+    when the broker is back, not after the whole backlog; every one arrives."""
+    broker = Mosquitto(tmp_path / "broker", persistence=True)
+    broker.start()
+    try:
+        sub = mqtt_subscriber_factory(
+            broker, f"edge/{DEVICE}/results/#", persistent=True, client_id="watcher"
+        )
+        broker.stop()
+        conn, outbox = connection_factory(broker, "5")
+        conn.start()
+        ids = [f"r{i}" for i in range(300)]
+        put_results(conn, outbox, ids)
+        broker.start()
+        sub.wait_until(lambda msgs: set(received_ids(sub)) >= set(ids), timeout=30)
+        order = first_occurrences(received_ids(sub))
+        assert sorted(order, key=ids.index) == ids  # all of them
+        assert order.index("r299") < 50, order[:60]  # the newest went out within the first windows
+    finally:
+        broker.close()

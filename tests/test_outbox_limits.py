@@ -147,3 +147,17 @@ def test_power_loss_safe_groups_commits_and_a_killed_writer_loses_nothing_commit
     assert _put(box, "s")[1] == 502 and box.pending() == 502
     box.close()
     assert Outbox(path).pending() == 502  # close committed the open group
+
+
+def test_peek_gives_part_of_the_window_to_the_newest_while_a_backlog_is_queued(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.db")
+    ids = [box.put("t", str(i).encode()) for i in range(100)]
+    # A backlog (100 queued, a window of 10): 6 of the oldest, 4 of the newest, each in order.
+    assert [m.id for m in box.peek(10, newest=4)] == ids[:6] + ids[-4:]
+    # In-flight rows are skipped on both ends.
+    assert [m.id for m in box.peek(10, exclude={ids[0], ids[-1]}, newest=4)] == ids[1:7] + ids[-5:-1]
+    # No backlog (all of it fits the window): oldest first only.
+    for row in ids[:95]:
+        box.ack(row)
+    assert [m.id for m in box.peek(10, newest=4)] == ids[95:]
+    box.close()

@@ -177,6 +177,7 @@ class MqttConnection:
         self._auth_backoff = False
         self._connects = 0
         self._attempts = 0  # connection attempts since the last CONNACK (paho's network thread)
+        self._backlog_share = config.outbox.backlog_share
         self._disconnects = 0
         self._published = 0
         self._rejected = 0
@@ -429,7 +430,9 @@ class MqttConnection:
             return
         now = time.monotonic()
         waiting = {row for row, (not_before, _) in self._retry.items() if not_before > now}
-        for message in self._outbox.peek(room, exclude=self._inflight_rows | waiting):
+        # After an outage, part of the window goes to the newest results (backlog_share to the oldest).
+        fresh = round(room * (1.0 - self._backlog_share))
+        for message in self._outbox.peek(room, exclude=self._inflight_rows | waiting, newest=fresh):
             if self._stopping.is_set() or not self.connected:
                 return
             payload = self._prepare_payload(message) if self._prepare_payload else message.payload

@@ -412,23 +412,34 @@ class Outbox:
             with self._transaction():
                 return self._take_sequence(stream)
 
-    def peek(self, limit: int, exclude: set[int] | frozenset[int] = frozenset()) -> list[OutboxMessage]:
-        """Up to `limit` messages, oldest first, skipping the ids in `exclude` (in flight)."""
+    def peek(
+        self, limit: int, exclude: set[int] | frozenset[int] = frozenset(), newest: int = 0
+    ) -> list[OutboxMessage]:
+        """Up to `limit` messages, skipping the ids in `exclude` (in flight): the oldest first, and,
+        with `newest` > 0 while a backlog is queued (more than `limit`), that many of the newest too,
+        so fresh results are not held behind a long backlog."""
         if limit <= 0:
             return []
+        select = "SELECT id, topic, payload, qos, created FROM messages ORDER BY id {} LIMIT ?"
         with self._lock:
             self._check_open()
-            # Scan from the oldest row: excluded (in-flight) rows are few, at most max_inflight.
-            rows = self._conn.execute(
-                "SELECT id, topic, payload, qos, created FROM messages ORDER BY id LIMIT ?",
-                (limit + len(exclude),),
+            newest = min(newest, limit - 1) if self._count > limit + len(exclude) else 0
+            # Scan from the oldest (and newest) rows: excluded (in-flight) rows are few.
+            oldest_rows = self._conn.execute(
+                select.format("ASC"), (limit - newest + len(exclude),)
             ).fetchall()
-        out = [
+            newest_rows = (
+                self._conn.execute(select.format("DESC"), (newest + len(exclude),)).fetchall()
+                if newest
+                else []
+            )
+        oldest = [r for r in oldest_rows if r[0] not in exclude][: limit - newest]
+        taken = {r[0] for r in oldest}
+        fresh = [r for r in newest_rows if r[0] not in exclude and r[0] not in taken][:newest][::-1]
+        return [
             OutboxMessage(id=r[0], topic=r[1], payload=bytes(r[2]), qos=r[3], created=r[4])
-            for r in rows
-            if r[0] not in exclude
+            for r in oldest + fresh
         ]
-        return out[:limit]
 
     def ack(self, message_id: int) -> bool:
         """Delete a delivered message; False when it was already gone (dropped or acked)."""
