@@ -1,0 +1,92 @@
+"""The short version of the soak (issue 13): a real agent publishing a 10 fps pipeline while the
+broker is bounced, and killed with SIGKILL, over and over; every result arrives (by its pipeline's
+seq, after de-duplication), and the agent's own counters say nothing was dropped.
+
+A broker stopped cleanly keeps its subscribers' queues (persistence); one killed with SIGKILL may
+lose what it had acknowledged but not yet forwarded, which is the broker's loss, not the agent's:
+the SIGKILL part therefore checks the agent's side (every seq published and acknowledged, no
+result dropped), and the clean bounces check end to end."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.agent_process import StartAgent, read_status
+from tests.fleet_fixtures import GOOD, agent_config, pipeline_body, publish_fleet_versions
+from tests.mosquitto import Mosquitto, Subscriber
+from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
+from tests.waits import wait_until
+
+DEVICE = "soak-box"
+BOUNCES = 3
+UP_S = 4.0  # broker up this long between outages, while results flow
+DOWN_S = 3.0
+
+
+def _seqs(subscriber: Subscriber) -> list[int]:
+    return [json.loads(m.payload)["seq"] for m in subscriber.messages]
+
+
+def test_every_result_arrives_through_broker_bounces_and_kills(
+    tmp_path: Path,
+    cls_model_path: Path,
+    monkeypatch: Any,
+    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    start_agent: StartAgent,
+) -> None:
+    broker = Mosquitto(tmp_path / "broker", persistence=True)
+    broker.start()
+    try:
+        registry = publish_fleet_versions(tmp_path / "registry", cls_model_path, monkeypatch)
+        config = agent_config(
+            tmp_path, DEVICE, broker.port, registry, {"cam": pipeline_body(GOOD, video[0], 10.0)}
+        )
+        watcher = Subscriber(broker.host, broker.port, f"edge/{DEVICE}/results/cam", persistent=True,
+                             client_id="watcher")  # fmt: skip
+        agent = start_agent(config)
+        state = tmp_path / DEVICE / "state"
+        wait_until(lambda: len(watcher.messages) >= 20, "results flowing", timeout=120)
+        for _ in range(BOUNCES):  # clean bounces: end to end, nothing may be lost
+            broker.stop()
+            time.sleep(DOWN_S)  # the outage itself (results queue in the outbox meanwhile)
+            broker.start()
+            before = len(watcher.messages)
+            wait_until(
+                lambda b=before: len(watcher.messages) >= b + int(UP_S * 5), "results again", timeout=60
+            )
+        # End to end through clean bounces: every number up to what the watcher has seen arrived.
+        seen = sorted(set(_seqs(watcher)))
+        clean_missing = sorted(set(range(1, seen[-1] + 1)) - set(seen))
+        assert clean_missing == [], clean_missing
+        for _ in range(2):  # SIGKILL: the agent must resend whatever was not acknowledged
+            assert broker._proc is not None
+            broker._proc.send_signal(signal.SIGKILL)
+            broker._proc.wait(30)
+            broker._proc = None
+            time.sleep(DOWN_S)
+            broker.start()
+            before = len(watcher.messages)
+            wait_until(
+                lambda b=before: len(watcher.messages) >= b + int(UP_S * 5), "results again", timeout=60
+            )
+        log = agent.stop()
+        status = read_status(state)
+        received = sorted(set(_seqs(watcher)))
+        produced = status["pipelines"]["cam"]["results"]
+        assert status["outbox"]["dropped"] == 0 and status["pipelines"]["cam"]["results_dropped"] == 0
+        assert status["outbox"]["pending"] == 0, status["outbox"]  # everything acknowledged before the stop
+        missing = sorted(set(range(1, received[-1] + 1)) - set(received))
+        duplicates = len(_seqs(watcher)) - len(received)
+        print(f"{produced} results, {len(received)} distinct received, {duplicates} duplicates; "
+              f"{len(seen)} arrived through {BOUNCES} clean bounces with none missing; after 2 broker "
+              f"SIGKILLs missing {len(missing)}: {missing[:20]}")  # fmt: skip
+        # A SIGKILLed broker may lose what it had acknowledged and not yet forwarded or saved (its own
+        # loss: the agent's outbox had it acknowledged). Reported above; docs/reliability.md measures it.
+        assert all(m > seen[-1] for m in missing), missing
+        assert "Traceback" not in log
+    finally:
+        broker.close()
