@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""Fault probe (issue 13): a real agent publishing a fast pipeline through faults, counted at a
+watcher on the broker, written to docs/reliability.md.
+
+Each scenario starts a fresh mosquitto (persistence on), a TCP proxy in front of it that the probe
+can cut (the agent's uplink), a watcher subscribed on the broker directly (persistent session), and
+one `edge-agent run` (the real text direction classifier on a rendered video at --fps, benchmark
+off) connected through the proxy. Then:
+
+- uplink cut: the proxy drops every connection and refuses new ones for 7 s, twice;
+- broker SIGKILL: mosquitto killed and restarted after 3 s, twice;
+- agent SIGKILL: the agent killed mid-stream and started again;
+- outbox limit: the broker down 30 s with `outbox.max_messages: 300` (drop-oldest).
+
+For each: results produced (the agent's count), received by the watcher (distinct seq), lost (a seq
+neither received nor counted as dropped), dropped (counted by the outbox), duplicates, arrivals out
+of order, and how long after the link came back the agent was delivering again.
+
+    .venv/bin/python scripts/probe_faults.py [--fps 50] [--write docs/reliability.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import itertools
+import json
+import platform
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from fleet_agents import GOOD, AgentFleet, agent_config, pipeline_body, publish_fleet_versions  # noqa: E402
+from make_demo_video import make_orientation_video  # noqa: E402
+
+from tests.mosquitto import Mosquitto, Subscriber  # noqa: E402
+from tests.waits import free_port  # noqa: E402
+
+
+class CuttableProxy:
+    """A TCP proxy on loopback whose link can be cut (every connection closed, new ones refused)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.port = free_port()
+        self.target = target_port
+        self.up = threading.Event()
+        self.up.set()
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._server = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            client, _ = self._server.accept()
+            if not self.up.is_set():
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target), timeout=2)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                with contextlib.suppress(OSError):
+                    s.close()
+
+    def cut(self) -> None:
+        self.up.clear()
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+                conn.close()
+            except OSError:
+                pass
+
+    def restore(self) -> None:
+        self.up.set()
+
+
+def run_scenario(
+    name: str, fps: float, work: Path, video: Path, registry: Path, seconds: float
+) -> dict[str, Any]:
+    broker = Mosquitto(work / f"broker-{name}", persistence=True)
+    broker.start()
+    proxy = CuttableProxy(broker.port)
+    extra: dict[str, Any] = {}
+    if name == "outbox limit":
+        extra = {
+            "mqtt": {
+                "host": "127.0.0.1",
+                "port": proxy.port,
+                "reconnect_min_s": 1.0,
+                "reconnect_max_s": 60.0,  # the default: the agent must not wait it out
+                "outbox": {"max_messages": 300},
+            }
+        }
+    device = f"probe-{name.replace(' ', '-')}"
+    config = agent_config(
+        work, device, proxy.port, registry, {"cam": pipeline_body(GOOD, video, fps)}, **extra
+    )
+    watcher = Subscriber(broker.host, broker.port, f"edge/{device}/results/cam", persistent=True,
+                         client_id=f"watch-{device}")  # fmt: skip
+    agents = AgentFleet({device: config})
+    agents.start(device)
+    recoveries: list[float] = []
+
+    def wait_flow(count: int, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while len(watcher.messages) < count:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{name}: results did not flow ({len(watcher.messages)} < {count})")
+            time.sleep(0.05)
+
+    def recovered_after(back: float) -> None:
+        seen = len(watcher.messages)
+        wait_flow(seen + 1)
+        recoveries.append(time.monotonic() - back)
+
+    try:
+        wait_flow(50)
+        time.sleep(seconds / 4)
+        for _ in range(1 if name in ("agent SIGKILL", "outbox limit") else 2):
+            if name == "uplink cut":
+                proxy.cut()
+                time.sleep(7)
+                proxy.restore()
+            elif name == "broker SIGKILL":
+                assert broker._proc is not None
+                broker._proc.send_signal(signal.SIGKILL)
+                broker._proc.wait(30)
+                broker._proc = None
+                time.sleep(3)
+                broker.start()
+            elif name == "agent SIGKILL":
+                agents.procs[device].send_signal(signal.SIGKILL)
+                agents.procs[device].wait(30)
+                agents.start(device)
+            elif name == "outbox limit":
+                broker.stop()
+                time.sleep(30)
+                broker.start()
+            recovered_after(time.monotonic())
+            time.sleep(seconds / 4)
+        agents.stop(device)
+        status = json.loads((work / device / "state" / "status.json").read_text())
+        time.sleep(2)  # the watcher takes what the broker still had queued for it
+    finally:
+        agents.kill_all()
+        proxy.cut()
+    seqs = [json.loads(m.payload)["seq"] for m in watcher.messages]
+    watcher.close()
+    broker.close()
+    distinct = set(seqs)
+    last = max(distinct) if distinct else 0
+    dropped = status["outbox"]["dropped"]
+    missing = sorted(set(range(1, last + 1)) - distinct)
+    out_of_order = sum(1 for a, b in itertools.pairwise(seqs) if b < a)
+    return {
+        "scenario": name,
+        "produced": last,
+        "received": len(distinct),
+        "dropped": dropped,
+        "lost": max(0, len(missing) - dropped),
+        "duplicates": len(seqs) - len(distinct),
+        "out_of_order": out_of_order,
+        "recovery_s": max(recoveries) if recoveries else None,
+        "pending_at_stop": status["outbox"]["pending"],
+    }
+
+
+def report(rows: list[dict[str, Any]], fps: float) -> str:
+    lines = [
+        "# Reliability under faults",
+        "",
+        f"`scripts/probe_faults.py` on {dt.date.today()}, {platform.machine()}, "
+        f"Python {platform.python_version()}, "
+        f"mosquitto with persistence on loopback: one real agent (`edge-agent run`) publishing the text "
+        f"direction classifier's results on a rendered video at {fps:g} fps through a TCP proxy the probe "
+        "cuts; a watcher subscribed on the broker (persistent session) counts what arrives by `seq`.",
+        "",
+        "| fault | produced | received | dropped (counted) | lost | duplicates | out of order "
+        "| delivering again after |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['scenario']} | {r['produced']} | {r['received']} | {r['dropped']} | {r['lost']} | "
+            f"{r['duplicates']} | {r['out_of_order']} | {r['recovery_s']:.1f} s |"
+        )
+    lines += [
+        "",
+        "- *lost*: a sequence number that neither arrived nor was counted as dropped by the outbox's "
+        "`when_full`. A broker killed with SIGKILL loses what it acknowledged and had not yet forwarded or "
+        "saved: that shows here as lost although the agent's outbox had it acknowledged.",
+        "- *out of order*: arrivals with a lower seq than the one before: duplicates resent after a cut, and "
+        "after an outage the backlog drains beside live results (`outbox.backlog_share`).",
+        "- *delivering again after*: from the end of the fault until the watcher saw the next result.",
+        "",
+        "Re-run: `.venv/bin/python scripts/probe_faults.py --write docs/reliability.md`.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fps", type=float, default=50.0)
+    parser.add_argument(
+        "--seconds", type=float, default=20.0, help="roughly, per scenario, besides the faults"
+    )
+    parser.add_argument("--write", type=Path, help="write the report here (e.g. docs/reliability.md)")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="probe-faults-") as tmp:
+        work = Path(tmp)
+        video = work / "signs.mp4"
+        make_orientation_video(video, fps=25, seconds_per_sign=1.0)
+        registry = publish_fleet_versions(work / "registry")
+        for name in ("uplink cut", "broker SIGKILL", "agent SIGKILL", "outbox limit"):
+            rows.append(run_scenario(name, args.fps, work, video, registry, args.seconds))
+            print(json.dumps(rows[-1]), flush=True)
+    text = report(rows, args.fps)
+    print(text)
+    if args.write:
+        args.write.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
