@@ -457,6 +457,7 @@ class DecisionSwitcher:
         self._proving = False
         self._upgrade: Session | None = None
         self._upgrade_lock = threading.Lock()
+        self._prover_thread: threading.Thread | None = None
 
     # --- proving an unchecked decision on a frame (agent.pipeline.Pipeline offers them) -----------
 
@@ -470,9 +471,17 @@ class DecisionSwitcher:
             return
         self._proving = True
         copied = {name: np.array(value, copy=True) for name, value in feeds.items()}
-        threading.Thread(
+        self._prover_thread = threading.Thread(
             target=self._prove_on, args=(copied, current), name="prove-backend", daemon=True
-        ).start()
+        )
+        self._prover_thread.start()
+
+    def join(self, timeout: float) -> None:
+        """Wait (at most `timeout`) for a proof in the background: a runtime still loading a session
+        when the process exits aborts it (its native threads are torn down under it)."""
+        thread = self._prover_thread
+        if thread is not None:
+            thread.join(timeout)
 
     def _prove_on(self, feeds: Mapping[str, np.ndarray], current: str) -> None:
         assert self._prove is not None

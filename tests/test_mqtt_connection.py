@@ -521,9 +521,11 @@ def test_after_an_outage_fresh_results_go_out_beside_the_backlog(
         )
         broker.stop()
         conn, outbox = connection_factory(broker, "5")
+        outbox.backlog_age_s = 0.5  # the outage here is short; in the field it is 10 s
         conn.start()
         ids = [f"r{i}" for i in range(300)]
         put_results(conn, outbox, ids)
+        time.sleep(0.6)  # the queued results become a backlog (older than backlog_age_s)
         broker.start()
         sub.wait_until(lambda msgs: set(received_ids(sub)) >= set(ids), timeout=30)
         order = first_occurrences(received_ids(sub))

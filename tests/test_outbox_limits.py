@@ -152,6 +152,9 @@ def test_power_loss_safe_groups_commits_and_a_killed_writer_loses_nothing_commit
 def test_peek_gives_part_of_the_window_to_the_newest_while_a_backlog_is_queued(tmp_path: Path) -> None:
     box = Outbox(tmp_path / "o.db")
     ids = [box.put("t", str(i).encode()) for i in range(100)]
+    # Just put: a burst, not a backlog: oldest first only.
+    assert [m.id for m in box.peek(10, newest=4)] == ids[:10]
+    box.backlog_age_s = 0.0  # as if they had waited through an outage
     # A backlog (100 queued, a window of 10): 6 of the oldest, 4 of the newest, each in order.
     assert [m.id for m in box.peek(10, newest=4)] == ids[:6] + ids[-4:]
     # In-flight rows are skipped on both ends.

@@ -113,6 +113,8 @@ class Outbox:
         self._group_s = commit_interval_s if durability == "power-loss-safe" else 0.0
         self._group_started: float | None = None  # monotonic: when the open group transaction began
         self._room = threading.Condition()  # `wait`: writers wait here for an ack to make room
+        # Queued longer than this, the oldest results are a backlog (an outage, not a burst): see peek.
+        self.backlog_age_s = 10.0
         self._busy_timeout_s = busy_timeout_s  # waiting for another process (e.g. the CLI) holding the file
         self._lock = threading.Lock()
         self._acked_total = 0
@@ -416,14 +418,19 @@ class Outbox:
         self, limit: int, exclude: set[int] | frozenset[int] = frozenset(), newest: int = 0
     ) -> list[OutboxMessage]:
         """Up to `limit` messages, skipping the ids in `exclude` (in flight): the oldest first, and,
-        with `newest` > 0 while a backlog is queued (more than `limit`), that many of the newest too,
-        so fresh results are not held behind a long backlog."""
+        with `newest` > 0 while a backlog is queued (more than `limit`, the oldest waiting longer than
+        `backlog_age_s`: an outage, not a burst), that many of the newest too, so fresh results are
+        not held behind a long backlog."""
         if limit <= 0:
             return []
         select = "SELECT id, topic, payload, qos, created FROM messages ORDER BY id {} LIMIT ?"
         with self._lock:
             self._check_open()
             newest = min(newest, limit - 1) if self._count > limit + len(exclude) else 0
+            if newest:
+                first = self._conn.execute("SELECT created FROM messages ORDER BY id LIMIT 1").fetchone()
+                if first is None or time.time() - float(first[0]) < self.backlog_age_s:
+                    newest = 0  # a burst, not a backlog: strictly oldest first
             # Scan from the oldest (and newest) rows: excluded (in-flight) rows are few.
             oldest_rows = self._conn.execute(
                 select.format("ASC"), (limit - newest + len(exclude),)
