@@ -1,6 +1,7 @@
 """A damaged outbox at start: real files written by a real writer process (killed with SIGKILL, so
 its WAL holds the last commits, or closed), then damaged as a disk or a person damages them. What
-can be read is delivered, nothing is accepted silently, sequence numbers never go backwards."""
+can be read is delivered, nothing is accepted silently, sequence numbers never go backwards; and
+one daemon per state dir."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import yaml
 
 from agent.mqtt import outbox as outbox_module
 from agent.mqtt.outbox import Outbox, OutboxLocked
-from tests.agent_process import EDGE_AGENT, StartAgent
+from tests.agent_process import EDGE_AGENT, StartAgent, read_status
 from tests.mosquitto import Mosquitto
 from tests.mqtt_fixtures import SubscriberFactory
 from tests.test_daemon_e2e import (  # noqa: F401  (video and registry_dir are fixtures)
@@ -524,6 +525,40 @@ def test_the_daemon_delivers_what_a_damaged_outbox_held_and_seq_goes_on(
     assert f"moving it to {aside}" in log
     assert f"recovered {len(before)} message(s) from {aside}" in log
     assert "Traceback" not in log
+
+
+def test_a_second_daemon_on_the_same_state_dir_refuses_to_start(
+    tmp_path: Path, start_agent: StartAgent
+) -> None:
+    config = write_config(tmp_path, free_port(), tmp_path / "registry", [])
+    state = tmp_path / "state"
+    first = start_agent(config)
+    wait_until(lambda: read_status(state).get("pid") == first.proc.pid, "the first daemon's status",
+               timeout=120, state=lambda: first.log()[-3000:])  # fmt: skip
+
+    started = time.monotonic()
+    second = subprocess.run([EDGE_AGENT, "run", "-c", str(config)],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert second.returncode == 1, second.stderr
+    assert (
+        f"error: another edge-agent (pid {first.proc.pid}) is already running on state_dir {state} "
+        f"(it holds {state / 'agent.lock'})"
+    ) in second.stderr
+    assert "one daemon per state_dir" in second.stderr and "Traceback" not in second.stderr
+    assert time.monotonic() - started < 60  # it does not wait for the lock
+    assert first.poll() is None
+
+    # Reading commands are not blocked by the running daemon.
+    listed = subprocess.run([EDGE_AGENT, "models", "list", "-c", str(config), "--json"],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
+    first.stop()
+
+    # The lock goes with the daemon that held it: the next one starts.
+    third = start_agent(config)
+    wait_until(lambda: read_status(state).get("pid") == third.proc.pid, "the next daemon's status",
+               timeout=120, state=lambda: third.log()[-3000:])  # fmt: skip
+    third.stop()
 
 
 def test_the_daemon_exits_with_a_clear_error_when_its_outbox_is_locked(tmp_path: Path) -> None:
