@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from agent import __version__
@@ -30,7 +31,7 @@ from agent.errors import EdgeAgentError, ModelError
 from agent.fleet.commands import CommandServer, RecentLogs
 from agent.fleet.device_commands import device_handlers
 from agent.fleet.reconciler import Reconciler
-from agent.fsutil import atomic_write_bytes
+from agent.fsutil import InstanceLock, atomic_write_bytes
 from agent.mqtt import MqttConnection, Outbox, OutboxMessage, results_topic, telemetry_topic
 from agent.mqtt.outbox import OutboxFull
 from agent.mqtt.router import Router
@@ -101,10 +102,39 @@ class ResultWriter:
         self.on_written()
 
 
+def hold_state_dir(state_dir: Path) -> InstanceLock:
+    """One daemon per state dir: `state_dir/agent.lock`, held for the daemon's life. A second daemon
+    on it would share the outbox and the broker session (they kick each other off the broker and
+    send duplicates), so it stops at once, naming the running one's pid."""
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        return InstanceLock(
+            state_dir / "agent.lock",
+            f"another edge-agent (pid {{pid}}) is already running on state_dir {state_dir} (it holds "
+            "{lock})",
+            hint="one daemon per state_dir: stop that one first (systemctl stop edge-agent, or kill "
+            "{pid}), or give this one a state_dir of its own",
+        )
+    except OSError as exc:
+        raise EdgeAgentError(
+            f"cannot use state_dir {state_dir}: {exc}",
+            hint="it must be a writable directory (under systemd: StateDirectory=edge-agent)",
+        ) from exc
+
+
 class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.started_at = time.time()
+        # Before anything in the state dir is touched; read-only CLI commands do not take it.
+        self.instance_lock = hold_state_dir(config.state_dir)
+        try:
+            self._setup(config)
+        except BaseException:
+            self.instance_lock.release()
+            raise
+
+    def _setup(self, config: AgentConfig) -> None:
         self.store = store_for(config)  # first: a trusted key that cannot be loaded stops the start here
         state_dir = config.state_dir
         try:
@@ -232,6 +262,7 @@ class Agent:
         self.outbox.close()
         log.info("stopped")
         logging.getLogger().removeHandler(self.recent_logs)
+        self.instance_lock.release()
 
     # --- status ------------------------------------------------------------------------
 

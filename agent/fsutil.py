@@ -1,4 +1,4 @@
-"""Small file-system helpers: lock files, atomic writes, hashing copies.
+"""Small file-system helpers: lock files, an instance lock, atomic writes, hashing copies.
 
 Shared by the registry, the store and the daemon's state files; all writes go through a temp
 file beside the target and a rename, so a reader never sees half a file.
@@ -73,6 +73,61 @@ def file_lock(
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
+        os.close(fd)
+
+
+class InstanceInUse(EdgeAgentError):
+    """Another process holds the instance lock (see InstanceLock)."""
+
+
+class InstanceLock:
+    """An exclusive `flock` on `path`, held until `release()` (or the process's end): one process
+    of a kind per resource, e.g. one daemon per state dir.
+
+    The file holds the holder's pid, for the error a second process gives (`InstanceInUse`, at
+    once: no waiting): `message` and `hint`, with `{pid}` and `{lock}` filled in. The kernel drops
+    the lock when its holder dies, however it dies, so it is never stale; the file itself stays
+    (deleting it would race with a starting process).
+    """
+
+    def __init__(self, path: Path, message: str, hint: str | None = None) -> None:
+        self.path = path
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            holder = {"pid": self._holder() or "unknown", "lock": path}
+            raise InstanceInUse(
+                message.format(**holder), hint=hint.format(**holder) if hint else None
+            ) from None
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError:
+            os.close(fd)
+            raise
+        self._fd: int | None = fd
+
+    def _holder(self) -> int | None:
+        """The holder's pid; it writes it right after taking the lock, so wait a moment for it."""
+        deadline = time.monotonic() + 1.0
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                return int(self.path.read_text().strip())
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)  # a pid left behind would name the wrong process to the next one
+        fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 
 

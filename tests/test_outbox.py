@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.mqtt.outbox import Outbox
+from agent.mqtt.outbox import Outbox, OutboxLocked
 
 
 def test_put_peek_ack_in_order(tmp_path: Path) -> None:
@@ -151,7 +151,8 @@ def test_truncated_database_is_moved_aside(tmp_path: Path) -> None:
     path.write_bytes(data[: len(data) // 3])
 
     box = Outbox(path)
-    assert len(box) == 0
+    # What the surviving pages hold is kept (tests/test_outbox_recovery.py has the details).
+    assert 0 < len(box) < 200
     assert list(tmp_path.glob("outbox.db.corrupt-*"))
     box.close()
 
@@ -164,7 +165,7 @@ def test_locked_database_is_not_moved_aside(tmp_path: Path) -> None:
     other.execute("BEGIN EXCLUSIVE")
     try:
         # A busy file is an operational problem, not corruption: it must be left alone.
-        with pytest.raises(sqlite3.OperationalError):
+        with pytest.raises(OutboxLocked, match="is locked by another process"):
             Outbox(path, busy_timeout_s=0.2).close()
     finally:
         other.execute("ROLLBACK")
