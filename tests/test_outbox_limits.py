@@ -164,3 +164,15 @@ def test_peek_gives_part_of_the_window_to_the_newest_while_a_backlog_is_queued(t
         box.ack(row)
     assert [m.id for m in box.peek(10, newest=4)] == ids[95:]
     box.close()
+
+
+def test_power_loss_safe_publishes_only_committed_results(tmp_path: Path) -> None:
+    """A result not yet in a committed group is not handed to the publisher: a power cut could lose
+    it after it was published, and its number would be handed out again."""
+    box = Outbox(tmp_path / "o.db", durability="power-loss-safe", commit_interval_s=3600)
+    box.put("t", b"first")  # opens a group that commits only after an hour (or on close)
+    assert box.peek(10) == []
+    box.close()
+    again = Outbox(tmp_path / "o.db", durability="power-loss-safe")
+    assert [m.payload for m in again.peek(10)] == [b"first"]  # committed on close, visible after it
+    again.close()

@@ -174,6 +174,7 @@ class Outbox:
         # power-loss-safe: puts are grouped into one fsynced commit per interval (see the docstring).
         self._group_s = commit_interval_s if durability == "power-loss-safe" else 0.0
         self._group_started: float | None = None  # monotonic: when the open group transaction began
+        self._committed_upto = 0  # power-loss-safe: the highest row id committed (peek shows no later)
         self._room = threading.Condition()  # `wait`: writers wait here for an ack to make room
         # Queued longer than this, the oldest results are a backlog (an outage, not a burst): see peek.
         self.backlog_age_s = 10.0
@@ -191,6 +192,7 @@ class Outbox:
         self._conn, recovered = self._open_or_recover()
         self._start_sequences(recovered)
         self._count = self._scalar("SELECT COUNT(*) FROM messages")
+        self._committed_upto = self._scalar("SELECT COALESCE(MAX(id), 0) FROM messages")
         self._bytes = self._scalar("SELECT COALESCE(SUM(LENGTH(payload)), 0) FROM messages")
         self._dropped = self._scalar(
             "SELECT COALESCE((SELECT value FROM counters WHERE name = 'dropped'), 0)"
@@ -529,8 +531,11 @@ class Outbox:
         started = self._group_started
         due = started is not None and (force or time.monotonic() - started >= self._group_s)
         if due and self._conn.in_transaction:
+            last = self._conn.execute("SELECT MAX(id) FROM messages").fetchone()[0]
             self._conn.execute("COMMIT")
             self._group_started = None
+            if last is not None:
+                self._committed_upto = max(self._committed_upto, int(last))
 
     def _committer(self) -> None:
         """power-loss-safe: commit the open group every interval, even when no more puts come."""
@@ -730,9 +735,12 @@ class Outbox:
         not held behind a long backlog."""
         if limit <= 0:
             return []
-        select = "SELECT id, topic, payload, qos, created FROM messages ORDER BY id {} LIMIT ?"
+        # power-loss-safe: only committed rows go out (an uncommitted one lost to a power cut must not
+        # have been published under a number that is handed out again).
+        select = "SELECT id, topic, payload, qos, created FROM messages WHERE id <= ? ORDER BY id {} LIMIT ?"
         with self._lock:
             self._check_open()
+            visible = self._committed_upto if self._group_s else 1 << 62
             newest = min(newest, limit - 1) if self._count > limit + len(exclude) else 0
             if newest:
                 first = self._conn.execute("SELECT created FROM messages ORDER BY id LIMIT 1").fetchone()
@@ -740,10 +748,10 @@ class Outbox:
                     newest = 0  # a burst, not a backlog: strictly oldest first
             # Scan from the oldest (and newest) rows: excluded (in-flight) rows are few.
             oldest_rows = self._conn.execute(
-                select.format("ASC"), (limit - newest + len(exclude),)
+                select.format("ASC"), (visible, limit - newest + len(exclude))
             ).fetchall()
             newest_rows = (
-                self._conn.execute(select.format("DESC"), (newest + len(exclude),)).fetchall()
+                self._conn.execute(select.format("DESC"), (visible, newest + len(exclude))).fetchall()
                 if newest
                 else []
             )
