@@ -426,6 +426,12 @@ def test_handlers_run_off_the_network_thread_and_failures_are_contained(
     assert len(good) == calls_before
 
 
+def _puback(conn: MqttConnection, mid: int, reason: ReasonCode) -> None:
+    """A PUBACK as paho's network thread hands it over; the publisher thread's handling of it."""
+    conn._events.put(("ack", mid, reason))
+    conn._drain_events()
+
+
 def test_puback_refusals_retry_transient_and_drop_permanent(tmp_path: Path) -> None:
     # No broker makes "quota exceeded" on demand, so feed the PUBACK handling real paho reason codes.
     outbox = Outbox(tmp_path / "outbox.db")
@@ -436,21 +442,21 @@ def test_puback_refusals_retry_transient_and_drop_permanent(tmp_path: Path) -> N
 
     conn._inflight[7] = (row, 1)
     conn._inflight_rows.add(row)
-    conn._handle_ack(7, ReasonCode(PacketTypes.PUBACK, identifier=0x97))  # quota exceeded: transient
+    _puback(conn, 7, ReasonCode(PacketTypes.PUBACK, identifier=0x97))  # quota exceeded: transient
     assert len(outbox) == 1 and row not in conn._inflight_rows
     not_before, delay = conn._retry[row]
     assert delay == 1.0 and not_before > time.monotonic()
 
     conn._inflight[8] = (row, 1)
-    conn._handle_ack(8, ReasonCode(PacketTypes.PUBACK, identifier=0x97))
+    _puback(conn, 8, ReasonCode(PacketTypes.PUBACK, identifier=0x97))
     assert conn._retry[row][1] == 2.0  # backoff doubles
 
     conn._inflight[9] = (row, 1)
-    conn._handle_ack(9, ReasonCode(PacketTypes.PUBACK, identifier=0x90))  # topic name invalid: never works
+    _puback(conn, 9, ReasonCode(PacketTypes.PUBACK, identifier=0x90))  # topic name invalid: never works
     assert len(outbox) == 0 and row not in conn._retry
     assert conn.stats()["rejected"] == 1 and "0x90" in conn.stats()["last_error"]
 
-    conn._handle_ack(10, ReasonCode(PacketTypes.PUBACK, identifier=0))  # unknown mid: ignored
+    _puback(conn, 10, ReasonCode(PacketTypes.PUBACK, identifier=0))  # unknown mid: ignored
     conn.stop()  # never started: a no-op
     outbox.close()
 

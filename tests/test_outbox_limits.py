@@ -176,3 +176,47 @@ def test_power_loss_safe_publishes_only_committed_results(tmp_path: Path) -> Non
     again = Outbox(tmp_path / "o.db", durability="power-loss-safe")
     assert [m.payload for m in again.peek(10)] == [b"first"]  # committed on close, visible after it
     again.close()
+
+
+def test_a_killed_writer_s_numbers_are_on_file_in_the_rows_and_after_acks_in_the_table(
+    tmp_path: Path,
+) -> None:
+    """A put writes only its row (one statement); the number is on file with it, and when rows are
+    acked the `sequences` table takes it. Without the sidecar (so the file alone tells), a killed
+    writer's streams continue after their last number whether their rows are queued or delivered."""
+    script = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from agent.mqtt.outbox import Outbox\n"
+        "box = Outbox(Path(sys.argv[1]))\n"
+        "for i in range(300):\n"
+        "    box.put_numbered('t', lambda seq: str(seq).encode(), stream=('a', 'b')[i % 2])\n"
+        "box.ack_many(m.id for m in box.peek(1000) if m.id % 2 == 0)\n"  # ids 2, 4, ...: every b
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    path = tmp_path / "o.db"
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    path.with_name("o.sequences.json").unlink()
+    with sqlite3.connect(path) as db:
+        assert dict(db.execute("SELECT stream, value FROM sequences")) == {"a": 150, "b": 150}
+        queued = db.execute("SELECT stream, COUNT(*), MAX(seq) FROM messages GROUP BY stream").fetchall()
+    assert queued == [("a", 150, 150)]
+    box = Outbox(path)
+    assert _put(box, "a")[1] == 151 and _put(box, "b")[1] == 151
+    box.close()
+
+
+def test_acks_together_remove_only_what_is_still_queued(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.db", max_messages=100)
+    ids = [_put(box, "s")[0] for _ in range(10)]
+    assert box.ack_many(ids[:4]) == 4
+    assert box.ack_many([*ids[2:6], 10_000]) == 2  # two already gone, one never there
+    assert box.ack_many([]) == 0
+    stats = box.stats()
+    assert stats["pending"] == 4 and stats["acked_total"] == 6
+    assert stats["pending_bytes"] == sum(len(m.payload) for m in box.peek(10))
+    assert [m.id for m in box.peek(10)] == ids[6:]
+    box.close()

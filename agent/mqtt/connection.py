@@ -97,6 +97,7 @@ _PERMANENT_PUBACK_REFUSALS = {
 _AUTH_CONNACK_REFUSALS = {0x86, 0x87, 0x8A, 0x8C}
 _RETRY_MIN_S = 1.0
 _RETRY_MAX_S = 60.0
+_HANDOFF_WINDOWS = 4  # see MqttConnection._handoff
 _IDLE_POLL_S = 0.5  # the publisher re-checks the outbox at least this often
 _STATUS_WAIT_S = 2.0  # how long stop() waits for the offline status to be acknowledged
 _INBOX_SIZE = 1000  # incoming messages waiting for handlers; beyond it they are dropped and logged
@@ -167,6 +168,11 @@ class MqttConnection:
         self.client_id = config.client_id or f"edge-agent-{device_id}"
         self._broker = f"{config.host}:{config.port}"
         self._max_inflight = config.outbox.max_inflight
+        # Rows handed to paho at once: its own window (max_inflight) is on the wire, the rest waits in
+        # paho's queue, so a PUBACK frees a slot that paho fills at once, without waiting for this
+        # connection's publisher thread (on a busy box that round trip halved the rate). paho's queue
+        # is dropped at each CONNACK, like its in-flight copies: the outbox is the source of truth.
+        self._handoff = self._max_inflight * _HANDOFF_WINDOWS
         self._max_payload = config.max_payload_bytes  # lowered by an MQTT 5 broker's CONNACK
 
         self._lock = threading.Lock()  # guards the state below and the subscription table
@@ -425,7 +431,7 @@ class MqttConnection:
             if not self._connected:
                 return
             generation = self._generation
-        room = self._max_inflight - len(self._inflight)
+        room = self._handoff - len(self._inflight)
         if room <= 0:
             return
         now = time.monotonic()
@@ -461,21 +467,31 @@ class MqttConnection:
                 return
 
     def _drain_events(self) -> None:
-        while True:
-            try:
-                kind, value, reason = self._events.get_nowait()
-            except queue.Empty:
-                return
-            if kind == "down":
-                # Anything sent on the lost connection is unacknowledged: publish it again later.
-                for mid, (row, generation) in list(self._inflight.items()):
-                    if generation <= value:
-                        del self._inflight[mid]
-                        self._inflight_rows.discard(row)
-            elif kind == "ack":
-                self._handle_ack(value, reason)
+        delivered: list[int] = []  # rows whose PUBACK came: removed from the outbox together
+        try:
+            while True:
+                try:
+                    kind, value, reason = self._events.get_nowait()
+                except queue.Empty:
+                    return
+                self._handle_event(kind, value, reason, delivered)
+        finally:
+            if delivered:
+                self._outbox.ack_many(delivered)
+                with self._lock:
+                    self._published += len(delivered)
 
-    def _handle_ack(self, mid: int, reason: ReasonCode | None) -> None:
+    def _handle_event(self, kind: str, value: int, reason: ReasonCode | None, delivered: list[int]) -> None:
+        if kind == "down":
+            # Anything sent on the lost connection is unacknowledged: publish it again later.
+            for mid, (row, generation) in list(self._inflight.items()):
+                if generation <= value:
+                    del self._inflight[mid]
+                    self._inflight_rows.discard(row)
+        elif kind == "ack":
+            self._handle_ack(value, reason, delivered)
+
+    def _handle_ack(self, mid: int, reason: ReasonCode | None, delivered: list[int]) -> None:
         entry = self._inflight.pop(mid, None)
         if entry is None:
             return  # a message from before a reconnect, or a status publish
@@ -483,10 +499,8 @@ class MqttConnection:
         self._inflight_rows.discard(row)
         code = _reason_value(reason) if reason is not None else 0
         if code < 0x80:
-            self._outbox.ack(row)
+            delivered.append(row)
             self._retry.pop(row, None)
-            with self._lock:
-                self._published += 1
             return
         name = str(reason)
         if code in _PERMANENT_PUBACK_REFUSALS:

@@ -24,7 +24,9 @@ number is never handed out for a result that was not stored, so a gap in a pipel
 always means a result was lost (dropped by the policy, and counted).
 
 One connection guarded by a lock serves every thread (pipeline workers put, the publisher
-peeks and acks); SQLite calls are short, so contention is small.
+peeks and acks); SQLite calls are short, so contention is small. The publisher acks the PUBACKs that
+arrived together in one transaction (`ack_many`), and `peek` reads the ids first, so the rows in
+flight are skipped without reading their payloads.
 
 Opening: a new outbox is built under a temporary name and renamed into place, so an outbox file
 that exists is never legitimately empty or without its tables. A file that is not one is never
@@ -38,8 +40,11 @@ used silently:
 - locked by another process: OutboxLocked (after `busy_timeout_s`); the file is left as it is,
   since it may well be healthy.
 
-Sequence numbers never go backwards, whatever happens to the file. Besides the `sequences` table
-(which moves with the messages, in their transactions), each stream's counter is kept in a small
+Sequence numbers never go backwards, whatever happens to the file. A put stores its number in its
+own row (`seq`), so storing a result is one INSERT (one transaction, no separate counter to update);
+the `sequences` table takes each stream's last number in every transaction that deletes rows (acks,
+drops), so the file always records it: the larger of the table and the queued rows' numbers. Each
+stream's counter is also kept in a small
 sidecar, `<stem>.sequences.json` beside the outbox, written atomically and fsynced: before a number
 is handed out that the sidecar does not cover, the sidecar reserves the next `sequence_block`
 numbers (one fsync per block, not per result); a clean close writes the exact values back. On open
@@ -83,7 +88,8 @@ CREATE TABLE IF NOT EXISTS messages (
     payload BLOB NOT NULL,
     qos INT NOT NULL,
     created REAL NOT NULL,
-    stream TEXT NOT NULL DEFAULT ''
+    stream TEXT NOT NULL DEFAULT '',
+    seq INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS sequences (
     stream TEXT PRIMARY KEY,
@@ -94,6 +100,9 @@ CREATE TABLE IF NOT EXISTS counters (
     value INTEGER NOT NULL
 );
 """
+
+# Ids bound in one `IN (...)`: below SQLite's smallest default limit of bound parameters (999).
+_IDS_PER_STATEMENT = 500
 
 # Warn about drops at most this often: a full outbox drops on every put.
 _DROP_WARN_INTERVAL_S = 60.0
@@ -188,9 +197,21 @@ class Outbox:
         self.sequences_path = self.path.with_name(self.path.stem + ".sequences.json")
         self._sequence_block = sequence_block
         self._reserved: dict[str, int] = {}  # per stream: no number above it has been handed out
+        self._sequences: dict[str, int] = {}  # per stream: the last number handed out (= the table)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._conn, recovered = self._open_or_recover()
         self._start_sequences(recovered)
+        # crash-safe: peek reads through its own connection (WAL: a reader and the writer do not block
+        # each other), so a put is not held up by the publisher reading. power-loss-safe: acks wait
+        # in the open group like puts, and only the writing connection sees them, so it reads too.
+        self._read_lock = threading.Lock() if not self._group_s else self._lock
+        self._reader = (
+            sqlite3.connect(
+                str(self.path), check_same_thread=False, isolation_level=None, timeout=self._busy_timeout_s
+            )
+            if not self._group_s
+            else self._conn
+        )
         self._count = self._scalar("SELECT COUNT(*) FROM messages")
         self._committed_upto = self._scalar("SELECT COALESCE(MAX(id), 0) FROM messages")
         self._bytes = self._scalar("SELECT COALESCE(SUM(LENGTH(payload)), 0) FROM messages")
@@ -248,6 +269,8 @@ class Outbox:
             columns = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
             if "stream" not in columns:  # an outbox written by an earlier version
                 conn.execute("ALTER TABLE messages ADD COLUMN stream TEXT NOT NULL DEFAULT ''")
+            if "seq" not in columns:  # written before a row carried its own number
+                conn.execute("ALTER TABLE messages ADD COLUMN seq INTEGER NOT NULL DEFAULT 0")
         except BaseException:
             conn.close()
             raise
@@ -400,7 +423,7 @@ class Outbox:
     def _start_sequences(self, recovered: dict[str, int] | None) -> None:
         """Where each stream's numbers continue (see the module docstring), written to the table
         and the sidecar before any number is handed out."""
-        table = {str(k): int(v) for k, v in self._conn.execute("SELECT stream, value FROM sequences")}
+        table = self._numbers_on_file()
         sidecar, written_in_boot, grouped = self._read_sidecar()
         boot = _boot_id()
         rebooted = boot is None or written_in_boot != boot
@@ -453,12 +476,36 @@ class Outbox:
                     self.path,
                     ", ".join(f"{s or '-'} at {v + 1}" for s, v in sorted(raised.items())),
                 )
+        # The table's values from here on, kept in memory: a put writes the next one without reading.
+        self._sequences = dict(start)
         reserved = dict(sidecar)
         for stream, value in start.items():
             reserved[stream] = max(reserved.get(stream, 0), value)
         if reserved != sidecar or rebooted or grouped != bool(self._group_s):
             self._write_sidecar(reserved)
         self._reserved = reserved
+
+    def _numbers_on_file(self) -> dict[str, int]:
+        """Per stream, the last number the file records: its `sequences` row, or a queued row's
+        own `seq` (a put writes only the row; the table follows when rows are deleted)."""
+        numbers: dict[str, int] = {}
+        rows = self._conn.execute(
+            "SELECT stream, value FROM sequences UNION ALL "
+            "SELECT stream, MAX(seq) FROM messages WHERE seq > 0 GROUP BY stream"
+        )
+        for stream, value in rows:
+            numbers[str(stream)] = max(numbers.get(str(stream), 0), int(value))
+        return numbers
+
+    def _keep_sequences(self, values: dict[str, int] | None = None) -> None:
+        """Write the streams' last numbers (`values`, or every stream's) to the `sequences` table.
+        Caller holds the lock in a transaction that deletes rows (an ack, a drop) or uses a number
+        without a row: a deleted row takes its `seq` with it, so the table must keep it."""
+        self._conn.executemany(
+            "INSERT INTO sequences(stream, value) VALUES (?, ?) "
+            "ON CONFLICT(stream) DO UPDATE SET value = MAX(value, excluded.value)",
+            sorted((values if values is not None else self._sequences).items()),
+        )
 
     def _read_sidecar(self) -> tuple[dict[str, int], str | None, bool]:
         """(reserved values per stream, the boot id when it was written, whether its writer committed
@@ -616,22 +663,35 @@ class Outbox:
         numbered: bool,
         now: float,
     ) -> tuple[int, int]:
-        with self._transaction():
-            seq = self._take_sequence(stream) if numbered else 0
-            payload = bytes(make_payload(seq))
-            full = self._full(len(payload))
-            if full and self.when_full == "wait" and self._count:
-                raise _NoRoomYet()  # rolled back, the number included
-            dropped_new = full and (self.when_full == "drop-newest" or self._count == 0)
-            if dropped_new:
-                removed = {stream: 1}
-                self._count_drops(removed)
-            else:
-                removed = self._drop_oldest(len(payload))
-                cur = self._conn.execute(
-                    "INSERT INTO messages(topic, payload, qos, created, stream) VALUES (?, ?, ?, ?, ?)",
-                    (topic, sqlite3.Binary(payload), qos, now, stream),
-                )
+        seq = self._take_sequence(stream) if numbered else 0
+        payload = bytes(make_payload(seq))
+        full = self._full(len(payload))
+        if full and self.when_full == "wait" and self._count:
+            raise _NoRoomYet()  # nothing written: the number is taken again once there is room
+        dropped_new = full and (self.when_full == "drop-newest" or self._count == 0)
+        insert = (
+            "INSERT INTO messages(topic, payload, qos, created, stream, seq) VALUES (?, ?, ?, ?, ?, ?)",
+            (topic, sqlite3.Binary(payload), qos, now, stream, seq),
+        )
+        removed: dict[str, int] = {}
+        row_id: int | None = None
+        if not full and not self._group_s:
+            # The common case: one statement is one transaction (atomic, and committed before it
+            # returns), so a put costs one round trip into SQLite, not four (BEGIN, COMMIT); on a
+            # busy box each round trip waits for the GIL.
+            row_id = self._conn.execute(*insert).lastrowid
+        else:
+            with self._transaction():
+                if dropped_new:
+                    removed = {stream: 1}
+                    self._count_drops(removed)
+                    if numbered:
+                        self._keep_sequences({stream: seq})  # the number is used: its gap shows the loss
+                else:
+                    removed = self._drop_oldest(len(payload))
+                    row_id = self._conn.execute(*insert).lastrowid
+        if numbered:
+            self._sequences[stream] = seq
         self._note_drops(removed, now)
         if dropped_new:
             raise OutboxFull(
@@ -640,7 +700,6 @@ class Outbox:
             )
         self._count += 1
         self._bytes += len(payload)
-        row_id = cur.lastrowid
         assert row_id is not None
         return row_id, seq
 
@@ -663,6 +722,8 @@ class Outbox:
                 self._count -= 1
                 self._bytes -= int(length)
                 removed[row_stream] = removed.get(row_stream, 0) + 1
+        if removed:
+            self._keep_sequences()
         self._count_drops(removed)
         return removed
 
@@ -704,27 +765,25 @@ class Outbox:
         return limits + (f" or {self.max_bytes} bytes" if self.max_bytes is not None else "")
 
     def _take_sequence(self, stream: str) -> int:
-        """The stream's next sequence number (caller holds the lock in a transaction)."""
-        self._conn.execute(
-            "INSERT INTO sequences(stream, value) VALUES (?, 1) "
-            "ON CONFLICT(stream) DO UPDATE SET value = value + 1",
-            (stream,),
-        )
-        row = self._conn.execute("SELECT value FROM sequences WHERE stream = ?", (stream,)).fetchone()
-        value = int(row[0])
+        """The stream's next sequence number (caller holds the lock). It is stored with the row (or,
+        for a number used without a row, in the `sequences` table) in the caller's transaction."""
+        value = self._sequences.get(stream, 0) + 1
         if value > self._reserved.get(stream, 0):
             # Reserve a block in the sidecar first (fsynced): a damaged outbox cannot take the number
             # back with it. Raises OSError (the caller's transaction rolls back) when it cannot.
             self._write_sidecar({**self._reserved, stream: value + self._sequence_block - 1})
             self._reserved[stream] = value + self._sequence_block - 1
-        return value
+        return value  # the caller records it in self._sequences once its transaction went through
 
     def next_sequence(self, stream: str) -> int:
         """Next value (1, 2, 3, ...) of a persistent per-stream counter; survives restarts."""
         with self._lock:
             self._check_open()
+            value = self._take_sequence(stream)
             with self._transaction():
-                return self._take_sequence(stream)
+                self._keep_sequences({stream: value})
+            self._sequences[stream] = value
+            return value
 
     def peek(
         self, limit: int, exclude: set[int] | frozenset[int] = frozenset(), newest: int = 0
@@ -737,45 +796,81 @@ class Outbox:
             return []
         # power-loss-safe: only committed rows go out (an uncommitted one lost to a power cut must not
         # have been published under a number that is handed out again).
-        select = "SELECT id, topic, payload, qos, created FROM messages WHERE id <= ? ORDER BY id {} LIMIT ?"
-        with self._lock:
+        # Ids first (in-flight rows are skipped without reading their payloads), then the rows.
+        select = "SELECT id FROM messages WHERE id <= ? ORDER BY id {} LIMIT ?"
+        with self._read_lock:  # not the write lock: a put is not held up by the publisher reading
             self._check_open()
             visible = self._committed_upto if self._group_s else 1 << 62
             newest = min(newest, limit - 1) if self._count > limit + len(exclude) else 0
             if newest:
-                first = self._conn.execute("SELECT created FROM messages ORDER BY id LIMIT 1").fetchone()
+                first = self._reader.execute("SELECT created FROM messages ORDER BY id LIMIT 1").fetchone()
                 if first is None or time.time() - float(first[0]) < self.backlog_age_s:
                     newest = 0  # a burst, not a backlog: strictly oldest first
-            # Scan from the oldest (and newest) rows: excluded (in-flight) rows are few.
-            oldest_rows = self._conn.execute(
-                select.format("ASC"), (visible, limit - newest + len(exclude))
-            ).fetchall()
-            newest_rows = (
-                self._conn.execute(select.format("DESC"), (visible, newest + len(exclude))).fetchall()
-                if newest
-                else []
-            )
-        oldest = [r for r in oldest_rows if r[0] not in exclude][: limit - newest]
-        taken = {r[0] for r in oldest}
-        fresh = [r for r in newest_rows if r[0] not in exclude and r[0] not in taken][:newest][::-1]
+            oldest = [
+                row_id
+                for (row_id,) in self._reader.execute(
+                    select.format("ASC"), (visible, limit - newest + len(exclude))
+                )
+                if row_id not in exclude
+            ][: limit - newest]
+            fresh: list[int] = []
+            if newest:
+                taken = set(oldest)
+                fresh = [
+                    row_id
+                    for (row_id,) in self._reader.execute(
+                        select.format("DESC"), (visible, newest + len(exclude))
+                    )
+                    if row_id not in exclude and row_id not in taken
+                ][:newest][::-1]
+            wanted = oldest + fresh
+            if not wanted:
+                return []
+            rows = {
+                row[0]: row
+                for row in self._reader.execute(
+                    "SELECT id, topic, payload, qos, created FROM messages "
+                    f"WHERE id IN ({','.join('?' * len(wanted))})",
+                    wanted,
+                )
+            }
         return [
             OutboxMessage(id=r[0], topic=r[1], payload=bytes(r[2]), qos=r[3], created=r[4])
-            for r in oldest + fresh
+            for r in (rows[i] for i in wanted if i in rows)
         ]
 
     def ack(self, message_id: int) -> bool:
         """Delete a delivered message; False when it was already gone (dropped or acked)."""
+        return self.ack_many((message_id,)) == 1
+
+    def ack_many(self, message_ids: Iterable[int]) -> int:
+        """Delete delivered messages in one transaction (the publisher collects the PUBACKs that came
+        in together); returns how many were still there (the others were dropped or acked)."""
+        ids = list(message_ids)
+        if not ids:
+            return 0
+        removed = removed_bytes = 0
         with self._lock:
             self._check_open()
-            row = self._conn.execute(
-                "SELECT LENGTH(payload) FROM messages WHERE id = ?", (message_id,)
-            ).fetchone()
-            cur = self._conn.execute("DELETE FROM messages WHERE id = ?", (message_id,))
-            removed = cur.rowcount > 0
-            if removed:
-                self._count -= 1
-                self._bytes -= int(row[0]) if row else 0
-                self._acked_total += 1
+            # power-loss-safe: in the open group (a delete lost to a power cut only means the result
+            # is sent again, which at-least-once allows), so an ack costs no fsync of its own.
+            with self._transaction():
+                for start in range(0, len(ids), _IDS_PER_STATEMENT):
+                    chunk = ids[start : start + _IDS_PER_STATEMENT]
+                    marks = ",".join("?" * len(chunk))
+                    sizes = self._conn.execute(
+                        "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM messages "
+                        f"WHERE id IN ({marks})",
+                        chunk,
+                    ).fetchone()
+                    self._conn.execute(f"DELETE FROM messages WHERE id IN ({marks})", chunk)
+                    removed += int(sizes[0])
+                    removed_bytes += int(sizes[1])
+                if removed:
+                    self._keep_sequences()
+            self._count -= removed
+            self._bytes -= removed_bytes
+            self._acked_total += removed
         if removed:
             with self._room:
                 self._room.notify_all()
@@ -811,15 +906,19 @@ class Outbox:
             }
 
     def close(self) -> None:
-        with self._lock:
+        with self._read_lock, contextlib.nullcontext() if self._read_lock is self._lock else self._lock:
+            # (the only place holding both locks: always in this order)
             if self._closed:
                 return
             self._closed = True
-            if self._group_s:
-                self._commit_group_if_due(force=True)
+            if self._reader is not self._conn:
+                self._reader.close()
             try:
-                rows = self._conn.execute("SELECT stream, value FROM sequences").fetchall()
-                exact: dict[str, int] | None = {str(k): int(v) for k, v in rows}
+                with self._transaction():
+                    self._keep_sequences()
+                if self._group_s:
+                    self._commit_group_if_due(force=True)
+                exact: dict[str, int] | None = dict(self._sequences)
             except sqlite3.Error:
                 exact = None  # the reservation stays: numbers may be skipped, never reused
             self._conn.close()  # the last connection: its WAL is checkpointed into the file
@@ -859,9 +958,10 @@ def _restore(conn: sqlite3.Connection, found: Salvage) -> _Restored:
     conn.execute("BEGIN")
     for message in found.messages():
         conn.execute(
-            "INSERT INTO messages(id, topic, payload, qos, created, stream) VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO messages(id, topic, payload, qos, created, stream, seq) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
             (message.id, message.topic, sqlite3.Binary(message.payload), message.qos, message.created,
-             message.stream),
+             message.stream, message.seq),
         )  # fmt: skip
         restored.count += 1
         restored.first_id = restored.first_id or message.id

@@ -51,6 +51,7 @@ class SalvagedMessage:
     qos: int
     created: float
     stream: str
+    seq: int = 0  # the row's own sequence number (0: written before rows carried one)
 
 
 @dataclass
@@ -333,11 +334,13 @@ def _record(payload: bytes) -> list[object]:
 
 
 def _as_message(rowid: int, values: list[object]) -> SalvagedMessage | None:
-    """The row as an outbox message (columns id, topic, payload, qos, created[, stream]), or None."""
-    if len(values) not in (5, 6) or values[0] not in (None, rowid) or rowid < 1:
+    """The row as an outbox message (columns id, topic, payload, qos, created[, stream[, seq]]), or
+    None. Older rows have fewer columns (SQLite keeps a row as it was written when a column is added)."""
+    if len(values) not in (5, 6, 7) or values[0] not in (None, rowid) or rowid < 1:
         return None
     topic, payload, qos, created = values[1:5]
-    stream = values[5] if len(values) == 6 else ""
+    stream = values[5] if len(values) >= 6 else ""
+    seq = values[6] if len(values) == 7 else 0
     if isinstance(payload, str):
         payload = payload.encode()
     if (
@@ -347,9 +350,10 @@ def _as_message(rowid: int, values: list[object]) -> SalvagedMessage | None:
         or qos not in (0, 1, 2)
         or not isinstance(created, int | float)
         or not isinstance(stream, str)
+        or not isinstance(seq, int)
     ):
         return None
-    return SalvagedMessage(rowid, topic, payload, int(qos), float(created), stream)
+    return SalvagedMessage(rowid, topic, payload, int(qos), float(created), stream, seq)
 
 
 def _as_pair(values: list[object]) -> tuple[str, int] | None:
