@@ -4,9 +4,13 @@ publisher on the same broker, in one run (ratios, so a noisy machine cancels out
 
 - bare paho: one MQTT 5 client publishing N messages at QoS 1 with the agent's in-flight window (20),
   timed until the broker acknowledged the last one;
-- outbox: a writer thread storing N results in the SQLite outbox (as a pipeline does) while the
-  agent's MqttConnection drains it; timed until the last PUBACK removed the last row. Once in each
-  durability mode: crash-safe (the default) and power-loss-safe (fsync, grouped commits).
+- backlog: N results stored in the SQLite outbox beforehand (as during an outage), then the agent's
+  MqttConnection delivers them; timed from its start until the last PUBACK removed the last row
+  (the outbox's own cost: reading, publishing, deleting);
+- live: a writer thread storing N results (sequence number and all, as a pipeline does) while the
+  connection delivers them; timed from the first put (the cost of storing is in it too).
+Each in both durability modes: crash-safe (the default) and power-loss-safe (fsync, grouped
+commits). Every path is checked to end with every result acknowledged and nothing left queued.
 
     .venv/bin/python scripts/bench_outbox.py [--results 20000] [--rounds 3]
 """
@@ -70,27 +74,39 @@ def bare_paho(broker: Mosquitto, count: int) -> tuple[float, float]:
     return count / took, cpu / count
 
 
-def through_outbox(broker: Mosquitto, count: int, durability: str, work: Path) -> tuple[float, float]:
+def through_outbox(
+    broker: Mosquitto, count: int, durability: str, work: Path, live: bool
+) -> tuple[float, float]:
+    """live: a writer stores the results while the connection delivers them (timed from the first
+    put); otherwise the outbox is filled first, as during an outage, and the backlog is timed from
+    the connection's start until the last row is gone."""
     outbox = Outbox(work / f"outbox-{durability}-{time.monotonic_ns()}.db", max_messages=count + 10,
                     durability=durability)  # fmt: skip
     config = MqttConfig(host=broker.host, port=broker.port, outbox={"max_inflight": INFLIGHT})  # type: ignore[arg-type]
     conn = MqttConnection(config, "bench", outbox, lambda: b"online", lambda: b"offline")
-    conn.start()
-    deadline = time.monotonic() + 30
-    while not conn.connected:
-        if time.monotonic() > deadline:
-            raise SystemExit("the connection did not come up")
-        time.sleep(0.05)
     payload = PAYLOAD.encode()
-    started, cpu = time.perf_counter(), time.process_time()
 
     def write() -> None:
         for _ in range(count):
             outbox.put_numbered(TOPIC, lambda _seq: payload, stream="results/cam")
             conn.notify_new_message()
 
+    if not live:
+        write()
+        outbox.close()  # committed and closed, as a restart after an outage finds it
+        outbox = Outbox(outbox.path, max_messages=count + 10, durability=durability)
+        conn = MqttConnection(config, "bench", outbox, lambda: b"online", lambda: b"offline")
+        started, cpu = time.perf_counter(), time.process_time()
+    conn.start()
+    deadline = time.monotonic() + 30
+    while not conn.connected:
+        if time.monotonic() > deadline:
+            raise SystemExit("the connection did not come up")
+        time.sleep(0.05)
     writer = threading.Thread(target=write)
-    writer.start()
+    if live:
+        started, cpu = time.perf_counter(), time.process_time()
+        writer.start()
     while outbox.stats()["acked_total"] < count:
         if time.perf_counter() - started > 600:
             raise SystemExit(
@@ -98,7 +114,10 @@ def through_outbox(broker: Mosquitto, count: int, durability: str, work: Path) -
             )
         time.sleep(0.01)
     took, cpu = time.perf_counter() - started, time.process_time() - cpu
-    writer.join()
+    if live:
+        writer.join()
+    if outbox.pending():
+        raise SystemExit(f"outbox ({durability}): {outbox.pending()} left after {count} acknowledged")
     conn.stop(publish_offline=False)
     outbox.close()
     return count / took, cpu / count
@@ -109,7 +128,14 @@ def main() -> int:
     parser.add_argument("--results", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    rates: dict[str, list[float]] = {"bare": [], "crash-safe": [], "power-loss-safe": []}
+    paths = {  # name: (durability, live)
+        "bare": ("", False),
+        "backlog, crash-safe": ("crash-safe", False),
+        "backlog, power-loss-safe": ("power-loss-safe", False),
+        "live, crash-safe": ("crash-safe", True),
+        "live, power-loss-safe": ("power-loss-safe", True),
+    }
+    rates: dict[str, list[float]] = {name: [] for name in paths}
     cpus: dict[str, list[float]] = {name: [] for name in rates}
     with (
         tempfile.TemporaryDirectory(prefix="bench-outbox-") as tmp,
@@ -117,10 +143,11 @@ def main() -> int:
     ):
         for _ in range(args.rounds):  # interleaved, so a noisy stretch hits every kind
             for name in rates:
+                durability, live = paths[name]
                 rate, cpu = (
                     bare_paho(broker, args.results)
                     if name == "bare"
-                    else through_outbox(broker, args.results, name, Path(tmp))
+                    else through_outbox(broker, args.results, durability, Path(tmp), live)
                 )
                 rates[name].append(rate)
                 cpus[name].append(cpu)

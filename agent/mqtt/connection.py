@@ -173,6 +173,7 @@ class MqttConnection:
         # connection's publisher thread (on a busy box that round trip halved the rate). paho's queue
         # is dropped at each CONNACK, like its in-flight copies: the outbox is the source of truth.
         self._handoff = self._max_inflight * _HANDOFF_WINDOWS
+        self._acks_waiting = 0  # PUBACKs queued for the publisher since it last drained (a hint)
         self._max_payload = config.max_payload_bytes  # lowered by an MQTT 5 broker's CONNACK
 
         self._lock = threading.Lock()  # guards the state below and the subscription table
@@ -468,6 +469,7 @@ class MqttConnection:
 
     def _drain_events(self) -> None:
         delivered: list[int] = []  # rows whose PUBACK came: removed from the outbox together
+        self._acks_waiting = 0
         try:
             while True:
                 try:
@@ -802,7 +804,16 @@ class MqttConnection:
         properties: Properties | None,
     ) -> None:
         self._events.put(("ack", mid, reason_code))
-        self._wake.set()
+        # Wake the publisher once paho's queue behind the wire window runs dry, or half the
+        # hand-off is acknowledged, not on every PUBACK: it then deletes and refills in batches.
+        # (Both counts are read without the publisher's ownership: hints, never a correctness issue;
+        # the publisher also wakes on new results, disconnects and every _IDLE_POLL_S.)
+        self._acks_waiting += 1
+        if (
+            self._acks_waiting * 2 >= self._handoff
+            or len(self._inflight) - self._acks_waiting <= self._max_inflight
+        ):
+            self._wake.set()
 
     def _on_subscribe(
         self,
