@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import itertools
 import json
 import platform
 import signal
@@ -43,6 +42,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from fleet_agents import GOOD, AgentFleet, agent_config, pipeline_body, publish_fleet_versions  # noqa: E402
 from make_demo_video import make_orientation_video  # noqa: E402
 
+from tests.delivery import count_delivery, seqs  # noqa: E402
 from tests.mosquitto import Mosquitto, Subscriber  # noqa: E402
 from tests.waits import free_port  # noqa: E402
 
@@ -172,22 +172,18 @@ def run_scenario(
     finally:
         agents.kill_all()
         proxy.cut()
-    seqs = [json.loads(m.payload)["seq"] for m in watcher.messages]
+    delivery = count_delivery(seqs(watcher.messages))
     watcher.close()
     broker.close()
-    distinct = set(seqs)
-    last = max(distinct) if distinct else 0
     dropped = status["outbox"]["dropped"]
-    missing = sorted(set(range(1, last + 1)) - distinct)
-    out_of_order = sum(1 for a, b in itertools.pairwise(seqs) if b < a)
     return {
         "scenario": name,
-        "produced": last,
-        "received": len(distinct),
+        "produced": delivery.produced,
+        "received": delivery.received,
         "dropped": dropped,
-        "lost": max(0, len(missing) - dropped),
-        "duplicates": len(seqs) - len(distinct),
-        "out_of_order": out_of_order,
+        "lost": max(0, delivery.lost - dropped),
+        "duplicates": delivery.duplicates,
+        "out_of_order": delivery.out_of_order,
         "recovery_s": max(recoveries) if recoveries else None,
         "pending_at_stop": status["outbox"]["pending"],
     }

@@ -11,7 +11,8 @@ outside for leaks (resident memory, open file descriptors, threads, child proces
 
 Every SAMPLE_S seconds the script reads the daemon's RSS, open descriptors, threads and children
 (psutil) and its status.json (results, reopen cycles). The growth per hour over the second half of
-the run (after warm-up) is fitted by least squares. Every number in the report comes from this run:
+the run (after warm-up) is fitted by least squares. Every number in the report comes from this run; it
+replaces only this script's section of the output (scripts/soak_broker.py writes its own there):
 
     .venv/bin/python scripts/soak_sources.py [--minutes 10] [--out docs/soak.md]
 """
@@ -30,7 +31,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 import yaml
 
@@ -39,13 +39,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from make_demo_video import make_orientation_video  # noqa: E402
+from soak_common import SAMPLE_S, growth_per_hour, sample_process, value_range, write_section  # noqa: E402
 
 from tests.media_fixtures import speak  # noqa: E402
 from tests.mosquitto import Mosquitto  # noqa: E402
 from tests.store_fixtures import rapidocr_models_dir  # noqa: E402
 from tests.test_audio import silero  # noqa: E402
 
-SAMPLE_S = 10.0
+SECTION = "soak_sources"  # its section of docs/soak.md (the broker soak has its own)
 EDGE_AGENT = str(Path(sys.executable).parent / "edge-agent")
 
 
@@ -109,14 +110,7 @@ def _config(work: Path, port: int) -> Path:
 
 
 def _sample(proc: psutil.Process, status_path: Path, started: float) -> dict[str, Any]:
-    with proc.oneshot():
-        row: dict[str, Any] = {
-            "t_s": round(time.monotonic() - started, 1),
-            "rss_mb": round(proc.memory_info().rss / 2**20, 1),
-            "fds": proc.num_fds(),
-            "threads": proc.num_threads(),
-            "children": len(proc.children(recursive=True)),
-        }
+    row = sample_process(proc, started)
     try:
         status = json.loads(status_path.read_text())
     except (OSError, ValueError):
@@ -126,20 +120,6 @@ def _sample(proc: psutil.Process, status_path: Path, started: float) -> dict[str
     row["gst_reopens"] = int(pipelines.get("gst", {}).get("source", {}).get("reconnects") or 0)
     row["states"] = ",".join(f"{n}:{p.get('state')}" for n, p in sorted(pipelines.items()))
     return row
-
-
-def _growth_per_hour(rows: list[dict[str, Any]], key: str) -> float:
-    half = [r for r in rows[len(rows) // 2 :] if key in r]
-    if len(half) < 3:
-        return float("nan")
-    t = np.array([r["t_s"] for r in half]) / 3600.0
-    y = np.array([r[key] for r in half], dtype=float)
-    return float(np.polyfit(t, y, 1)[0])
-
-
-def _range(rows: list[dict[str, Any]], key: str) -> str:
-    values = [row[key] for row in rows if key in row]
-    return f"{min(values)} to {max(values)}" if values else "-"
 
 
 def main() -> int:
@@ -171,7 +151,7 @@ def main() -> int:
     # The test card's end is logged every cycle, by design (a camera that stops is an error to see).
     unexpected = [line for line in errors if "source gst: " not in line]
     first, last = rows[len(rows) // 2], rows[-1]
-    growth = {key: _growth_per_hour(rows, key) for key in ("rss_mb", "fds", "threads", "children")}
+    growth = {key: growth_per_hour(rows, key) for key in ("rss_mb", "fds", "threads", "children")}
     table = [
         "| t s | RSS MB | fds | threads | children | inferences | gst reopens |",
         "|---|---|---|---|---|---|---|",
@@ -210,8 +190,8 @@ def main() -> int:
             "| | first half (min to max) | second half (min to max) | growth per hour, 2nd half |",
             "|---|---|---|---|",
             *[
-                f"| {label} | {_range(rows[: len(rows) // 2], key)} | "
-                f"{_range(rows[len(rows) // 2 :], key)} | {growth[key]:.1f} |"
+                f"| {label} | {value_range(rows[: len(rows) // 2], key)} | "
+                f"{value_range(rows[len(rows) // 2 :], key)} | {growth[key]:.1f} |"
                 for key, label in (
                     ("rss_mb", "RSS MB"),
                     ("fds", "open fds"),
@@ -228,7 +208,7 @@ def main() -> int:
             "",
         ]
     )
-    args.out.write_text(report)
+    write_section(args.out, SECTION, report)
     print(f"wrote {args.out}")
     return 0
 

@@ -9,13 +9,13 @@ result dropped), and the clean bounces check end to end."""
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
 from tests.agent_process import StartAgent, read_status
+from tests.delivery import count_delivery, seqs
 from tests.fleet_fixtures import GOOD, agent_config, pipeline_body, publish_fleet_versions
 from tests.mosquitto import Mosquitto, Subscriber
 from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
@@ -25,10 +25,6 @@ DEVICE = "soak-box"
 BOUNCES = 3
 UP_S = 4.0  # broker up this long between outages, while results flow
 DOWN_S = 3.0
-
-
-def _seqs(subscriber: Subscriber) -> list[int]:
-    return [json.loads(m.payload)["seq"] for m in subscriber.messages]
 
 
 def test_every_result_arrives_through_broker_bounces_and_kills(
@@ -59,8 +55,7 @@ def test_every_result_arrives_through_broker_bounces_and_kills(
                 lambda b=before: len(watcher.messages) >= b + int(UP_S * 5), "results again", timeout=60
             )
         # End to end through clean bounces (reported; the agent's own guarantee is asserted below).
-        seen = sorted(set(_seqs(watcher)))
-        clean_missing = sorted(set(range(1, seen[-1] + 1)) - set(seen))
+        clean_missing = count_delivery(seqs(watcher.messages)).missing
         for _ in range(2):  # SIGKILL: the agent must resend whatever was not acknowledged
             assert broker._proc is not None
             broker._proc.send_signal(signal.SIGKILL)
@@ -74,15 +69,13 @@ def test_every_result_arrives_through_broker_bounces_and_kills(
             )
         log = agent.stop()
         status = read_status(state)
-        received = sorted(set(_seqs(watcher)))
+        delivery = count_delivery(seqs(watcher.messages))
         produced = status["pipelines"]["cam"]["results"]
         assert status["outbox"]["dropped"] == 0 and status["pipelines"]["cam"]["results_dropped"] == 0
         assert status["outbox"]["pending"] == 0, status["outbox"]  # everything acknowledged before the stop
-        missing = sorted(set(range(1, received[-1] + 1)) - set(received))
-        duplicates = len(_seqs(watcher)) - len(received)
-        print(f"{produced} results, {len(received)} distinct received, {duplicates} duplicates; through "
-              f"{BOUNCES} clean bounces missing {clean_missing}; in all (2 broker SIGKILLs too) missing "
-              f"{len(missing)}: {missing[:20]}")  # fmt: skip
+        print(f"{produced} results, {delivery.received} distinct received, {delivery.duplicates} duplicates; "
+              f"through {BOUNCES} clean bounces missing {clean_missing}; in all (2 broker SIGKILLs too) "
+              f"missing {delivery.lost}: {delivery.missing[:20]}")  # fmt: skip
         # The agent's guarantee: every result it made was acknowledged by the broker (a row leaves the
         # outbox only on its PUBACK), none dropped, none left. What a broker then loses (a SIGKILL before
         # it saved; seen once after a clean stop too, mosquitto 2.0.11) is its own: reported above and
