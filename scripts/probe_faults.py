@@ -22,15 +22,12 @@ of order, and how long after the link came back the agent was delivering again.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import json
 import platform
 import signal
-import socket
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -44,62 +41,7 @@ from make_demo_video import make_orientation_video  # noqa: E402
 
 from tests.delivery import count_delivery, seqs  # noqa: E402
 from tests.mosquitto import Mosquitto, Subscriber  # noqa: E402
-from tests.waits import free_port  # noqa: E402
-
-
-class CuttableProxy:
-    """A TCP proxy on loopback whose link can be cut (every connection closed, new ones refused)."""
-
-    def __init__(self, target_port: int) -> None:
-        self.port = free_port()
-        self.target = target_port
-        self.up = threading.Event()
-        self.up.set()
-        self._conns: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self._server = socket.create_server(("127.0.0.1", self.port))
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            client, _ = self._server.accept()
-            if not self.up.is_set():
-                client.close()
-                continue
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target), timeout=2)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (source, sink):
-                with contextlib.suppress(OSError):
-                    s.close()
-
-    def cut(self) -> None:
-        self.up.clear()
-        with self._lock:
-            conns, self._conns = self._conns, []
-        for conn in conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-                conn.close()
-            except OSError:
-                pass
-
-    def restore(self) -> None:
-        self.up.set()
+from tests.tcp_proxy import CuttableProxy  # noqa: E402
 
 
 def run_scenario(

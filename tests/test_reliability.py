@@ -18,6 +18,7 @@ from tests.agent_process import StartAgent, read_status
 from tests.delivery import count_delivery, seqs
 from tests.fleet_fixtures import GOOD, agent_config, pipeline_body, publish_fleet_versions
 from tests.mosquitto import Mosquitto, Subscriber
+from tests.tcp_proxy import CuttableProxy
 from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
 from tests.waits import wait_until
 
@@ -82,5 +83,48 @@ def test_every_result_arrives_through_broker_bounces_and_kills(
         # in docs/reliability.md, whose probe counts it per fault.
         assert status["outbox"]["acked_total"] >= produced, status["outbox"]
         assert "Traceback" not in log
+    finally:
+        broker.close()
+
+
+def test_every_result_arrives_in_order_through_uplink_cuts(
+    tmp_path: Path,
+    cls_model_path: Path,
+    monkeypatch: Any,
+    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    start_agent: StartAgent,
+) -> None:
+    """The link between agent and broker cut twice (a proxy closes every connection and refuses new
+    ones) while both stay up: every seq arrives, and after de-duplication in order (what was in
+    flight at the cut is sent again; the cuts are shorter than the backlog split's 10 s)."""
+    broker = Mosquitto(tmp_path / "broker", persistence=True)
+    broker.start()
+    try:
+        with CuttableProxy(broker.port) as proxy:
+            registry = publish_fleet_versions(tmp_path / "registry", cls_model_path, monkeypatch)
+            config = agent_config(
+                tmp_path, DEVICE, proxy.port, registry, {"cam": pipeline_body(GOOD, video[0], 10.0)}
+            )
+            watcher = Subscriber(broker.host, broker.port, f"edge/{DEVICE}/results/cam", persistent=True,
+                                 client_id="watcher")  # fmt: skip
+            agent = start_agent(config)
+            state = tmp_path / DEVICE / "state"
+            wait_until(lambda: len(watcher.messages) >= 20, "results flowing", timeout=120)
+            for _ in range(2):
+                proxy.cut()
+                time.sleep(DOWN_S)  # the outage itself (results queue in the outbox meanwhile)
+                proxy.restore()
+                before = len(watcher.messages)
+                wait_until(
+                    lambda b=before: len(watcher.messages) >= b + int(UP_S * 5), "results again", timeout=60
+                )
+            log = agent.stop()
+        status = read_status(state)
+        produced = status["pipelines"]["cam"]["results"]
+        delivery = count_delivery(seqs(watcher.messages), produced)
+        assert status["outbox"]["pending"] == 0 and status["outbox"]["dropped"] == 0, status["outbox"]
+        assert delivery.missing == [], delivery
+        assert delivery.out_of_order_first == 0, delivery
+        assert produced > 20 * 2 and "Traceback" not in log
     finally:
         broker.close()
