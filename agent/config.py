@@ -2,7 +2,9 @@
 
 Every model forbids unknown keys so a typo is an error, not a silently ignored setting.
 Validators do no I/O: whether a file exists or a broker answers is checked when it is used,
-so a config can be validated on a laptop for a box it will run on.
+so a config can be validated on a laptop for a box it will run on (password files too: they are
+read when the connection is made, `read_password`).
+Passwords are held as `SecretStr`: repr, logs and JSON dumps show `**********`, never the secret.
 Loading (YAML with line numbers, ${ENV} interpolation, error formatting) lives in
 `agent/config_loader.py`.
 """
@@ -19,11 +21,16 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PlainSerializer,
+    SecretStr,
+    SerializationInfo,
     Tag,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
+
+from agent.errors import ConfigError
 
 # Names end up in MQTT topics and file names: keep them to a safe alphabet.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -41,9 +48,46 @@ def check_name(value: str) -> str:
 
 Name = Annotated[str, AfterValidator(check_name), WithJsonSchema({"type": "string", "pattern": NAME_PATTERN})]
 
+# A JSON dump with this context key true writes secrets out (state the daemon keeps for itself,
+# e.g. <state_dir>/pipelines.json); every other dump shows '**********'.
+REVEAL_SECRETS = "reveal_secrets"
+
+
+def _dump_secret(value: SecretStr, info: SerializationInfo) -> str:
+    context = info.context
+    if isinstance(context, dict) and context.get(REVEAL_SECRETS):
+        return value.get_secret_value()
+    return str(value)  # '**********'
+
+
+Secret = Annotated[SecretStr, PlainSerializer(_dump_secret, when_used="json")]
+
+
+def read_password(password: SecretStr | None, password_file: Path | None, key: str) -> str | None:
+    """The password of a login: `password`, or the first line of `password_file` (read now, when the
+    connection is made; a trailing newline is dropped). ConfigError naming `key` (the config key of
+    the file, e.g. mqtt.password_file) when the file is missing, unreadable or empty."""
+    if password_file is None:
+        return None if password is None else password.get_secret_value()
+    try:
+        text = password_file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            [f"{key}: cannot read {password_file}: {exc.strerror or exc}"],
+            hint=f"{key} must name a file the agent's user can read, holding the password",
+        ) from None
+    except UnicodeDecodeError:
+        raise ConfigError([f"{key}: {password_file} is not UTF-8 text"]) from None
+    secret = text.rstrip("\r\n")
+    if not secret:
+        raise ConfigError([f"{key}: {password_file} is empty"], hint="write the password into it (one line)")
+    return secret
+
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # hide_input_in_errors: a ValidationError's text never quotes a value (a password, or a whole
+    # section holding one); config_loader's messages quote only what is safe to.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
 
 class DeviceConfig(StrictModel):
@@ -117,9 +161,20 @@ class MqttConfig(StrictModel):
     client_id: str | None = Field(None, description="Defaults to edge-agent-<device id>.")
     topic_prefix: Name = Field("edge", description="First level of every topic.")
     keepalive_s: int = Field(30, ge=5, le=3600)
-    username: str | None = None
-    password: str | None = None
-    tls: TlsConfig | None = Field(None, description="Enable TLS by giving this section.")
+    username: str | None = Field(None, description="Broker login (with password or password_file).")
+    password: Secret | None = Field(
+        None, description="Broker password; never shown in logs, status or dumps. Prefer password_file."
+    )
+    password_file: Path | None = Field(
+        None,
+        description="File holding the broker password (its first line; read at connect), instead of "
+        "password: keep it owner-readable only (0600 or 0640 root:edge-agent).",
+    )
+    tls: TlsConfig | None = Field(
+        None,
+        description="Enable TLS by giving this section: ca_file to verify the broker, cert_file and "
+        "key_file for mutual TLS (docs/operations.md).",
+    )
     max_payload_bytes: int = Field(
         262_144,
         ge=1024,
@@ -153,9 +208,21 @@ class MqttConfig(StrictModel):
     def _check(self) -> MqttConfig:
         if self.reconnect_max_s < self.reconnect_min_s:
             raise ValueError("reconnect_max_s must be >= reconnect_min_s")
-        if self.password is not None and self.username is None:
-            raise ValueError("password given without username")
+        _check_login(self.username, self.password, self.password_file)
         return self
+
+    def login_password(self) -> str | None:
+        """The password to log in with (password_file read now); ConfigError if it cannot be read."""
+        return read_password(self.password, self.password_file, "mqtt.password_file")
+
+
+def _check_login(username: str | None, password: SecretStr | None, password_file: Path | None) -> None:
+    if password is not None and password_file is not None:
+        raise ValueError("give password or password_file, not both")
+    if password is not None and username is None:
+        raise ValueError("password given without username")
+    if password_file is not None and username is None:
+        raise ValueError("password_file given without username")
 
 
 class RegistryConnection(StrictModel):
@@ -333,7 +400,12 @@ class MqttSourceConfig(StrictModel):
     )
     port: int = Field(1883, ge=1, le=65535, description="With host.")
     username: str | None = Field(None, description="With host: the login on the sensors' broker.")
-    password: str | None = None
+    password: Secret | None = Field(
+        None, description="With username: its password; never shown in logs, status or dumps."
+    )
+    password_file: Path | None = Field(
+        None, description="With username: a file holding its password (first line; read at connect)."
+    )
     field: str | None = Field(
         None,
         description="Dotted path to the value(s) in a JSON payload, e.g. accel.x; default: the payload is a "
@@ -346,6 +418,15 @@ class MqttSourceConfig(StrictModel):
     )
     reopen_min_s: float = Field(1.0, gt=0, description="First reconnect delay.")
     reopen_max_s: float = Field(30.0, gt=0, description="Cap of the reconnect delay.")
+
+    @model_validator(mode="after")
+    def _check(self) -> MqttSourceConfig:
+        _check_login(self.username, self.password, self.password_file)
+        return self
+
+    def login_password(self) -> str | None:
+        """The password to log in with (password_file read now); ConfigError if it cannot be read."""
+        return read_password(self.password, self.password_file, "source.password_file")
 
 
 class ReplaySourceConfig(StrictModel):

@@ -126,9 +126,10 @@ def _reason_value(reason: ReasonCode | int) -> int:
 
 
 def use_credentials(client: mqtt.Client, cfg: MqttConfig) -> None:
-    """The broker login and TLS of `mqtt:` on a paho client (the agent's, and its MQTT sensor sources')."""
+    """The broker login and TLS of `mqtt:` on a paho client (the agent's, and its MQTT sensor sources').
+    mqtt.password_file is read here: ConfigError when it cannot be."""
     if cfg.username is not None:
-        client.username_pw_set(cfg.username, cfg.password)
+        client.username_pw_set(cfg.username, cfg.login_password())
     if cfg.tls is not None:
         tls = cfg.tls
         try:
@@ -720,7 +721,7 @@ class MqttConnection:
             self._last_error = why
         if code in _AUTH_CONNACK_REFUSALS:
             log.error(
-                "%s; check mqtt.username / mqtt.password / client certificate and the broker's ACL "
+                "%s; check mqtt.username / password(_file) / client certificate and the broker's ACL "
                 "(retrying every %g s)",
                 why,
                 self._config.reconnect_max_s,
