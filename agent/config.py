@@ -84,6 +84,24 @@ def read_password(password: SecretStr | None, password_file: Path | None, key: s
     return secret
 
 
+# MQTT client identifiers: printable, none of MQTT's topic characters (some brokers and bridges
+# build topics from them), and of a length brokers accept.
+CLIENT_ID_MAX = 128
+_CLIENT_ID_FORBIDDEN = "+#/"
+
+
+def check_client_id(value: str) -> str:
+    if not value:
+        raise ValueError("must not be empty (leave it out for edge-agent-<device id>)")
+    if len(value) > CLIENT_ID_MAX:
+        raise ValueError(f"is {len(value)} characters long; at most {CLIENT_ID_MAX} are allowed")
+    bad = sorted({c for c in value if c in _CLIENT_ID_FORBIDDEN or not c.isprintable()})
+    if bad:
+        shown = ", ".join(repr(c) for c in bad)
+        raise ValueError(f"{value!r} holds {shown}: a client id must be printable, without '+', '#' or '/'")
+    return value
+
+
 class StrictModel(BaseModel):
     # hide_input_in_errors: a ValidationError's text never quotes a value (a password, or a whole
     # section holding one); config_loader's messages quote only what is safe to.
@@ -158,7 +176,11 @@ class MqttConfig(StrictModel):
     host: str = Field("127.0.0.1", min_length=1, description="Broker host name or address.")
     port: int = Field(1883, ge=1, le=65535)
     protocol: Literal["5", "3.1.1"] = Field("5", description="MQTT protocol version.")
-    client_id: str | None = Field(None, description="Defaults to edge-agent-<device id>.")
+    client_id: str | None = Field(
+        None,
+        description=f"Defaults to edge-agent-<device id>. Printable, 1-{CLIENT_ID_MAX} characters, "
+        "without '+', '#' or '/'.",
+    )
     topic_prefix: Name = Field("edge", description="First level of every topic.")
     keepalive_s: int = Field(30, ge=5, le=3600)
     username: str | None = Field(None, description="Broker login (with password or password_file).")
@@ -203,6 +225,11 @@ class MqttConfig(StrictModel):
     def _protocol_as_text(cls, value: object) -> object:
         # YAML reads `protocol: 5` as an int; `3.1.1` is already a string.
         return str(value) if isinstance(value, int) else value
+
+    @field_validator("client_id")
+    @classmethod
+    def _valid_client_id(cls, value: str | None) -> str | None:
+        return None if value is None else check_client_id(value)
 
     @model_validator(mode="after")
     def _check(self) -> MqttConfig:

@@ -424,6 +424,63 @@ BAD_CONFIGS: dict[str, tuple[str, list[tuple[int, str]]]] = {
         """,
         [(8, "pipelines[0].source: password_file given without username")],
     ),
+    "client_id_with_a_wildcard": (
+        """
+        device:
+          id: box-1
+        mqtt:
+          client_id: "edge+box"
+        """,
+        [(4, "mqtt.client_id: 'edge+box' holds '+': a client id must be printable, without '+', '#' or '/'")],
+    ),
+    "client_id_with_hash_and_slash": (
+        """
+        device:
+          id: box-1
+        mqtt:
+          client_id: "site/box#1"
+        """,
+        [
+            (
+                4,
+                "mqtt.client_id: 'site/box#1' holds '#', '/': a client id must be printable, without '+', "
+                "'#' or '/'",
+            )
+        ],
+    ),
+    "client_id_empty": (
+        """
+        device:
+          id: box-1
+        mqtt:
+          client_id: ""
+        """,
+        [(4, "mqtt.client_id: must not be empty (leave it out for edge-agent-<device id>)")],
+    ),
+    "client_id_too_long": (
+        f"""
+        device:
+          id: box-1
+        mqtt:
+          client_id: {"c" * 129}
+        """,
+        [(4, "mqtt.client_id: is 129 characters long; at most 128 are allowed")],
+    ),
+    "client_id_not_printable": (
+        """
+        device:
+          id: box-1
+        mqtt:
+          client_id: "box\\t1\\n"
+        """,
+        [
+            (
+                4,
+                "mqtt.client_id: 'box\\t1\\n' holds '\\t', '\\n': a client id must be printable, without "
+                "'+', '#' or '/'",
+            )
+        ],
+    ),
     "reconnect_max_below_min": (
         """
         device:
@@ -1060,7 +1117,20 @@ def test_alias_expansion_bomb_is_refused_quickly(tmp_path: Path) -> None:
     assert time.monotonic() - started < 30
 
 
-# --- passwords ---------------------------------------------------------------------------------
+# --- client ids, device ids, passwords -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("device_id", ["box+1", "box#1", "site/box", "box 1", "", "b" * 65])
+def test_a_device_id_that_would_break_topics_or_the_client_id_is_refused(device_id: str) -> None:
+    """The device id is a topic level (<prefix>/<device>/...) and part of the default client id."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"device: {{id: {device_id!r}}}\n", environ={})
+    assert info.value.problems == [f"<config>:1: device.id: {bad_name(device_id)}"]
+
+
+def test_the_longest_client_id_and_unicode_ones_are_fine() -> None:
+    assert MqttConfig(client_id="c" * 128).client_id == "c" * 128
+    assert MqttConfig(client_id="kamera-büro_1.2:ü").client_id == "kamera-büro_1.2:ü"
 
 
 SECRET = "Zq7-never-shown-9Xw"
