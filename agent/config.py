@@ -124,7 +124,12 @@ class TlsConfig(StrictModel):
     ca_file: Path | None = Field(None, description="CA bundle that signed the broker's certificate.")
     cert_file: Path | None = Field(None, description="Client certificate (mutual TLS).")
     key_file: Path | None = Field(None, description="Client private key (mutual TLS).")
-    insecure: bool = Field(False, description="Skip broker hostname verification (testing only).")
+    insecure: bool = Field(
+        False,
+        description="Skip checking that the broker's certificate names the host connected to (testing "
+        "only: anyone holding a certificate from the CA could pose as the broker); the certificate is "
+        "still checked against ca_file. A WARNING says so at each start.",
+    )
 
     @model_validator(mode="after")
     def _cert_and_key_together(self) -> TlsConfig:

@@ -79,6 +79,7 @@ class Watcher:
         key: Path | None = None,
         username: str | None = None,
         password: str | None = None,
+        insecure: bool = False,
         timeout_s: float = 30.0,
     ) -> None:
         self._cond = threading.Condition()
@@ -93,6 +94,7 @@ class Watcher:
                 certfile=str(cert) if cert else None,
                 keyfile=str(key) if key else None,
             )
+            self.client.tls_insecure_set(insecure)  # a broker whose certificate is for another name
         if username is not None:
             self.client.username_pw_set(username, password)
         self.client.on_connect = self._on_connect
