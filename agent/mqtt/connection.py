@@ -224,7 +224,7 @@ class MqttConnection:
                 clean_session=cfg.session_expiry_s == 0,  # 3.1.1 sessions live until the broker drops them
             )
         self._paho_log = log.getChild("paho")
-        self._paho_log.addFilter(self._not_shutdown_noise)
+        self._paho_log.addFilter(self._not_shutdown_noise)  # removed by stop()
         client.enable_logger(self._paho_log)
         client.on_log = self._on_paho_log
         # Our callbacks catch their own errors; this keeps a slip from killing paho's network thread.
@@ -329,6 +329,9 @@ class MqttConnection:
                 log.warning("could not publish the offline status: %s", exc)
         self._client.disconnect()
         self._client.loop_stop()
+        # paho's thread is done (its last "Client is not connected" said): the filter can go, and must,
+        # or it would judge another connection's records by this stopped one (same logger).
+        self._paho_log.removeFilter(self._not_shutdown_noise)
         if not self._publisher.is_alive():
             # PUBACKs that arrived while we said goodbye: apply them so the next run does not resend.
             self._drain_events()
