@@ -376,6 +376,9 @@ def _non_blank_uri(value: str) -> str:
 SourceUri = Annotated[str, AfterValidator(_non_blank_uri)]
 
 
+MAX_FPS = 1000.0  # the highest frame rate a video source takes: its fps cap, and a file's own rate
+
+
 class VideoSourceConfig(StrictModel):
     type: Literal["video"]
     uri: SourceUri = Field(
@@ -386,8 +389,10 @@ class VideoSourceConfig(StrictModel):
     fps: float | None = Field(
         None,
         gt=0,
-        le=1000,
-        description="Cap on frames handed to the model. A folder of images plays at this rate (default 1).",
+        le=MAX_FPS,
+        description=f"Cap on frames handed to the model (up to {MAX_FPS:g} a second). A video file plays at "
+        f"its own frame rate (up to {MAX_FPS:g}; 25 when it gives none or a higher one), a folder of images "
+        "at this rate (default 1), or as fast as the box decodes them where that is slower.",
     )
     loop: bool = Field(False, description="Start again at the end (video files and image folders).")
     reopen_min_s: float = Field(1.0, gt=0, description="First retry delay when the source fails.")
