@@ -371,7 +371,9 @@ def test_mutual_tls_needs_the_client_certificate(
         state=lambda: broker.log_tail(50),
     )
     assert_never_connects(anonymous, outbox, 2)
-    assert "closed before CONNACK" in str(anonymous.stats()["last_error"])
+    error = str(anonymous.stats()["last_error"])
+    assert "closed before CONNACK" in error and "certificate required" in error, error
+    assert "give mqtt.tls.cert_file and key_file" in error  # what to do about it
     anonymous.stop()
     assert watcher.statuses() == [] and watcher.result_ids() == []
     no_tracebacks(caplog)

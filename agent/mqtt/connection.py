@@ -807,8 +807,7 @@ class MqttConnection:
                     # or the lack of one, with an alert): say why, without hiding a more precise
                     # CONNACK refusal seen earlier.
                     self._last_error = f"connection to {self._broker} closed before CONNACK: " + (
-                        f"{self._socket_error} (the broker ended the TLS session: check that "
-                        "mqtt.tls.cert_file is a client certificate it trusts)"
+                        f"{self._socket_error} ({self._tls_alert_hint()})"
                         if self._socket_error is not None and "alert" in self._socket_error.lower()
                         else str(self._socket_error or reason_code)
                     )
@@ -824,6 +823,19 @@ class MqttConnection:
                 log.warning("%s; retrying with backoff, results wait in the outbox", why)
         except Exception:
             log.exception("error in the MQTT on_disconnect handler")
+
+    def _tls_alert_hint(self) -> str:
+        """What to check when the broker ended the TLS session with an alert before the CONNACK."""
+        tls = self._config.tls
+        if tls is None or tls.cert_file is None:
+            return (
+                "the broker ended the TLS session: if it wants a client certificate, give "
+                "mqtt.tls.cert_file and key_file"
+            )
+        return (
+            f"the broker ended the TLS session: check that mqtt.tls.cert_file ({tls.cert_file}) is a "
+            "client certificate it trusts"
+        )
 
     def _on_publish(
         self,
