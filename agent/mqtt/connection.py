@@ -223,8 +223,9 @@ class MqttConnection:
                 protocol=mqtt.MQTTv311,
                 clean_session=cfg.session_expiry_s == 0,  # 3.1.1 sessions live until the broker drops them
             )
+        # Shared by every connection: each adds its filter for the life of its network loop only
+        # (start() to stop()), so a stopped one, or one never started, judges no other's records.
         self._paho_log = log.getChild("paho")
-        self._paho_log.addFilter(self._not_shutdown_noise)  # removed by stop()
         client.enable_logger(self._paho_log)
         client.on_log = self._on_paho_log
         # Our callbacks catch their own errors; this keeps a slip from killing paho's network thread.
@@ -260,6 +261,7 @@ class MqttConnection:
                 raise RuntimeError("MqttConnection.start() called twice")
             self._started = True
         self._set_will()
+        self._paho_log.addFilter(self._not_shutdown_noise)
         cfg = self._config
         log.info("connecting to MQTT broker %s as %s (MQTT %s)", self._broker, self.client_id, cfg.protocol)
         if cfg.tls is not None and cfg.tls.insecure:  # once per start, not per reconnect
@@ -329,8 +331,7 @@ class MqttConnection:
                 log.warning("could not publish the offline status: %s", exc)
         self._client.disconnect()
         self._client.loop_stop()
-        # paho's thread is done (its last "Client is not connected" said): the filter can go, and must,
-        # or it would judge another connection's records by this stopped one (same logger).
+        # paho's thread is done (its last "Client is not connected" said): the filter goes.
         self._paho_log.removeFilter(self._not_shutdown_noise)
         if not self._publisher.is_alive():
             # PUBACKs that arrived while we said goodbye: apply them so the next run does not resend.
