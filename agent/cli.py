@@ -105,6 +105,8 @@ def run(
     ] = None,
 ) -> None:
     """Run every pipeline until SIGTERM/SIGINT (or --duration), then stop gracefully."""
+    # Everything the daemon creates (the state dir, outbox, status, store) is for its user only.
+    os.umask(0o077)
     with _user_errors():
         cfg = _load(config)
     setup_logging(log_level or cfg.log_level)

@@ -2,7 +2,9 @@
 
 Every model forbids unknown keys so a typo is an error, not a silently ignored setting.
 Validators do no I/O: whether a file exists or a broker answers is checked when it is used,
-so a config can be validated on a laptop for a box it will run on.
+so a config can be validated on a laptop for a box it will run on (password files too: they are
+read when the connection is made, `read_password`).
+Passwords are held as `SecretStr`: repr, logs and JSON dumps show `**********`, never the secret.
 Loading (YAML with line numbers, ${ENV} interpolation, error formatting) lives in
 `agent/config_loader.py`.
 """
@@ -19,11 +21,16 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PlainSerializer,
+    SecretStr,
+    SerializationInfo,
     Tag,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
+
+from agent.errors import ConfigError
 
 # Names end up in MQTT topics and file names: keep them to a safe alphabet.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -41,9 +48,64 @@ def check_name(value: str) -> str:
 
 Name = Annotated[str, AfterValidator(check_name), WithJsonSchema({"type": "string", "pattern": NAME_PATTERN})]
 
+# A JSON dump with this context key true writes secrets out (state the daemon keeps for itself,
+# e.g. <state_dir>/pipelines.json); every other dump shows '**********'.
+REVEAL_SECRETS = "reveal_secrets"
+
+
+def _dump_secret(value: SecretStr, info: SerializationInfo) -> str:
+    context = info.context
+    if isinstance(context, dict) and context.get(REVEAL_SECRETS):
+        return value.get_secret_value()
+    return str(value)  # '**********'
+
+
+Secret = Annotated[SecretStr, PlainSerializer(_dump_secret, when_used="json")]
+
+
+def read_password(password: SecretStr | None, password_file: Path | None, key: str) -> str | None:
+    """The password of a login: `password`, or the first line of `password_file` (read now, when the
+    connection is made; a trailing newline is dropped). ConfigError naming `key` (the config key of
+    the file, e.g. mqtt.password_file) when the file is missing, unreadable or empty."""
+    if password_file is None:
+        return None if password is None else password.get_secret_value()
+    try:
+        text = password_file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            [f"{key}: cannot read {password_file}: {exc.strerror or exc}"],
+            hint=f"{key} must name a file the agent's user can read, holding the password",
+        ) from None
+    except UnicodeDecodeError:
+        raise ConfigError([f"{key}: {password_file} is not UTF-8 text"]) from None
+    secret = text.rstrip("\r\n")
+    if not secret:
+        raise ConfigError([f"{key}: {password_file} is empty"], hint="write the password into it (one line)")
+    return secret
+
+
+# MQTT client identifiers: printable, none of MQTT's topic characters (some brokers and bridges
+# build topics from them), and of a length brokers accept.
+CLIENT_ID_MAX = 128
+_CLIENT_ID_FORBIDDEN = "+#/"
+
+
+def check_client_id(value: str) -> str:
+    if not value:
+        raise ValueError("must not be empty (leave it out for edge-agent-<device id>)")
+    if len(value) > CLIENT_ID_MAX:
+        raise ValueError(f"is {len(value)} characters long; at most {CLIENT_ID_MAX} are allowed")
+    bad = sorted({c for c in value if c in _CLIENT_ID_FORBIDDEN or not c.isprintable()})
+    if bad:
+        shown = ", ".join(repr(c) for c in bad)
+        raise ValueError(f"{value!r} holds {shown}: a client id must be printable, without '+', '#' or '/'")
+    return value
+
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # hide_input_in_errors: a ValidationError's text never quotes a value (a password, or a whole
+    # section holding one); config_loader's messages quote only what is safe to.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
 
 class DeviceConfig(StrictModel):
@@ -62,7 +124,12 @@ class TlsConfig(StrictModel):
     ca_file: Path | None = Field(None, description="CA bundle that signed the broker's certificate.")
     cert_file: Path | None = Field(None, description="Client certificate (mutual TLS).")
     key_file: Path | None = Field(None, description="Client private key (mutual TLS).")
-    insecure: bool = Field(False, description="Skip broker hostname verification (testing only).")
+    insecure: bool = Field(
+        False,
+        description="Skip checking that the broker's certificate names the host connected to (testing "
+        "only: anyone holding a certificate from the CA could pose as the broker); the certificate is "
+        "still checked against ca_file. A WARNING says so at each start.",
+    )
 
     @model_validator(mode="after")
     def _cert_and_key_together(self) -> TlsConfig:
@@ -114,12 +181,27 @@ class MqttConfig(StrictModel):
     host: str = Field("127.0.0.1", min_length=1, description="Broker host name or address.")
     port: int = Field(1883, ge=1, le=65535)
     protocol: Literal["5", "3.1.1"] = Field("5", description="MQTT protocol version.")
-    client_id: str | None = Field(None, description="Defaults to edge-agent-<device id>.")
+    client_id: str | None = Field(
+        None,
+        description=f"Defaults to edge-agent-<device id>. Printable, 1-{CLIENT_ID_MAX} characters, "
+        "without '+', '#' or '/'.",
+    )
     topic_prefix: Name = Field("edge", description="First level of every topic.")
     keepalive_s: int = Field(30, ge=5, le=3600)
-    username: str | None = None
-    password: str | None = None
-    tls: TlsConfig | None = Field(None, description="Enable TLS by giving this section.")
+    username: str | None = Field(None, description="Broker login (with password or password_file).")
+    password: Secret | None = Field(
+        None, description="Broker password; never shown in logs, status or dumps. Prefer password_file."
+    )
+    password_file: Path | None = Field(
+        None,
+        description="File holding the broker password (its first line; read at connect), instead of "
+        "password: keep it owner-readable only (0600 or 0640 root:edge-agent).",
+    )
+    tls: TlsConfig | None = Field(
+        None,
+        description="Enable TLS by giving this section: ca_file to verify the broker, cert_file and "
+        "key_file for mutual TLS (docs/operations.md).",
+    )
     max_payload_bytes: int = Field(
         262_144,
         ge=1024,
@@ -149,13 +231,30 @@ class MqttConfig(StrictModel):
         # YAML reads `protocol: 5` as an int; `3.1.1` is already a string.
         return str(value) if isinstance(value, int) else value
 
+    @field_validator("client_id")
+    @classmethod
+    def _valid_client_id(cls, value: str | None) -> str | None:
+        return None if value is None else check_client_id(value)
+
     @model_validator(mode="after")
     def _check(self) -> MqttConfig:
         if self.reconnect_max_s < self.reconnect_min_s:
             raise ValueError("reconnect_max_s must be >= reconnect_min_s")
-        if self.password is not None and self.username is None:
-            raise ValueError("password given without username")
+        _check_login(self.username, self.password, self.password_file)
         return self
+
+    def login_password(self) -> str | None:
+        """The password to log in with (password_file read now); ConfigError if it cannot be read."""
+        return read_password(self.password, self.password_file, "mqtt.password_file")
+
+
+def _check_login(username: str | None, password: SecretStr | None, password_file: Path | None) -> None:
+    if password is not None and password_file is not None:
+        raise ValueError("give password or password_file, not both")
+    if password is not None and username is None:
+        raise ValueError("password given without username")
+    if password_file is not None and username is None:
+        raise ValueError("password_file given without username")
 
 
 class RegistryConnection(StrictModel):
@@ -277,6 +376,9 @@ def _non_blank_uri(value: str) -> str:
 SourceUri = Annotated[str, AfterValidator(_non_blank_uri)]
 
 
+MAX_FPS = 1000.0  # the highest frame rate a video source takes: its fps cap, and a file's own rate
+
+
 class VideoSourceConfig(StrictModel):
     type: Literal["video"]
     uri: SourceUri = Field(
@@ -287,8 +389,10 @@ class VideoSourceConfig(StrictModel):
     fps: float | None = Field(
         None,
         gt=0,
-        le=1000,
-        description="Cap on frames handed to the model. A folder of images plays at this rate (default 1).",
+        le=MAX_FPS,
+        description=f"Cap on frames handed to the model (up to {MAX_FPS:g} a second). A video file plays at "
+        f"its own frame rate (up to {MAX_FPS:g}; 25 when it gives none or a higher one), a folder of images "
+        "at this rate (default 1), or as fast as the box decodes them where that is slower.",
     )
     loop: bool = Field(False, description="Start again at the end (video files and image folders).")
     reopen_min_s: float = Field(1.0, gt=0, description="First retry delay when the source fails.")
@@ -333,7 +437,12 @@ class MqttSourceConfig(StrictModel):
     )
     port: int = Field(1883, ge=1, le=65535, description="With host.")
     username: str | None = Field(None, description="With host: the login on the sensors' broker.")
-    password: str | None = None
+    password: Secret | None = Field(
+        None, description="With username: its password; never shown in logs, status or dumps."
+    )
+    password_file: Path | None = Field(
+        None, description="With username: a file holding its password (first line; read at connect)."
+    )
     field: str | None = Field(
         None,
         description="Dotted path to the value(s) in a JSON payload, e.g. accel.x; default: the payload is a "
@@ -346,6 +455,15 @@ class MqttSourceConfig(StrictModel):
     )
     reopen_min_s: float = Field(1.0, gt=0, description="First reconnect delay.")
     reopen_max_s: float = Field(30.0, gt=0, description="Cap of the reconnect delay.")
+
+    @model_validator(mode="after")
+    def _check(self) -> MqttSourceConfig:
+        _check_login(self.username, self.password, self.password_file)
+        return self
+
+    def login_password(self) -> str | None:
+        """The password to log in with (password_file read now); ConfigError if it cannot be read."""
+        return read_password(self.password, self.password_file, "source.password_file")
 
 
 class ReplaySourceConfig(StrictModel):

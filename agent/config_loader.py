@@ -28,6 +28,8 @@ _ENV_REF = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 PathKey = tuple[str | int, ...]
 
+SECRET_KEYS = frozenset({"password"})  # keys whose values error messages never quote
+
 # Far beyond any real config; stops "billion laughs" alias expansion (configs also arrive over MQTT).
 _MAX_NODES = 100_000
 
@@ -232,6 +234,8 @@ def _message(
     syntax: Literal["yaml", "json"],
 ) -> str:
     kind = error["type"]
+    # A password's value is never quoted back (error output, a refused document in reported state).
+    secret = bool(path) and not missing_leaf and str(path[-1]) in SECRET_KEYS
     if kind == "missing":
         return "required key is missing"
     if kind == "extra_forbidden":
@@ -249,11 +253,13 @@ def _message(
         return f"unknown type {tag!r}; expected one of: {_expected_tags(error)}"
     if kind == "string_type" and isinstance(error.get("input"), (int, float, bool, datetime.date)):
         # YAML turned an unquoted 2.0 / 2024-01-01 / yes into a number, date or bool (JSON: a number).
+        if secret:  # not even its kind: "a number" says much about a password
+            return f"expected a string: quote it in the {syntax.upper()}"
         got = _short(error["input"])
         return f'expected a string, got {got}: quote it in the {syntax.upper()}, e.g. "2.0"'
     message = str(error["msg"])
     message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
-    if not missing_leaf and kind not in ("value_error", "assertion_error"):
+    if not missing_leaf and not secret and kind not in ("value_error", "assertion_error"):
         message += f" (got {_short(error.get('input'))})"
     return message
 

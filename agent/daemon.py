@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import sqlite3
+import stat
 import threading
 import time
 import uuid
@@ -107,7 +108,7 @@ def hold_state_dir(state_dir: Path) -> InstanceLock:
     on it would share the outbox and the broker session (they kick each other off the broker and
     send duplicates), so it stops at once, naming the running one's pid."""
     try:
-        state_dir.mkdir(parents=True, exist_ok=True)
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         return InstanceLock(
             state_dir / "agent.lock",
             f"another edge-agent (pid {{pid}}) is already running on state_dir {state_dir} (it holds "
@@ -122,6 +123,50 @@ def hold_state_dir(state_dir: Path) -> InstanceLock:
         ) from exc
 
 
+def keep_state_dir_private(state_dir: Path) -> None:
+    """The state dir holds results, the broker session's outbox and desired-state documents (which
+    may carry passwords): owner only. `edge-agent run` creates what it writes with umask 077; this
+    takes group and other access away from the dir and anything already in it (an older agent's
+    files, a dir made by hand or by StateDirectoryMode=0750), saying what it fixed. Symbolic links
+    are left alone; what cannot be changed is named in a warning, and the daemon runs on."""
+    fixed: list[str] = []
+    failed: list[str] = []
+    was = 0
+
+    def fix(path: Path) -> None:
+        nonlocal was
+        try:
+            st = path.lstat()
+            if stat.S_ISLNK(st.st_mode) or not st.st_mode & 0o077:
+                return
+            os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o077)
+        except FileNotFoundError:
+            return  # removed meanwhile
+        except OSError as exc:
+            failed.append(f"{path}: {exc.strerror or exc}")
+            return
+        if path == state_dir:
+            was = stat.S_IMODE(st.st_mode)
+        else:
+            fixed.append(str(path.relative_to(state_dir)))
+
+    fix(state_dir)
+    for root, dirs, files in os.walk(state_dir, onerror=lambda exc: failed.append(str(exc))):
+        for name in (*dirs, *files):
+            fix(Path(root) / name)
+    if was or fixed:
+        shown = ", ".join(sorted(fixed)[:5]) + (", ..." if len(fixed) > 5 else "")
+        log.warning(
+            "state_dir %s: removed group and other access (the outbox, status and desired state are "
+            "for this agent only): %s%s",
+            state_dir,
+            f"the dir was {was:04o}, now {was & ~0o077:04o}" if was else "the dir was already private",
+            f"; and from {len(fixed)} file(s) and folder(s) in it: {shown}" if fixed else "",
+        )
+    if failed:
+        log.warning("state_dir %s: could not make private: %s", state_dir, "; ".join(failed[:5]))
+
+
 class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
@@ -129,6 +174,7 @@ class Agent:
         # Before anything in the state dir is touched; read-only CLI commands do not take it.
         self.instance_lock = hold_state_dir(config.state_dir)
         try:
+            keep_state_dir_private(config.state_dir)
             self._setup(config)
         except BaseException:
             self.instance_lock.release()

@@ -157,13 +157,13 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644, durable: bool
     """
     tmp = temp_name(path)
     try:
-        # Created with `mode` (less the umask) from the start: a private key is never readable by others.
+        # Created with `mode` less the umask from the start (a private key is never readable by others),
+        # and left so: the daemon's umask 077 keeps its state files owner-only.
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as f:
             f.write(data)
             f.flush()
             if durable:
                 os.fsync(f.fileno())
-        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -171,6 +171,22 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644, durable: bool
         raise
     if durable:
         fsync_dir(path.parent)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it (Linux: /proc/self/status; elsewhere a swap)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def masked_mode(mode: int) -> int:
+    """`mode` less the umask, for a chmod that should grant no more than creating the file would."""
+    return mode & ~current_umask()
 
 
 def copy_hashing(

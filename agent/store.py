@@ -44,6 +44,7 @@ from agent.fsutil import (
     file_lock,
     fsync_dir,
     hash_file,
+    masked_mode,
     sha256_file,
     temp_name,
 )
@@ -63,7 +64,7 @@ from providers.base import ModelArtifact
 
 log = logging.getLogger(__name__)
 
-BLOB_MODE = 0o444
+BLOB_MODE = 0o444  # read-only; less the umask (the daemon's 077: owner only)
 # blobs/sha256/<hex>.partial: the bytes a pull cut off half way got, resumed by the next pull
 # (its <hex>.partial-validator: the registry's ETag for them); never served, never a blob.
 PARTIAL_SUFFIX = ".partial"
@@ -361,7 +362,7 @@ class ModelStore:
             try:
                 self._download(registry, manifest, artifact, partial, what, progress)
                 check_model_file(partial, artifact.format, file_name=artifact.file)
-                os.chmod(partial, BLOB_MODE)
+                os.chmod(partial, masked_mode(BLOB_MODE))
                 os.replace(partial, blob)
             except RegistryError as exc:
                 # Cut off (network, server): what came stays for the next pull to resume from.
@@ -524,7 +525,7 @@ class ModelStore:
                 if (sha256, size) != (artifact.sha256, artifact.size):
                     raise IntegrityError(f"{what} changed while it was copied into the store; try again")
                 check_model_file(tmp, artifact.format, file_name=artifact.file)
-                os.chmod(tmp, BLOB_MODE)
+                os.chmod(tmp, masked_mode(BLOB_MODE))
                 os.replace(tmp, blob)
             except OSError as exc:
                 raise StoreError(_disk_error(f"cannot copy {what} into {blob}", exc, self.root)) from None

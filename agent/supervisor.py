@@ -45,7 +45,7 @@ from agent.backend_choice import (
     policy_for,
 )
 from agent.clock import iso_utc
-from agent.config import AgentConfig, HealthWindowConfig, PipelineConfig
+from agent.config import REVEAL_SECRETS, AgentConfig, HealthWindowConfig, PipelineConfig
 from agent.errors import EdgeAgentError, RegistryError
 from agent.fleet.desired import DesiredPipeline
 from agent.fsutil import atomic_write_bytes
@@ -746,8 +746,10 @@ class VersionMemory:
             self._records = {}
 
     def good(self, name: str, desired: DesiredPipeline) -> None:
-        record = {"config": desired.config.model_dump(mode="json"), "layer": desired.layer,
-                  "generation": desired.generation}  # fmt: skip
+        # With its secrets (an MQTT source's password): a fallback must be able to log in. The file
+        # is the daemon's own (owner-only, like the desired-state documents it comes from).
+        config = desired.config.model_dump(mode="json", context={REVEAL_SECRETS: True})
+        record = {"config": config, "layer": desired.layer, "generation": desired.generation}
         with self._lock:
             entry = self._records.setdefault(name, {})
             entry["good"] = record
@@ -788,7 +790,9 @@ class VersionMemory:
 
 
 def _fingerprint(config: PipelineConfig) -> str:
-    return hashlib.sha256(json.dumps(config.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+    # Secrets included: a version whose only change is a corrected password is a new version.
+    dump = config.model_dump(mode="json", context={REVEAL_SECRETS: True})
+    return hashlib.sha256(json.dumps(dump, sort_keys=True).encode()).hexdigest()
 
 
 def _unhealthy(

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -441,6 +442,8 @@ class OpenVinoBackend(Backend):
         try:
             model = _read_model(artifact, opts.weights)
             compiled = _core().compile_model(model, self.device, config)
+            if opts.cache_dir is not None:
+                _cache_within_umask(Path(opts.cache_dir))
             return OpenVinoSession(model, compiled, self.name, self.device)
         except BackendError:
             raise
@@ -465,6 +468,21 @@ class OpenVinoBackend(Backend):
             Path(opts.cache_dir).mkdir(parents=True, exist_ok=True)
             config["CACHE_DIR"] = opts.cache_dir
         return config
+
+
+def _cache_within_umask(cache_dir: Path) -> None:
+    """OpenVINO gives the blobs it caches a mode of its own (0440), whatever the umask: take away what
+    the umask forbids (the daemon's 077 keeps its state dir owner-only). Linux: the umask is read from
+    /proc, so no other thread's files are created under a changed one."""
+    try:
+        status = Path("/proc/self/status").read_text()
+        mask = next(int(line.split()[1], 8) for line in status.splitlines() if line.startswith("Umask:"))
+        for path in cache_dir.iterdir():
+            mode = path.lstat().st_mode
+            if stat.S_ISREG(mode) and mode & mask:
+                os.chmod(path, stat.S_IMODE(mode) & ~mask)
+    except (OSError, ValueError, StopIteration):
+        pass  # not Linux, or the cache changed meanwhile: the next load tries again
 
 
 def discover() -> list[Backend]:

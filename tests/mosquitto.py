@@ -197,7 +197,8 @@ class Subscriber:
 
     `persistent=True` uses a persistent session (MQTT 3.1.1, clean_session false, QoS 1): with a
     broker started with persistence, messages published while this subscriber is away (even
-    across a broker restart) are queued and delivered when it is back.
+    across a broker restart) are queued and delivered when it is back. `username`/`password`: a
+    login, for brokers that refuse anonymous clients.
     """
 
     def __init__(
@@ -209,6 +210,8 @@ class Subscriber:
         qos: int = 1,
         persistent: bool = False,
         client_id: str | None = None,
+        username: str | None = None,
+        password: str | None = None,
         timeout_s: float = 30.0,
     ) -> None:
         self.topic_filter = topic_filter
@@ -221,6 +224,8 @@ class Subscriber:
             CallbackAPIVersion.VERSION2, client_id=cid, protocol=mqtt.MQTTv311, clean_session=not persistent
         )
         self.client.reconnect_delay_set(cast_delay(0.1), cast_delay(0.5))
+        if username is not None:
+            self.client.username_pw_set(username, password)
         self.client.on_connect = self._on_connect
         self.client.on_subscribe = self._on_subscribe
         self.client.on_message = self._on_message

@@ -1,6 +1,7 @@
 """A throwaway PKI made with the `openssl` CLI at test time, for the TLS tests (MQTT, HTTPS registry):
-an EC CA, a server certificate for the IP 127.0.0.1, a client certificate for mutual TLS, and a
-second CA that signed nothing we use."""
+an EC CA, a server certificate for the IP 127.0.0.1, a client certificate for mutual TLS, a second
+CA that signed neither of those (and its own client certificate, which the first CA's brokers must
+refuse), and a server certificate from the first CA for another host name (broker.example)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ class Pki:
     client_cert: Path
     client_key: Path
     other_ca: Path  # a CA that signed neither the server nor the client certificate
+    other_client_cert: Path  # a client certificate from other_ca: untrusted where `ca` is the trust
+    other_client_key: Path
+    misnamed_server_cert: Path  # from `ca`, for broker.example only: no match for 127.0.0.1
+    misnamed_server_key: Path
 
 
 def _make_ca(openssl: str, workdir: Path, name: str) -> tuple[Path, Path]:
@@ -95,7 +100,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     openssl = tool("openssl", "openssl")
     workdir = tmp_path_factory.mktemp("pki")
     ca = _make_ca(openssl, workdir, "edge-test-ca")
-    other_ca, _ = _make_ca(openssl, workdir, "edge-test-other-ca")
+    other_ca = _make_ca(openssl, workdir, "edge-test-other-ca")
     server_cert, server_key = _make_leaf(
         openssl,
         workdir,
@@ -107,4 +112,26 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     client_cert, client_key = _make_leaf(
         openssl, workdir, "client", f"/CN={CLIENT_CN}", ["extendedKeyUsage=clientAuth"], ca
     )
-    return Pki(ca[0], server_cert, server_key, client_cert, client_key, other_ca)
+    other_client_cert, other_client_key = _make_leaf(
+        openssl, workdir, "other-client", f"/CN={CLIENT_CN}", ["extendedKeyUsage=clientAuth"], other_ca
+    )
+    misnamed_cert, misnamed_key = _make_leaf(
+        openssl,
+        workdir,
+        "misnamed-server",
+        "/CN=broker.example",
+        ["extendedKeyUsage=serverAuth", "subjectAltName=DNS:broker.example"],
+        ca,
+    )
+    return Pki(
+        ca[0],
+        server_cert,
+        server_key,
+        client_cert,
+        client_key,
+        other_ca[0],
+        other_client_cert,
+        other_client_key,
+        misnamed_cert,
+        misnamed_key,
+    )

@@ -6,20 +6,25 @@ messages are deterministic. `environ=` is passed explicitly so the host's enviro
 
 from __future__ import annotations
 
+import json
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from agent.config import (
+    REVEAL_SECRETS,
     AgentConfig,
     CommandsConfig,
     FleetConfig,
     HealthWindowConfig,
     MqttConfig,
+    MqttSourceConfig,
     OutboxConfig,
+    PipelineConfig,
 )
 from agent.config_loader import load_config, parse_config
 from agent.errors import ConfigError
@@ -364,6 +369,118 @@ BAD_CONFIGS: dict[str, tuple[str, list[tuple[int, str]]]] = {
         """,
         [(3, "mqtt: password given without username")],
     ),
+    "password_file_without_username": (
+        """
+        device:
+          id: box-1
+        mqtt:
+          password_file: /etc/edge-agent/mqtt.pw
+        """,
+        [(3, "mqtt: password_file given without username")],
+    ),
+    "password_and_password_file": (
+        """
+        device:
+          id: box-1
+        mqtt:
+          username: edge
+          password: hunter2
+          password_file: /etc/edge-agent/mqtt.pw
+        """,
+        [(3, "mqtt: give password or password_file, not both")],
+    ),
+    "sensor_source_password_and_password_file": (
+        """
+        device:
+          id: box-1
+        registry:
+          url: file:///srv/registry
+        pipelines:
+          - name: vib
+            model: {name: m, version: "1"}
+            source:
+              type: mqtt
+              topic: plant/vibration
+              username: sensors
+              password: hunter2
+              password_file: /etc/edge-agent/sensors.pw
+            preprocess: {type: series}
+            postprocess: {type: raw}
+        """,
+        [(8, "pipelines[0].source: give password or password_file, not both")],
+    ),
+    "sensor_source_password_file_without_username": (
+        """
+        device:
+          id: box-1
+        registry:
+          url: file:///srv/registry
+        pipelines:
+          - name: vib
+            model: {name: m, version: "1"}
+            source: {type: mqtt, topic: plant/vibration, password_file: /etc/edge-agent/sensors.pw}
+            preprocess: {type: series}
+            postprocess: {type: raw}
+        """,
+        [(8, "pipelines[0].source: password_file given without username")],
+    ),
+    "client_id_with_a_wildcard": (
+        """
+        device:
+          id: box-1
+        mqtt:
+          client_id: "edge+box"
+        """,
+        [(4, "mqtt.client_id: 'edge+box' holds '+': a client id must be printable, without '+', '#' or '/'")],
+    ),
+    "client_id_with_hash_and_slash": (
+        """
+        device:
+          id: box-1
+        mqtt:
+          client_id: "site/box#1"
+        """,
+        [
+            (
+                4,
+                "mqtt.client_id: 'site/box#1' holds '#', '/': a client id must be printable, without '+', "
+                "'#' or '/'",
+            )
+        ],
+    ),
+    "client_id_empty": (
+        """
+        device:
+          id: box-1
+        mqtt:
+          client_id: ""
+        """,
+        [(4, "mqtt.client_id: must not be empty (leave it out for edge-agent-<device id>)")],
+    ),
+    "client_id_too_long": (
+        f"""
+        device:
+          id: box-1
+        mqtt:
+          client_id: {"c" * 129}
+        """,
+        [(4, "mqtt.client_id: is 129 characters long; at most 128 are allowed")],
+    ),
+    "client_id_not_printable": (
+        """
+        device:
+          id: box-1
+        mqtt:
+          client_id: "box\\t1\\n"
+        """,
+        [
+            (
+                4,
+                "mqtt.client_id: 'box\\t1\\n' holds '\\t', '\\n': a client id must be printable, without "
+                "'+', '#' or '/'",
+            )
+        ],
+    ),
     "reconnect_max_below_min": (
         """
         device:
@@ -692,7 +809,7 @@ def test_env_plain_default_and_literal(tmp_path: Path) -> None:
     assert cfg.mqtt.host == "127.0.0.1"
     assert cfg.mqtt.client_id == "agent-box-7"
     assert cfg.mqtt.username == "${NOT_EXPANDED}"
-    assert cfg.mqtt.password == "pre-${A}--post"
+    assert cfg.mqtt.password is not None and cfg.mqtt.password.get_secret_value() == "pre-${A}--post"
 
 
 def test_env_value_overrides_default(tmp_path: Path) -> None:
@@ -998,3 +1115,120 @@ def test_alias_expansion_bomb_is_refused_quickly(tmp_path: Path) -> None:
         load_config(path)
     assert caught.value.problems == [f"{path}: the document has more than 100000 values (alias expansion?)"]
     assert time.monotonic() - started < 30
+
+
+# --- client ids, device ids, passwords -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("device_id", ["box+1", "box#1", "site/box", "box 1", "", "b" * 65])
+def test_a_device_id_that_would_break_topics_or_the_client_id_is_refused(device_id: str) -> None:
+    """The device id is a topic level (<prefix>/<device>/...) and part of the default client id."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"device: {{id: {device_id!r}}}\n", environ={})
+    assert info.value.problems == [f"<config>:1: device.id: {bad_name(device_id)}"]
+
+
+def test_the_longest_client_id_and_unicode_ones_are_fine() -> None:
+    assert MqttConfig(client_id="c" * 128).client_id == "c" * 128
+    assert MqttConfig(client_id="kamera-büro_1.2:ü").client_id == "kamera-büro_1.2:ü"
+
+
+SECRET = "Zq7-never-shown-9Xw"
+
+
+def _config_with_passwords() -> AgentConfig:
+    return parse_config(
+        textwrap.dedent(
+            f"""
+            device: {{id: box-1}}
+            mqtt: {{username: edge, password: {SECRET}}}
+            registry: {{url: file:///srv/registry}}
+            pipelines:
+              - name: vib
+                model: {{name: m, version: "1"}}
+                source: {{type: mqtt, topic: plant/vib, host: sensors.lan, username: s, password: {SECRET}}}
+                preprocess: {{type: series}}
+                postprocess: {{type: raw}}
+            """
+        ),
+        environ={},
+    )
+
+
+def test_passwords_are_never_shown_in_repr_dumps_or_the_schema() -> None:
+    cfg = _config_with_passwords()
+    source = cfg.pipelines[0].source
+    assert isinstance(source, MqttSourceConfig)
+    assert cfg.mqtt.login_password() == source.login_password() == SECRET  # what the logins use
+    shown = [
+        repr(cfg),
+        str(cfg),
+        f"{cfg.mqtt}",
+        cfg.model_dump_json(),
+        json.dumps(cfg.model_dump(mode="json")),
+        json.dumps(cfg.model_dump(), default=str),  # how the daemon's JSON files dump odd values
+        json.dumps(AgentConfig.model_json_schema()),
+    ]
+    for text in shown:
+        assert SECRET not in text
+    assert "**********" in shown[0] and "**********" in shown[3]
+    # Only a dump that asks for them (the daemon's own state) has the secrets: to log in again.
+    revealed = cfg.pipelines[0].model_dump(mode="json", context={REVEAL_SECRETS: True})
+    assert revealed["source"]["password"] == SECRET
+    assert PipelineConfig.model_validate(revealed) == cfg.pipelines[0]
+
+
+def test_a_password_is_never_quoted_in_config_errors(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        device:
+          id: box-1
+        mqtt:
+          username: edge
+          password: 918273645
+        """,
+    )
+    assert problems_of(path) == [f"{path}:5: mqtt.password: expected a string: quote it in the YAML"]
+    # Nor in pydantic's own text of an error about the section that holds it.
+    with pytest.raises(ValidationError) as info:
+        MqttConfig(password=SECRET)  # type: ignore[arg-type]
+    assert "password given without username" in str(info.value) and SECRET not in str(info.value)
+
+
+def test_a_password_file_is_read_when_connecting_without_its_newline(tmp_path: Path) -> None:
+    for text in (f"{SECRET}\n", f"{SECRET}\r\n", SECRET):
+        (tmp_path / "mqtt.pw").write_text(text)
+        cfg = MqttConfig(username="edge", password_file=tmp_path / "mqtt.pw")
+        assert cfg.login_password() == SECRET
+    assert MqttConfig(username="edge").login_password() is None
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (None, "cannot read {path}: No such file or directory"),
+        ("dir", "cannot read {path}: Is a directory"),
+        ("", "{path} is empty"),
+        ("\n", "{path} is empty"),
+        (b"\xff\xfe\n", "{path} is not UTF-8 text"),
+    ],
+    ids=["missing", "directory", "empty", "only-a-newline", "not-text"],
+)
+def test_a_password_file_that_cannot_be_used_is_a_config_error_naming_the_key(
+    tmp_path: Path, content: str | bytes | None, problem: str
+) -> None:
+    path = tmp_path / "mqtt.pw"
+    if content == "dir":
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    # Validating the config does no I/O (it may be checked on a laptop for a box): it passes.
+    mqtt = MqttConfig(username="edge", password_file=path)
+    source = MqttSourceConfig(type="mqtt", topic="t", host="h", username="s", password_file=path)
+    for config, key in ((mqtt, "mqtt.password_file"), (source, "source.password_file")):
+        with pytest.raises(ConfigError) as info:
+            config.login_password()
+        assert info.value.problems == [f"{key}: {problem.format(path=path)}"]

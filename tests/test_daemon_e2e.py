@@ -440,7 +440,8 @@ def test_sigterm_stops_gracefully_with_sd_notify(
 def test_systemd_unit_verifies(tmp_path: Path) -> None:
     unit = (Path(__file__).resolve().parents[1] / "systemd" / "edge-agent.service").read_text()
     for directive in ("Type=notify", "WatchdogSec=", "Restart=on-failure", "StateDirectory=edge-agent",
-                      "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes"):  # fmt: skip
+                      "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes",
+                      "StateDirectoryMode=0700\n", "UMask=0077\n"):  # fmt: skip
         assert directive in unit
     # `verify` checks that ExecStart exists: point it at this checkout's console script.
     local = unit.replace("/opt/edge-agent/venv/bin/edge-agent", EDGE_AGENT)

@@ -79,6 +79,7 @@ class Watcher:
         key: Path | None = None,
         username: str | None = None,
         password: str | None = None,
+        insecure: bool = False,
         timeout_s: float = 30.0,
     ) -> None:
         self._cond = threading.Condition()
@@ -93,6 +94,7 @@ class Watcher:
                 certfile=str(cert) if cert else None,
                 keyfile=str(key) if key else None,
             )
+            self.client.tls_insecure_set(insecure)  # a broker whose certificate is for another name
         if username is not None:
             self.client.username_pw_set(username, password)
         self.client.on_connect = self._on_connect
@@ -369,7 +371,9 @@ def test_mutual_tls_needs_the_client_certificate(
         state=lambda: broker.log_tail(50),
     )
     assert_never_connects(anonymous, outbox, 2)
-    assert "closed before CONNACK" in str(anonymous.stats()["last_error"])
+    error = str(anonymous.stats()["last_error"])
+    assert "closed before CONNACK" in error and "certificate required" in error, error
+    assert "give mqtt.tls.cert_file and key_file" in error  # what to do about it
     anonymous.stop()
     assert watcher.statuses() == [] and watcher.result_ids() == []
     no_tracebacks(caplog)
@@ -422,6 +426,36 @@ def test_username_and_password(
 
     right = connections(broker, protocol, username=USER, password=PASSWORD)
     assert_delivers(right, outbox, watcher, ["p1", "p2", "p3"], ["p4"])
+
+
+def test_a_password_file_logs_in_and_the_password_is_never_logged(
+    password_broker: Mosquitto,
+    watchers: Callable[..., Watcher],
+    connections: ConnectionFactory,
+    outbox: Outbox,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    broker = password_broker
+    watcher = watchers(broker, username=USER, password=PASSWORD)
+    put_results(None, outbox, ["f1", "f2"])
+
+    wrong_file = tmp_path / "wrong.pw"
+    wrong_file.write_text("wrong-" + PASSWORD + "\n")
+    wrong = connections(broker, username=USER, password_file=wrong_file)
+    assert_refused(wrong, outbox, 2, ("not authori", "bad user name or password"))
+    wrong.stop()
+
+    password_file = tmp_path / "mqtt.pw"
+    password_file.write_text(PASSWORD + "\n")  # the newline `echo` leaves is not part of it
+    os.chmod(password_file, 0o600)
+    right = connections(broker, username=USER, password_file=password_file)
+    assert_delivers(right, outbox, watcher, ["f1", "f2"], ["f3"])
+    logged = "\n".join(r.getMessage() for r in caplog.records)  # paho's debug lines included
+    assert "Sending CONNECT" in logged and PASSWORD not in logged
+    assert PASSWORD not in repr(right._config) and PASSWORD not in str(right.stats())
+    no_tracebacks(caplog)
 
 
 def test_tls_files_that_do_not_exist_are_a_config_error(tmp_path: Path, outbox: Outbox) -> None:

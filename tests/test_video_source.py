@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 
@@ -197,6 +198,54 @@ def test_fps_cap_reduces_delivered_frames(short_video: tuple[Path, list], source
     assert all(p is not None for p in positions)
     gaps = np.diff(np.array(positions, dtype=float))
     assert (gaps >= 0.2 - 1e-6).all()  # never more often than the cap, on the video's timeline
+
+
+# A rate no file plays at when its own rate (or a folder's fps) is replaced by the 25 fallback.
+FAST_FRAMES, FAST_RATE = 600, 100.0
+
+
+def _play_whole(source: VideoSource, slot: LatestFrameSlot) -> tuple[int, float]:
+    """Play `source` to its end: (frames handed to the model, seconds from start to end)."""
+    started = time.monotonic()
+    source.start()
+    frames = _drain(source, slot, timeout=120)  # the 25 fallback would take 24 s for 600 frames
+    assert wait_until(lambda: source.state == "finished", timeout=60)
+    elapsed = time.monotonic() - started
+    return len(frames) + slot.dropped, elapsed
+
+
+def test_a_1000_fps_file_with_fps_1000_plays_at_its_rate_not_25(tmp_path: Path, sources: list) -> None:
+    """fps is a cap for files, which play at their own rate: a high-speed clip recorded at 1000 fps
+    (the config's maximum) plays at up to 1000 frames a second, every frame handed on."""
+    path = tmp_path / "fast.avi"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 1000.0, (64, 48))
+    for i in range(FAST_FRAMES):
+        writer.write(np.full((48, 64, 3), i % 256, np.uint8))
+    writer.release()
+    probe = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
+    assert probe.get(cv2.CAP_PROP_FPS) == 1000.0  # the file says so
+    probe.release()
+    source, slot = _source(path, fps=1000)
+    sources.append(source)
+    handed, elapsed = _play_whole(source, slot)
+    stats = source.stats()
+    assert stats["frames_decoded"] == handed == FAST_FRAMES and stats["frames_skipped_by_fps"] == 0
+    # Paced at 1000/s it takes 0.6 s; not faster than the file (it sleeps), far faster than 25/s.
+    assert elapsed >= FAST_FRAMES / 1000.0 * 0.85
+    assert FAST_FRAMES / elapsed > FAST_RATE, f"{FAST_FRAMES} frames took {elapsed:.2f} s"
+
+
+def test_an_image_folder_with_fps_1000_plays_that_fast(tmp_path: Path, sources: list) -> None:
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    for i in range(FAST_FRAMES):
+        assert cv2.imwrite(str(folder / f"f{i:04d}.png"), np.full((48, 64, 3), i % 256, np.uint8))
+    source, slot = _source(folder, fps=1000)
+    sources.append(source)
+    assert source.kind == "folder"
+    handed, elapsed = _play_whole(source, slot)
+    assert source.stats()["frames_decoded"] == handed == FAST_FRAMES
+    assert FAST_FRAMES / elapsed > FAST_RATE, f"{FAST_FRAMES} images took {elapsed:.2f} s"
 
 
 def test_loop_keeps_going_past_the_end(tmp_path: Path, sources: list) -> None:

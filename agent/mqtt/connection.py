@@ -36,6 +36,7 @@ import logging
 import queue
 import random
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -127,9 +128,10 @@ def _reason_value(reason: ReasonCode | int) -> int:
 
 
 def use_credentials(client: mqtt.Client, cfg: MqttConfig) -> None:
-    """The broker login and TLS of `mqtt:` on a paho client (the agent's, and its MQTT sensor sources')."""
+    """The broker login and TLS of `mqtt:` on a paho client (the agent's, and its MQTT sensor sources').
+    mqtt.password_file is read here: ConfigError when it cannot be."""
     if cfg.username is not None:
-        client.username_pw_set(cfg.username, cfg.password)
+        client.username_pw_set(cfg.username, cfg.login_password())
     if cfg.tls is not None:
         tls = cfg.tls
         try:
@@ -190,6 +192,7 @@ class MqttConnection:
         self._rejected = 0
         self._last_error: str | None = None
         self._unreachable_logged = False
+        self._socket_error: str | None = None  # paho's last socket error before a CONNACK (TLS alerts)
         self._subscriptions: dict[int, _Subscription] = {}
         self._filter_ids: dict[str, int] = {}  # filter -> MQTT 5 subscription identifier (stable)
         self._filter_state: dict[str, str] = {}  # filter -> "pending" | "active" | "refused: ..."
@@ -227,9 +230,11 @@ class MqttConnection:
                 protocol=mqtt.MQTTv311,
                 clean_session=cfg.session_expiry_s == 0,  # 3.1.1 sessions live until the broker drops them
             )
-        paho_log = log.getChild("paho")
-        paho_log.addFilter(self._not_shutdown_noise)
-        client.enable_logger(paho_log)
+        # Shared by every connection: each adds its filter for the life of its network loop only
+        # (start() to stop()), so a stopped one, or one never started, judges no other's records.
+        self._paho_log = log.getChild("paho")
+        client.enable_logger(self._paho_log)
+        client.on_log = self._on_paho_log
         # Our callbacks catch their own errors; this keeps a slip from killing paho's network thread.
         client.suppress_exceptions = True
         client.max_inflight_messages_set(self._max_inflight)
@@ -263,8 +268,17 @@ class MqttConnection:
                 raise RuntimeError("MqttConnection.start() called twice")
             self._started = True
         self._set_will()
+        self._paho_log.addFilter(self._not_shutdown_noise)
         cfg = self._config
         log.info("connecting to MQTT broker %s as %s (MQTT %s)", self._broker, self.client_id, cfg.protocol)
+        if cfg.tls is not None and cfg.tls.insecure:  # once per start, not per reconnect
+            log.warning(
+                "mqtt.tls.insecure is true: the broker's certificate is not checked against the host name "
+                "%s, so anyone holding a certificate from the CA can pose as the broker %s and read or "
+                "alter what is sent (testing only; set insecure: false)",
+                cfg.host,
+                self._broker,
+            )
         if cfg.protocol == "5":
             # A persistent session: what the broker queued while the link was down (commands, QoS 1)
             # is delivered on reconnect, and the session ends by itself after session_expiry_s.
@@ -292,6 +306,14 @@ class MqttConnection:
             return True
         return not (self._stopped or not self._connected)
 
+    def _on_paho_log(self, client: mqtt.Client, userdata: Any, level: int, message: str) -> None:
+        """Keeps what paho says about a socket that fails before the CONNACK: with TLS 1.3 a broker's
+        refusal of our client certificate (an alert) only shows on the first read after CONNECT, and
+        paho then reports a plain disconnect; `last_error` names the alert instead."""
+        # No lock: paho may log from a call made under it; a plain read and store are atomic.
+        if message.startswith(("failed to receive on socket", "timeout on socket")) and not self._connected:
+            self._socket_error = message
+
     def stop(self, publish_offline: bool = True) -> None:
         """Say offline (retained), stop the threads and disconnect. Idempotent.
 
@@ -316,6 +338,8 @@ class MqttConnection:
                 log.warning("could not publish the offline status: %s", exc)
         self._client.disconnect()
         self._client.loop_stop()
+        # paho's thread is done (its last "Client is not connected" said): the filter goes.
+        self._paho_log.removeFilter(self._not_shutdown_noise)
         if not self._publisher.is_alive():
             # PUBACKs that arrived while we said goodbye: apply them so the next run does not resend.
             self._drain_events()
@@ -717,6 +741,7 @@ class MqttConnection:
                 self._attempts = 0
                 self._last_error = None
                 self._unreachable_logged = False
+                self._socket_error = None
                 restore_backoff = self._auth_backoff
                 self._auth_backoff = False
             if restore_backoff:
@@ -736,7 +761,7 @@ class MqttConnection:
             self._last_error = why
         if code in _AUTH_CONNACK_REFUSALS:
             log.error(
-                "%s; check mqtt.username / mqtt.password / client certificate and the broker's ACL "
+                "%s; check mqtt.username / password(_file) / client certificate and the broker's ACL "
                 "(retrying every %g s)",
                 why,
                 self._config.reconnect_max_s,
@@ -753,7 +778,16 @@ class MqttConnection:
         # paho calls this from its `except OSError` around the connect attempt, so the error is at
         # hand: name it, or a TLS failure (untrusted certificate) reads like a broker that is down.
         error = sys.exc_info()[1]
-        why = f"cannot reach MQTT broker {self._broker}" + (f": {error}" if error is not None else "")
+        if isinstance(error, ssl.SSLError):
+            why = f"TLS handshake with MQTT broker {self._broker} failed: {error}"
+            if isinstance(error, ssl.SSLCertVerificationError) and "mismatch" in str(error):
+                why += (
+                    f"; the broker's certificate is not for the host name {self._config.host!r} "
+                    "(mqtt.host): connect by a host name or address the certificate holds, or give the "
+                    "broker a certificate for this one (mqtt.tls.insecure skips this check: testing only)"
+                )
+        else:
+            why = f"cannot reach MQTT broker {self._broker}" + (f": {error}" if error is not None else "")
         with self._lock:
             self._last_error = why
             first = not self._unreachable_logged
@@ -769,6 +803,7 @@ class MqttConnection:
         reason_code: ReasonCode,
         properties: Properties | None,
     ) -> None:
+        closed_early, why = False, ""
         try:
             with self._lock:
                 was_connected = self._connected
@@ -784,16 +819,40 @@ class MqttConnection:
                     self._disconnects += 1
                     if not stopping:
                         self._last_error = f"disconnected: {reason_code}"
-                elif not stopping and self._last_error is None:
-                    # Dropped before CONNACK (e.g. TLS 1.3 refusing a missing client certificate):
-                    # say so, without hiding a more precise CONNACK refusal seen earlier.
-                    self._last_error = f"connection to {self._broker} closed before CONNACK: {reason_code}"
+                elif not stopping and (self._last_error is None or self._socket_error is not None):
+                    # Dropped before CONNACK (e.g. TLS 1.3: the broker refusing our client certificate,
+                    # or the lack of one, with an alert): say why, without hiding a more precise
+                    # CONNACK refusal seen earlier.
+                    self._last_error = f"connection to {self._broker} closed before CONNACK: " + (
+                        f"{self._socket_error} ({self._tls_alert_hint()})"
+                        if self._socket_error is not None and "alert" in self._socket_error.lower()
+                        else str(self._socket_error or reason_code)
+                    )
+                    self._socket_error = None
+                    closed_early = not self._unreachable_logged
+                    self._unreachable_logged = True
+                    why = self._last_error
             self._events.put(("down", generation, None))
             self._wake.set()
             if was_connected and not stopping:
                 log.warning("lost the MQTT connection to %s (%s); reconnecting", self._broker, reason_code)
+            elif closed_early:
+                log.warning("%s; retrying with backoff, results wait in the outbox", why)
         except Exception:
             log.exception("error in the MQTT on_disconnect handler")
+
+    def _tls_alert_hint(self) -> str:
+        """What to check when the broker ended the TLS session with an alert before the CONNACK."""
+        tls = self._config.tls
+        if tls is None or tls.cert_file is None:
+            return (
+                "the broker ended the TLS session: if it wants a client certificate, give "
+                "mqtt.tls.cert_file and key_file"
+            )
+        return (
+            f"the broker ended the TLS session: check that mqtt.tls.cert_file ({tls.cert_file}) is a "
+            "client certificate it trusts"
+        )
 
     def _on_publish(
         self,

@@ -103,7 +103,7 @@ class MqttSource(SourceBase):
         if own and broker:
             use_credentials(self._client, broker.mqtt)
         elif config.username is not None:
-            self._client.username_pw_set(config.username, config.password)
+            self._client.username_pw_set(config.username, config.login_password())
         self._client.reconnect_delay_set(round(config.reopen_min_s) or 1, max(1, round(config.reopen_max_s)))
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import cv2
 
-from agent.config import VideoSourceConfig, is_gst_pipeline
+from agent.config import MAX_FPS, VideoSourceConfig, is_gst_pipeline
 from agent.retry import backoff_delay
 from agent.sources.base import ThreadedSource
 from agent.sources.frames import Frame, LatestFrameSlot
@@ -153,7 +153,9 @@ class VideoSource(ThreadedSource):
         """
         is_file = self.kind in ("file", "folder")  # finite, played at their own rate
         file_fps = capture.get(cv2.CAP_PROP_FPS) if is_file else 0.0
-        file_fps = file_fps if 0 < file_fps < 1000 else 25.0
+        # A folder's rate is the config's fps (up to MAX_FPS); a file's is its own, when it gives one
+        # a camera could have (a high-speed clip at 1000 included); 0 or a runaway value: 25.
+        file_fps = file_fps if 0 < file_fps <= MAX_FPS else 25.0
         min_interval = 1.0 / self.config.fps if self.config.fps else 0.0
         started = time.monotonic()
         last_handed = float("-inf")
