@@ -191,6 +191,7 @@ class Outbox:
         self._lock = threading.Lock()
         self._acked_total = 0
         self._last_drop_warning = 0.0
+        self._last_wait_warning = 0.0
         self._dropped_since_warning = 0
         if sequence_block < 1:
             raise ValueError("sequence_block must be >= 1")
@@ -631,6 +632,7 @@ class Outbox:
                         return self._store(topic, make_payload, qos, stream, numbered, now)
                     except _NoRoomYet:
                         pass
+            self._note_waiting(stream or topic, now)
             with self._room:  # `wait`: until an ack makes room (or the outbox closes)
                 self._room.wait(0.5)
 
@@ -759,6 +761,18 @@ class Outbox:
             )
             self._last_drop_warning = now
             self._dropped_since_warning = 0
+
+    def _note_waiting(self, stream: str, now: float) -> None:
+        """`wait`: say so (at most once a minute): the writer is held, so its pipeline takes no frames."""
+        if now - self._last_wait_warning < _DROP_WARN_INTERVAL_S:
+            return
+        self._last_wait_warning = now
+        log.warning(
+            "outbox full (%s, when_full: wait): %s waits until the broker takes some; its pipeline takes "
+            "no frames meanwhile (its camera drops them, counted); is the broker reachable?",
+            self._describe_limits(),
+            stream,
+        )
 
     def _describe_limits(self) -> str:
         limits = f"{self.max_messages} messages"
