@@ -175,6 +175,18 @@ class OutboxConfig(StrictModel):
     flush_timeout_s: float = Field(
         10.0, ge=0, description="On shutdown, how long to keep delivering queued results."
     )
+    resend_window_s: float = Field(
+        30.0,
+        ge=0,
+        le=3600,
+        description="Results the broker acknowledged this recently are kept in memory and sent again "
+        "when the broker comes back without this agent's session: it restarted without saving its "
+        "state (e.g. killed), so it may have lost them before its subscribers had them. Duplicates "
+        "are possible then (consumers de-duplicate by pipeline and seq); 0: off.",
+    )
+    resend_max_bytes: int = Field(
+        8_388_608, ge=0, description="Memory for resend_window_s at most (8 MiB); the oldest go first."
+    )
 
 
 class MqttConfig(StrictModel):

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from fleet_agents import GOOD, AgentFleet, agent_config, pipeline_body, publish_fleet_versions  # noqa: E402
 from make_demo_video import make_orientation_video  # noqa: E402
 
-from tests.delivery import count_delivery, seqs  # noqa: E402
+from tests.delivery import as_ranges, count_delivery, seqs  # noqa: E402
 from tests.mosquitto import Mosquitto, Subscriber  # noqa: E402
 from tests.tcp_proxy import CuttableProxy  # noqa: E402
 
@@ -131,11 +131,13 @@ def run_scenario(
         "out_of_order": delivery.out_of_order,
         "out_of_order_first": delivery.out_of_order_first,
         "faults": faults,
+        "missing": as_ranges(delivery.missing),
         "recovery_s": max(recoveries) if recoveries else None,
         "pending_at_stop": status["outbox"]["pending"],
     }
 
 
+SCENARIOS = ("uplink cut", "broker SIGKILL", "agent SIGKILL", "outbox limit")
 _END_OF_REPORT = "<!-- end of the probe's report: what follows is kept when it is written again -->"
 
 
@@ -184,14 +186,18 @@ def main() -> int:
     parser.add_argument("--fps", type=float, default=250.0)
     parser.add_argument("--results", type=int, default=10_000, help="at least this many per scenario")
     parser.add_argument("--write", type=Path, help="write the report here (e.g. docs/reliability.md)")
+    parser.add_argument(
+        "--only", choices=SCENARIOS, action="append", help="run only this scenario (repeatable)"
+    )
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="probe-faults-") as tmp:
         work = Path(tmp)
         video = work / "signs.mp4"
-        make_orientation_video(video, fps=25, seconds_per_sign=1.0)
+        # Rendered at the probe's rate: a file plays at its own rate, --fps caps it.
+        make_orientation_video(video, fps=round(args.fps), seconds_per_sign=1.0)
         registry = publish_fleet_versions(work / "registry")
-        for name in ("uplink cut", "broker SIGKILL", "agent SIGKILL", "outbox limit"):
+        for name in args.only or SCENARIOS:
             rows.append(run_scenario(name, args.fps, work, video, registry, args.results))
             print(json.dumps(rows[-1]), flush=True)
     text = report(rows, args.fps, args.results)
@@ -199,8 +205,8 @@ def main() -> int:
     if args.write:
         # What follows the report in the file (written by hand) is kept.
         old = args.write.read_text() if args.write.exists() else ""
-        kept = old.split(_END_OF_REPORT, 1)[1] if _END_OF_REPORT in old else ""
-        args.write.write_text(text + kept)
+        kept = old.split(_END_OF_REPORT, 1)[1].lstrip("\n") if _END_OF_REPORT in old else ""
+        args.write.write_text(text + ("\n" + kept if kept else ""))
     return 0
 
 

@@ -24,6 +24,7 @@ from agent.config import MqttConfig, OutboxConfig
 from agent.mqtt import MqttConnection, Outbox, results_topic
 from tests.mosquitto import Mosquitto, Subscriber, cast_delay, refusing_acl
 from tests.mqtt_fixtures import SubscriberFactory
+from tests.tcp_proxy import CuttableProxy
 from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -539,3 +540,44 @@ def test_after_an_outage_fresh_results_go_out_beside_the_backlog(
         assert order.index("r299") < 50, order[:60]  # the newest went out within the first windows
     finally:
         broker.close()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_broker_back_without_its_state_gets_the_recent_results_again(
+    tmp_path: Path, connection_factory: ConnectionFactory, caplog: pytest.LogCaptureFixture, protocol: str
+) -> None:
+    """A broker that restarts without saving (killed, or no persistence) loses what it acknowledged
+    and had not yet forwarded: here, results queued for a subscriber that is away. It comes back
+    without the agent's session, and the agent sends the results of the last resend_window_s
+    again. An uplink cut (the broker kept the session) sends nothing again."""
+    caplog.set_level(logging.INFO, logger="agent.mqtt.connection")
+    topic_filter = f"edge/{DEVICE}/results/#"
+    with Mosquitto(tmp_path / "broker") as broker, CuttableProxy(broker.port) as proxy:
+        conn, outbox = connection_factory(broker, protocol, port=proxy.port)
+        # A subscriber with a persistent session that then goes away: the broker queues for it.
+        Subscriber(broker.host, broker.port, topic_filter, persistent=True, client_id="away").close()
+        conn.start()
+        wait_until(lambda: conn.connected, "connected")
+        ids = [f"r{i}" for i in range(20)]
+        put_results(conn, outbox, ids)
+        wait_until(lambda: conn.stats()["published"] == 20 and outbox.pending() == 0, "all acknowledged")
+
+        proxy.cut()  # the uplink alone: the broker keeps the session and what it queued
+        wait_until(lambda: not conn.connected, "the cut seen")
+        proxy.restore()
+        wait_until(lambda: conn.connected and conn.stats()["connects"] == 2, "back after the cut")
+        assert "has no session" not in caplog.text and outbox.pending() == 0
+
+        proxy.cut()
+        wait_until(lambda: not conn.connected, "the second cut seen")
+        broker.stop()  # no persistence: what it queued for "away" is gone, and the agent's session
+        broker.start()
+        watcher = Subscriber(broker.host, broker.port, topic_filter, persistent=True, client_id="away")
+        try:
+            proxy.restore()
+            watcher.wait_until(lambda got: set(ids) <= {json.loads(m.payload)["id"] for m in got})
+        finally:
+            watcher.close()
+        assert "has no session for this agent" in caplog.text
+        assert "sending the 20 result(s) it acknowledged in the last 30 s again" in caplog.text
+        wait_until(lambda: outbox.pending() == 0, "the results sent again acknowledged")

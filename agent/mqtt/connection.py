@@ -10,6 +10,11 @@ What it guarantees:
   and paho's own copies are dropped at the next CONNACK (`drop_out_messages`), so the outbox is
   the single source of truth: rows are published again after reconnecting (at-least-once;
   payloads carry unique ids so consumers de-duplicate).
+- A PUBACK means the broker took the message, not that it can never lose it: mosquitto keeps what
+  it queues for subscribers in memory, and a broker killed before it saved loses it. Such a broker
+  comes back without this agent's session (CONNACK session-present 0, though one was asked for),
+  so the results it acknowledged in the last `outbox.resend_window_s` (kept in memory, bounded by
+  `resend_max_bytes`) are queued again and sent once more (logged as a WARNING).
 - Refused PUBACKs (MQTT 5, reason code >= 0x80): "not authorized", "topic name invalid" and
   "payload format invalid" can never succeed, so the message is dropped with an error log (one
   poison message must not block the queue for ever). Other refusals ("quota exceeded",
@@ -32,6 +37,7 @@ What it guarantees:
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import random
@@ -52,7 +58,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.config import MqttConfig
 from agent.errors import ConfigError
-from agent.mqtt.outbox import Outbox, OutboxMessage
+from agent.mqtt.outbox import Outbox, OutboxFull, OutboxMessage
 from agent.mqtt.topics import status_topic
 
 log = logging.getLogger(__name__)
@@ -209,6 +215,11 @@ class MqttConnection:
         # Owned by the publisher thread.
         self._inflight: dict[int, tuple[int, int]] = {}  # mid -> (outbox row id, generation)
         self._inflight_rows: set[int] = set()
+        self._sent: dict[int, OutboxMessage] = {}  # row id -> the message, while in flight
+        # Delivered recently (PUBACK time, message), kept for resending when the broker comes back
+        # without our session (_resend_recent); bounded by resend_window_s and resend_max_bytes.
+        self._recent: collections.deque[tuple[float, OutboxMessage]] = collections.deque()
+        self._recent_bytes = 0
         self._retry: dict[int, tuple[float, float]] = {}  # row id -> (not before, last delay)
 
         self._inbox: queue.Queue[_Incoming | None] = queue.Queue(maxsize=_INBOX_SIZE)
@@ -485,6 +496,7 @@ class MqttConnection:
             if info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
                 self._inflight[info.mid] = (message.id, generation)
                 self._inflight_rows.add(message.id)
+                self._sent[message.id] = message
             else:
                 # NO_CONN: the link just dropped; paho's queued copy is discarded at the next
                 # CONNACK and the row is published again from the outbox.
@@ -514,8 +526,11 @@ class MqttConnection:
                 if generation <= value:
                     del self._inflight[mid]
                     self._inflight_rows.discard(row)
+                    self._sent.pop(row, None)
         elif kind == "ack":
             self._handle_ack(value, reason, delivered)
+        elif kind == "session lost":
+            self._resend_recent()
 
     def _handle_ack(self, mid: int, reason: ReasonCode | None, delivered: list[int]) -> None:
         entry = self._inflight.pop(mid, None)
@@ -523,10 +538,13 @@ class MqttConnection:
             return  # a message from before a reconnect, or a status publish
         row, _ = entry
         self._inflight_rows.discard(row)
+        message = self._sent.pop(row, None)
         code = _reason_value(reason) if reason is not None else 0
         if code < 0x80:
             delivered.append(row)
             self._retry.pop(row, None)
+            if message is not None:
+                self._remember_delivered(message)
             return
         name = str(reason)
         if code in _PERMANENT_PUBACK_REFUSALS:
@@ -538,6 +556,44 @@ class MqttConnection:
         log.warning(
             "broker refused outbox row %d with reason %#x (%s); retrying it in %.0f s", row, code, name, delay
         )
+
+    def _remember_delivered(self, message: OutboxMessage) -> None:
+        outbox_cfg = self._config.outbox
+        if not outbox_cfg.resend_window_s or not outbox_cfg.resend_max_bytes:
+            return
+        now = time.monotonic()
+        self._recent.append((now, message))
+        self._recent_bytes += len(message.payload)
+        while self._recent and (
+            self._recent[0][0] < now - outbox_cfg.resend_window_s
+            or self._recent_bytes > outbox_cfg.resend_max_bytes
+        ):
+            self._recent_bytes -= len(self._recent.popleft()[1].payload)
+
+    def _resend_recent(self) -> None:
+        """The broker came back without our session: it restarted without saving its state, so what
+        it acknowledged shortly before may be gone before its subscribers had it (mosquitto keeps
+        queued messages in memory). Queue the recently delivered results again; they go out after
+        what is queued now, and consumers de-duplicate (at-least-once)."""
+        cutoff = time.monotonic() - self._config.outbox.resend_window_s
+        again = [message for delivered_at, message in self._recent if delivered_at >= cutoff]
+        self._recent.clear()
+        self._recent_bytes = 0
+        if not again:
+            return
+        log.warning(
+            "the MQTT broker %s has no session for this agent (it restarted without saving it, or the "
+            "session expired), so it may have lost what it acknowledged before: sending the %d result(s) it "
+            "acknowledged in the last %.0f s again (consumers de-duplicate by pipeline and seq)",
+            self._broker,
+            len(again),
+            self._config.outbox.resend_window_s,
+        )
+        for message in again:
+            try:
+                self._outbox.put(message.topic, message.payload, message.qos, message.stream)
+            except OutboxFull:
+                continue  # counted by the outbox, like any result it has no room for
 
     def _reject(self, row: int, topic: str | None, why: str) -> None:
         log.error("dropping outbox row %d%s: %s", row, f" for {topic}" if topic else "", why)
@@ -732,6 +788,10 @@ class MqttConnection:
                 self._config.max_payload_bytes, broker_limit or self._config.max_payload_bytes
             )
             log.info("connected to MQTT broker %s", self._broker)
+            # A broker without our session (we always ask it to keep one, unless session_expiry_s is
+            # 0) restarted without saving it: what it acknowledged shortly before may be lost.
+            if self._connects and self._config.session_expiry_s and not flags.session_present:
+                self._events.put(("session lost", 0, None))
             # Birth first: a watcher sees "online" before this connection's results.
             self._publish_birth()
             with self._lock:

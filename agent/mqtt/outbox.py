@@ -119,6 +119,7 @@ class OutboxMessage:
     payload: bytes
     qos: int
     created: float
+    stream: str = ""
 
 
 WHEN_FULL = ("drop-oldest", "drop-newest", "wait")
@@ -843,13 +844,13 @@ class Outbox:
             rows = {
                 row[0]: row
                 for row in self._reader.execute(
-                    "SELECT id, topic, payload, qos, created FROM messages "
+                    "SELECT id, topic, payload, qos, created, stream FROM messages "
                     f"WHERE id IN ({','.join('?' * len(wanted))})",
                     wanted,
                 )
             }
         return [
-            OutboxMessage(id=r[0], topic=r[1], payload=bytes(r[2]), qos=r[3], created=r[4])
+            OutboxMessage(id=r[0], topic=r[1], payload=bytes(r[2]), qos=r[3], created=r[4], stream=r[5])
             for r in (rows[i] for i in wanted if i in rows)
         ]
 
