@@ -73,16 +73,25 @@ def run_scenario(
     agents.start(device)
     recoveries: list[float] = []
 
+    distinct: set[int] = set()  # seqs arrived (resent duplicates count once)
+    parsed = 0
+
+    def arrived() -> int:
+        nonlocal parsed
+        messages = watcher.messages
+        distinct.update(seqs(messages[parsed:]))
+        parsed = len(messages)
+        return len(distinct)
+
     def wait_flow(count: int) -> None:
         deadline = time.monotonic() + 120 + 3 * count / fps
-        while len(watcher.messages) < count:
+        while arrived() < count:
             if time.monotonic() > deadline:
                 raise SystemExit(f"{name}: results did not flow ({len(watcher.messages)} < {count})")
             time.sleep(0.05)
 
     def recovered_after(back: float) -> None:
-        seen = len(watcher.messages)
-        wait_flow(seen + 1)
+        wait_flow(arrived() + 1)
         recoveries.append(time.monotonic() - back)
 
     faults = 1 if name in ("agent SIGKILL", "outbox limit") else 2

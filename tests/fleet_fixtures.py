@@ -107,3 +107,31 @@ def pipeline_in(reported: dict[str, Any], name: str) -> dict[str, Any]:
 
 def refusals(reported: dict[str, Any]) -> list[dict[str, Any]]:
     return list(reported.get("refused", []))
+
+
+def start_watched_cam(
+    root: Path,
+    device: str,
+    broker: Mosquitto,
+    port: int,
+    cls_model_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    start_agent: Any,
+    video: Path,
+    **extra: Any,
+) -> tuple[Any, Subscriber]:
+    """`edge-agent run` with the `cam` pipeline at 10 fps on `video`, connecting to `port` (the broker,
+    or a proxy in front of it), and a watcher on `broker` recording its results (persistent session,
+    so it misses nothing while the broker is bounced); returns (the agent, the watcher) once results
+    flow. `extra`: more top-level config (e.g. `mqtt=`)."""
+    registry = publish_fleet_versions(root / "registry", cls_model_path, monkeypatch)
+    config = agent_config(root, device, port, registry, {"cam": pipeline_body(GOOD, video, 10.0)}, **extra)
+    watcher = Subscriber(broker.host, broker.port, f"edge/{device}/results/cam", persistent=True,
+                         client_id="watcher")  # fmt: skip
+    agent = start_agent(config)
+    deadline = time.monotonic() + 120
+    while len(watcher.messages) < 10:
+        if time.monotonic() > deadline or agent.proc.poll() is not None:
+            raise AssertionError(f"no results from {device} within 120 s; agent log:\n{agent.log()[-3000:]}")
+        time.sleep(0.05)
+    return agent, watcher

@@ -14,8 +14,8 @@ import pytest
 
 from tests.agent_process import StartAgent, read_status
 from tests.delivery import count_delivery, seqs
-from tests.fleet_fixtures import GOOD, agent_config, pipeline_body, publish_fleet_versions
-from tests.mosquitto import Mosquitto, Subscriber
+from tests.fleet_fixtures import start_watched_cam
+from tests.mosquitto import Mosquitto
 from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
 from tests.waits import wait_until
 
@@ -48,13 +48,15 @@ def test_a_full_outbox_follows_its_policy_counts_drops_and_drops_nothing_once_th
     broker = Mosquitto(tmp_path / "broker", persistence=True)
     broker.start()
     try:
-        registry = publish_fleet_versions(tmp_path / "registry", cls_model_path, monkeypatch)
-        config = agent_config(
+        agent, watcher = start_watched_cam(
             tmp_path,
             DEVICE,
+            broker,
             broker.port,
-            registry,
-            {"cam": pipeline_body(GOOD, video[0], 10.0)},
+            cls_model_path,
+            monkeypatch,
+            start_agent,
+            video[0],
             mqtt={
                 "host": "127.0.0.1",
                 "port": broker.port,
@@ -63,11 +65,7 @@ def test_a_full_outbox_follows_its_policy_counts_drops_and_drops_nothing_once_th
                 "outbox": {"max_messages": CAPACITY, "when_full": policy},
             },
         )
-        watcher = Subscriber(broker.host, broker.port, f"edge/{DEVICE}/results/cam", persistent=True,
-                             client_id="watcher")  # fmt: skip
-        agent = start_agent(config)
         state = tmp_path / DEVICE / "state"
-        wait_until(lambda: len(watcher.messages) >= 10, "results flowing", timeout=120)
         frames_dropped_before = _frames_dropped(_cam(state))
         broker.stop()
 
