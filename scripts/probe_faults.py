@@ -176,7 +176,8 @@ def report(rows: list[dict[str, Any]], fps: float, results: int) -> str:
         "",
         "- *lost*: a sequence number that neither arrived nor was counted as dropped by the outbox's "
         "`when_full`. A broker killed with SIGKILL loses what it acknowledged and had not yet forwarded or "
-        "saved: that shows here as lost although the agent's outbox had it acknowledged.",
+        "saved; it comes back without the agent's session, so the agent sends the results of the last "
+        "`mqtt.outbox.resend_window_s` (30 s) again: the *duplicates* in that row.",
         "- *out of order*: arrivals with a lower seq than the one before: duplicates resent after a cut, and "
         "after an outage the backlog drains beside live results (`outbox.backlog_share`); *after "
         "de-duplication*: the same, counting each seq's first arrival only.",
