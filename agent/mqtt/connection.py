@@ -312,8 +312,15 @@ class MqttConnection:
         """paho logs "Client is not connected" at ERROR each time its loop runs without a link: on
         every failed reconnect while the broker is away (once a second or so, for hours), and once
         more after disconnect(). This connection says it once itself ("cannot reach MQTT broker",
-        `last_error`), so paho's copy is not logged while there is no link."""
-        if not record.getMessage().startswith("Client is not connected"):
+        `last_error`), so paho's copy is not logged while there is no link. A link that the broker
+        resets (it stopped or restarted) is paho's ERROR "failed to receive on socket": an everyday
+        event that this connection reports itself ("lost the MQTT connection", WARNING), so paho's
+        line is lowered to WARNING."""
+        message = record.getMessage()
+        if message.startswith("failed to receive on socket") and record.levelno > logging.WARNING:
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            return True
+        if not message.startswith("Client is not connected"):
             return True
         return not (self._stopped or not self._connected)
 
