@@ -581,3 +581,28 @@ def test_a_broker_back_without_its_state_gets_the_recent_results_again(
         assert "has no session for this agent" in caplog.text
         assert "sending the 20 result(s) it acknowledged in the last 30 s again" in caplog.text
         wait_until(lambda: outbox.pending() == 0, "the results sent again acknowledged")
+
+
+def test_results_sent_again_never_wait_for_room_in_a_full_outbox(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sending again runs on the thread that takes the PUBACKs which make room: with `when_full:
+    wait` and a full outbox it must skip, not wait (which would stop delivery for good)."""
+    outbox = Outbox(tmp_path / "outbox.db", max_messages=100, when_full="wait")
+    conn = MqttConnection(
+        make_config(Mosquitto(tmp_path / "unused"), "5"), DEVICE, outbox, lambda: ONLINE, lambda: OFFLINE
+    )
+    try:
+        topic = results_topic("edge", DEVICE, "p")
+        for i in range(100):
+            outbox.put(topic, json.dumps({"id": f"q{i}"}).encode())
+        for message in outbox.peek(3):
+            conn._remember_delivered(message)
+        resend = threading.Thread(target=conn._resend_recent)
+        resend.start()
+        resend.join(10)
+        assert not resend.is_alive(), "sending again waited for room"
+        assert "3 of those result(s) are not sent again" in caplog.text and outbox.pending() == 100
+    finally:
+        conn.stop(publish_offline=False)
+        outbox.close()

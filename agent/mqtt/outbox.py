@@ -891,6 +891,11 @@ class Outbox:
                 self._room.notify_all()
         return removed
 
+    def has_room(self, size: int) -> bool:
+        """Would a message of `size` bytes fit without the `when_full` policy applying?"""
+        with self._lock:
+            return not self._full(size)
+
     def pending(self) -> int:
         with self._lock:
             return self._count
