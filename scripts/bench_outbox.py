@@ -12,7 +12,7 @@ publisher on the same broker, in one run (ratios, so a noisy machine cancels out
 Each in both durability modes: crash-safe (the default) and power-loss-safe (fsync, grouped
 commits). Every path is checked to end with every result acknowledged and nothing left queued.
 
-    .venv/bin/python scripts/bench_outbox.py [--results 20000] [--rounds 3]
+    .venv/bin/python scripts/bench_outbox.py [--results 20000] [--rounds 3] [--pin]
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import platform
 import statistics
 import sys
@@ -127,7 +128,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the broker on the last CPU, this process (every path's Python) on the first: the paths "
+        "then compete with paho's own work only, not with the broker's",
+    )
     args = parser.parse_args()
+    cores = sorted(os.sched_getaffinity(0))
+    if args.pin and len(cores) < 2:
+        raise SystemExit("--pin needs at least 2 CPUs")
+    if args.pin:
+        os.sched_setaffinity(0, {cores[0]})  # before any thread starts: they inherit it
     paths = {  # name: (durability, live)
         "bare": ("", False),
         "backlog, crash-safe": ("crash-safe", False),
@@ -141,6 +153,9 @@ def main() -> int:
         tempfile.TemporaryDirectory(prefix="bench-outbox-") as tmp,
         Mosquitto(Path(tmp) / "broker") as broker,
     ):
+        if args.pin:
+            assert broker._proc is not None
+            os.sched_setaffinity(broker._proc.pid, {cores[-1]})
         for _ in range(args.rounds):  # interleaved, so a noisy stretch hits every kind
             for name in rates:
                 durability, live = paths[name]
@@ -156,7 +171,9 @@ def main() -> int:
     print(
         f"\n`scripts/bench_outbox.py` on {dt.date.today()}, {psutil.cpu_count()} cores "
         f"({platform.machine()}), "
-        f"Python {platform.python_version()}, mosquitto on loopback; {args.results} results of "
+        f"Python {platform.python_version()}, mosquitto on loopback"
+        f"{f' (pinned to CPU {cores[-1]}, this process to CPU {cores[0]})' if args.pin else ''}; "
+        f"{args.results} results of "
         f"{len(PAYLOAD)} bytes, median of {args.rounds} interleaved rounds:\n"
     )
     print("| path | results/s | vs bare paho | CPU µs per result (this process, not the broker) |")
