@@ -17,7 +17,7 @@ from typing import Any
 from tests.agent_process import StartAgent, read_status
 from tests.delivery import count_delivery, seqs
 from tests.fleet_fixtures import start_watched_cam
-from tests.mosquitto import Mosquitto
+from tests.mosquitto import Mosquitto, Subscriber
 from tests.tcp_proxy import CuttableProxy
 from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
 from tests.waits import wait_until
@@ -26,6 +26,12 @@ DEVICE = "soak-box"
 BOUNCES = 3
 UP_S = 4.0  # broker up this long between outages, while results flow
 DOWN_S = 3.0
+
+
+def _wait_for_more(watcher: Subscriber) -> None:
+    """Until UP_S seconds' worth of results (at 10 fps) more than now have arrived: flowing again."""
+    before = len(watcher.messages)
+    wait_until(lambda: len(watcher.messages) >= before + int(UP_S * 5), "results again", timeout=60)
 
 
 def test_every_result_arrives_through_broker_bounces_and_kills(
@@ -46,10 +52,7 @@ def test_every_result_arrives_through_broker_bounces_and_kills(
             broker.stop()
             time.sleep(DOWN_S)  # the outage itself (results queue in the outbox meanwhile)
             broker.start()
-            before = len(watcher.messages)
-            wait_until(
-                lambda b=before: len(watcher.messages) >= b + int(UP_S * 5), "results again", timeout=60
-            )
+            _wait_for_more(watcher)
         # End to end through clean bounces (reported; the agent's own guarantee is asserted below).
         clean_missing = count_delivery(seqs(watcher.messages)).missing
         for _ in range(2):  # SIGKILL: the agent must resend whatever was not acknowledged
@@ -59,10 +62,7 @@ def test_every_result_arrives_through_broker_bounces_and_kills(
             broker._proc = None
             time.sleep(DOWN_S)
             broker.start()
-            before = len(watcher.messages)
-            wait_until(
-                lambda b=before: len(watcher.messages) >= b + int(UP_S * 5), "results again", timeout=60
-            )
+            _wait_for_more(watcher)
         log = agent.stop()
         status = read_status(state)
         delivery = count_delivery(seqs(watcher.messages))
@@ -104,10 +104,7 @@ def test_every_result_arrives_in_order_through_uplink_cuts(
                 proxy.cut()
                 time.sleep(DOWN_S)  # the outage itself (results queue in the outbox meanwhile)
                 proxy.restore()
-                before = len(watcher.messages)
-                wait_until(
-                    lambda b=before: len(watcher.messages) >= b + int(UP_S * 5), "results again", timeout=60
-                )
+                _wait_for_more(watcher)
             log = agent.stop()
         status = read_status(state)
         produced = status["pipelines"]["cam"]["results"]

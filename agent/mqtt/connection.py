@@ -462,16 +462,22 @@ class MqttConnection:
             self._wake.clear()
             try:
                 with self._deliver_lock:
-                    self._drain_events()
-                    if self._stopping.is_set():
-                        return
-                    self._fill_window()
-                    self._drain_events()
+                    self._deliver()
+                if self._stopping.is_set():
+                    return
             except Exception:
                 # SQLite trouble (disk full, I/O error) must not end delivery for good; try again later.
                 log.exception("outbox publisher failed; retrying")
                 self._stopping.wait(1.0)
             self._wake.wait(_IDLE_POLL_S)
+
+    def _deliver(self) -> None:
+        """Handle what paho reported, delete acked rows, hand paho more. Caller holds _deliver_lock."""
+        self._drain_events()
+        if self._stopping.is_set():
+            return
+        self._fill_window()
+        self._drain_events()
 
     def _fill_window(self) -> None:
         with self._lock:
@@ -956,9 +962,7 @@ class MqttConnection:
                 self._wake.set()
                 return
             try:
-                if not self._stopping.is_set():
-                    self._drain_events()
-                    self._fill_window()
+                self._deliver()
             except Exception:
                 log.exception("outbox delivery from the network thread failed")
                 self._wake.set()

@@ -199,7 +199,7 @@ class Outbox:
         self.sequences_path = self.path.with_name(self.path.stem + ".sequences.json")
         self._sequence_block = sequence_block
         self._reserved: dict[str, int] = {}  # per stream: no number above it has been handed out
-        self._sequences: dict[str, int] = {}  # per stream: the last number handed out (= the table)
+        self._sequences: dict[str, int] = {}  # per stream: the last number stored (in a row or the table)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._conn, recovered = self._open_or_recover()
         self._start_sequences(recovered)
@@ -648,7 +648,7 @@ class Outbox:
     ) -> tuple[int, int]:
         """One put, as one transaction (caller holds the lock)."""
         try:
-            return self._store_in_transaction(topic, make_payload, qos, stream, numbered, now)
+            return self._store_one(topic, make_payload, qos, stream, numbered, now)
         except (sqlite3.Error, OSError):
             # Rolled back (disk full, I/O): the counts kept in memory follow the database again.
             self._count = int(self._conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0])
@@ -657,7 +657,7 @@ class Outbox:
             )
             raise
 
-    def _store_in_transaction(
+    def _store_one(
         self,
         topic: str,
         make_payload: Callable[[int], bytes],
