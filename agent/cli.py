@@ -104,24 +104,36 @@ def run(
         str | None, typer.Option("--log-level", help="debug, info, warning or error (overrides the config).")
     ] = None,
 ) -> None:
-    """Run every pipeline until SIGTERM/SIGINT (or --duration), then stop gracefully."""
+    """Run every pipeline until SIGTERM/SIGINT (or --duration), then stop gracefully. SIGHUP
+    (systemctl reload) re-reads the config and applies what changed; on an invalid config the last
+    good one runs (docs/operations.md, Reload)."""
     # Everything the daemon creates (the state dir, outbox, status, store) is for its user only.
     os.umask(0o077)
+    setup_logging(log_level or "info")  # before loading: falling back to the last good config logs
+    from agent.reload import load_for_run
+
     with _user_errors():
-        cfg = _load(config)
-    setup_logging(log_level or cfg.log_level)
+        loaded = load_for_run(config)
+    setup_logging(log_level or loaded.config.log_level)
     from agent.daemon import Agent
 
-    stop = threading.Event()
+    stop, reload = threading.Event(), threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
         logging.getLogger("agent").info("received %s", signal.Signals(signum).name)
         stop.set()
 
+    def on_hangup(_signum: int, _frame: object) -> None:
+        logging.getLogger("agent").info("received SIGHUP: reloading %s", config)
+        reload.set()
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_hangup)  # now: its default action would end the process
     with _user_errors():
-        Agent(cfg).run(stop, duration_s=duration)
+        agent = Agent(loaded.config, loaded)
+        agent.log_level_from_cli = log_level
+        agent.run(stop, duration_s=duration, reload=reload)
 
 
 # --- config -------------------------------------------------------------------------------
@@ -140,6 +152,48 @@ def config_validate(
         _echo_json({"ok": True, "file": str(file), "device": cfg.device.id, "pipelines": len(cfg.pipelines)})
     else:
         typer.echo(f"OK: {file} ({summary})")
+
+
+@config_app.command("diff")
+def config_diff(
+    file: Annotated[Path, typer.Argument(help="The edited agent.yaml.")],
+    against: Annotated[
+        Path | None,
+        typer.Option(
+            "--against",
+            help="The config to compare with (default: the one the daemon last ran, "
+            "<state_dir>/config/last-good.yaml of FILE's state_dir).",
+        ),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """What `systemctl reload edge-agent` would change: pipelines added, removed, changed (which
+    keys) and unchanged (they run on untouched), settings applied at once, settings that need a
+    restart. Values are never shown (configs hold passwords). Exit 1 when FILE is invalid."""
+    from agent.config_loader import read_config
+    from agent.reload import LastGoodConfig, plan_reload
+
+    with _user_errors(as_json):
+        _, new = read_config(file)
+        if against is not None:
+            _, running = read_config(against)
+            compared = str(against)
+        else:
+            last_good = LastGoodConfig(new.state_dir)
+            found = last_good.load()
+            if found is None:
+                raise EdgeAgentError(
+                    f"no config the daemon ran is on record: {last_good.path} is missing or invalid",
+                    hint="the daemon keeps one once it has run; compare two files with --against FILE",
+                )
+            running, compared = found[1], str(last_good.path)
+    plan = plan_reload(running, new)
+    if as_json:
+        _echo_json({"ok": True, "file": str(file), "against": compared, **plan.to_dict()})
+        return
+    typer.echo(f"{file} against {compared}:")
+    for line in plan.lines():
+        typer.echo(f"  {line}")
 
 
 @config_app.command("schema")

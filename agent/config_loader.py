@@ -36,13 +36,19 @@ _MAX_NODES = 100_000
 
 def load_config(path: Path, environ: Mapping[str, str] | None = None) -> AgentConfig:
     """Read, interpolate and validate one agent config file. Raises ConfigError."""
+    return read_config(path, environ)[1]
+
+
+def read_config(path: Path, environ: Mapping[str, str] | None = None) -> tuple[str, AgentConfig]:
+    """`load_config`, also returning the file's text as read (before interpolation: what a reload
+    compares and the last good config keeps, with no secret from the environment in it)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read config file: {exc.strerror or exc}"]) from exc
     except UnicodeDecodeError as exc:
         raise ConfigError([f"{path}: cannot read config file: not UTF-8 text (byte {exc.start})"]) from None
-    return parse_config(text, source=str(path), environ=environ)
+    return text, parse_config(text, source=str(path), environ=environ)
 
 
 def parse_config(

@@ -7,7 +7,8 @@ then stop sources, finish the frames in flight, flush the outbox as far as the b
 publish `offline`.
 
 A pipeline that cannot be built (bad model file, unreachable registry, unknown input) is
-reported in the status and retried with backoff; the others run on.
+reported in the status and retried with backoff; the others run on. SIGHUP reloads the config
+(agent/reload.py): only what changed is applied, an invalid file is refused and the old one runs on.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 from agent import __version__
 from agent.clock import iso_utc
 from agent.config import AgentConfig
-from agent.errors import EdgeAgentError, ModelError
+from agent.errors import ConfigError, EdgeAgentError, ModelError
 from agent.fleet.commands import CommandServer, RecentLogs
 from agent.fleet.device_commands import device_handlers
 from agent.fleet.reconciler import Reconciler
@@ -36,6 +37,7 @@ from agent.fsutil import InstanceLock, atomic_write_bytes
 from agent.mqtt import MqttConnection, Outbox, OutboxMessage, results_topic, telemetry_topic
 from agent.mqtt.outbox import OutboxFull
 from agent.mqtt.router import Router
+from agent.reload import LastGoodConfig, LoadedConfig, plan_reload, sha256_text, with_hot_settings
 from agent.sd_notify import notify, watchdog_interval_s
 from agent.session_pool import SessionPool
 from agent.sources import BrokerLink
@@ -168,9 +170,23 @@ def keep_state_dir_private(state_dir: Path) -> None:
 
 
 class Agent:
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: AgentConfig, loaded: LoadedConfig | None = None) -> None:
+        """`loaded`: where `config` came from (the file a reload re-reads); None: not from a file."""
         self.config = config
+        self.loaded = loaded or LoadedConfig(config, None, None)
         self.started_at = time.time()
+        self.reload_requested = threading.Event()  # set by SIGHUP; the main loop reloads
+        self.log_level_from_cli: str | None = None  # `run --log-level`: a reload does not override it
+        self.last_good = LastGoodConfig(config.state_dir)
+        self._config_report: dict[str, Any] = {
+            "file": str(self.loaded.path) if self.loaded.path else None,
+            "sha256": sha256_text(self.loaded.text) if self.loaded.text is not None else None,
+            "loaded_at": iso_utc(self.started_at),
+            "running": "last-good" if self.loaded.running_last_good else "file",
+            "problems": list(self.loaded.problems),
+            "restart_needed": [],
+            "last_reload": None,
+        }
         # Before anything in the state dir is touched; read-only CLI commands do not take it.
         self.instance_lock = hold_state_dir(config.state_dir)
         try:
@@ -245,8 +261,13 @@ class Agent:
 
     # --- lifecycle ---------------------------------------------------------------------
 
-    def run(self, stop: threading.Event, duration_s: float | None = None) -> None:
-        """Run until `stop` is set (SIGTERM/SIGINT) or `duration_s` passes."""
+    def run(
+        self, stop: threading.Event, duration_s: float | None = None, reload: threading.Event | None = None
+    ) -> None:
+        """Run until `stop` is set (SIGTERM/SIGINT) or `duration_s` passes; `reload` set (SIGHUP)
+        reloads the config."""
+        if reload is not None:
+            self.reload_requested = reload
         deadline = None if duration_s is None else time.monotonic() + duration_s
         # Pipelines are built off the main thread, each on its own: a slow model pull must not hold
         # back READY, the watchdog, the status or another pipeline.
@@ -261,6 +282,8 @@ class Agent:
         self.mqtt.start()
         notify("READY=1", f"STATUS={self._summary()}")
         log.info("edge-agent %s running as %s", __version__, self.config.device.id)
+        if self.loaded.text is not None and not self.loaded.running_last_good:
+            self.last_good.save(self.loaded.text, self.loaded.path)  # it got this far: it runs
         watchdog = watchdog_interval_s()
         next_status_file = 0.0
         telemetry_every = self.config.telemetry.interval_s
@@ -271,6 +294,9 @@ class Agent:
                 if deadline is not None and now >= deadline:
                     log.info("run duration reached, stopping")
                     break
+                if self.reload_requested.is_set():
+                    self.reload_requested.clear()
+                    self.reload()
                 self.supervisor.tick()
                 self._report_state_changes()
                 self.reconciler.report()
@@ -278,6 +304,9 @@ class Agent:
                 if now >= next_status_file:
                     self.write_status_file()
                     next_status_file = now + _STATUS_FILE_EVERY_S
+                if self.config.telemetry.interval_s != telemetry_every:  # reloaded
+                    telemetry_every = self.config.telemetry.interval_s
+                    next_telemetry = now + telemetry_every
                 if telemetry_every and now >= next_telemetry:
                     self.publish_telemetry()
                     next_telemetry = now + telemetry_every
@@ -309,6 +338,68 @@ class Agent:
         log.info("stopped")
         logging.getLogger().removeHandler(self.recent_logs)
         self.instance_lock.release()
+
+    # --- reload (SIGHUP) -----------------------------------------------------------------
+
+    def reload(self) -> dict[str, Any]:
+        """Re-read the config file and apply what changed (agent/reload.py); returns the outcome,
+        also kept for the status. Never raises: a bad file leaves everything running as it was."""
+        path = self.loaded.path
+        at = iso_utc(time.time())
+        if path is None:
+            log.warning("reload asked for, but this daemon was not started from a config file")
+            return {"at": at, "result": "refused", "problems": ["not started from a config file"]}
+        notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        try:
+            from agent.config_loader import read_config
+
+            text, new = read_config(path)
+            plan = plan_reload(self.config, new)
+            effective = with_hot_settings(self.config, new)
+        except ConfigError as exc:
+            log.error(
+                "reload refused: %s has %d problem(s); the running config stays:\n  %s%s",
+                path,
+                len(exc.problems),
+                "\n  ".join(exc.problems),
+                f"\n  ({exc.hint})" if exc.hint else "",
+            )
+            outcome: dict[str, Any] = {"at": at, "result": "refused", "problems": list(exc.problems)}
+        else:
+            self._use_config(effective, plan.settings)
+            if plan.added or plan.removed or plan.changed:
+                self.reconciler.apply()
+            self.loaded = LoadedConfig(effective, path, text)
+            self.last_good.save(text, path)
+            # Restart-only settings that differ stay listed (they still wait) but apply nothing.
+            applies = plan.added or plan.removed or plan.changed or plan.settings
+            result = "applied" if applies else "unchanged"
+            log.info("reload of %s: %s (%s)", path, result, plan.summary())
+            if plan.restart_needed:
+                log.warning(
+                    "reload: %s changed; these take effect after a restart (systemctl restart "
+                    "edge-agent), the running values stay until then",
+                    ", ".join(plan.restart_needed),
+                )
+            outcome = {"at": at, "result": result, "changes": plan.to_dict()}
+            self._config_report.update(
+                sha256=sha256_text(text), loaded_at=at, running="file", problems=[],
+                restart_needed=plan.restart_needed,
+            )  # fmt: skip
+        self._config_report["last_reload"] = outcome
+        notify("READY=1", f"STATUS={self._summary()}")
+        self.write_status_file()
+        self.mqtt.publish_status_now()
+        return outcome
+
+    def _use_config(self, config: AgentConfig, settings: list[str]) -> None:
+        """Hand the reloaded config (only its reloadable settings differ) to what reads it."""
+        self.config = config
+        self.reconciler.config = config
+        self.supervisor.config = config
+        self.writer.config = config
+        if "log_level" in settings and self.log_level_from_cli is None:
+            logging.getLogger().setLevel(config.log_level.upper())
 
     # --- status ------------------------------------------------------------------------
 
@@ -347,6 +438,7 @@ class Agent:
         }
         if state == "online":
             payload["started_at"] = iso_utc(self.started_at)
+            payload["config"] = self._config_summary()
             payload["registry"] = self.registry_link.to_dict()
             payload["pipelines"] = {
                 name: {
@@ -358,6 +450,24 @@ class Agent:
                 for name, s in self.pipeline_states().items()
             }
         return json.dumps(payload, separators=(",", ":")).encode()
+
+    def _config_summary(self) -> dict[str, Any]:
+        """The config part of the MQTT status: small (problems clipped), enough to act on."""
+        report = self._config_report
+        last = report["last_reload"]
+        return {
+            "running": report["running"],
+            "sha256": report["sha256"],
+            "problems": [p[:300] for p in report["problems"][:5]],
+            "restart_needed": report["restart_needed"][:20],
+            "last_reload": None
+            if last is None
+            else {
+                "at": last["at"],
+                "result": last["result"],
+                "problems": [p[:300] for p in last.get("problems", [])[:5]],
+            },
+        }
 
     def _report_state_changes(self) -> None:
         """A pipeline's new state, or a new step while it is built, goes out in the MQTT status."""
@@ -391,6 +501,7 @@ class Agent:
                 "skipped_while_offline": self.telemetry_skipped,
             },
             "registry": self.registry_link.to_dict(),
+            "config": self._config_report,
             "store": {"installed": [m.ref for m in self.store.list()]},
             "pipelines": self.pipeline_states(),
         }

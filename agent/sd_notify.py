@@ -22,8 +22,13 @@ def notify(*states: str) -> bool:
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
             sock.connect(address)
-            sock.sendall("\n".join(states).encode())
+            # Never blocks: a reader that stopped reading (its queue holds 10 datagrams by default)
+            # must not stall the daemon's main loop; the message is dropped instead.
+            sock.send("\n".join(states).encode(), socket.MSG_DONTWAIT)
         return True
+    except BlockingIOError:
+        log.debug("sd_notify to %s: its queue is full, dropped %s", address, states)
+        return False
     except OSError as exc:
         log.warning("sd_notify to %s failed: %s", os.environ.get("NOTIFY_SOCKET"), exc)
         return False

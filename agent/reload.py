@@ -1,0 +1,252 @@
+"""Config reload (SIGHUP, `systemctl reload`) and the last good config.
+
+A reload re-reads agent.yaml and applies only what changed: the pipelines go through the same
+`Supervisor.apply` as fleet updates (an unchanged pipeline is not touched: no gap in its stream; a
+changed one is brought in beside the old, which serves until the new is ready), and `log_level` and
+`telemetry` take effect at once. Everything else (the device id, the broker, the state dir, the
+registry, the store, backend selection, fleet settings) is wired into the running daemon: a change
+there is named as needing a restart and the running value is kept until then. An invalid file is
+refused whole, with its problems logged and reported, and the old config runs on.
+
+Every config the daemon has run is kept as `<state_dir>/config/last-good.yaml` (the file's text, as
+written: `${VAR}`s are interpolated again when it is used). A daemon that boots on an invalid
+agent.yaml runs that one instead, and reports the problems, rather than crash-looping under systemd.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from agent.clock import iso_utc
+from agent.config import REVEAL_SECRETS, AgentConfig
+from agent.config_loader import parse_config, read_config
+from agent.errors import ConfigError
+from agent.fsutil import atomic_write_bytes
+
+log = logging.getLogger(__name__)
+
+# Top-level settings a reload applies; every other one needs a restart.
+HOT_SETTINGS = ("pipelines", "log_level", "telemetry")
+
+LAST_GOOD_DIR = "config"
+LAST_GOOD_FILE = "last-good.yaml"
+LAST_GOOD_META = "last-good.json"
+
+
+@dataclass
+class ReloadPlan:
+    """What applying `new` over `running` changes. Names only, never values: configs hold secrets."""
+
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    changed: dict[str, list[str]] = field(default_factory=dict)  # pipeline -> the keys that differ
+    unchanged: list[str] = field(default_factory=list)
+    settings: list[str] = field(default_factory=list)  # applied at once (log_level, telemetry.*)
+    restart_needed: list[str] = field(default_factory=list)  # kept as running until a restart
+
+    @property
+    def changes_anything(self) -> bool:
+        return bool(self.added or self.removed or self.changed or self.settings or self.restart_needed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pipelines": {
+                "added": self.added,
+                "removed": self.removed,
+                "changed": self.changed,
+                "unchanged": self.unchanged,
+            },
+            "settings": self.settings,
+            "restart_needed": self.restart_needed,
+        }
+
+    def lines(self) -> list[str]:
+        """For people: one line per change."""
+        if not self.changes_anything:
+            return ["no changes"]
+        out = [f"+ pipeline {name} (new)" for name in self.added]
+        out += [f"- pipeline {name} (removed)" for name in self.removed]
+        out += [f"~ pipeline {name}: {', '.join(keys)}" for name, keys in self.changed.items()]
+        out += [f"~ {key} (applied at once)" for key in self.settings]
+        out += [f"! {key} (needs a restart: systemctl restart edge-agent)" for key in self.restart_needed]
+        if self.unchanged:
+            out.append(f"= unchanged, running on: {', '.join(self.unchanged)}")
+        return out
+
+    def summary(self) -> str:
+        parts = [
+            f"{label} {', '.join(names)}"
+            for label, names in (
+                ("added", self.added),
+                ("removed", self.removed),
+                ("changed", list(self.changed)),
+                ("unchanged", self.unchanged),
+            )
+            if names
+        ]
+        if self.settings:
+            parts.append(f"settings {', '.join(self.settings)}")
+        return "; ".join(parts) or "no pipelines"
+
+
+def plan_reload(running: AgentConfig, new: AgentConfig) -> ReloadPlan:
+    plan = ReloadPlan()
+    old_dump, new_dump = _dump(running), _dump(new)
+    for key in AgentConfig.model_fields:
+        if key == "pipelines" or old_dump.get(key) == new_dump.get(key):
+            continue
+        target = plan.settings if key in HOT_SETTINGS else plan.restart_needed
+        target.extend(differences(old_dump.get(key), new_dump.get(key), key))
+    before = {p["name"]: p for p in old_dump["pipelines"] if p.get("enabled", True)}
+    after = {p["name"]: p for p in new_dump["pipelines"] if p.get("enabled", True)}
+    for name, config in after.items():
+        if name not in before:
+            plan.added.append(name)
+        elif before[name] == config:
+            plan.unchanged.append(name)
+        else:
+            plan.changed[name] = differences(before[name], config, "")
+    plan.removed = [name for name in before if name not in after]
+    return plan
+
+
+def differences(old: Any, new: Any, prefix: str, depth: int = 3) -> list[str]:
+    """The dotted keys under which `old` and `new` differ (down to `depth` levels)."""
+    if old == new:
+        return []
+    if depth == 0 or not (isinstance(old, dict) and isinstance(new, dict)):
+        return [prefix or "(all)"]
+    keys = list(old) + [k for k in new if k not in old]
+    found: list[str] = []
+    for key in keys:
+        found += differences(old.get(key), new.get(key), f"{prefix}.{key}" if prefix else str(key), depth - 1)
+    return found
+
+
+def with_hot_settings(running: AgentConfig, new: AgentConfig) -> AgentConfig:
+    """The running config with `new`'s reloadable settings; ConfigError when the mix is not a valid
+    config (e.g. pipelines naming registry models while the registry, restart-only, is not set)."""
+    fields = {name: getattr(running, name) for name in AgentConfig.model_fields}
+    fields.update({name: getattr(new, name) for name in HOT_SETTINGS})
+    try:
+        return AgentConfig.model_validate(fields)
+    except ValidationError as exc:
+        problems = [f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError(
+            [f"with the settings that need a restart kept as they run: {p}" for p in problems],
+            hint="restart the daemon (systemctl restart edge-agent) to apply this config",
+        ) from None
+
+
+def _dump(config: AgentConfig) -> dict[str, Any]:
+    # Secrets revealed so a changed password counts as a change; only key names leave this module.
+    return config.model_dump(mode="json", context={REVEAL_SECRETS: True})
+
+
+# --- the last good config ----------------------------------------------------------------------
+
+
+class LastGoodConfig:
+    """`<state_dir>/config/last-good.yaml` and, beside it, where it came from and when."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.dir = Path(state_dir) / LAST_GOOD_DIR
+        self.path = self.dir / LAST_GOOD_FILE
+        self.meta_path = self.dir / LAST_GOOD_META
+
+    def save(self, text: str, source: Path | None) -> None:
+        """Keep `text` (a config the daemon runs); a failure is logged, never raised."""
+        meta = {
+            "source": str(source) if source else None,
+            "sha256": sha256_text(text),
+            "saved_at": iso_utc(time.time()),
+        }
+        try:
+            if self.path.exists() and self.path.read_text(encoding="utf-8") == text:
+                return
+            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            atomic_write_bytes(self.path, text.encode(), mode=0o600)
+            atomic_write_bytes(self.meta_path, json.dumps(meta, indent=2).encode(), mode=0o600)
+        except OSError as exc:
+            log.warning("cannot keep the last good config in %s: %s", self.path, exc)
+
+    def load(self) -> tuple[str, AgentConfig, dict[str, Any]] | None:
+        """(text, config, meta), or None when there is none or it no longer validates (logged)."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+        try:
+            config = parse_config(text, source=str(self.path))
+        except ConfigError as exc:
+            log.error("the last good config %s is not valid any more: %s", self.path, exc)
+            return None
+        try:
+            meta = json.loads(self.meta_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            meta = {}
+        return text, config, meta if isinstance(meta, dict) else {}
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def state_dir_of(path: Path, default: Path) -> Path:
+    """Where a config's last good copy would be, even when the config does not validate: its
+    `state_dir` when the file still parses that far, else `default`."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return default
+    value = data.get("state_dir") if isinstance(data, dict) else None
+    return Path(value) if isinstance(value, str) and value and "${" not in value else default
+
+
+@dataclass
+class LoadedConfig:
+    """The config a daemon runs and where it came from. `problems`: `path` did not validate and
+    this is the last good config standing in for it."""
+
+    config: AgentConfig
+    path: Path | None
+    text: str | None
+    problems: list[str] = field(default_factory=list)
+    last_good_saved_at: str | None = None
+
+    @property
+    def running_last_good(self) -> bool:
+        return bool(self.problems)
+
+
+def load_for_run(path: Path) -> LoadedConfig:
+    """`path`'s config; when it is invalid, the last good one (the problems logged and kept for the
+    status). Raises the ConfigError when there is no last good config to fall back on."""
+    try:
+        text, config = read_config(path)
+        return LoadedConfig(config, path, text)
+    except ConfigError as exc:
+        default = AgentConfig.model_fields["state_dir"].default
+        last_good = LastGoodConfig(state_dir_of(path, default)).load()
+        if last_good is None:
+            raise
+        text, config, meta = last_good
+        log.error(
+            "%s is not valid (%d problem(s)); running the last good config instead (saved %s from "
+            "%s). Fix the file, then `systemctl reload edge-agent`:\n  %s",
+            path,
+            len(exc.problems),
+            meta.get("saved_at", "?"),
+            meta.get("source", "?"),
+            "\n  ".join(exc.problems),
+        )
+        return LoadedConfig(config, path, text, list(exc.problems), meta.get("saved_at"))
