@@ -25,6 +25,8 @@ import typer
 
 from agent import __version__
 from agent.cli_fleet import fleet_app
+from agent.cli_options import DEFAULT_CONFIG, ConfigOption, JsonOption, StateDirOption
+from agent.cli_status import status as show_status
 from agent.config import AgentConfig, RegistryConnection
 from agent.errors import ConfigError, EdgeAgentError
 
@@ -35,7 +37,6 @@ if TYPE_CHECKING:
     from agent.validate import Validation
     from providers.select import CandidateReport
 
-DEFAULT_CONFIG = Path(os.environ.get("EDGE_AGENT_CONFIG", "/etc/edge-agent/agent.yaml"))
 
 app = typer.Typer(
     help="edge-agent: run ML pipelines on edge boxes and report over MQTT.",
@@ -50,11 +51,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(registry_app, name="registry")
 app.add_typer(models_app, name="models")
 app.add_typer(fleet_app, name="fleet")
-
-ConfigOption = Annotated[
-    Path, typer.Option("--config", "-c", help="Agent config file (env EDGE_AGENT_CONFIG).", show_default=True)
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+app.command("status")(show_status)
 
 
 def _echo_json(data: Any) -> None:
@@ -391,11 +388,6 @@ def _read_json_file(path: Path) -> dict[str, Any]:
 
 def _state_dir(config: Path, state_dir: Path | None) -> Path:
     return state_dir if state_dir is not None else _load(config).state_dir
-
-
-StateDirOption = Annotated[
-    Path | None, typer.Option("--state-dir", help="State directory (default: from the config).")
-]
 
 
 def _model_state_dir(model: str, config: Path, state_dir: Path | None) -> Path | None:

@@ -29,6 +29,7 @@ from typing import Any
 from agent import __version__
 from agent.clock import iso_utc
 from agent.config import AgentConfig
+from agent.control import ControlServer, socket_path
 from agent.errors import ConfigError, EdgeAgentError, ModelError
 from agent.fleet.commands import CommandServer, RecentLogs
 from agent.fleet.device_commands import device_handlers
@@ -256,6 +257,7 @@ class Agent:
         self.commands = CommandServer(
             config.fleet.commands, device_handlers(self, self.recent_logs), config.mqtt.max_payload_bytes
         )
+        self.control = ControlServer(socket_path(config.state_dir), {"status": self.status})
         self._last_states: dict[str, tuple[str, str, str]] = {}
         self._outage_mark: tuple[int, dict[str, int]] = (0, self.outbox.dropped_by_stream())
 
@@ -280,6 +282,7 @@ class Agent:
         # it queued in our session (commands sent while we were down), and a message that comes
         # before its handler is registered is dropped.
         self.mqtt.start()
+        self.control.start()  # `edge-agent status`
         notify("READY=1", f"STATUS={self._summary()}")
         log.info("edge-agent %s running as %s", __version__, self.config.device.id)
         if self.loaded.text is not None and not self.loaded.running_last_good:
@@ -332,6 +335,7 @@ class Agent:
         if not flushed and left:
             log.warning("%d results stay queued in the outbox; they are sent on the next start", left)
         self.write_status_file()
+        self.control.stop()
         self.mqtt.stop(publish_offline=True)
         self.supervisor.close()
         self.outbox.close()
@@ -490,6 +494,7 @@ class Agent:
             "agent_version": __version__,
             "pid": os.getpid(),
             "started_at": iso_utc(self.started_at),
+            "uptime_s": round(time.time() - self.started_at, 1),
             "updated_at": iso_utc(time.time()),
             "mqtt": self.mqtt.stats(),
             "router": self.router.stats(),
@@ -502,6 +507,7 @@ class Agent:
             },
             "registry": self.registry_link.to_dict(),
             "config": self._config_report,
+            "fleet": {"enabled": self.config.fleet.enabled, "documents": self.reconciler.documents()},
             "store": {"installed": [m.ref for m in self.store.list()]},
             "pipelines": self.pipeline_states(),
         }

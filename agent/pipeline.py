@@ -37,6 +37,8 @@ _DEGRADED_AFTER_ERRORS = 10
 _SWITCH_AFTER_ERRORS = 5
 # How often a pipeline running on a fallback asks whether its better backend works again.
 _RETRY_PREFERRED_EVERY_S = 30.0
+_RECENT_FRAMES = 512  # inferences kept for the live rate and latency percentiles
+_RATE_WINDOW_S = 10.0  # the live rate is over the last this many seconds
 
 
 class ResultSink(Protocol):
@@ -156,6 +158,9 @@ class Pipeline:
         self._errors_in_row = 0
         self.last_error: str | None = None
         self._latency_sum_ms = 0.0
+        # The last inferences: (when done, monotonic; inference ms; capture to result ms), for the
+        # live rate and latency percentiles in the status.
+        self._recent: collections.deque[tuple[float, float, float]] = collections.deque(maxlen=_RECENT_FRAMES)
         self._done = threading.Event()
         self._busy_since: float | None = None
 
@@ -291,6 +296,7 @@ class Pipeline:
             inferences, held_back = self.inferences, dict(self.rules.held_back)
             mean_latency = self._latency_sum_ms / inferences if inferences else None
             degraded = self._errors_in_row >= _DEGRADED_AFTER_ERRORS
+            recent = list(self._recent)
         source = self.source.stats()
         if self.finished:
             state = "finished" if source["state"] == "finished" else "stopped"
@@ -313,6 +319,7 @@ class Pipeline:
             "errors": errors,
             "last_error": last_error,
             "mean_inference_ms": round(mean_latency, 3) if mean_latency is not None else None,
+            **_live_rates(recent, time.monotonic()),
             "source": source,
         }
 
@@ -422,7 +429,9 @@ class Pipeline:
                 self._switch_to_fallback(str(exc))
             return
         inference_ms = (t2 - t1) * 1000
+        capture_to_result_ms = (time.time() - frame.captured_at) * 1000
         with self._lock:
+            self._recent.append((time.monotonic(), inference_ms, capture_to_result_ms))
             self.inferences += 1
             self._latency_sum_ms += inference_ms
             stage.stats.inferences += 1
@@ -441,7 +450,7 @@ class Pipeline:
                 "preprocess": round((t1 - t0) * 1000, 3),
                 "inference": round(inference_ms, 3),
                 "postprocess": round((t3 - t2) * 1000, 3),
-                "capture_to_result": round((time.time() - frame.captured_at) * 1000, 3),
+                "capture_to_result": round(capture_to_result_ms, 3),
             },
             "source": {
                 "uri": self.source.display_uri,
@@ -462,3 +471,31 @@ class Pipeline:
         with self._lock:
             self.results += 1
             self._errors_in_row = 0
+
+
+def _live_rates(recent: list[tuple[float, float, float]], now: float) -> dict[str, Any]:
+    """`fps` over the last _RATE_WINDOW_S and latency percentiles over the last inferences (at most
+    _RECENT_FRAMES): what `edge-agent status` shows. None where there is nothing to measure yet."""
+    in_window = [r for r in recent if now - r[0] <= _RATE_WINDOW_S]
+    fps: float | None = None
+    if in_window:
+        # Over the whole window, unless every frame we know of is in it (a start, a fast
+        # pipeline filling the record): then over the time they cover.
+        covered = _RATE_WINDOW_S if len(in_window) < len(recent) else now - recent[0][0]
+        fps = round(len(in_window) / max(covered, 1.0), 2)  # (one frame alone: not 1000 fps)
+    elif recent:
+        fps = 0.0  # frames once, none lately
+
+    def percentiles(values: list[float]) -> dict[str, float] | None:
+        if not values:
+            return None
+        p50, p95 = np.percentile(values, [50, 95])
+        return {"p50": round(float(p50), 3), "p95": round(float(p95), 3)}
+
+    return {
+        "fps": fps,
+        "latency_ms": {
+            "inference": percentiles([r[1] for r in recent]),
+            "capture_to_result": percentiles([r[2] for r in recent]),
+        },
+    }

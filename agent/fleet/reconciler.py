@@ -220,6 +220,11 @@ class Reconciler:
 
     # --- reported state --------------------------------------------------------------------------
 
+    def documents(self) -> dict[str, dict[str, Any]]:
+        """Per layer: observed and applied generation, state, reason."""
+        with self._lock:
+            return {layer: dict(s) for layer, s in self._document_state.items()}
+
     def reported(self) -> dict[str, Any]:
         pipelines = {}
         for name, state in self.supervisor.states().items():
@@ -236,8 +241,8 @@ class Reconciler:
                 "state": state["state"],
                 "last_error": _clip(state.get("last_error")),
             }
+        documents = self.documents()
         with self._lock:
-            documents = {layer: dict(s) for layer, s in self._document_state.items()}
             refused, refusals, counts = list(self._refused), self._refusals, dict(self._counts)
         return {
             "schema_version": protocol.SCHEMA_VERSION,

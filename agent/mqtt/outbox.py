@@ -916,7 +916,7 @@ class Outbox:
         """pending: queued now (and its bytes); dropped: lost to the limits (persistent, also per
         stream); acked_total: since open."""
         with self._lock:
-            return {
+            stats: dict[str, Any] = {
                 "pending": self._count,
                 "pending_bytes": self._bytes,
                 "dropped": self._dropped,
@@ -924,6 +924,16 @@ class Outbox:
                 "acked_total": self._acked_total,
                 "when_full": self.when_full,
             }
+        stats["oldest_age_s"] = self.oldest_age_s() if stats["pending"] else None
+        return stats
+
+    def oldest_age_s(self) -> float | None:
+        """How long the oldest queued message has waited (None: empty): a backlog's age."""
+        with self._read_lock:
+            if self._closed:
+                return None
+            row = self._reader.execute("SELECT created FROM messages ORDER BY id LIMIT 1").fetchone()
+        return None if row is None else round(max(0.0, time.time() - float(row[0])), 3)
 
     def close(self) -> None:
         with self._read_lock, contextlib.nullcontext() if self._read_lock is self._lock else self._lock:

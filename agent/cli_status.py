@@ -1,0 +1,198 @@
+"""`edge-agent status`: what the running daemon is doing, asked over its control socket
+(agent/control.py): uptime, each pipeline's state, rate, latency, drops, model, backend and why,
+the outbox, the broker link, the config and the fleet documents. `--watch` keeps it live."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from agent.cli_options import DEFAULT_CONFIG, ConfigOption, StateDirOption
+from agent.control import NotRunning, ask, socket_path
+
+
+def status(
+    config: ConfigOption = DEFAULT_CONFIG,
+    state_dir: StateDirOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable: the whole status.")] = False,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="A live table until Ctrl-C.")] = False,
+    interval: Annotated[float, typer.Option("--interval", min=0.2, help="Seconds between refreshes.")] = 1.0,
+    count: Annotated[
+        int, typer.Option("--count", min=0, help="With --watch: stop after this many refreshes (0: never).")
+    ] = 0,
+) -> None:
+    """Ask the running daemon what it is doing. Exit 1 when none runs on the state dir."""
+    from agent.config import AgentConfig
+    from agent.reload import state_dir_of
+
+    where = socket_path(state_dir or state_dir_of(config, AgentConfig.model_fields["state_dir"].default))
+    if not watch:
+        try:
+            reply = ask(where, "status")
+        except NotRunning as exc:
+            _fail(str(exc), as_json)
+        if as_json:
+            typer.echo(json.dumps(reply["status"], indent=2, default=str))
+        else:
+            _console().print(render(reply["status"]))
+        return
+    _watch(where, interval, count, as_json)
+
+
+def _console() -> Any:
+    """A terminal's own width; piped (a script, a log), wide enough that rows are not folded."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def _fail(message: str, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps({"ok": False, "error": message}))
+    else:
+        typer.echo(f"error: {message}", err=True)
+        typer.echo("hint: systemctl start edge-agent (or edge-agent run -c CONFIG)", err=True)
+    raise typer.Exit(1)
+
+
+def _watch(where: Path, interval: float, count: int, as_json: bool) -> None:
+    """Refresh every `interval` s; a daemon that goes away (a restart) shows as such, then returns."""
+    from rich.console import Group
+    from rich.live import Live
+    from rich.text import Text
+
+    shown = 0
+    with Live(Text("asking the daemon..."), console=_console(), auto_refresh=False) as live:
+        try:
+            while True:
+                try:
+                    data = ask(where, "status")["status"]
+                    if as_json:
+                        live.console.print_json(json.dumps(data, default=str))
+                    else:
+                        live.update(render(data), refresh=True)
+                except NotRunning as exc:
+                    live.update(Group(Text(f"{time.strftime('%H:%M:%S')} {exc}", style="red")), refresh=True)
+                shown += 1
+                if count and shown >= count:
+                    return
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            return
+
+
+# --- the picture --------------------------------------------------------------------------------
+
+
+def render(data: dict[str, Any]) -> Any:
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    config = data.get("config") or {}
+    mqtt = data.get("mqtt") or {}
+    outbox = data.get("outbox") or {}
+    lines = [
+        Text.assemble(
+            (f"edge-agent {data.get('agent_version', '?')}", "bold"),
+            f" on {data.get('device', '?')} (pid {data.get('pid', '?')}),",
+            f" up {_duration(data.get('uptime_s'))}",
+        ),
+        Text(f"config: {config.get('file') or '-'}" + _config_note(config)),
+        Text.assemble(
+            "broker: ",
+            ("connected", "green") if mqtt.get("connected") else ("not connected", "red"),
+            f" ({mqtt.get('connects', 0)} connects)",
+            f", last error: {mqtt['last_error']}" if mqtt.get("last_error") else "",
+        ),
+        Text(
+            f"outbox: {outbox.get('pending', 0)} queued"
+            + (f", oldest {_duration(outbox.get('oldest_age_s'))}" if outbox.get("oldest_age_s") else "")
+            + f", {outbox.get('dropped', 0)} dropped (when_full: {outbox.get('when_full', '?')})"
+        ),
+        Text(f"fleet: {_fleet(data.get('fleet') or {})}"),
+    ]
+    table = Table(box=box.SIMPLE_HEAD, expand=False, pad_edge=False)
+    numbers = ("ms p50/p95", "fps", "results", "drops", "errors")
+    for column in ("pipeline", "state", "model", "backend", *numbers):
+        table.add_column(column, justify="right" if column in numbers else "left", no_wrap=True)
+    why_lines = []
+    for name, p in (data.get("pipelines") or {}).items():
+        latency = (p.get("latency_ms") or {}).get("capture_to_result")
+        source = p.get("source") or {}
+        dropped = (source.get("frames_dropped") or 0) + (p.get("results_dropped") or 0)
+        table.add_row(
+            name,
+            Text(_state(p), style=_state_style(p)),
+            p.get("model") or p.get("desired_model") or "-",
+            p.get("backend") or "-",
+            "-" if not latency else f"{latency['p50']:.0f} / {latency['p95']:.0f}",
+            "-" if p.get("fps") is None else f"{p['fps']:.1f}",
+            str(p.get("results", 0)),
+            str(dropped),
+            str(p.get("errors", 0)),
+        )
+        problem = p.get("error") or p.get("reason")
+        if problem:
+            why_lines.append(Text(f"{name}: {problem}", style="yellow"))
+        if p.get("backend_why"):
+            why_lines.append(Text(f"{name}: {_clip(p['backend_why'], 160)}", style="dim"))
+    return Group(*lines, table, *why_lines)
+
+
+def _state(pipeline: dict[str, Any]) -> str:
+    state, phase = pipeline.get("state") or "?", pipeline.get("phase")
+    return state if phase in (None, "running") or phase == state else f"{state} ({phase})"
+
+
+def _state_style(pipeline: dict[str, Any]) -> str:
+    state = pipeline.get("state")
+    return "green" if state == "running" else "yellow" if state in ("starting", "finished") else "red"
+
+
+def _config_note(config: dict[str, Any]) -> str:
+    notes = []
+    if config.get("running") == "last-good":
+        problems = len(config.get("problems") or [])
+        notes.append(f"INVALID, running the last good config ({problems} problem(s))")
+    last = config.get("last_reload") or {}
+    if last:
+        notes.append(f"last reload {last.get('result')} at {last.get('at')}")
+    if config.get("restart_needed"):
+        notes.append(f"needs a restart for {', '.join(config['restart_needed'])}")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
+def _fleet(fleet: dict[str, Any]) -> str:
+    if not fleet.get("enabled", True):
+        return "off"
+    documents = fleet.get("documents") or {}
+    if not documents:
+        return "no desired state (agent.yaml only)"
+    return ", ".join(
+        f"{layer} generation {d.get('applied_generation')} {d.get('state')}" for layer, d in documents.items()
+    )
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
