@@ -231,6 +231,7 @@ class LoadedConfig:
 def load_for_run(path: Path) -> LoadedConfig:
     """`path`'s config; when it is invalid, the last good one (the problems logged and kept for the
     status). Raises the ConfigError when there is no last good config to fall back on."""
+    path = path.absolute()  # a reload re-reads it, whatever the working directory is by then
     try:
         text, config = read_config(path)
         return LoadedConfig(config, path, text)
