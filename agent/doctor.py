@@ -121,11 +121,12 @@ def run_doctor(config_path: Path, timeout_s: float = 10.0) -> list[Check]:
     try:
         loaded = load_config(config_path)
     except ConfigError as exc:
-        fix = (
-            f"edge-agent config validate {config_path}"
-            if config_path.is_file()
-            else "give the agent's config with -c FILE (or EDGE_AGENT_CONFIG)"
-        )
+        if not config_path.is_file():
+            fix = "give the agent's config with -c FILE (or EDGE_AGENT_CONFIG)"
+        elif not os.access(config_path, os.R_OK):
+            fix = "run doctor as the agent's user (sudo -u edge-agent edge-agent doctor) or as root"
+        else:
+            fix = f"edge-agent config validate {config_path}"
         checks = [Check("config", FAIL, "\n".join(exc.problems), fix)]
     else:
         config = loaded
@@ -206,6 +207,8 @@ def bounded(name: str, check: Callable[[], Check | list[Check]], limit_s: float)
         try:
             result = check()
             outcome.append(result if isinstance(result, list) else [result])
+        except EdgeAgentError as exc:  # what the agent itself would say, with its hint
+            outcome.append([Check(name, FAIL, exc.message, exc.hint or "")])
         except Exception as exc:  # a check's own failure is a row, never a traceback
             log.debug("doctor check %s failed", name, exc_info=True)
             outcome.append(
@@ -460,7 +463,11 @@ def check_registry(config: AgentConfig, timeout_s: float) -> Check:
                 what = f"{len(listed)} model(s) listed"
             else:  # OCI has no listing of every model: the tags of each named one
                 listed = sorted({name for name, _ in wanted})
-                what = f"tags of {len(listed)} model(s) listed" if listed else "no pipeline names a model"
+                what = (
+                    f"tags of {len(listed)} model(s) listed"
+                    if listed
+                    else "not asked: no pipeline names a model in it (an OCI registry lists no models)"
+                )
             versions = {name: registry.list_versions(name) for name, _ in wanted if name in listed}
         except RegistryError as exc:
             return Check("registry", FAIL, exc.message, _registry_fix(exc))

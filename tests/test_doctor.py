@@ -42,6 +42,7 @@ from agent.doctor import (
     running_agent,
 )
 from agent.registry import FileRegistry, HttpRegistry
+from agent.registry.signing import generate_key
 from agent.store import ModelStore
 from tests.media_fixtures import demo_video_module
 from tests.mosquitto import Mosquitto
@@ -360,6 +361,16 @@ def test_a_corrupt_blob_fails_naming_the_model_and_the_fix_repairs_it(box: Box) 
     for command in check.fix.split(" && "):  # the hint, run as given
         cli(*command.split()[1:], "-c", str(box.config_path))
     assert check_store(box.config).status == OK
+
+
+def test_a_version_no_trusted_key_signed_fails_where_signatures_are_required(box: Box) -> None:
+    _, public_key = generate_key(box.root / "signing.key")
+    check = check_store(box.change("registry", trusted_keys=[{"key": str(public_key)}]).config)
+    assert check.status == FAIL and check.detail.startswith(f"{MODEL}: installed copy of {MODEL}: manifest ")
+    assert check.detail.endswith(
+        "is unsigned, and this agent runs only signed models (registry.trusted_keys lists 1 key(s))"
+    )
+    assert check.fix == f"edge-agent models rm {MODEL} --force && edge-agent models pull {MODEL}"
 
 
 def test_a_missing_camera_or_video_file_fails_naming_it(box: Box) -> None:
