@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -1217,6 +1218,9 @@ def doctor(
     raise typer.Exit(exit_code(checks))
 
 
+_SHA256 = re.compile(r"\b[0-9a-f]{64}\b")
+
+
 def _print_doctor(checks: list[Check]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -1224,15 +1228,16 @@ def _print_doctor(checks: list[Check]) -> None:
 
     from agent.doctor import summary
 
+    def shown(text: str) -> Text:
+        return Text(_SHA256.sub(lambda m: m.group(0)[:12] + "…", text))  # --json has them whole
+
     styles = {"OK": "green", "WARN": "yellow", "FAIL": "bold red"}
-    table = Table("check", "status", "detail", "fix")
+    table = Table()
+    for column in ("check", "status", "detail", "fix"):
+        table.add_column(column, overflow="fold")  # long paths wrap, never cut
     for check in checks:
-        table.add_row(
-            Text(check.name),
-            Text(check.status, style=styles[check.status]),
-            Text(check.detail),
-            Text(check.fix),
-        )
+        status = Text(check.status, style=styles[check.status])
+        table.add_row(Text(check.name), status, shown(check.detail), shown(check.fix))
     console = Console()
     console.print(table)
     counts = summary(checks)

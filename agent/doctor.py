@@ -680,7 +680,7 @@ def check_backend_of(config: AgentConfig, pipeline: PipelineConfig) -> Check:
         )
         how = "the agent's cached decision"
         if decision is None:
-            how = "no decision made yet: the agent's pick until it proves candidates on a frame"
+            how = "not proven yet: the agent's pick until a frame proves the candidates"
             try:
                 decision = decide(artifacts, policy, [], backends, hardware=hardware_notes(hardware))
             except NoBackendError as exc:
