@@ -470,7 +470,7 @@ def check_registry(config: AgentConfig, timeout_s: float) -> Check:
                 )
             versions = {name: registry.list_versions(name) for name, _ in wanted if name in listed}
         except RegistryError as exc:
-            return Check("registry", FAIL, exc.message, _registry_fix(exc))
+            return Check("registry", FAIL, exc.message, _registry_fix(exc, settings.url))
     store = store_for(config)
     for name, version in wanted:
         if version not in versions.get(name, []):
@@ -494,7 +494,9 @@ def check_registry(config: AgentConfig, timeout_s: float) -> Check:
     return Check("registry", OK, f"{where}: {what}" + (", every pipeline's model in it" if wanted else ""))
 
 
-def _registry_fix(exc: RegistryError) -> str:
+def _registry_fix(exc: RegistryError, url: str) -> str:
+    if url.startswith("file:"):
+        return "check registry.url: a folder on this box (mounted, readable by the agent's user)"
     if "cannot reach" in exc.message:
         return "check registry.url and that the registry server is up and reachable from this box"
     if exc.hint and "keeps running" not in exc.hint:

@@ -338,6 +338,12 @@ def test_an_unreachable_registry_and_refused_credentials(box: Box, registry: Reg
     assert "registry.username / password_file / token_file" in check.fix
 
 
+def test_a_file_registry_that_is_not_there(box: Box) -> None:
+    check = check_registry(box.change("registry", url=f"file://{box.root}/nfs/models").config, TIMEOUT_S)
+    assert check.status == FAIL and "does not exist" in check.detail, check
+    assert check.fix.startswith("check registry.url: a folder on this box")
+
+
 def test_a_model_the_registry_does_not_have(box: Box) -> None:
     box.settings["pipelines"][0]["model"]["version"] = "9.9"
     check = check_registry(box.saved(), TIMEOUT_S)
