@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -33,6 +34,7 @@ from agent.errors import ConfigError, EdgeAgentError
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from agent.doctor import Check
     from agent.store import ModelStore, Progress
     from agent.validate import Validation
     from providers.select import CandidateReport
@@ -1233,6 +1235,59 @@ def source(
             typer.echo(f"error: {stats['error']}", err=True)
     if not report["ok"]:
         raise typer.Exit(1)
+
+
+@app.command()
+def doctor(
+    config: ConfigOption = DEFAULT_CONFIG,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout", min=0.5, max=600, help="Seconds each network step and each source may take."
+        ),
+    ] = 10.0,
+    as_json: JsonOption = False,
+) -> None:
+    """Find out why something does not work: the config, the broker login, the registry, the model
+    store's integrity, every pipeline's source and backend, disk space, permissions and the clock,
+    each OK, WARN or FAIL with a fix. Exit 0 when all are OK, 1 on a WARN, 2 on a FAIL."""
+    from agent.doctor import exit_code, report, run_doctor
+
+    # The rows say what went wrong; the libraries' own warnings would only break up the table.
+    setup_logging("error")
+    os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")
+    checks = run_doctor(config, timeout)
+    if as_json:
+        _echo_json(report(checks))
+    else:
+        _print_doctor(checks)
+    raise typer.Exit(exit_code(checks))
+
+
+_SHA256 = re.compile(r"\b[0-9a-f]{64}\b")
+
+
+def _print_doctor(checks: list[Check]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from agent.doctor import summary
+
+    def shown(text: str) -> Text:
+        return Text(_SHA256.sub(lambda m: m.group(0)[:12] + "…", text))  # --json has them whole
+
+    styles = {"OK": "green", "WARN": "yellow", "FAIL": "bold red"}
+    table = Table()
+    for column in ("check", "status", "detail", "fix"):
+        table.add_column(column, overflow="fold")  # long paths wrap, never cut
+    for check in checks:
+        status = Text(check.status, style=styles[check.status])
+        table.add_row(Text(check.name), status, shown(check.detail), shown(check.fix))
+    console = Console()
+    console.print(table)
+    counts = summary(checks)
+    _say(console, f"{counts['ok']} OK, {counts['warn']} WARN, {counts['fail']} FAIL")
 
 
 @app.command()

@@ -17,8 +17,9 @@ def source_config_for(uri: str) -> SourceConfig:
     return VideoSourceConfig(type="video", uri=uri)
 
 
-def check_source(config: SourceConfig, seconds: float = 3.0) -> dict[str, Any]:
-    """Run the source for `seconds` (a file that ends sooner ends the check) and report what came.
+def check_source(config: SourceConfig, seconds: float = 3.0, until_first: bool = False) -> dict[str, Any]:
+    """Run the source for `seconds` (a file that ends sooner ends the check) and report what came;
+    `until_first`: stop at the first frame (`edge-agent doctor` asks only whether one comes).
 
     `ok` is true when at least one frame (window, reading) arrived.
     """
@@ -36,6 +37,8 @@ def check_source(config: SourceConfig, seconds: float = 3.0) -> dict[str, Any]:
                 received += 1
                 if first_at is None:
                     first_at, sample = time.monotonic() - started, frame.data
+                if until_first:
+                    break
             elif source.state in ("finished", "stopped") and len(slot) == 0:
                 break
         elapsed = time.monotonic() - started
