@@ -802,6 +802,13 @@ class PipelineConfig(StrictModel):
     )
     report: ReportConfig = Field(default_factory=ReportConfig, description="Which results are published.")
     enabled: bool = True
+    stall_s: float = Field(
+        120.0,
+        ge=1,
+        le=86_400,
+        description="A frame in the works longer than this is a hang (a stuck driver, a blocked call): "
+        "the daemon stops its systemd watchdog pings, and systemd restarts it.",
+    )
 
     @model_validator(mode="after")
     def _preprocess_fits_source(self) -> PipelineConfig:

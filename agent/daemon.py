@@ -259,6 +259,7 @@ class Agent:
         )
         self.control = ControlServer(socket_path(config.state_dir), {"status": self.status})
         self._last_states: dict[str, tuple[str, str, str]] = {}
+        self._stall: str | None = None  # why the watchdog pings stopped (None: they go on)
         self._outage_mark: tuple[int, dict[str, int]] = (0, self.outbox.dropped_by_stream())
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -313,7 +314,8 @@ class Agent:
                 if telemetry_every and now >= next_telemetry:
                     self.publish_telemetry()
                     next_telemetry = now + telemetry_every
-                if watchdog is not None and self.supervisor.healthy():
+                stall = self._watch_progress()
+                if watchdog is not None and stall is None:
                     notify("WATCHDOG=1")
                 wait = 0.5 if watchdog is None else min(0.5, watchdog)
                 if deadline is not None:
@@ -342,6 +344,18 @@ class Agent:
         log.info("stopped")
         logging.getLogger().removeHandler(self.recent_logs)
         self.instance_lock.release()
+
+    def _watch_progress(self) -> str | None:
+        """What stops the systemd watchdog pings (a hung pipeline or MQTT thread: systemd then
+        restarts the daemon), logged when it starts and when it clears; None while all progresses."""
+        stall = self.supervisor.stall() or self.mqtt.stall()
+        if stall != self._stall:
+            if stall is not None:
+                log.error("%s: watchdog pings stopped (under systemd the daemon is restarted)", stall)
+            else:
+                log.warning("progress again (%s): watchdog pings resumed", self._stall)
+            self._stall = stall
+        return stall
 
     # --- reload (SIGHUP) -----------------------------------------------------------------
 
@@ -495,6 +509,7 @@ class Agent:
             "pid": os.getpid(),
             "started_at": iso_utc(self.started_at),
             "uptime_s": round(time.time() - self.started_at, 1),
+            "stall": self._stall,
             "updated_at": iso_utc(time.time()),
             "mqtt": self.mqtt.stats(),
             "router": self.router.stats(),

@@ -67,8 +67,6 @@ _STOP_TIMEOUT_S = 10.0
 _BUILD_JOIN_S = 5.0  # a build stuck in a download must not eat the stop budget
 # A build step this long (a TensorRT engine build can take many minutes) is logged again meanwhile.
 _PHASE_LOG_EVERY_S = 30.0
-# A pipeline stuck this long in one frame (a hung driver, a blocked read) stops the watchdog pings.
-STALL_S = 120.0
 
 _MIN_INFERENCES_FOR_LATENCY = 5  # the health window judges latency on at least this many frames
 IN_FLIGHT = ("pending", "pulling", "validating", "building", "health-check")
@@ -641,17 +639,16 @@ class Supervisor:
                 self._begin(slot, slot.desired)
         self._on_change()
 
-    def healthy(self) -> bool:
-        """Watchdog pings stop when a pipeline's worker died or is stuck in one frame."""
+    def stall(self) -> str | None:
+        """Why the watchdog pings must stop: a pipeline's worker died, or is stuck in one frame
+        for longer than its `stall_s`. None while every pipeline makes progress."""
         for p in self.pipelines():
             if p.finished and p.source.state != "finished":
-                log.error("pipeline %s: worker thread ended unexpectedly", p.name)
-                return False
-            stuck_s = p.busy_for_s()
-            if stuck_s > STALL_S:
-                log.error("pipeline %s: stuck in one frame for %.0f s", p.name, stuck_s)
-                return False
-        return True
+                return f"pipeline {p.name}: its worker thread ended unexpectedly"
+            stuck_s, limit_s = p.busy_for_s(), p.config.stall_s
+            if stuck_s > limit_s:
+                return f"pipeline {p.name}: stuck in one frame for {stuck_s:.0f} s (stall_s: {limit_s:g})"
+        return None
 
     def models_in_use(self) -> set[tuple[str, str]]:
         """Versions the store must keep: what is wanted, what runs, and what a rollback would need."""

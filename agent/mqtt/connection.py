@@ -106,6 +106,7 @@ _RETRY_MIN_S = 1.0
 _RETRY_MAX_S = 60.0
 _HANDOFF_WINDOWS = 4  # see MqttConnection._handoff
 _IDLE_POLL_S = 0.5  # the publisher re-checks the outbox at least this often
+STALL_S = 120.0  # a connection thread without progress this long stops the watchdog pings
 _STATUS_WAIT_S = 2.0  # how long stop() waits for the offline status to be acknowledged
 _INBOX_SIZE = 1000  # incoming messages waiting for handlers; beyond it they are dropped and logged
 
@@ -226,6 +227,9 @@ class MqttConnection:
         self._retry: dict[int, tuple[float, float]] = {}  # row id -> (not before, last delay)
 
         self._inbox: queue.Queue[_Incoming | None] = queue.Queue(maxsize=_INBOX_SIZE)
+        # Progress marks for the watchdog (stall()): the publisher's last pass, a handler's start.
+        self._publisher_beat = time.monotonic()
+        self._handling_since: float | None = None
         self._publisher = threading.Thread(target=self._publisher_main, name="mqtt-outbox", daemon=True)
         self._dispatcher = threading.Thread(target=self._dispatcher_main, name="mqtt-handlers", daemon=True)
 
@@ -370,6 +374,28 @@ class MqttConnection:
             self._connected = False
         log.info("MQTT connection to %s stopped", self._broker)
 
+    def stall(self, limit_s: float = STALL_S) -> str | None:
+        """Why the watchdog pings must stop: a thread of this connection died, or has made no
+        progress for `limit_s` (the publisher passes at least every _IDLE_POLL_S; a message handler
+        should take seconds). None while all is well, or before start / after stop."""
+        with self._lock:
+            if not self._started or self._stopped:
+                return None
+        now = time.monotonic()
+        if not self._publisher.is_alive():
+            return "MQTT: the outbox publisher thread ended"
+        if now - self._publisher_beat > limit_s:
+            return f"MQTT: the outbox publisher made no progress for {now - self._publisher_beat:.0f} s"
+        if not self._dispatcher.is_alive():
+            return "MQTT: the message handler thread ended"
+        handling = self._handling_since
+        if handling is not None and now - handling > limit_s:
+            return f"MQTT: a message handler is stuck for {now - handling:.0f} s"
+        network = getattr(self._client, "_thread", None)  # paho's loop_start() thread (not public API)
+        if network is not None and not network.is_alive():
+            return "MQTT: paho's network thread ended"
+        return None
+
     @property
     def connected(self) -> bool:
         with self._lock:
@@ -458,6 +484,7 @@ class MqttConnection:
 
     def _publisher_main(self) -> None:
         while True:
+            self._publisher_beat = time.monotonic()
             # Clear before working: a notify that lands during the work makes the wait return at once.
             self._wake.clear()
             try:
@@ -746,6 +773,7 @@ class MqttConnection:
                 # topic decides.
                 subs = [s for s in subs if ids.get(s.topic_filter) in sub_ids] or subs
             for sub in subs:
+                self._handling_since = time.monotonic()
                 try:
                     if sub.whole:
                         cast(MessageHandler, sub.handler)(message)
@@ -753,6 +781,8 @@ class MqttConnection:
                         cast(Handler, sub.handler)(topic, message.payload)
                 except Exception:
                     log.exception("MQTT handler for %s failed on a message on %s", sub.topic_filter, topic)
+                finally:
+                    self._handling_since = None
 
     # -- paho callbacks (network thread: never block, never raise) --------------------------------
 
