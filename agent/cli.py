@@ -43,9 +43,26 @@ if TYPE_CHECKING:
 app = typer.Typer(
     help="edge-agent: run ML pipelines on edge boxes and report over MQTT.",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        typer.echo(f"edge-agent {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _global_options(
+    _version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """edge-agent: run ML pipelines on edge boxes and report over MQTT."""
+
+
 config_app = typer.Typer(help="Check agent.yaml files.", no_args_is_help=True)
 registry_app = typer.Typer(help="Publish models to a registry.", no_args_is_help=True)
 models_app = typer.Typer(help="Models in the local store.", no_args_is_help=True)
@@ -133,6 +150,11 @@ def run(
         agent = Agent(loaded.config, loaded)
         agent.log_level_from_cli = log_level
         agent.run(stop, duration_s=duration, reload=reload)
+    failures = agent.none_ran()
+    if failures:  # e.g. `run --duration` in a script: every pipeline failing is not a success
+        for line in failures:
+            typer.echo(f"error: no pipeline ran: {line}", err=True)
+        raise typer.Exit(1)
 
 
 # --- config -------------------------------------------------------------------------------
@@ -1255,7 +1277,6 @@ def doctor(
 
     # The rows say what went wrong; the libraries' own warnings would only break up the table.
     setup_logging("error")
-    os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")
     checks = run_doctor(config, timeout)
     if as_json:
         _echo_json(report(checks))

@@ -260,6 +260,7 @@ class Agent:
         self.control = ControlServer(socket_path(config.state_dir), {"status": self.status})
         self._last_states: dict[str, tuple[str, str, str]] = {}
         self._stall: str | None = None  # why the watchdog pings stopped (None: they go on)
+        self.final_states: dict[str, dict[str, Any]] = {}
         self._outage_mark: tuple[int, dict[str, int]] = (0, self.outbox.dropped_by_stream())
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -328,6 +329,7 @@ class Agent:
     def shutdown(self) -> None:
         notify("STOPPING=1", "STATUS=stopping")
         log.info("stopping: finishing in-flight frames")
+        self.final_states = self.pipeline_states()  # what `run` reports on exit
         self.supervisor.stop(_STOP_PIPELINES_S)
         timeout = self.config.mqtt.outbox.flush_timeout_s
         if self.outbox.pending():
@@ -418,6 +420,20 @@ class Agent:
         self.writer.config = config
         if "log_level" in settings and self.log_level_from_cli is None:
             logging.getLogger().setLevel(config.log_level.upper())
+
+    def none_ran(self) -> list[str] | None:
+        """After the run: when there were pipelines and every one failed without ever running a
+        frame, why each did (`run` then exits 1); None when one ran, one was still being built
+        (a stop during a long pull is no failure), or there were none."""
+        states = self.final_states
+        if not states or any(s.get("inferences") or s.get("state") == "finished" for s in states.values()):
+            return None
+        if not all(s.get("phase") == "failed" or s.get("error") for s in states.values()):
+            return None
+        return [
+            f"{name}: {s.get('error') or s.get('last_error') or s.get('reason') or s.get('phase')}"
+            for name, s in states.items()
+        ]
 
     # --- status ------------------------------------------------------------------------
 

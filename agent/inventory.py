@@ -82,7 +82,13 @@ def resolve_model(spec: str, store: ModelStore) -> ResolvedModel:
                 f"{path}: unknown model format {path.suffix!r}; expected one of {', '.join(SUFFIX_FORMATS)}"
             )
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        return ResolvedModel(str(path), [ModelArtifact(path.resolve(), fmt, digest, name=path.name)], [])
+        artifact = ModelArtifact(path.resolve(), fmt, digest, name=path.name)
+        # A file that is not what its name says: one clear error (ModelError), not a table of every
+        # backend failing to read it with the runtimes' own parse errors on stderr.
+        from agent.model_info import format_details  # (model_info imports this module)
+
+        format_details(artifact, path.with_suffix(".bin") if fmt == "openvino-ir" else None)
+        return ResolvedModel(str(path), [artifact], [])
     name, _, version = spec.partition("@")
     if not version:
         versions = sorted((m.version for m in store.list() if m.name == name), key=version_sort_key)

@@ -51,7 +51,7 @@ def inspect_model(spec: str, store: ModelStore) -> dict[str, Any]:
             "model": resolved.ref,
             "version": None,
             "artifacts": [{**entry, "target": None, "model_file": None, "rtol": None, "atol": None}],
-            "models": [{**entry, **_details(artifact, weights)}],
+            "models": [{**entry, **format_details(artifact, weights)}],
             "test_sets": [],
         }
     name, _, version = resolved.ref.partition("@")
@@ -77,7 +77,7 @@ def inspect_installed(installed: InstalledModel) -> dict[str, Any]:
         model = ModelArtifact(
             installed.artifact_path(artifact), artifact.format, artifact.sha256, artifact.file
         )
-        models.append({**entry, **_details(model, weights)})
+        models.append({**entry, **format_details(model, weights)})
     return {
         "model": installed.ref,
         "version": {
@@ -139,7 +139,7 @@ def _array(name: str, value: np.ndarray) -> dict[str, Any]:
     return {"name": name, "dtype": value.dtype.name, "shape": list(value.shape)}
 
 
-def _details(artifact: ModelArtifact, weights: Path | None) -> dict[str, Any]:
+def format_details(artifact: ModelArtifact, weights: Path | None) -> dict[str, Any]:
     """The format's own view of a model file; ModelError when it is not a valid one."""
     if artifact.format == "onnx":
         return onnx_details(artifact.path, artifact.label)

@@ -42,6 +42,7 @@ from providers.base import (
     one_line,
     parse_options,
 )
+from providers.native_stderr import filtered_stderr
 
 # (interpreter module, distribution that ships it), in order of preference.
 _SOURCES = (
@@ -53,6 +54,8 @@ _EDGETPU_LIBRARY = "libedgetpu.so.1"
 _EDGETPU_PATHS = ("/usr/lib/*/libedgetpu.so.1", "/usr/lib/libedgetpu.so.1", "/usr/local/lib/libedgetpu.so.1")
 _EDGETPU_MISSING = "Edge TPU runtime libedgetpu not installed (apt-get install libedgetpu1-std)"
 _DEVICES = ("cpu", "edgetpu")
+# What the runtime prints to stderr on every interpreter (providers/native_stderr.py drops it).
+_RUNTIME_NOISE = (b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.",)
 
 # How LiteRT names an operator it has no kernel for.
 _UNSUPPORTED_OP_PATTERNS = (
@@ -184,7 +187,8 @@ class _Runtime:
 def _check_interpreter(module: Any) -> None:
     """Build, allocate and run the probe model; raise when any step fails or computes wrong."""
     interpreter = module.Interpreter(model_content=tiny_model(), num_threads=1)
-    interpreter.allocate_tensors()
+    with filtered_stderr(_RUNTIME_NOISE):
+        interpreter.allocate_tensors()
     [inp] = interpreter.get_input_details()
     [out] = interpreter.get_output_details()
     interpreter.set_tensor(inp["index"], np.array([1.5, -2.0], dtype=np.float32))
@@ -430,7 +434,8 @@ class TfliteSession(Session):
                 self._input_shape[spec.name] = shape
                 resized = True
             if resized:
-                self._interpreter.allocate_tensors()
+                with filtered_stderr(_RUNTIME_NOISE):
+                    self._interpreter.allocate_tensors()
             for name, array in arrays.items():
                 self._interpreter.set_tensor(self._input_index[name], array)
             self._interpreter.invoke()
@@ -524,7 +529,8 @@ class TfliteBackend(Backend):
                 num_threads=options.threads,
                 experimental_delegates=delegates or None,
             )
-            interpreter.allocate_tensors()
+            with filtered_stderr(_RUNTIME_NOISE):
+                interpreter.allocate_tensors()
         except Exception as exc:
             ops = _unsupported_ops(exc)
             why = one_line(exc)

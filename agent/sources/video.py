@@ -63,6 +63,7 @@ class VideoSource(ThreadedSource):
         self.kind = source_kind(config.uri)
         self.frames_decoded = 0
         self.frames_skipped_by_fps = 0
+        self._opened_before = False  # a looping file reopens each time round: INFO only the first
 
     def _counters(self) -> dict[str, Any]:
         return {"frames_decoded": self.frames_decoded, "frames_skipped_by_fps": self.frames_skipped_by_fps}
@@ -142,7 +143,9 @@ class VideoSource(ThreadedSource):
             capture.release()
             self._fail(f"cannot open {self.kind} source {self.display_uri}")
             return None
-        log.info("source %s: opened %s", self.name, self.display_uri)
+        level = logging.DEBUG if self._opened_before and self.kind == "file" else logging.INFO
+        log.log(level, "source %s: opened %s", self.name, self.display_uri)
+        self._opened_before = True
         return capture
 
     def _read_until_end(self, capture: Capture, index: int) -> tuple[str, int]:

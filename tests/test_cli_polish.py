@@ -1,0 +1,88 @@
+"""What a new user trips over first: `--version`, help without type noise, one clear error for a
+file that is no model, `run --duration` failing when no pipeline ran, a looping file logged once,
+no runtime chatter on stderr. Real `edge-agent` subprocesses."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent import __version__
+from tests.agent_process import EDGE_AGENT
+from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
+from tests.waits import free_port
+
+
+def edge_agent(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([EDGE_AGENT, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_version_and_help() -> None:
+    assert edge_agent("--version").stdout.strip() == f"edge-agent {__version__}"
+    for command in ([], ["status"], ["models", "check"], ["run"]):
+        shown = edge_agent(*command, "--help").stdout
+        assert "--help" in shown and "<bool>" not in shown, shown
+    assert "--install-completion" in edge_agent("--help").stdout
+
+
+def test_a_file_that_is_no_model_is_one_clear_error(tmp_path: Path) -> None:
+    for name, content in (("text.onnx", b"hello\n"), ("empty.onnx", b""), ("fake.tflite", b"\0" * 64),
+                          ("page.xml", b"{}")):  # fmt: skip
+        path = tmp_path / name
+        path.write_bytes(content)
+        done = edge_agent("models", "check", str(path))
+        assert done.returncode == 1, (name, done.stdout[-500:])
+        assert done.stdout == "" and done.stderr.startswith(f"error: {name}"), done.stderr
+        assert len(done.stderr.splitlines()) == 1, done.stderr  # no runtime's parse errors besides
+
+
+def _config(tmp_path: Path, pipelines: list[dict[str, Any]]) -> Path:
+    config = {
+        "device": {"id": "polish-box"},
+        "state_dir": str(tmp_path / "state"),
+        "mqtt": {"host": "127.0.0.1", "port": free_port()},  # nothing listens: results queue
+        "backends": {"benchmark": False, "min_time_s": 0.0},
+        "pipelines": pipelines,
+    }
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_run_fails_when_no_pipeline_ran(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a model")
+    pipeline = {
+        "name": "cam",
+        "model": {"path": str(broken)},
+        "source": {"type": "video", "uri": str(tmp_path / "missing.mp4")},
+        "postprocess": {"type": "classification"},
+    }
+    done = edge_agent("run", "-c", str(_config(tmp_path, [pipeline])), "--duration", "4")
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "error: no pipeline ran: cam: " in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_looping_file_is_logged_opened_once_and_stderr_has_no_runtime_noise(
+    tmp_path: Path,
+    cls_model_path: Path,
+    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+) -> None:
+    pipeline = {
+        "name": "cam",
+        "model": {"path": str(cls_model_path)},
+        "source": {"type": "video", "uri": str(video[0]), "loop": True, "fps": 1000},
+        "preprocess": {"resize": {"width": 192, "height": 48}, "mean": [0.5] * 3, "std": [0.5] * 3},
+        "postprocess": {"type": "classification", "labels": ["upright", "upside-down"]},
+        "backend": {"prefer": ["tflite/cpu", "onnxruntime/CPUExecutionProvider"]},
+    }
+    done = edge_agent("run", "-c", str(_config(tmp_path, [pipeline])), "--duration", "8")
+    assert done.returncode == 0, done.stderr[-2000:]
+    status = yaml.safe_load((tmp_path / "state" / "status.json").read_text())
+    decoded = status["pipelines"]["cam"]["source"]["frames_decoded"]
+    assert decoded > 60, status["pipelines"]["cam"]  # the 60-frame file went round more than once
+    assert done.stderr.count(f"source cam: opened {video[0]}") == 1, done.stderr[-3000:]
+    assert "XNNPACK" not in done.stderr and "[ WARN:" not in done.stderr
