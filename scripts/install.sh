@@ -553,6 +553,14 @@ PY
     say "paths in the venv's scripts and compiled files made the target's ($VENV)"
 fi
 
+if [ -z "$ROOT" ] && command -v runuser >/dev/null 2>&1; then
+    # The proof of the checks above: the service user runs the venv's Python and finds the agent.
+    if ! (cd / && runuser -u "$SERVICE_USER" -- "$VPY" -c 'import agent') 2>"$WORK/runuser.err"; then
+        die "$SERVICE_USER cannot run $VENV/bin/python: $(tr '\n' ' ' <"$WORK/runuser.err")"
+    fi
+    say "runs as $SERVICE_USER"
+fi
+
 step "command $CMD_LINK"
 link=$(r "$CMD_LINK")
 if [ -L "$link" ] && [ "$(readlink "$link")" = "$VENV/bin/edge-agent" ]; then
@@ -684,6 +692,8 @@ else
             warn "the service did not start; see: journalctl -u edge-agent -n 50"
             exit 1
         fi
+    elif systemctl is-active --quiet edge-agent.service; then
+        say "not restarted (--no-start): the running agent keeps its old code until systemctl restart edge-agent"
     else
         say "not started (--no-start)"
     fi
