@@ -647,8 +647,8 @@ if [ $JETSON -eq 1 ]; then
 # driver groups that differ between JetPack releases): no device allow list here.
 DeviceAllow=
 DevicePolicy=auto
-# Before systemd 252 (JetPack's Ubuntu has 245 or 249), ProtectClock=yes alone made an allow list
-# of /dev/rtc and blocked every other device.
+# Older systemd (JetPack 6's Ubuntu 22.04 has 249) turns ProtectClock=yes alone into an allow list
+# of /dev/rtc* that blocks every other device (fixed upstream in late 2022).
 ProtectClock=no
 # CSI cameras (nvarguscamerasrc) reach nvargus-daemon through the socket /tmp/argus_socket.
 PrivateTmp=no

@@ -436,10 +436,12 @@ def test_root_needs_the_targets_user_database(workdir: Path) -> None:
 
 
 # The script as it runs on a box (no --root), in a private mount namespace: /etc, /opt, /var and
-# /usr/local are overlays whose changes land in $W/upper, so this machine's own are not touched.
+# /usr/local are overlays whose changes land in $W/upper, so this machine's own are not touched; and
+# in a network namespace of its own, so the agent run here reaches no broker of this machine.
 # systemd is not running here (no /run/systemd/system): the unit is installed, not enabled.
 ON_THIS_BOX = r"""
 set -euo pipefail
+ip link set lo up  # 127.0.0.1 in this network namespace, with no broker on it
 for dir in /etc /opt /var /usr/local; do
     mkdir -p "$W/upper$dir" "$W/work$dir"
     mount -t overlay overlay -o "lowerdir=$dir,upperdir=$W/upper$dir,workdir=$W/work$dir" "$dir"
@@ -454,6 +456,11 @@ as_agent() { runuser -u edge-agent -- env PYTHONPATH="$DEPS" "$@"; }
 echo "== version $(as_agent /usr/local/bin/edge-agent version)"
 echo "== validate $(as_agent /usr/local/bin/edge-agent config validate /etc/edge-agent/agent.yaml)"
 echo "== home $(as_agent /opt/edge-agent/venv/bin/python -c 'import os; print(os.path.expanduser("~"))')"
+# The example config as installed runs (no broker in this network namespace: it retries, as it should).
+as_agent /usr/local/bin/edge-agent run -c /etc/edge-agent/agent.yaml --duration 2 2>"$W/run.log"
+errors=$(grep -c ' ERROR ' "$W/run.log" || true)
+echo "== ran $errors errors, $(grep -o 'running as [a-z0-9-]*' "$W/run.log")"
+echo "== state $(ls /var/lib/edge-agent | grep -E '^(outbox.sqlite|status.json)$' | tr '\n' ' ')"
 bash "$SCRIPT" --uninstall
 venv=$([ -e /opt/edge-agent ] && echo venv || echo no venv)
 echo "== after $(getent passwd edge-agent || echo no user), $venv"
@@ -466,12 +473,12 @@ def test_install_on_this_box_runs_as_the_service_user(workdir: Path, wheel: Path
     w = workdir / "box"
     w.mkdir()
     result = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "bash", "-c", ON_THIS_BOX],
+        ["unshare", "--mount", "--net", "--propagation", "private", "bash", "-c", ON_THIS_BOX],
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
         env={
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k not in ("EDGE_DEVICE_ID", "MQTT_HOST")},
             "W": str(w),
             "SCRIPT": str(SCRIPT),
             "WHEEL": str(wheel),
@@ -491,6 +498,8 @@ def test_install_on_this_box_runs_as_the_service_user(workdir: Path, wheel: Path
     assert said["version"] == __version__
     assert said["validate"].startswith("OK: /etc/edge-agent/agent.yaml")
     assert said["home"] == "/var/lib/edge-agent"
+    assert said["ran"] == "0 errors, running as lobby-cam-01", (w / "run.log").read_text()
+    assert said["state"].split() == ["outbox.sqlite", "status.json"]
     assert "runs as edge-agent" in out
     assert "systemd is not running here: the unit is installed, not enabled or started" in out
     assert said["after"] == "no user, no venv"
