@@ -377,7 +377,8 @@ entry=$(passwd_entry "$SERVICE_USER")
 if [ -z "$entry" ]; then
     group_args=(--user-group)
     # A group left from an earlier install (userdel keeps it where USERGROUPS_ENAB is off).
-    [ -z "$(group_entry "$SERVICE_USER")" ] || group_args=(--gid "$SERVICE_USER")
+    old_group=$(group_entry "$SERVICE_USER")
+    [ -z "$old_group" ] || group_args=(--gid "$(echo "$old_group" | cut -d: -f3)")
     useradd "${PREFIX_ARGS[@]+"${PREFIX_ARGS[@]}"}" --system "${group_args[@]}" --home-dir "$STATE_DIR" \
         --no-create-home --shell "$NOLOGIN" --comment "edge-agent daemon" "$SERVICE_USER"
     entry=$(passwd_entry "$SERVICE_USER")
