@@ -13,6 +13,11 @@ command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_apt+=
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)  # TLS tests make their certificates
 "$PYTHON" -c "import venv, ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv)
+# scripts/install.sh makes its venv from the system's Python (tests/test_install.py): Debian's own.
+/usr/bin/python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need_apt+=(python3 python3-venv)
+command -v useradd >/dev/null 2>&1 || [ -x /usr/sbin/useradd ] || need_apt+=(passwd)  # install.sh: the service user
+[ -x /bin/kill ] || need_apt+=(procps)  # the unit's ExecReload=/bin/kill (tests/test_install.py verifies it)
+command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || need_apt+=(iproute2)  # test_install.py: a network namespace
 # The RTSP camera tests serve a stream with GStreamer's RTSP server, run by Debian's own python3.
 /usr/bin/python3 -c "import gi; gi.require_version('GstRtspServer', '1.0')" >/dev/null 2>&1 ||
     need_apt+=(python3-gi gir1.2-gst-rtsp-server-1.0)

@@ -1005,7 +1005,9 @@ def test_example_config_documents_the_defaults() -> None:
         " postprocess: {type: raw}}]\n",
         environ={},
     ).pipelines[0]
-    assert bare.enabled is entrance.enabled is True
+    # Installed as it is (scripts/install.sh), the example must run: every pipeline is off there.
+    assert bare.enabled is True
+    assert [p.enabled for p in example.pipelines] == [False] * len(example.pipelines)
     for key in ("loop", "reopen_min_s", "reopen_max_s"):
         assert getattr(bare.source, key) == getattr(entrance.source, key), key
     for key in ("input", "scale", "layout", "dtype"):
