@@ -5,7 +5,7 @@ For tests and demos of camera reconnects: kill this process and the camera is go
 on the same port and it is back. Runs under Debian's own /usr/bin/python3 (python3-gi and
 gir1.2-gst-rtsp-server-1.0 from apt; x264enc from gstreamer1.0-plugins-ugly), not in the venv.
 
-    /usr/bin/python3 scripts/rtsp_server.py --port 8554 --image sign.png [--fps 10]
+    /usr/bin/python3 scripts/rtsp_server.py --port 8554 --image sign.png [--fps 10] [--user U --password P]
     -> rtsp://127.0.0.1:8554/stream
 
 It prints "ready rtsp://..." on stdout once it listens.
@@ -30,6 +30,8 @@ def main() -> int:
     parser.add_argument("--image", required=True, help="a PNG shown as every frame")
     parser.add_argument("--fps", type=int, default=10)
     parser.add_argument("--mount", default="/stream")
+    parser.add_argument("--user", help="require this user (HTTP Basic auth over RTSP), with --password")
+    parser.add_argument("--password", default="")
     args = parser.parse_args()
 
     Gst.init(None)
@@ -45,6 +47,18 @@ def main() -> int:
         " ! rtph264pay name=pay0 pt=96 config-interval=1 )"
     )
     factory.set_shared(True)
+    if args.user:
+        # Only this user may see and play the stream: others get 401 Unauthorized.
+        auth = GstRtspServer.RTSPAuth()
+        token = GstRtspServer.RTSPToken()
+        token.set_string("media.factory.role", "viewer")
+        auth.add_basic(GstRtspServer.RTSPAuth.make_basic(args.user, args.password), token)
+        server.set_auth(auth)
+        permissions = GstRtspServer.RTSPPermissions()
+        permissions.add_role("viewer")
+        permissions.add_permission_for_role("viewer", "media.factory.access", True)
+        permissions.add_permission_for_role("viewer", "media.factory.construct", True)
+        factory.set_permissions(permissions)
     server.get_mount_points().add_factory(args.mount, factory)
     if server.attach(None) == 0:
         print(f"cannot listen on 127.0.0.1:{args.port}", file=sys.stderr)

@@ -26,15 +26,18 @@ SERVER = Path(__file__).resolve().parent.parent / "scripts" / "rtsp_server.py"
 class RtspServer:
     """scripts/rtsp_server.py under Debian's python3, started and killed at will on one port."""
 
-    def __init__(self, image: Path) -> None:
+    def __init__(self, image: Path, *extra: str) -> None:
+        """`extra`: more arguments, e.g. "--user", "cam", "--password", "s3cret"."""
         self.image = image
+        self.extra = extra
         self.port = free_port()
         self.url = f"rtsp://127.0.0.1:{self.port}/stream"
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            ["/usr/bin/python3", str(SERVER), "--port", str(self.port), "--image", str(self.image)],
+            ["/usr/bin/python3", str(SERVER), "--port", str(self.port), "--image", str(self.image),
+             *self.extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert self.proc.stdout is not None

@@ -141,7 +141,10 @@ class VideoSource(ThreadedSource):
             capture = cv2.VideoCapture(uri, cv2.CAP_FFMPEG)
         if not capture.isOpened():
             capture.release()
-            self._fail(f"cannot open {self.kind} source {self.display_uri}")
+            from agent.sources.diagnose import diagnose_open_failure  # (it imports this module)
+
+            why = diagnose_open_failure(uri, self.kind)
+            self._fail(f"cannot open {self.kind} source {self.display_uri}" + (f": {why}" if why else ""))
             return None
         level = logging.DEBUG if self._opened_before and self.kind == "file" else logging.INFO
         log.log(level, "source %s: opened %s", self.name, self.display_uri)
