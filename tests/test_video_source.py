@@ -354,14 +354,17 @@ def test_missing_file_retries_with_backoff_and_stops_promptly(
 
 
 def test_refused_url_retries_with_clear_error(sources: list) -> None:
-    uri = f"http://127.0.0.1:{free_port()}/x.mjpg"
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}/x.mjpg"
     source, slot = _source(uri, reopen_min_s=0.05, reopen_max_s=0.2)
     sources.append(source)
     assert source.kind == "url"
     source.start()
     assert wait_until(lambda: source.state == "retrying", timeout=30)
     stats = source.stats()
-    assert stats["error"] == f"cannot open url source {uri}"
+    # Why, too (agent/sources/diagnose.py): nobody listens on that port.
+    refused = f"connection refused by 127.0.0.1:{port}: nothing listens there (wrong port, or service off)"
+    assert stats["error"] == f"cannot open url source {uri}: {refused}"
     assert stats["frames_decoded"] == 0
     assert slot.get(timeout=0.05) is None
     started = time.monotonic()
@@ -381,7 +384,10 @@ def test_refused_url_does_not_leak_the_password(sources: list, caplog: pytest.Lo
     source.start()
     assert wait_until(lambda: source.state == "retrying", timeout=30)
     stats = source.stats()
-    assert stats["error"] == "cannot open url source rtsp://user:***@127.0.0.1:1/x"
+    assert stats["error"] == (
+        "cannot open url source rtsp://user:***@127.0.0.1:1/x: connection refused by 127.0.0.1:1: "
+        "nothing listens there (wrong port, or service off)"
+    )
     assert "secret" not in repr(stats)
     source.stop(timeout=30)
     assert "secret" not in repr(source.stats())
@@ -494,7 +500,9 @@ def test_a_url_that_serves_a_web_page_is_not_a_stream(tmp_path: Path, sources: l
         source.start()
         assert wait_until(lambda: source.stats()["reconnects"] >= 2, timeout=60), source.stats()
         assert source.state == "retrying" and slot.get(timeout=0.05) is None
-        errors = (f"cannot open url source {url}", f"{url} stopped delivering frames")
+        not_video = "the camera answers (HTTP 200 OK) but no stream could be decoded (text/html)"
+        errors = (f"cannot open url source {url}: {not_video}: OpenCV could not decode it as video",
+                  f"{url} stopped delivering frames")  # fmt: skip
         assert source.stats()["error"] in errors
     finally:
         server.kill()
