@@ -1255,6 +1255,8 @@ def infer(
     with _user_errors(as_json):
         if raw and not as_json:
             raise EdgeAgentError("--raw goes with --json (the values of every output)")
+        if benchmark and backend is not None:
+            raise EdgeAgentError("--benchmark chooses the backend, --backend names it: give one of them")
         if draw is not None:
             if input_kind(input_path) not in PICTURES:
                 raise EdgeAgentError(

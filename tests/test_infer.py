@@ -315,6 +315,14 @@ def test_the_backend_is_the_one_the_agent_decided(config: Path, signs: dict[str,
     assert data["backend_choice"] == "the agent's decision for this model on this box (cached)"
 
 
+def test_benchmark_proves_the_candidates_on_the_input(config: Path, signs: dict[str, Path]) -> None:
+    data = infer_json(CLS, signs["upside-down"], "-c", config, "--pipeline", "signs", "--benchmark")
+    choice = data["backend_choice"]
+    assert choice.startswith("benchmarked on this input: the fastest of "), choice
+    assert f"whose outputs match {ORT}" in choice  # the full-precision CPU reference
+    assert data["output"]["top"][0]["label"] == "upside-down"
+
+
 # --- audio: the pipeline's windows over a WAV file -----------------------------------------------------
 
 
@@ -402,6 +410,7 @@ def bad_inputs(folder: Path) -> dict[str, Path]:
         (["{cls}", "{short}", "--draw", "{folder}/out.jpg"], r"--draw needs an image or a video frame"),
         (["{cls}", "{sign}", "--frame", "3"], r"--frame is for a video input"),
         (["{cls}", "{sign}", "--raw"], r"--raw goes with --json"),
+        (["{cls}", "{sign}", "--benchmark", "--backend", "openvino/CPU"], r"give one of them"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_1(
