@@ -1219,6 +1219,198 @@ def bench(
 
 
 @app.command()
+def infer(
+    model: Annotated[
+        str,
+        typer.Argument(
+            metavar="MODEL", help="A model file (.onnx, .tflite, .xml), or NAME@VERSION in the store."
+        ),
+    ],
+    input_path: Annotated[
+        Path,
+        typer.Argument(
+            metavar="INPUT",
+            help="An image, a video file (--frame), a WAV file (audio pipelines), or a .npy/.npz tensor "
+            "(fed to the model as it is).",
+        ),
+    ],
+    pipeline: Annotated[
+        str | None,
+        typer.Option(
+            "--pipeline",
+            help="Process the input as this pipeline of -c CONFIG does (its preprocess, postprocess, "
+            "state and report rules); default: the model's own hints, else plain image defaults.",
+        ),
+    ] = None,
+    config: ConfigOption = DEFAULT_CONFIG,
+    state_dir: StateDirOption = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend",
+            help="Run on this backend, e.g. onnxruntime/CPUExecutionProvider, openvino/CPU, tflite/cpu "
+            "(default: the agent's choice for this model on this box).",
+        ),
+    ] = None,
+    benchmark: Annotated[
+        bool,
+        typer.Option("--benchmark", help="Prove the candidate backends on this input first (seconds)."),
+    ] = False,
+    frame: Annotated[
+        int | None, typer.Option("--frame", min=0, help="Video: the frame to run on (default 0).")
+    ] = None,
+    draw: Annotated[
+        Path | None,
+        typer.Option("--draw", help="Write the image (or video frame) with the boxes and labels drawn."),
+    ] = None,
+    raw: Annotated[
+        bool, typer.Option("--raw", help="With --json: every output tensor's values too (can be large).")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Run MODEL once on INPUT with the pre- and postprocessing a pipeline would use: the backend,
+    the time each step took, and the result (detections, classes, ...). Exit 1 on any problem."""
+    from agent.infer import PICTURES, check_picture_path, infer, input_kind, is_model_file_name
+    from agent.store import ModelStore, store_for
+
+    os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")  # a broken file is said once, as an error
+    with _user_errors(as_json):
+        if raw and not as_json:
+            raise EdgeAgentError("--raw goes with --json (the values of every output)")
+        if benchmark and backend is not None:
+            raise EdgeAgentError("--benchmark chooses the backend, --backend names it: give one of them")
+        if draw is not None:
+            if input_kind(input_path) not in PICTURES:
+                raise EdgeAgentError(
+                    f"--draw needs an image or a video frame to draw on; {input_path} is neither"
+                )
+            check_picture_path(draw)
+        from_store = not is_model_file_name(model)
+        agent_config: AgentConfig | None = None
+        if pipeline is not None or (from_store and state_dir is None):
+            agent_config = _load(config)
+        elif config.is_file():
+            with contextlib.suppress(EdgeAgentError):  # only its backend settings would be used
+                agent_config = _load(config)
+        states = state_dir or (agent_config.state_dir if agent_config is not None else None)
+        if state_dir is not None or agent_config is None:
+            store = ModelStore((states or Path(".")) / "store")
+        else:
+            store = store_for(agent_config)
+        result = infer(
+            model,
+            input_path,
+            store,
+            agent=agent_config,
+            config_path=config,
+            pipeline=pipeline,
+            state_dir=states,
+            backend=backend,
+            benchmark=benchmark,
+            frame=frame,
+            raw=raw,
+        )
+        drawn = _draw_result(result, draw) if draw is not None else None
+    data = result.to_dict()
+    if drawn is not None:
+        data["drawn"] = {"file": str(draw), "note": drawn}
+    if as_json:
+        _echo_json(data)
+    else:
+        _print_inference(data, result.summary)
+
+
+def _draw_result(result: Any, path: Path) -> str:
+    from agent.infer import draw, write_picture
+
+    assert result.picture is not None and result.output is not None
+    image, note = draw(result.picture, result.output)
+    write_picture(path, image)
+    return note
+
+
+def _print_inference(data: dict[str, Any], summary: dict[str, Any] | None) -> None:
+    from rich.console import Console
+
+    console = Console()
+    frame = f", frame {data['frame']}" if "frame" in data else ""
+    how = f"pipeline {data['pipeline']}" if data["pipeline"] else "the model's own settings"
+    _say(console, f"{data['model']} on {data['input']}{frame} ({how})")
+    _say(console, f"backend: {data['backend']} ({data['precision']}): {data['backend_choice']}")
+    latency = data["latency_ms"]
+    per = f" per window, {data['windows']} windows" if "windows" in data else ""
+    _say(
+        console,
+        f"latency: preprocess {latency['preprocess']:.2f} ms, inference {latency['inference']:.2f} ms, "
+        f"postprocess {latency['postprocess']:.2f} ms{per}",
+    )
+    if "results" in data:
+        _print_windows(console, data)
+    else:
+        _print_output(console, data["output"], summary)
+        if data.get("held_back_by"):
+            _say(console, f"the pipeline would not publish it: held back by report.{data['held_back_by']}")
+    if data.get("note"):
+        _say(console, f"note: {data['note']}")
+    if "drawn" in data:
+        _say(console, f"wrote {data['drawn']['file']}: {data['drawn']['note']}")
+
+
+def _print_output(console: Any, output: dict[str, Any], summary: dict[str, Any] | None) -> None:
+    if "detections" in output:
+        rows = [
+            [d["label"] if d["label"] is not None else "", d["index"], f"{d['score']:.3f}",
+             ", ".join(f"{v:.0f}" for v in d["box"])]
+            for d in output["detections"]
+        ]  # fmt: skip
+        _say(console, f"{len(rows)} detection(s); boxes x1, y1, x2, y2 in source pixels:")
+        console.print(_inspect_table("", ["label", "class", "score", "box"], rows))
+    elif "top" in output:
+        rows = [
+            [d["label"] if d["label"] is not None else "", d["index"], f"{d['score']:.4f}"]
+            for d in output["top"]
+        ]
+        console.print(_inspect_table("classification", ["label", "class", "score"], rows))
+    elif "regions" in output:
+        rows = [
+            [f"{r['score']:.3f}", r["area"], ", ".join(f"{v:.0f}" for v in r["box"])]
+            for r in output["regions"]
+        ]
+        _say(console, f"{len(rows)} region(s); boxes x1, y1, x2, y2 in source pixels:")
+        console.print(_inspect_table("", ["score", "area", "box"], rows))
+    elif "active" in output:
+        _say(console, f"active: {output['active']}, score {output['score']}, event {output['event']}")
+    elif "outputs" in output and summary is not None:
+        columns = ["output", "shape", "dtype", "min", "max", "mean", "argmax"]
+        rows = [
+            [
+                name,
+                "x".join(map(str, s["shape"])),
+                s["dtype"],
+                s.get("min"),
+                s.get("max"),
+                s.get("mean"),
+                s.get("argmax"),
+            ]
+            for name, s in summary["outputs"].items()
+        ]
+        console.print(_inspect_table("outputs", columns, rows))
+    else:  # a plugin's own dict
+        _say(console, json.dumps(output, indent=2, default=str))
+
+
+def _print_windows(console: Any, data: dict[str, Any]) -> None:
+    held = ", ".join(f"{rule} {n}" for rule, n in data["held_back"].items() if n)
+    _say(
+        console,
+        f"{len(data['results'])} result(s) the pipeline would publish"
+        + (f" (held back: {held})" if held else ""),
+    )
+    rows = [[r["frame"], f"{r['position_s']:.3f}", _cut(r["output"], 80)] for r in data["results"]]
+    console.print(_inspect_table("", ["window", "at s", "output"], rows))
+
+
+@app.command()
 def source(
     target: Annotated[
         str,

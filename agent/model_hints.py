@@ -41,11 +41,14 @@ _LETTERBOX_TASKS = ("detect", "segment", "pose", "obb")
 
 
 def with_model_hints(
-    config: PipelineConfig, manifest: Manifest, embedded: Mapping[str, Any] | None = None
+    config: PipelineConfig, manifest: Manifest | None, embedded: Mapping[str, Any] | None = None
 ) -> PipelineConfig:
     """`config` completed from the manifest's hints, then from the model file's own (`embedded`,
-    from `embedded_hints`); the same object when there are none."""
-    hints = {key: manifest.metadata[key] for key in HINT_KEYS if key in manifest.metadata}
+    from `embedded_hints`); the same object when there are none. `manifest` None: a bare model
+    file (`edge-agent infer`), only its own metadata."""
+    metadata = manifest.metadata if manifest is not None else {}
+    source = f"{manifest.ref}'s manifest" if manifest is not None else "the model file's own metadata"
+    hints = {key: metadata[key] for key in HINT_KEYS if key in metadata}
     for key, value in (embedded or {}).items():
         if key == "preprocess" and isinstance(hints.get("preprocess"), dict) and isinstance(value, dict):
             hints["preprocess"] = {**value, **hints["preprocess"]}
@@ -56,7 +59,8 @@ def with_model_hints(
     raw = config.model_dump(exclude_unset=True)
     if "preprocess" in hints:
         if not isinstance(hints["preprocess"], dict):
-            raise ModelError(f"{manifest.ref}: metadata.preprocess must be an object of preprocess settings")
+            owner = manifest.ref if manifest is not None else "the model file"
+            raise ModelError(f"{owner}: metadata.preprocess must be an object of preprocess settings")
         raw["preprocess"] = {**hints["preprocess"], **raw.get("preprocess", {})}
     if "state" in hints and "state" not in raw:
         raw["state"] = hints["state"]
@@ -66,9 +70,7 @@ def with_model_hints(
         return PipelineConfig.model_validate(raw)
     except ValidationError as exc:
         problems = "; ".join(_describe(error) for error in exc.errors())
-        raise ModelError(
-            f"pipeline {config.name}: the hints in {manifest.ref}'s manifest do not fit it: {problems}"
-        ) from None
+        raise ModelError(f"pipeline {config.name}: the hints in {source} do not fit it: {problems}") from None
 
 
 def _describe(error: Any) -> str:

@@ -16,14 +16,14 @@ import logging
 import statistics
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from agent.config import PipelineConfig
-from agent.processing import Postprocessor, Preprocessor, build_postprocessor
+from agent.processing import Geometry, Postprocessor, Preprocessor, build_postprocessor
 from agent.processing.feed import Feeder, ImageFeeder, build_feeder
 from agent.rules import ReportRules
 from agent.sources import Frame, Slot, Source, open_source
@@ -62,6 +62,20 @@ class LoadedModel:
     sha256: str
     session: Session
     decision: Decision | None = None  # how the backend was chosen (None: given, not selected)
+
+
+@dataclass
+class FrameRun:
+    """What one frame became in a stage: the model's inputs and outputs, the postprocessed output
+    (a result's `output`), the time of each step, and how an image was fitted into the input."""
+
+    feeds: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
+    output: dict[str, Any]
+    preprocess_ms: float
+    inference_ms: float
+    postprocess_ms: float
+    geometry: Geometry | None = None
 
 
 class StageStats:
@@ -120,6 +134,31 @@ class Stage:
     def warm_up(self) -> None:
         """Run the model once at its real input shape before it serves a live frame."""
         self.model.session.run(self.feeder.warm_up_feeds())
+
+    def run_frame(
+        self,
+        data: np.ndarray,
+        gap: bool = False,
+        offer: Callable[[Mapping[str, np.ndarray]], None] | None = None,
+    ) -> FrameRun:
+        """One frame (an image, an audio window) through preprocess, the model and postprocess: the
+        pipeline's per-frame path (`edge-agent infer` runs the same). `offer` sees the model's inputs
+        after each run (a switcher proving its decision on real frames)."""
+        t0 = time.perf_counter()
+        feeds, geometry = self.feeder.feeds(data, gap)
+        t1 = time.perf_counter()
+        outputs = self.model.session.run(feeds)
+        if self.watch_outputs and not all(np.isfinite(v).all() for v in outputs.values()):
+            self.stats.nan_outputs += 1
+        if offer is not None:
+            offer(feeds)
+        self.feeder.seen(outputs)
+        t2 = time.perf_counter()
+        output = self.postprocess(outputs, geometry)
+        t3 = time.perf_counter()
+        return FrameRun(
+            feeds, outputs, output, (t1 - t0) * 1000, (t2 - t1) * 1000, (t3 - t2) * 1000, geometry
+        )
 
     def close(self) -> None:
         self.model.session.close()
@@ -412,23 +451,13 @@ class Pipeline:
         stage = self.stage
         stage.stats.frames += 1
         try:
-            t0 = time.perf_counter()
-            feeds, geometry = self.feeder.feeds(frame.data, frame.gap)
-            t1 = time.perf_counter()
-            outputs = self.model.session.run(feeds)
-            if stage.watch_outputs and not all(np.isfinite(v).all() for v in outputs.values()):
-                stage.stats.nan_outputs += 1
-            self._offer_sample(feeds)
-            self.feeder.seen(outputs)
-            t2 = time.perf_counter()
-            output = self.postprocess(outputs, geometry)
-            t3 = time.perf_counter()
+            run = stage.run_frame(frame.data, frame.gap, offer=self._offer_sample)
         except Exception as exc:  # one bad frame must not stop the pipeline
             self._failed(frame, "inference failed", exc)
             if isinstance(exc, BackendError) and self._errors_in_row >= _SWITCH_AFTER_ERRORS:
                 self._switch_to_fallback(str(exc))
             return
-        inference_ms = (t2 - t1) * 1000
+        output, inference_ms = run.output, run.inference_ms
         capture_to_result_ms = (time.time() - frame.captured_at) * 1000
         with self._lock:
             self._recent.append((time.monotonic(), inference_ms, capture_to_result_ms))
@@ -447,9 +476,9 @@ class Pipeline:
             "backend": self.model.session.backend,
             "precision": self.model.session.precision,
             "latency_ms": {
-                "preprocess": round((t1 - t0) * 1000, 3),
+                "preprocess": round(run.preprocess_ms, 3),
                 "inference": round(inference_ms, 3),
-                "postprocess": round((t3 - t2) * 1000, 3),
+                "postprocess": round(run.postprocess_ms, 3),
                 "capture_to_result": round(capture_to_result_ms, 3),
             },
             "source": {

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import wave
+from collections.abc import Iterator
 from math import gcd
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,13 @@ def read_wav(path: Path, rate: int) -> np.ndarray:
         common = gcd(source_rate, rate)
         audio = resample_poly(audio, rate // common, source_rate // common).astype(np.float32)
     return audio
+
+
+def audio_windows(audio: np.ndarray, window: int, hop: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(first sample, samples) of every full window of `audio`, window starts `hop` apart: what a
+    file source hands its pipeline (a last, partial window is left out)."""
+    for start in range(0, len(audio) - window + 1, hop):
+        yield start, audio[start : start + window]
 
 
 ALSA_PREFIX = "alsa:"  # uri "alsa:DEVICE": live capture through arecord, e.g. alsa:plughw:1,0
@@ -165,7 +173,7 @@ class AudioSource(ThreadedSource):
         self._set_state("streaming")
         started = time.monotonic()
         first = True
-        for start in range(0, len(audio) - window + 1, self.hop):  # full windows only
+        for start, chunk in audio_windows(audio, window, self.hop):
             if self._stop.is_set():
                 break
             if self.config.realtime:  # a window is there once its last sample would have been heard
@@ -173,7 +181,6 @@ class AudioSource(ThreadedSource):
                 if self._stop.wait(max(0.0, due - time.monotonic())):
                     break
             index += 1
-            chunk = audio[start : start + window]
             frame = Frame(
                 data=chunk, index=index, captured_at=time.time(), position_s=start / rate, gap=first
             )
