@@ -397,7 +397,8 @@ class HomeAutomation:
         self._running: dict[str, FrameHolder] = {}
         self._images: dict[str, tuple[np.ndarray, list[dict[str, Any]]]] = {}  # due, not yet sent
         self._next_image: dict[str, float] = {}
-        self._sent: dict[str, bytes] = {}  # state topic -> payload, on this connection
+        # state topic -> (payload, the connection it went out on: MqttConnection's connect count)
+        self._sent: dict[str, tuple[bytes, int]] = {}
         self._connects = -1
         self._discovery_sent: bytes | None = None
         self._births_handled = 0
@@ -448,7 +449,7 @@ class HomeAutomation:
                 return
             self._take(state, output, captured_at, time.monotonic())
             if self._mqtt.connected:
-                self._flush(state)
+                self._flush(state, None)
 
     def _take(self, state: PipelineState, output: Mapping[str, Any], captured_at: float, now: float) -> None:
         detections = state.update(output, now)
@@ -488,13 +489,12 @@ class HomeAutomation:
                 return
             if connects != self._connects:  # a new connection: the broker may have lost what we sent
                 self._connects = connects
-                self._sent.clear()
                 self._discovery_sent = None
             births = self._counts["births"]
             if self._publish_discovery(births != self._births_handled):
                 self._births_handled = births
             for state in self._states.values():
-                self._flush(state)
+                self._flush(state, connects)
             self._clear_unwanted()
             images, self._images = self._images, {}
         for name, (frame, detections) in images.items():  # encoding takes a while: outside the lock
@@ -531,16 +531,20 @@ class HomeAutomation:
         except OSError as exc:
             log.warning("cannot write %s: %s", self._path, exc)
 
-    def _flush(self, state: PipelineState) -> None:
-        """Publish what changed (caller holds the lock and checked the link)."""
+    def _flush(self, state: PipelineState, connects: int | None) -> None:
+        """Publish the values that changed and, given the current connection's `connects`, those not
+        yet sent on it (caller holds the lock and checked the link)."""
         new_topics = False
         for key, payload in state.values.items():
             topic = self._topic(state.view.name, key)
-            if self._sent.get(topic) == payload:
+            sent = self._sent.get(topic)
+            if sent is not None and sent[0] == payload and (connects is None or sent[1] == connects):
                 continue
+            if connects is None:  # only now: a result that changes nothing costs no lookup
+                connects = int(self._mqtt.stats().get("connects", 0))
             if not self._publish(topic, payload):
                 return  # the link dropped: all of it goes again after the reconnect
-            self._sent[topic] = payload
+            self._sent[topic] = (payload, connects)
             self._counts["state_published"] += 1
             if topic not in self._memory.state_topics:
                 self._memory.state_topics.add(topic)

@@ -20,11 +20,13 @@ refuses them):
 - abbreviations.py: the abbreviations (only those this checker knows are expanded; full names always
   work).
 
-Two versions were read: schemas.py as device discovery shipped (Home Assistant 2024.11; commit
-0f5c1b54 of home-assistant/core) and a later one, which adds `check_unique_id` (an entity component
-with options must have `unique_id`), `message_expiry_interval`, `entity_picture`, `visible_by_default`
-and `default_entity_id` (replacing `object_id`), and shares `qos` and `encoding` with components.
-A key is allowed here only where both versions take it; the later rules are enforced too.
+Two versions were read: an early schemas.py with device discovery (home-assistant/core commit
+0f5c1b54: `DEVICE_DISCOVERY_SCHEMA`, no unique_id check) and a later one, which adds
+`check_unique_id` (an entity component with options must have `unique_id`), `message_expiry_interval`,
+`entity_picture`, `visible_by_default` and `default_entity_id` (replacing `object_id`), and shares `qos`
+and `encoding` with components. A key is allowed here only where both versions take it; the later
+rules are enforced too. The removal form (`{"p": platform}`) and the shared options are as Home
+Assistant's MQTT documentation describes device discovery.
 """
 
 from __future__ import annotations

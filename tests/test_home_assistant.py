@@ -341,6 +341,15 @@ def test_state_is_published_on_change_only_and_again_after_a_reconnect(tmp_path:
         ("edge/box-1/state/signs/label", b"upright"),
         ("edge/box-1/state/signs/seen/upside-down", b"OFF"),
     ]
+    # A result on a new connection before the loop noticed it: each value goes once on it.
+    link.connects = 3
+    home.observe("signs", top("upside-down"), 5.0)
+    assert sorted(link.take()) == [
+        ("edge/box-1/state/signs/label", b"upside-down"),
+        ("edge/box-1/state/signs/seen/upside-down", b"ON"),
+    ]
+    home.tick()
+    assert link.take() == []
     assert json.loads((tmp_path / "state" / MEMORY_FILE).read_text())["state_topics"] == [
         "edge/box-1/state/signs/label", "edge/box-1/state/signs/seen/upside-down"
     ]  # fmt: skip
@@ -702,12 +711,18 @@ def test_a_real_agent_seen_by_home_assistant_node_red_and_telegraf(
     statuses = lambda: [json.loads(p)["status"] for _, p in nodered.matching("edge/+/status") if p]  # noqa: E731
     wait_until(lambda: "offline" in statuses(), "the offline status")
     nodered.close()
+    # The fields docs/results.md documents, with their types, in every result.
+    table = (ROOT / "docs" / "results.md").read_text().split("## Fields", 1)[1].split("\n## ", 1)[0]
+    documented = dict(re.findall(r"^\| `(\w+)` \| (\w+)", table, re.M))
+    assert len(documented) == 14, documented
+    types = {"string": str, "integer": int, "object": dict}
     results = nodered.matching("edge/+/results/+")
-    documented = {"id", "device", "pipeline", "seq", "captured_at", "produced_at", "published_at", "model",
-                  "backend", "precision", "latency_ms", "source", "output", "held_back"}  # fmt: skip
-    for _, payload in results:
+    assert {json.loads(p)["pipeline"] for _, p in results} == {"signs", "faces"}
+    for topic, payload in results:
         result = json.loads(payload)
-        assert set(result) == documented and result["device"] == DEVICE
+        assert set(result) == set(documented), topic
+        assert all(isinstance(result[k], types[t]) for k, t in documented.items()), result
+        assert topic == f"edge/{result['device']}/results/{result['pipeline']}" and result["device"] == DEVICE
     flow = json.loads(doc_block("json", '"type": "mqtt in"'))
     got = run_flow(flow, [(t, p) for t, p, _ in nodered.messages])
     assert set(got["label"]) == {"upright", "upside-down"}
