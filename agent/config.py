@@ -787,6 +787,60 @@ class ReportConfig(StrictModel):
     every_n: int = Field(1, ge=1, description="Of the results the rules above let through, every Nth.")
 
 
+# Characters a watched label cannot hold: it becomes an MQTT topic level of the state topics.
+_TOPIC_SPECIALS = ("/", "+", "#", "\x00")
+# Home Assistant's discovery topic allows only these in its object id (homeassistant/device/<id>/config).
+HA_OBJECT_ID_PATTERN = r"^[A-Za-z0-9_-]+$"
+
+
+def check_watch_label(value: str) -> str:
+    if not value.strip():
+        raise ValueError("a watched label must not be empty")
+    bad = [c for c in _TOPIC_SPECIALS if c in value]
+    if bad:
+        raise ValueError(
+            f"watched label {value!r} holds {', '.join(repr(c) for c in bad)}: labels become MQTT topic "
+            "levels (state/<pipeline>/seen/<label>)"
+        )
+    return value
+
+
+class HomeAutomationConfig(StrictModel):
+    """What a pipeline shows on its state topics and in Home Assistant (docs/integrations.md): used when
+    `state_topics` or `home_assistant` is enabled."""
+
+    watch: list[Annotated[str, AfterValidator(check_watch_label)]] = Field(
+        default_factory=list,
+        description="Labels (classes) to watch: each gets an ON/OFF state (on while the last published "
+        "result has it: classification's top label, any detection of it) and, for detection, a count; "
+        "in Home Assistant a binary sensor and a count sensor.",
+    )
+    off_delay_s: float = Field(
+        0.0,
+        ge=0,
+        le=86_400,
+        description="A watched label's state turns OFF only once it has been missing this long (a person "
+        "who turns away for a frame does not switch a light off).",
+    )
+    image: bool = Field(
+        False,
+        description="Detection pipelines on a video source: publish the last frame with its boxes drawn "
+        "(JPEG, retained) on state/<pipeline>/image, at most every image_interval_s; in Home Assistant "
+        "an image entity. Off by default: images are large.",
+    )
+    image_interval_s: float = Field(
+        10.0, ge=1, le=86_400, description="At most one image per this many seconds."
+    )
+
+    @field_validator("watch")
+    @classmethod
+    def _unique(cls, labels: list[str]) -> list[str]:
+        seen = [label for i, label in enumerate(labels) if label in labels[:i]]
+        if seen:
+            raise ValueError(f"label {seen[0]!r} is watched twice")
+        return labels
+
+
 class PipelineConfig(StrictModel):
     name: Name
     model: ModelRef
@@ -809,6 +863,11 @@ class PipelineConfig(StrictModel):
         description="A frame in the works longer than this is a hang (a stuck driver, a blocked call): "
         "the daemon stops its systemd watchdog pings, and systemd restarts it.",
     )
+    home_automation: HomeAutomationConfig = Field(
+        default_factory=HomeAutomationConfig,
+        description="Watched labels, their off delay and the annotated image, for the state topics and "
+        "Home Assistant (docs/integrations.md).",
+    )
 
     @model_validator(mode="after")
     def _preprocess_fits_source(self) -> PipelineConfig:
@@ -820,6 +879,27 @@ class PipelineConfig(StrictModel):
                 if signal_source
                 else f"preprocess.type: {kind} needs an audio, mqtt, replay or serial source"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _home_automation_fits(self) -> PipelineConfig:
+        home = self.home_automation
+        post = self.postprocess
+        if home.watch and not isinstance(post, ClassificationPostprocess | DetectionPostprocess):
+            raise ValueError(
+                "home_automation.watch needs labels: use a classification or detection postprocess"
+            )
+        labels: list[str] = getattr(post, "labels", None) or []
+        unknown = [label for label in home.watch if labels and label not in labels]
+        if unknown:
+            raise ValueError(
+                f"home_automation.watch: {unknown[0]!r} is not one of postprocess.labels "
+                f"({', '.join(labels)})"
+            )
+        if home.image and not (
+            isinstance(post, DetectionPostprocess) and isinstance(self.source, VideoSourceConfig)
+        ):
+            raise ValueError("home_automation.image needs a detection postprocess on a video source")
         return self
 
     @model_validator(mode="after")
@@ -919,6 +999,51 @@ class FleetConfig(StrictModel):
     )
 
 
+def _check_topic_prefix(value: str) -> str:
+    levels = value.split("/")
+    if not value or any(not level for level in levels):
+        raise ValueError(f"{value!r} is not a topic prefix: no empty levels (nor a leading or trailing '/')")
+    bad = [c for c in _TOPIC_SPECIALS if c in value.replace("/", "")]
+    if bad:
+        raise ValueError(f"{value!r} holds {', '.join(repr(c) for c in bad)}: not allowed in a topic")
+    return value
+
+
+class StateTopicsConfig(StrictModel):
+    """Retained per pipeline state on simple topics under <prefix>/<device>/state/<pipeline>/ (last
+    label, counts, ON/OFF per watched label), published on change: Home Assistant sensors and Node-RED
+    flows read them without templates (docs/integrations.md)."""
+
+    enabled: bool = Field(False, description="Publish them (home_assistant.enabled turns them on too).")
+
+
+class HomeAssistantConfig(StrictModel):
+    """Home Assistant MQTT discovery: one device per box, entities per pipeline (docs/integrations.md)."""
+
+    enabled: bool = Field(
+        False,
+        description="Publish the device discovery config (retained) and the state topics it names; "
+        "turning it off removes the device from Home Assistant.",
+    )
+    discovery_prefix: Annotated[str, AfterValidator(_check_topic_prefix)] = Field(
+        "homeassistant", description="Home Assistant's discovery prefix (its MQTT integration's setting)."
+    )
+    object_id: str | None = Field(
+        None,
+        pattern=HA_OBJECT_ID_PATTERN,
+        description="The device's id in the discovery topic <discovery_prefix>/device/<object_id>/config: "
+        "letters, digits, '_' and '-'. Default: device.id (which the broker ACL expects).",
+    )
+    device_name: str | None = Field(
+        None, min_length=1, description="The device's name in Home Assistant; default: device.id."
+    )
+    support_url: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="Shown by Home Assistant as where to get help with this agent (origin support URL).",
+    )
+
+
 class AgentConfig(StrictModel):
     device: DeviceConfig
     state_dir: Path = Field(Path("/var/lib/edge-agent"), description="Model store, outbox and decisions.")
@@ -932,6 +1057,14 @@ class AgentConfig(StrictModel):
     )
     fleet: FleetConfig = Field(
         default_factory=FleetConfig, description="Fleet updates over MQTT (docs/fleet.md)."
+    )
+    state_topics: StateTopicsConfig = Field(
+        default_factory=StateTopicsConfig,
+        description="Retained per pipeline state on simple topics (docs/integrations.md).",
+    )
+    home_assistant: HomeAssistantConfig = Field(
+        default_factory=HomeAssistantConfig,
+        description="Home Assistant MQTT discovery (docs/integrations.md).",
     )
     pipelines: list[PipelineConfig] = Field(default_factory=list)
 
@@ -949,4 +1082,15 @@ class AgentConfig(StrictModel):
     def _check(self) -> AgentConfig:
         if self.registry is None and any(p.model.path is None for p in self.pipelines):
             raise ValueError("pipelines name registry models, so a registry is required (or give model.path)")
+        ha = self.home_assistant
+        if ha.enabled and ha.object_id is None and not re.fullmatch(HA_OBJECT_ID_PATTERN, self.device.id):
+            raise ValueError(
+                f"home_assistant: device.id {self.device.id!r} cannot be Home Assistant's object id "
+                "(letters, digits, '_' and '-' only): set home_assistant.object_id"
+            )
         return self
+
+    @property
+    def state_topics_on(self) -> bool:
+        """The state topics are published: asked for, or needed by Home Assistant discovery."""
+        return self.state_topics.enabled or self.home_assistant.enabled

@@ -35,6 +35,7 @@ from agent.fleet.commands import CommandServer, RecentLogs
 from agent.fleet.device_commands import device_handlers
 from agent.fleet.reconciler import Reconciler
 from agent.fsutil import InstanceLock, atomic_write_bytes
+from agent.home_automation import HomeAutomation
 from agent.mqtt import MqttConnection, Outbox, OutboxMessage, results_topic, telemetry_topic
 from agent.mqtt.outbox import OutboxFull
 from agent.mqtt.router import Router
@@ -64,16 +65,28 @@ def stamp_published_at(message: OutboxMessage) -> bytes:
     return message.payload.replace(_PUBLISHED_AT_PLACEHOLDER, stamp, 1)
 
 
+# A published result's pipeline, its `output` and the capture time of its frame.
+ResultObserver = Callable[[str, dict[str, Any], float], None]
+
+
 class ResultWriter:
     """The pipelines' sink: completes each result and writes it to the outbox."""
 
-    def __init__(self, config: AgentConfig, outbox: Outbox, on_written: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        outbox: Outbox,
+        on_written: Callable[[], None],
+        observer: ResultObserver | None = None,
+    ) -> None:
         self.config = config
         self.outbox = outbox
         self.on_written = on_written
+        self.observer = observer  # sees every result handed to the outbox (the state topics)
 
     def submit(self, pipeline: str, result: dict[str, Any]) -> None:
         produced = time.time()
+        captured_at = result["captured_at"]
         base = {
             "id": str(uuid.uuid4()),
             "device": self.config.device.id,
@@ -102,8 +115,17 @@ class ResultWriter:
             # The sequence number is taken in the transaction that stores the result: a gap is a loss.
             self.outbox.put_numbered(topic, payload, qos=1, stream=f"results/{pipeline}")
         except OutboxFull:
-            return  # when_full: drop-newest; counted per pipeline by the outbox (status, telemetry, log)
-        self.on_written()
+            # when_full: drop-newest; counted per pipeline by the outbox (status, telemetry, log)
+            written = False
+        else:
+            written = True
+        if self.observer is not None:
+            try:
+                self.observer(pipeline, rest.get("output") or {}, captured_at)
+            except Exception:  # the state topics must never cost a result
+                log.exception("pipeline %s: the result observer failed", pipeline)
+        if written:
+            self.on_written()
 
 
 def hold_state_dir(state_dir: Path) -> InstanceLock:
@@ -241,6 +263,14 @@ class Agent:
             self.writer,
             broker=BrokerLink(config.mqtt, self.mqtt.client_id),
         )
+        # State topics and Home Assistant discovery (docs/integrations.md): fed by the result writer.
+        self.home = HomeAutomation(
+            config,
+            self.mqtt,
+            wanted=lambda: [slot.desired.config for slot in self.supervisor.slots()],
+            running=self.supervisor.pipelines,
+        )
+        self.writer.observer = self.home.observe
         self.registry_link = self.supervisor.registry_link
         # Every subscription goes through the router; desired state through the reconciler.
         self.router = Router(self.mqtt)
@@ -277,6 +307,7 @@ class Agent:
         # back READY, the watchdog, the status or another pipeline.
         logging.getLogger().addHandler(self.recent_logs)
         self.reconciler.start(self.router)
+        self.home.start(self.router)
         if self.config.fleet.enabled:
             prefix, device = self.config.mqtt.topic_prefix, self.config.device.id
             self.commands.start(self.router, f"{prefix}/{device}/cmd/+")
@@ -305,6 +336,7 @@ class Agent:
                 self.supervisor.tick()
                 self._report_state_changes()
                 self.reconciler.report()
+                self._tick_home()
                 self._summarise_outage()
                 if now >= next_status_file:
                     self.write_status_file()
@@ -346,6 +378,12 @@ class Agent:
         log.info("stopped")
         logging.getLogger().removeHandler(self.recent_logs)
         self.instance_lock.release()
+
+    def _tick_home(self) -> None:
+        try:
+            self.home.tick()
+        except Exception:  # the state topics must never take the daemon down
+            log.exception("state topics / Home Assistant discovery: tick failed")
 
     def _watch_progress(self) -> str | None:
         """What stops the systemd watchdog pings (a hung pipeline or MQTT thread: systemd then
@@ -418,6 +456,7 @@ class Agent:
         self.reconciler.config = config
         self.supervisor.config = config
         self.writer.config = config
+        self.home.use_config(config)
         if "log_level" in settings and self.log_level_from_cli is None:
             logging.getLogger().setLevel(config.log_level.upper())
 
@@ -539,6 +578,7 @@ class Agent:
             "registry": self.registry_link.to_dict(),
             "config": self._config_report,
             "fleet": {"enabled": self.config.fleet.enabled, "documents": self.reconciler.documents()},
+            "home_automation": self.home.stats(),
             "store": {"installed": [m.ref for m in self.store.list()]},
             "pipelines": self.pipeline_states(),
         }

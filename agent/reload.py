@@ -2,11 +2,12 @@
 
 A reload re-reads agent.yaml and applies only what changed: the pipelines go through the same
 `Supervisor.apply` as fleet updates (an unchanged pipeline is not touched: no gap in its stream; a
-changed one is brought in beside the old, which serves until the new is ready), and `log_level` and
-`telemetry` take effect at once. Everything else (the device id, the broker, the state dir, the
-registry, the store, backend selection, fleet settings) is wired into the running daemon: a change
-there is named as needing a restart and the running value is kept until then. An invalid file is
-refused whole, with its problems logged and reported, and the old config runs on.
+changed one is brought in beside the old, which serves until the new is ready), and `log_level`,
+`telemetry`, `state_topics` and `home_assistant` take effect at once. Everything else (the device
+id, the broker, the state dir, the registry, the store, backend selection, fleet settings) is wired
+into the running daemon: a change there is named as needing a restart and the running value is kept
+until then. An invalid file is refused whole, with its problems logged and reported, and the old
+config runs on.
 
 Every config the daemon has run is kept as `<state_dir>/config/last-good.yaml` (the file's text, as
 written: `${VAR}`s are interpolated again when it is used). A daemon that boots on an invalid
@@ -35,7 +36,7 @@ from agent.fsutil import atomic_write_bytes
 log = logging.getLogger(__name__)
 
 # Top-level settings a reload applies; every other one needs a restart.
-HOT_SETTINGS = ("pipelines", "log_level", "telemetry")
+HOT_SETTINGS = ("pipelines", "log_level", "telemetry", "state_topics", "home_assistant")
 
 LAST_GOOD_DIR = "config"
 LAST_GOOD_FILE = "last-good.yaml"

@@ -4,8 +4,9 @@
     scripts/fleet_acl.py configs/mosquitto/inventory.example.yaml -o /etc/mosquitto/acl
 
 The inventory is YAML: `devices:` maps each device id (its MQTT username) to its groups; the optional
-`sites:` maps a site broker's bridge username to the device ids it carries. Exits 2 naming the bad
-entry when the inventory is wrong; the output file is replaced whole or not at all.
+`sites:` maps a site broker's bridge username to the device ids it carries; the optional
+`home_assistant:` gives Home Assistant's username and discovery prefix. Exits 2 naming the bad entry
+when the inventory is wrong; the output file is replaced whole or not at all.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.fleet.acl import parse_inventory, render_acl
+from agent.fleet.acl import parse_home_assistant, parse_inventory, render_acl
 from agent.fsutil import atomic_write_bytes
 
 
@@ -32,7 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = yaml.safe_load(args.inventory.read_text())
         devices, sites = parse_inventory(data)
-        acl = render_acl(devices, prefix=args.prefix, controller=args.controller, sites=sites)
+        home_assistant = parse_home_assistant(data)
+        acl = render_acl(
+            devices,
+            prefix=args.prefix,
+            controller=args.controller,
+            sites=sites,
+            home_assistant=home_assistant,
+        )
     except (OSError, yaml.YAMLError, ValueError) as exc:
         print(f"fleet_acl: {args.inventory}: {exc}", file=sys.stderr)
         return 2

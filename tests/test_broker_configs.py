@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -40,7 +41,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.config import MqttConfig, OutboxConfig
-from agent.fleet.acl import parse_inventory, render_acl
+from agent.fleet.acl import parse_home_assistant, parse_inventory, render_acl
 from agent.mqtt import MqttConnection, Outbox, results_topic
 from agent.mqtt.connection import Message
 from agent.mqtt.router import Router
@@ -51,7 +52,7 @@ from tests.waits import free_port, wait_until
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs" / "mosquitto"
 ACL = CONFIGS / "acl"
-USERS = ("cam-01", "cam-02", "cam-03", "controller", "site-north")
+USERS = ("cam-01", "cam-02", "cam-03", "controller", "site-north", "homeassistant")
 PASSWORDS = {user: f"test-password-{user}" for user in USERS}  # throwaway test credentials
 TIMEOUT_S = 30.0
 
@@ -356,8 +357,11 @@ def accepted(reason: ReasonCode) -> bool:
 
 def test_the_checked_in_acl_is_the_generator_output_for_the_example_inventory(tmp_path: Path) -> None:
     inventory = CONFIGS / "inventory.example.yaml"
-    devices, sites = parse_inventory(yaml.safe_load(inventory.read_text()))
-    assert ACL.read_text() == render_acl(devices, sites=sites), (
+    data = yaml.safe_load(inventory.read_text())
+    devices, sites = parse_inventory(data)
+    home_assistant = parse_home_assistant(data)
+    assert home_assistant == ("homeassistant", "homeassistant")
+    assert ACL.read_text() == render_acl(devices, sites=sites, home_assistant=home_assistant), (
         "configs/mosquitto/acl is stale: scripts/fleet_acl.py configs/mosquitto/inventory.example.yaml "
         "-o configs/mosquitto/acl"
     )
@@ -387,6 +391,7 @@ def test_render_acl_lines() -> None:
         "pattern write plant7/%u/results/#",
         "pattern write plant7/%u/telemetry",
         "pattern write plant7/%u/reported",
+        "pattern write plant7/%u/state/#",
         "pattern write plant7/%u/cmd/+/reply",
         # sorted by device, groups sorted and de-duplicated; a device in no group gets no block
         "user b-dev",
@@ -401,6 +406,7 @@ def test_render_acl_lines() -> None:
         "topic write plant7/c-dev/results/#",
         "topic write plant7/c-dev/telemetry",
         "topic write plant7/c-dev/reported",
+        "topic write plant7/c-dev/state/#",
         "topic write plant7/c-dev/cmd/+/reply",
         "topic read plant7/groups/lobby/desired",
         "user ops",
@@ -408,6 +414,45 @@ def test_render_acl_lines() -> None:
     ]
     # No pattern or line grants a device a write of desired state or of commands.
     assert not [line for line in lines if "write" in line and ("desired" in line or line.endswith("cmd/#"))]
+
+
+def test_render_acl_with_home_assistant() -> None:
+    acl = render_acl(
+        {"a-dev": [], "c-dev": []},
+        prefix="plant7",
+        sites={"site-a": ["c-dev"]},
+        home_assistant=("ha", "disc/ha"),
+    )
+    lines = [line for line in acl.splitlines() if line and not line.startswith("#")]
+    # Each device: its own discovery config (object id = username) and the birth message.
+    i = lines.index("pattern write plant7/%u/cmd/+/reply")
+    assert lines[i + 1 : i + 3] == ["pattern write disc/ha/device/%u/config", "pattern read disc/ha/status"]
+    # A site bridge: its devices' configs and the birth message; Home Assistant: its prefix, status, state.
+    site = lines[lines.index("user site-a") : lines.index("user ha")]
+    assert site[-3:] == [
+        "topic write plant7/c-dev/cmd/+/reply",
+        "topic write disc/ha/device/c-dev/config",
+        "topic read disc/ha/status",
+    ]
+    assert lines[lines.index("user ha") :] == [
+        "user ha",
+        "topic readwrite disc/ha/#",
+        "topic read plant7/+/status",
+        "topic read plant7/+/state/#",
+        "user controller",
+        "topic readwrite plant7/#",
+    ]
+    for bad, message in [
+        (("a-dev", "homeassistant"), "home_assistant username 'a-dev' is also a device id"),
+        (("ha", "disc/+"), "home_assistant discovery_prefix 'disc/+'"),
+        (("ha x", "homeassistant"), "home_assistant username 'ha x'"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            render_acl({"a-dev": []}, home_assistant=bad)
+    assert parse_home_assistant({"devices": {}}) is None
+    assert parse_home_assistant({"home_assistant": {}}) == ("homeassistant", "homeassistant")
+    with pytest.raises(ValueError, match="unknown home_assistant keys"):
+        parse_home_assistant({"home_assistant": {"user": "ha"}})
 
 
 @pytest.mark.parametrize(
@@ -613,6 +658,45 @@ def test_the_controller_writes_any_desired_state_and_reads_everything(
     assert "edge/groups/new-group/desired" not in cam02.topics()
     # Its rights end at the prefix.
     assert controller.publish("other/topic", b"x").value == NOT_AUTHORIZED
+
+
+def test_home_assistant_reads_state_and_discovery_and_a_device_writes_only_its_own_config(
+    fleet_broker: Mosquitto, clients: ClientFactory
+) -> None:
+    """The example inventory's home_assistant section: a device publishes its state topics and its own
+    discovery config (object id = its username), reads Home Assistant's birth message, and can neither
+    announce nor remove another device; Home Assistant reads configs, status and state, not results."""
+    ha = clients(fleet_broker, "homeassistant")
+    assert [r.value for r in ha.subscribe("#")] == [1]
+    cam01 = clients(fleet_broker, "cam-01")
+    cam01.subscribe("homeassistant/status")
+    allowed = [
+        "edge/cam-01/status",
+        "edge/cam-01/state/people/label",
+        "edge/cam-01/state/people/seen/person",
+        "homeassistant/device/cam-01/config",
+    ]
+    for topic in allowed:
+        assert accepted(cam01.publish(topic, b"from cam-01", retain=True)), topic
+        ha.wait_for(topic, b"from cam-01")
+    forbidden = [
+        "homeassistant/device/cam-02/config",  # another device's config: announce or remove it
+        "homeassistant/sensor/cam-01/config",  # per-component discovery: not granted
+        "homeassistant/status",  # Home Assistant's own birth message
+        "edge/cam-02/state/people/label",
+    ]
+    for topic in forbidden:
+        assert cam01.publish(topic, b"forged", retain=True).value == NOT_AUTHORIZED, topic
+    assert accepted(ha.publish("homeassistant/status", b"online"))
+    cam01.wait_for("homeassistant/status", b"online")
+    # Results and desired state are not Home Assistant's to read.
+    controller = clients(fleet_broker, "controller")
+    for topic in ("edge/cam-01/results/people", "edge/cam-01/desired"):
+        assert accepted(controller.publish(topic, b"not for ha"))
+    assert accepted(cam01.publish("edge/cam-01/state/people/label", b"control"))
+    ha.wait_for("edge/cam-01/state/people/label", b"control")
+    assert not [g for g in ha.received if g.payload in (b"forged", b"not for ha")]
+    assert ha.publish("edge/cam-01/state/people/label", b"x").value == NOT_AUTHORIZED
 
 
 def test_another_device_using_a_devices_client_id_reads_nothing_of_it(

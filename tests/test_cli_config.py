@@ -260,6 +260,8 @@ def test_schema_is_json_with_the_top_level_sections() -> None:
         "telemetry",
         "store",
         "fleet",
+        "state_topics",
+        "home_assistant",
         "pipelines",
         "state_dir",
         "log_level",

@@ -33,7 +33,10 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "configs" / "agent.example.yaml"
 DEMO = REPO / "configs" / "demo.yaml"
 
-TOP_KEYS = "backends, device, fleet, log_level, mqtt, pipelines, registry, state_dir, store, telemetry"
+TOP_KEYS = (
+    "backends, device, fleet, home_assistant, log_level, mqtt, pipelines, registry, state_dir, state_topics, "
+    "store, telemetry"
+)
 SOURCE_KEYS = "fps, loop, reopen_max_s, reopen_min_s, type, uri"
 NAME_RULE = (
     "is not a valid name: use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit "

@@ -3,14 +3,21 @@
 Devices authenticate with username == device id (client id edge-agent-<id>). The rights of every
 device are `pattern` lines keyed on `%u`, the authenticated username, so one block serves the whole
 fleet: a device reads its own desired state and commands and writes its status, results, telemetry,
-reported state and command replies, nothing else. mosquitto ACLs grant and never subtract, so the
-writes are listed one by one: a device cannot write its own desired state because nothing grants it.
+reported state, state topics and command replies, nothing else. mosquitto ACLs grant and never
+subtract, so the writes are listed one by one: a device cannot write its own desired state because
+nothing grants it.
 
 Group membership is the one thing patterns cannot say (mosquitto knows nothing of groups), so each
 device in a group gets a `user <id>` block reading `<prefix>/groups/<group>/desired`, generated from the
 inventory. A site broker bridged to this one (configs/mosquitto/bridge-site.conf) logs in as its site
 name and gets the rights of the devices it carries, listed by device. The controller reads and writes
 the whole prefix.
+
+With Home Assistant in the inventory (`home_assistant: {username, discovery_prefix}`), each device may
+also write its own device discovery config, `<discovery_prefix>/device/<device id>/config` (agent.yaml
+`home_assistant.object_id` left at the device id), and read Home Assistant's birth message; Home
+Assistant's login reads and writes the discovery prefix and reads every device's status and state
+topics.
 
 Names are checked with agent.mqtt.topics' rules (no empty level, '/', '+', '#'; a device may not be
 called "groups") and the alphabet agent.yaml allows for device ids and groups, which also keeps every
@@ -23,7 +30,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 
 from agent.config import NAME_PATTERN
-from agent.mqtt.topics import desired_topic, group_desired_topic
+from agent.mqtt.topics import desired_topic, group_desired_topic, ha_status_topic
 
 _NAME_RE = re.compile(NAME_PATTERN)
 
@@ -36,9 +43,20 @@ DEVICE_RIGHTS: tuple[tuple[str, str], ...] = (
     ("write", "results/#"),
     ("write", "telemetry"),
     ("write", "reported"),
+    # Retained per pipeline state (agent.yaml state_topics, home_assistant; docs/integrations.md).
+    ("write", "state/#"),
     # Replies to MQTT 3.1.1 requests, and the response topic MQTT 5 requesters must use (README.md).
     ("write", "cmd/+/reply"),
 )
+
+
+def ha_device_rights(discovery_prefix: str, device: str) -> tuple[tuple[str, str], ...]:
+    """What a device may do under Home Assistant's discovery prefix: its own device config, the birth
+    message. `device` is the device id, or `%u` in a pattern."""
+    return (
+        ("write", f"{discovery_prefix}/device/{device}/config"),
+        ("read", f"{discovery_prefix}/status"),
+    )
 
 
 def _name(what: str, value: object) -> str:
@@ -69,7 +87,11 @@ def _groups_of(prefix: str, device: str, groups: object) -> list[str]:
 
 
 def _validated(
-    inventory: Mapping[str, Sequence[str]], prefix: str, controller: str, sites: Mapping[str, Sequence[str]]
+    inventory: Mapping[str, Sequence[str]],
+    prefix: str,
+    controller: str,
+    sites: Mapping[str, Sequence[str]],
+    home_assistant: tuple[str, str] | None,
 ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     _name("topic prefix", prefix)
     _check(f"topic prefix {prefix!r}", group_desired_topic, prefix, "g")
@@ -96,6 +118,15 @@ def _validated(
             if device not in devices:
                 raise ValueError(f"site {site!r} device {device!r} is not in the inventory's devices")
         carried[site] = sorted(set(site_devices))
+    if home_assistant is not None:
+        username, discovery_prefix = home_assistant
+        _name("home_assistant username", username)
+        if username in devices or username == controller or username in carried:
+            raise ValueError(
+                f"home_assistant username {username!r} is also a device id, the controller or a site: "
+                "usernames must differ"
+            )
+        _check(f"home_assistant discovery_prefix {discovery_prefix!r}", ha_status_topic, discovery_prefix)
     return devices, carried
 
 
@@ -104,24 +135,34 @@ def render_acl(
     prefix: str = "edge",
     controller: str = "controller",
     sites: Mapping[str, Sequence[str]] | None = None,
+    home_assistant: tuple[str, str] | None = None,
 ) -> str:
-    """The whole acl_file: device patterns, group lines per device, site bridges, the controller.
+    """The whole acl_file: device patterns, group lines per device, site bridges, Home Assistant, the
+    controller.
 
     `inventory` maps device id -> its groups; `sites` maps a site bridge's username -> the device ids
-    its site broker carries. ValueError names the first bad entry. Output is sorted, so the same
-    inventory always gives the same file.
+    its site broker carries; `home_assistant` is (Home Assistant's username, its discovery prefix).
+    ValueError names the first bad entry. Output is sorted, so the same inventory always gives the
+    same file.
     """
-    devices, carried = _validated(inventory, prefix, controller, sites or {})
+    devices, carried = _validated(inventory, prefix, controller, sites or {}, home_assistant)
     out = [
         f"# mosquitto acl_file for the edge-agent fleet protocol (docs/fleet.md), topic prefix {prefix!r}.",
         "# Generated by scripts/fleet_acl.py from an inventory: edit the inventory, not this file.",
         "# Reload a running broker after regenerating it: kill -HUP <pid> (systemctl reload mosquitto).",
         "",
         "# Every device (username == device id): its own desired state and commands in, its status,",
-        "# results, telemetry, reported state and command replies out. Nothing else, and nothing of",
-        "# other devices: ACLs only grant, so what is not listed here is refused.",
+        "# results, telemetry, reported state, state topics and command replies out. Nothing else, and",
+        "# nothing of other devices: ACLs only grant, so what is not listed here is refused.",
     ]
     out += [f"pattern {access} {prefix}/%u/{suffix}" for access, suffix in DEVICE_RIGHTS]
+    if home_assistant is not None:
+        out += [
+            "",
+            "# Home Assistant discovery: each device writes its own device config (its object id is its",
+            "# device id) and reads Home Assistant's birth message.",
+        ]
+        out += [f"pattern {access} {topic}" for access, topic in ha_device_rights(home_assistant[1], "%u")]
     out += [
         "",
         "# Group membership (patterns cannot express it): each device reads its groups' desired state.",
@@ -139,8 +180,25 @@ def render_acl(
         out += ["", f"user {site}"]
         for device in site_devices:
             out += [f"topic {access} {prefix}/{device}/{suffix}" for access, suffix in DEVICE_RIGHTS]
+            if home_assistant is not None:
+                rights = ha_device_rights(home_assistant[1], device)[:1]  # the birth message: once, below
+                out += [f"topic {access} {topic}" for access, topic in rights]
         groups = sorted({g for device in site_devices for g in devices[device]})
         out += [f"topic read {group_desired_topic(prefix, g)}" for g in groups]
+        if home_assistant is not None:
+            out.append(f"topic read {ha_status_topic(home_assistant[1])}")
+    if home_assistant is not None:
+        username, discovery_prefix = home_assistant
+        out += [
+            "",
+            "# Home Assistant's MQTT integration: its discovery prefix (the devices' configs, its birth and",
+            "# will), every device's status (availability) and state topics. Nothing else.",
+            "",
+            f"user {username}",
+            f"topic readwrite {discovery_prefix}/#",
+            f"topic read {prefix}/+/status",
+            f"topic read {prefix}/+/state/#",
+        ]
     out += [
         "",
         "# The controller (edge-agent fleet ...): publishes desired state and commands, reads everything.",
@@ -159,9 +217,11 @@ def parse_inventory(data: object) -> tuple[dict[str, list[str]], dict[str, list[
     """
     if not isinstance(data, Mapping):
         raise ValueError("the inventory must be a mapping with a 'devices' key")
-    unknown = sorted(str(k) for k in data if k not in ("devices", "sites"))
+    unknown = sorted(str(k) for k in data if k not in ("devices", "sites", "home_assistant"))
     if unknown:
-        raise ValueError(f"unknown inventory keys {unknown} (expected 'devices' and optionally 'sites')")
+        raise ValueError(
+            f"unknown inventory keys {unknown} (expected 'devices' and optionally 'sites', 'home_assistant')"
+        )
     devices = data.get("devices")
     if not isinstance(devices, Mapping):
         raise ValueError("'devices' must map device ids to lists of groups")
@@ -180,3 +240,21 @@ def parse_inventory(data: object) -> tuple[dict[str, list[str]], dict[str, list[
         {_name("device", d): names(f"device {d!r} groups", g) for d, g in devices.items()},
         {_name("site", s): names(f"site {s!r} devices", ids) for s, ids in sites.items()},
     )
+
+
+def parse_home_assistant(data: object) -> tuple[str, str] | None:
+    """An inventory's `home_assistant: {username: homeassistant, discovery_prefix: homeassistant}` ->
+    (username, discovery prefix); None without one. ValueError names what is wrong."""
+    section = data.get("home_assistant") if isinstance(data, Mapping) else None
+    if section is None:
+        return None
+    if not isinstance(section, Mapping):
+        raise ValueError("'home_assistant' must map username and discovery_prefix")
+    unknown = sorted(str(k) for k in section if k not in ("username", "discovery_prefix"))
+    if unknown:
+        raise ValueError(f"unknown home_assistant keys {unknown} (expected 'username', 'discovery_prefix')")
+    username = _name("home_assistant username", section.get("username", "homeassistant"))
+    prefix = section.get("discovery_prefix", "homeassistant")
+    if not isinstance(prefix, str):
+        raise ValueError(f"home_assistant discovery_prefix must be a topic prefix, got {prefix!r}")
+    return username, prefix

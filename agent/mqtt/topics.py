@@ -9,6 +9,9 @@ The whole scheme lives here so it changes in one place:
     <prefix>/<device>/desired              retained desired state (device)
     <prefix>/groups/<group>/desired        retained desired state (group)
     <prefix>/<device>/cmd/<name>           commands
+    <prefix>/<device>/state/<pipeline>/... retained per pipeline state (state_topics; docs/integrations.md)
+    <discovery>/device/<object id>/config  Home Assistant device discovery (home_assistant)
+    <discovery>/status                     Home Assistant's birth message
 
 Every level is checked: an empty level or one holding '/', '+' or '#' would change
 what a topic means (or make it a filter), so it is a ValueError naming the part.
@@ -63,6 +66,28 @@ def group_desired_topic(prefix: str, group: str) -> str:
 
 def command_topic(prefix: str, device: str, name: str) -> str:
     return f"{_device(prefix, device)}/cmd/{_level('command name', name)}"
+
+
+def state_topic(prefix: str, device: str, pipeline: str, *levels: str) -> str:
+    """`<prefix>/<device>/state/<pipeline>/<levels...>`: e.g. ("label",), ("seen", "person")."""
+    rest = "/".join(_level("state level", level) for level in levels)
+    return f"{_device(prefix, device)}/state/{_level('pipeline', pipeline)}" + (f"/{rest}" if rest else "")
+
+
+def _discovery_prefix(prefix: str) -> str:
+    for level in prefix.split("/"):
+        _level("discovery prefix level", level)
+    return prefix
+
+
+def ha_device_config_topic(discovery_prefix: str, object_id: str) -> str:
+    """Home Assistant's device discovery topic: `<discovery_prefix>/device/<object_id>/config`."""
+    return f"{_discovery_prefix(discovery_prefix)}/device/{_level('object id', object_id)}/config"
+
+
+def ha_status_topic(discovery_prefix: str) -> str:
+    """Where Home Assistant's MQTT integration publishes its birth ("online") and will ("offline")."""
+    return f"{_discovery_prefix(discovery_prefix)}/status"
 
 
 def parse_results_topic(topic: str) -> tuple[str, str, str]:

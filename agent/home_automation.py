@@ -1,0 +1,641 @@
+"""State topics and Home Assistant MQTT discovery (docs/integrations.md).
+
+**State topics** (`state_topics.enabled`, or implied by `home_assistant.enabled`): besides the full
+result messages, each classification or detection pipeline keeps its state on simple retained topics
+under `<prefix>/<device>/state/<pipeline>/`, plain text, QoS 1, published only when a value changes:
+
+    label              classification: the top label of the last published result
+    count              detection: how many detections it had
+    count/<label>      detection: how many of a watched label
+    seen/<label>       ON while a watched label is in the last result (and off_delay_s after), else OFF
+    image              detection with home_automation.image: the frame with its boxes drawn (JPEG)
+
+They follow the results the pipeline publishes (its `report` rules apply). After every (re)connect
+they are all published again, so a broker that lost its retained messages gets them back. A topic no
+longer produced (a pipeline removed, a label no longer watched, the feature turned off) is cleared
+with an empty retained message; what was published is remembered in `<state_dir>/home_automation.json`
+so a restart clears what the previous run left behind.
+
+**Home Assistant** (`home_assistant.enabled`): one retained device discovery config per box on
+`<discovery_prefix>/device/<object_id>/config` (Home Assistant 2024.11+), its components per pipeline
+reading the state topics (no templates); availability from the agent's own retained status topic. It
+is published after each connect, whenever the pipelines change (reload, fleet) and when Home
+Assistant's birth message ("online" on `<discovery_prefix>/status`) arrives. A component that goes is
+sent as `{"p": <platform>}` (Home Assistant's documented removal) and kept so in the retained config,
+so a Home Assistant that was away removes it too; turning discovery off publishes an empty config,
+which removes the device and all of its entities.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import cv2
+import numpy as np
+
+from agent import __version__
+from agent.config import AgentConfig, ClassificationPostprocess, DetectionPostprocess, PipelineConfig
+from agent.fsutil import atomic_write_bytes
+from agent.mqtt.connection import Message
+from agent.mqtt.topics import ha_device_config_topic, ha_status_topic, state_topic, status_topic
+
+log = logging.getLogger(__name__)
+
+ON, OFF = b"ON", b"OFF"
+QOS = 1
+MEMORY_FILE = "home_automation.json"
+_MAX_REMOVED = 256  # removed components kept (as removals) in the retained discovery config
+_PACKET_OVERHEAD = 64  # fixed header, packet id, properties (as agent/mqtt/connection.py)
+_JPEG_QUALITY = 80
+
+
+class Publisher(Protocol):
+    """What this module needs of the MQTT connection (agent/mqtt/connection.py)."""
+
+    @property
+    def connected(self) -> bool: ...
+
+    def publish_snapshot(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> bool: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+class Routes(Protocol):
+    def route(
+        self, topic_filter: str, handler: Callable[[Message], None], qos: int = 1
+    ) -> Callable[[], None]: ...
+
+
+class FrameHolder(Protocol):
+    """A running pipeline: its name and the newest frame it processed (agent/pipeline.py)."""
+
+    name: str
+    last_frame: Any  # agent.sources.Frame | None
+
+
+# --- what a pipeline shows ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PipelineView:
+    """The part of a pipeline's config this module uses."""
+
+    name: str
+    kind: str  # "classification" | "detection"
+    watch: tuple[str, ...]
+    off_delay_s: float
+    image: bool
+    image_interval_s: float
+
+    @classmethod
+    def of(cls, config: PipelineConfig) -> PipelineView | None:
+        """None for pipelines without labels (regions, threshold, raw, plugins): no state topics."""
+        post = config.postprocess
+        if isinstance(post, ClassificationPostprocess):
+            kind = "classification"
+        elif isinstance(post, DetectionPostprocess):
+            kind = "detection"
+        else:
+            return None
+        home = config.home_automation
+        return cls(
+            config.name,
+            kind,
+            tuple(home.watch),
+            home.off_delay_s,
+            home.image and kind == "detection",
+            home.image_interval_s,
+        )
+
+
+@dataclass(frozen=True)
+class Entity:
+    """One state topic and, for Home Assistant, the component that shows it."""
+
+    key: tuple[str, ...]  # topic levels under state/<pipeline>/: ("label",), ("seen", "person")
+    platform: str  # sensor | binary_sensor | image
+    name: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+
+def entities(view: PipelineView) -> list[Entity]:
+    """What `view`'s pipeline publishes, in a stable order."""
+    p = view.name
+    out: list[Entity] = []
+    if view.kind == "classification":
+        out.append(Entity(("label",), "sensor", f"{p} label", (("icon", "mdi:label-outline"),)))
+    else:
+        out.append(Entity(("count",), "sensor", f"{p} count", (("state_class", "measurement"),)))
+        for label in view.watch:
+            options = (("state_class", "measurement"),)
+            out.append(Entity(("count", label), "sensor", f"{p} {label} count", options))
+    out += [Entity(("seen", label), "binary_sensor", f"{p} {label}") for label in view.watch]
+    if view.image:
+        out.append(Entity(("image",), "image", f"{p} image", (("content_type", "image/jpeg"),)))
+    return out
+
+
+def label_of(entry: Mapping[str, Any]) -> str:
+    """A result entry's label; its class index as text when the model has no labels."""
+    label = entry.get("label")
+    return str(label) if label is not None else str(entry.get("index"))
+
+
+class PipelineState:
+    """A pipeline's current state-topic values (topic levels -> payload), from its published results."""
+
+    def __init__(self, view: PipelineView) -> None:
+        self.view = view
+        self.values: dict[tuple[str, ...], bytes] = {}
+        self.present: set[str] = set()  # watched labels in the last result
+        self.last_seen: dict[str, float] = {}  # watched label -> when it was last in a result (monotonic)
+
+    def update(self, output: Mapping[str, Any], now: float) -> list[dict[str, Any]]:
+        """Take a published result's `output`; returns its detections (for the image)."""
+        detections: list[dict[str, Any]] = []
+        if self.view.kind == "classification":
+            top = output.get("top") or []
+            if not top:
+                return detections
+            label = label_of(top[0])
+            self.values[("label",)] = label.encode()
+            labels = [label]
+        else:
+            detections = list(output.get("detections") or [])
+            labels = [label_of(d) for d in detections]
+            self.values[("count",)] = str(len(detections)).encode()
+            for watched in self.view.watch:
+                self.values[("count", watched)] = str(labels.count(watched)).encode()
+        self.present = {label for label in labels if label in self.view.watch}
+        for watched in self.view.watch:
+            if watched in self.present:
+                self.last_seen[watched] = now
+                self.values[("seen", watched)] = ON
+            elif self._off_due(watched, now):
+                self.values[("seen", watched)] = OFF
+        return detections
+
+    def expire(self, now: float) -> None:
+        """Turn OFF what has been missing for off_delay_s (called every tick)."""
+        for watched in self.view.watch:
+            on = self.values.get(("seen", watched)) == ON
+            if on and watched not in self.present and self._off_due(watched, now):
+                self.values[("seen", watched)] = OFF
+
+    def _off_due(self, label: str, now: float) -> bool:
+        seen = self.last_seen.get(label)
+        return seen is None or now - seen >= self.view.off_delay_s
+
+
+# --- Home Assistant discovery -------------------------------------------------------------------
+
+_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def _slug(text: str) -> str:
+    """`text` as a component id part ([A-Za-z0-9_-]: Home Assistant splits discovery ids on spaces)."""
+    slug = _ID_UNSAFE.sub("_", text)
+    return slug if slug == text else f"{slug}_{_short_hash(text)}"
+
+
+def component_ids(views: list[PipelineView]) -> dict[tuple[str, tuple[str, ...]], str]:
+    """(pipeline, entity key) -> component id: `<pipeline>__<key levels>`, unique (a clash of slugs gets
+    a hash of what it names)."""
+    ids: dict[tuple[str, tuple[str, ...]], str] = {}
+    taken: set[str] = set()
+    for view in sorted(views, key=lambda v: v.name):
+        for entity in entities(view):
+            cid = "__".join([_slug(view.name), *(_slug(level) for level in entity.key)])
+            if cid in taken:
+                cid = f"{cid}__{_short_hash(view.name + chr(0) + chr(0).join(entity.key))}"
+            taken.add(cid)
+            ids[(view.name, entity.key)] = cid
+    return ids
+
+
+@dataclass(frozen=True)
+class DiscoveryIdentity:
+    """Who the device is, in Home Assistant."""
+
+    device_id: str
+    object_id: str
+    device_name: str
+    support_url: str | None
+    availability_topic: str
+
+
+def identity_of(config: AgentConfig) -> DiscoveryIdentity:
+    ha = config.home_assistant
+    return DiscoveryIdentity(
+        device_id=config.device.id,
+        object_id=ha.object_id or config.device.id,
+        device_name=ha.device_name or config.device.id,
+        support_url=ha.support_url,
+        availability_topic=status_topic(config.mqtt.topic_prefix, config.device.id),
+    )
+
+
+def discovery_components(
+    views: list[PipelineView], identity: DiscoveryIdentity, prefix: str
+) -> dict[str, dict[str, Any]]:
+    """Component id -> its config, for `views` (Home Assistant's device discovery `cmps`)."""
+    ids = component_ids(views)
+    components: dict[str, dict[str, Any]] = {}
+    for view in views:
+        for entity in entities(view):
+            cid = ids[(view.name, entity.key)]
+            topic = state_topic(prefix, identity.device_id, view.name, *entity.key)
+            component: dict[str, Any] = {
+                "p": entity.platform,
+                "unique_id": f"edge-agent__{identity.object_id}__{cid}",
+                "name": entity.name,
+                ("image_topic" if entity.platform == "image" else "state_topic"): topic,
+                "qos": QOS,
+            }
+            component.update(entity.options)
+            components[cid] = component
+    return components
+
+
+def discovery_payload(
+    identity: DiscoveryIdentity, components: Mapping[str, Mapping[str, Any]], removed: Mapping[str, str]
+) -> dict[str, Any]:
+    """The device discovery config: device, origin, availability, the components and, for each
+    removed one (id -> platform), `{"p": platform}`, which makes Home Assistant delete it."""
+    origin: dict[str, Any] = {"name": "edge-agent", "sw_version": __version__}
+    if identity.support_url:
+        origin["support_url"] = identity.support_url
+    cmps: dict[str, Any] = {cid: {"p": platform} for cid, platform in sorted(removed.items())}
+    cmps.update({cid: dict(c) for cid, c in components.items()})
+    return {
+        "dev": {
+            "identifiers": [f"edge-agent__{identity.object_id}"],
+            "name": identity.device_name,
+            "manufacturer": "edge-agent",
+            "model": "edge-agent",
+            "sw_version": __version__,
+        },
+        "o": origin,
+        # The agent's retained status: {"status": "online" | "offline", ...} (docs/results.md).
+        "availability": [
+            {
+                "topic": identity.availability_topic,
+                "value_template": "{{ value_json.status }}",
+                "payload_available": "online",
+                "payload_not_available": "offline",
+            }
+        ],
+        "qos": QOS,
+        "cmps": cmps,
+    }
+
+
+# --- the annotated image ------------------------------------------------------------------------
+
+
+def annotated_jpeg(frame: np.ndarray, detections: list[dict[str, Any]], max_bytes: int) -> bytes | None:
+    """`frame` (BGR) with each detection's box and label drawn, as JPEG of at most `max_bytes` (scaled
+    down until it fits; None when even a quarter-size image does not)."""
+    image = frame.copy()
+    height, width = image.shape[:2]
+    thickness = max(1, round(max(width, height) / 400))
+    scale = max(0.4, max(width, height) / 1200)
+    for d in detections:
+        x1, y1, x2, y2 = (round(float(v)) for v in d.get("box", (0, 0, 0, 0)))
+        cv2.rectangle(image, (x1, y1), (x2, y2), (0, 200, 255), thickness)
+        text = f"{label_of(d)} {float(d.get('score', 0.0)):.2f}"
+        cv2.putText(image, text, (x1, max(y1 - 4, 12)), cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 200, 255),
+                    thickness, cv2.LINE_AA)  # fmt: skip
+    for shrink in (1, 2, 4):
+        scaled = image if shrink == 1 else cv2.resize(image, (width // shrink, height // shrink))
+        ok, data = cv2.imencode(".jpg", scaled, [cv2.IMWRITE_JPEG_QUALITY, _JPEG_QUALITY])
+        if ok and len(data) <= max_bytes:
+            return bytes(data)
+    return None
+
+
+# --- the daemon's part --------------------------------------------------------------------------
+
+
+@dataclass
+class _Memory:
+    """What the broker holds from this agent (retained), kept across restarts."""
+
+    config_topic: str | None = None  # the discovery config published (None: none)
+    components: dict[str, str] = field(default_factory=dict)  # announced: id -> platform
+    removed: dict[str, str] = field(default_factory=dict)  # sent as removals: id -> platform
+    state_topics: set[str] = field(default_factory=set)  # retained state topics with a value
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "discovery": {
+                    "topic": self.config_topic,
+                    "components": self.components,
+                    "removed": self.removed,
+                },
+                "state_topics": sorted(self.state_topics),
+            },
+            indent=2,
+        ).encode()
+
+    @classmethod
+    def load(cls, path: Path) -> _Memory:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            discovery = data.get("discovery") or {}
+            return cls(
+                discovery.get("topic"),
+                {str(k): str(v) for k, v in (discovery.get("components") or {}).items()},
+                {str(k): str(v) for k, v in (discovery.get("removed") or {}).items()},
+                {str(t) for t in data.get("state_topics") or []},
+            )
+        except FileNotFoundError:
+            return cls()
+        except (OSError, ValueError, AttributeError, TypeError) as exc:
+            log.warning("ignoring %s (%s): what an earlier run left retained is not cleared", path, exc)
+            return cls()
+
+
+class HomeAutomation:
+    """Publishes the state topics and the discovery config through the daemon's MQTT connection.
+
+    `observe` is the result writer's hook (pipeline threads); `tick` runs on the daemon's main loop
+    every half second: pipeline changes, off delays, images, discovery, reconnects, clean-up.
+    """
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        mqtt: Publisher,
+        wanted: Callable[[], list[PipelineConfig]],
+        running: Callable[[], Sequence[FrameHolder]],
+    ) -> None:
+        self.config = config
+        self._mqtt = mqtt
+        self._wanted = wanted
+        self._running_of = running
+        self._lock = threading.Lock()
+        self._path = config.state_dir / MEMORY_FILE
+        self._memory = _Memory.load(self._path)
+        self._views: dict[str, PipelineView] = {}
+        self._states: dict[str, PipelineState] = {}
+        self._pending: dict[str, tuple[Mapping[str, Any], float]] = {}  # results before their view
+        self._running: dict[str, FrameHolder] = {}
+        self._images: dict[str, tuple[np.ndarray, list[dict[str, Any]]]] = {}  # due, not yet sent
+        self._next_image: dict[str, float] = {}
+        # state topic -> (payload, the connection it went out on: MqttConnection's connect count)
+        self._sent: dict[str, tuple[bytes, int]] = {}
+        self._connects = -1
+        self._discovery_sent: bytes | None = None
+        self._births_handled = 0
+        self._router: Routes | None = None
+        self._unroute: Callable[[], None] | None = None
+        self._routed: str | None = None
+        self._counts = {"state_published": 0, "images": 0, "discovery_published": 0, "births": 0}
+
+    # --- wiring ----------------------------------------------------------------------------------
+
+    def start(self, router: Routes) -> None:
+        """Route Home Assistant's birth message (call before the connection starts)."""
+        self._router = router
+        self._route()
+
+    def use_config(self, config: AgentConfig) -> None:
+        """A reloaded config: what changed is applied on the next tick."""
+        self.config = config
+        self._route()
+
+    def _route(self) -> None:
+        ha = self.config.home_assistant
+        wanted = ha_status_topic(ha.discovery_prefix) if ha.enabled else None
+        if wanted == self._routed or self._router is None:
+            return
+        if self._unroute is not None:
+            self._unroute()
+            self._unroute = None
+        if wanted is not None:
+            self._unroute = self._router.route(wanted, self._on_ha_status)
+        self._routed = wanted
+
+    def _on_ha_status(self, message: Message) -> None:
+        if message.payload.strip() == b"online":
+            self._counts["births"] += 1  # the next tick publishes the discovery config again
+
+    # --- pipeline threads ------------------------------------------------------------------------
+
+    def observe(self, pipeline: str, output: Mapping[str, Any], captured_at: float) -> None:
+        """A published result of `pipeline` (its `output`, the frame's capture time)."""
+        if not self.config.state_topics_on:
+            return
+        with self._lock:
+            state = self._states.get(pipeline)
+            if state is None:
+                if pipeline not in self._views:
+                    self._pending[pipeline] = (output, captured_at)  # before the first tick saw it
+                return
+            self._take(state, output, captured_at, time.monotonic())
+            if self._mqtt.connected:
+                self._flush(state, None)
+
+    def _take(self, state: PipelineState, output: Mapping[str, Any], captured_at: float, now: float) -> None:
+        detections = state.update(output, now)
+        view = state.view
+        if not view.image or now < self._next_image.get(view.name, 0.0):
+            return
+        holder = self._running.get(view.name)
+        frame = getattr(holder, "last_frame", None)
+        # The frame the worker is on is this result's (it submits before taking the next one).
+        if frame is None or frame.captured_at != captured_at:
+            return
+        self._images[view.name] = (frame.data, detections)
+        self._next_image[view.name] = now + view.image_interval_s
+
+    # --- the main loop ---------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        config = self.config
+        views: dict[str, PipelineView] = {}
+        if config.state_topics_on:
+            for pipeline in self._wanted():
+                view = PipelineView.of(pipeline) if pipeline.enabled else None
+                if view is not None:
+                    views[view.name] = view
+        running = {p.name: p for p in self._running_of()}
+        connects = int(self._mqtt.stats().get("connects", 0))
+        connected = self._mqtt.connected
+        images: dict[str, tuple[np.ndarray, list[dict[str, Any]]]] = {}
+        with self._lock:
+            self._running = running
+            if views != self._views:
+                self._set_views(views)
+            now = time.monotonic()
+            for state in self._states.values():
+                state.expire(now)
+            if not connected:
+                return
+            if connects != self._connects:  # a new connection: the broker may have lost what we sent
+                self._connects = connects
+                self._discovery_sent = None
+            births = self._counts["births"]
+            if self._publish_discovery(births != self._births_handled):
+                self._births_handled = births
+            for state in self._states.values():
+                self._flush(state, connects)
+            self._clear_unwanted()
+            images, self._images = self._images, {}
+        for name, (frame, detections) in images.items():  # encoding takes a while: outside the lock
+            self._publish_image(name, frame, detections)
+
+    def _set_views(self, views: dict[str, PipelineView]) -> None:
+        for name in list(self._states):
+            if views.get(name) != self._views.get(name):
+                del self._states[name]
+                self._next_image.pop(name, None)
+                self._images.pop(name, None)
+        for name, view in views.items():
+            if name not in self._states:
+                self._states[name] = PipelineState(view)
+        self._views = views
+        now = time.monotonic()
+        for name, (output, captured_at) in list(self._pending.items()):
+            if name in self._states:
+                self._take(self._states[name], output, captured_at, now)
+        self._pending.clear()
+
+    def _topic(self, pipeline: str, key: tuple[str, ...]) -> str:
+        return state_topic(self.config.mqtt.topic_prefix, self.config.device.id, pipeline, *key)
+
+    def _wanted_topics(self) -> set[str]:
+        return {self._topic(v.name, e.key) for v in self._views.values() for e in entities(v)}
+
+    def _publish(self, topic: str, payload: bytes) -> bool:
+        return self._mqtt.publish_snapshot(topic, payload, qos=QOS, retain=True)
+
+    def _remember(self) -> None:
+        try:
+            atomic_write_bytes(self._path, self._memory.to_json(), mode=0o600, durable=False)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self._path, exc)
+
+    def _flush(self, state: PipelineState, connects: int | None) -> None:
+        """Publish the values that changed and, given the current connection's `connects`, those not
+        yet sent on it (caller holds the lock and checked the link)."""
+        new_topics = False
+        for key, payload in state.values.items():
+            topic = self._topic(state.view.name, key)
+            sent = self._sent.get(topic)
+            if sent is not None and sent[0] == payload and (connects is None or sent[1] == connects):
+                continue
+            if connects is None:  # only now: a result that changes nothing costs no lookup
+                connects = int(self._mqtt.stats().get("connects", 0))
+            if not self._publish(topic, payload):
+                return  # the link dropped: all of it goes again after the reconnect
+            self._sent[topic] = (payload, connects)
+            self._counts["state_published"] += 1
+            if topic not in self._memory.state_topics:
+                self._memory.state_topics.add(topic)
+                new_topics = True
+        if new_topics:
+            self._remember()
+
+    def _clear_unwanted(self) -> None:
+        """Empty retained messages on state topics nothing produces any more."""
+        stale = sorted(self._memory.state_topics - self._wanted_topics())
+        cleared = []
+        for topic in stale:
+            if not self._publish(topic, b""):
+                break
+            cleared.append(topic)
+            self._sent.pop(topic, None)
+        if cleared:
+            log.info("cleared %d retained state topic(s) no longer produced: %s", len(cleared),
+                     ", ".join(cleared[:5]) + (", ..." if len(cleared) > 5 else ""))  # fmt: skip
+            self._memory.state_topics.difference_update(cleared)
+            self._remember()
+
+    def _publish_discovery(self, again: bool) -> bool:
+        """Publish the discovery config when it changed (or `again`); False when it could not be."""
+        ha = self.config.home_assistant
+        memory = self._memory
+        topic = ha_device_config_topic(ha.discovery_prefix, identity_of(self.config).object_id)
+        if memory.config_topic is not None and (not ha.enabled or memory.config_topic != topic):
+            # Turned off (or moved): an empty config removes the device and its entities.
+            if not self._publish(memory.config_topic, b""):
+                return False
+            log.info("home_assistant: removed the device discovery config %s", memory.config_topic)
+            memory.config_topic, memory.components, memory.removed = None, {}, {}
+            self._discovery_sent = None
+            self._remember()
+        if not ha.enabled:
+            return True
+        identity = identity_of(self.config)
+        components = discovery_components(list(self._views.values()), identity, self.config.mqtt.topic_prefix)
+        removed = dict(memory.removed)
+        removed.update({cid: p for cid, p in memory.components.items() if cid not in components})
+        for cid in components:
+            removed.pop(cid, None)
+        while len(removed) > _MAX_REMOVED:
+            removed.pop(next(iter(removed)))
+        payload = json.dumps(discovery_payload(identity, components, removed), separators=(",", ":")).encode()
+        if payload == self._discovery_sent and not again:
+            return True
+        if not self._publish(topic, payload):
+            return False
+        self._counts["discovery_published"] += 1
+        announced = {cid: str(c["p"]) for cid, c in components.items()}
+        if (topic, announced, removed) != (memory.config_topic, memory.components, memory.removed):
+            gone = sorted(set(memory.components) - set(announced))
+            if gone:
+                log.info("home_assistant: removed component(s) %s", ", ".join(gone))
+            memory.config_topic, memory.components, memory.removed = topic, announced, removed
+            self._remember()
+        self._discovery_sent = payload
+        return True
+
+    def _publish_image(self, pipeline: str, frame: np.ndarray, detections: list[dict[str, Any]]) -> None:
+        topic = self._topic(pipeline, ("image",))
+        limit = int(self.config.mqtt.max_payload_bytes) - len(topic.encode()) - _PACKET_OVERHEAD
+        try:
+            data = annotated_jpeg(frame, detections, limit)
+        except (cv2.error, ValueError, TypeError) as exc:
+            log.warning("pipeline %s: cannot make its image: %s", pipeline, exc)
+            return
+        if data is None:
+            log.warning("pipeline %s: its image does not fit mqtt.max_payload_bytes even at a quarter size",
+                        pipeline)  # fmt: skip
+            return
+        with self._lock:
+            if pipeline not in self._views or not self._publish(topic, data):
+                return
+            self._counts["images"] += 1
+            if topic not in self._memory.state_topics:
+                self._memory.state_topics.add(topic)
+                self._remember()
+
+    # --- status ----------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        ha = self.config.home_assistant
+        with self._lock:
+            return {
+                "state_topics": self.config.state_topics_on,
+                "home_assistant": ha.enabled,
+                "discovery_topic": self._memory.config_topic,
+                "components": len(self._memory.components),
+                "pipelines": sorted(self._views),
+                **self._counts,
+            }
