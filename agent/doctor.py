@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import grp
 import json
 import logging
 import os
-import pwd
 import shutil
 import socket
 import ssl
@@ -46,6 +44,7 @@ from agent.config import (
     VideoSourceConfig,
 )
 from agent.errors import ConfigError, EdgeAgentError, RegistryError
+from agent.fsutil import group_name, user_name
 
 log = logging.getLogger(__name__)
 
@@ -773,17 +772,10 @@ def check_disk(state_dir: Path) -> Check:
     return Check("disk", OK, detail)
 
 
-def _user(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
 def check_state_dir(state_dir: Path) -> Check:
     """The state dir holds the outbox (results), models and decisions: the agent's user must own
     and write it, and nobody else should read it."""
-    me = _user(os.geteuid())
+    me = user_name(os.geteuid())
     if not state_dir.exists():
         parent = _existing(state_dir)
         if os.access(parent, os.W_OK | os.X_OK):
@@ -795,7 +787,7 @@ def check_state_dir(state_dir: Path) -> Check:
             f"install -d -m 0700 -o {me} {state_dir}",
         )
     info = state_dir.stat()
-    owner = _user(info.st_uid)
+    owner = user_name(info.st_uid)
     if not stat.S_ISDIR(info.st_mode):
         return Check("state dir", FAIL, f"{state_dir} is not a directory", "fix state_dir in the config")
     if not os.access(state_dir, os.W_OK | os.X_OK):
@@ -842,8 +834,8 @@ def check_devices(config: AgentConfig | None) -> Check:
     refused: dict[str, list[str]] = {}
     for node in nodes:
         if not os.access(node, os.R_OK | os.W_OK):
-            refused.setdefault(_group(node), []).append(str(node))
-    me = _user(os.geteuid())
+            refused.setdefault(group_name(node.stat().st_gid), []).append(str(node))
+    me = user_name(os.geteuid())
     if refused:
         problems = [
             f"{me} cannot open {', '.join(paths)} (group {group})" for group, paths in refused.items()
@@ -862,14 +854,6 @@ def _is_device(path: Path) -> bool:
     except OSError:
         return False
     return stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-
-
-def _group(path: Path) -> str:
-    gid = path.stat().st_gid
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
 
 
 def check_secret_files(config_path: Path, config: AgentConfig) -> Check:

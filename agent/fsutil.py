@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import grp
 import hashlib
 import logging
 import os
+import pwd
 import secrets
 import threading
 import time
@@ -229,3 +231,19 @@ def hash_file(path: Path) -> Any:
         while chunk := f.read(CHUNK_SIZE):
             digest.update(chunk)
     return digest
+
+
+def user_name(uid: int) -> str:
+    """The user's name, or the number where the box has no such user (a file from elsewhere)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def group_name(gid: int) -> str:
+    """The group's name, or the number where the box has no such group."""
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)

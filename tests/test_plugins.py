@@ -4,7 +4,6 @@ temporary path, run on a real model's outputs; and the ways a plugin can be wron
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from agent.processing import build_postprocessor
 from providers import TensorSpec
 from providers.onnxruntime_backend import OnnxRuntimeBackend
 from tests.media_fixtures import cls_artifact
+from tests.plugin_fixtures import install_plugin
 
 EXAMPLE = """
 import numpy as np
@@ -44,23 +44,14 @@ def returns_a_list(options, outputs):
 def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The example package, installed the way pip leaves it: the module plus its dist-info."""
     site = tmp_path / "site"
-    (site / "max_score_plugin").mkdir(parents=True)
-    (site / "max_score_plugin" / "__init__.py").write_text(EXAMPLE)
-    info = site / "max_score_plugin-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: max-score-plugin\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(
-        textwrap.dedent(
-            """\
-            [edge_agent.postprocessors]
-            max-score = max_score_plugin:make
-            broken = max_score_plugin:broken
-            not-callable = max_score_plugin:not_callable
-            returns-a-list = max_score_plugin:returns_a_list
-            missing-module = no_such_module:make
-            """
-        )
-    )
+    entry_points = {
+        "max-score": "max_score_plugin:make",
+        "broken": "max_score_plugin:broken",
+        "not-callable": "max_score_plugin:not_callable",
+        "returns-a-list": "max_score_plugin:returns_a_list",
+        "missing-module": "no_such_module:make",
+    }
+    install_plugin(site, "max-score-plugin", "max_score_plugin", EXAMPLE, entry_points)
     monkeypatch.syspath_prepend(str(site))
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from agent.mqtt.router import Router
 from tests.agent_process import StartAgent, read_status
 from tests.fleet_fixtures import GOOD, agent_config, pipeline_body, publish_fleet_versions
 from tests.mosquitto import Mosquitto, Subscriber
+from tests.plugin_fixtures import install_plugin
 from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
 from tests.test_mqtt_connection import DEVICE, ConnectionFactory, publish_one
 from tests.test_mqtt_connection import connection_factory as connection_factory  # a fixture
@@ -43,23 +43,6 @@ def make(options, outputs):
 
     return decode
 """
-
-
-def install_plugin(site: Path) -> None:
-    """The plugin as pip leaves a package: the module and its dist-info with the entry point."""
-    (site / "hang_plugin").mkdir(parents=True)
-    (site / "hang_plugin" / "__init__.py").write_text(HANG_PLUGIN)
-    info = site / "hang_plugin-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hang-plugin\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(
-        textwrap.dedent(
-            """\
-            [edge_agent.postprocessors]
-            hang = hang_plugin:make
-            """
-        )
-    )
 
 
 class NotifySocket:
@@ -98,7 +81,7 @@ def test_pings_stop_while_a_pipeline_hangs_in_a_frame_and_resume_after(
     start_agent: StartAgent,
 ) -> None:
     site = tmp_path / "site"
-    install_plugin(site)
+    install_plugin(site, "hang-plugin", "hang_plugin", HANG_PLUGIN, {"hang": "hang_plugin:make"})
     trigger = tmp_path / "hang-now"
     registry = publish_fleet_versions(tmp_path / "registry", cls_model_path, monkeypatch)
     body = pipeline_body(GOOD, video[0], 10.0)

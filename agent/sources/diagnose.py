@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import base64
 import errno
-import grp
 import hashlib
 import os
-import pwd
 import socket
 import ssl
 import stat
 from pathlib import Path
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
+from agent.fsutil import group_name, user_name
 from agent.sources.video import redact_uri
 
 
@@ -55,7 +54,7 @@ def diagnose_device(path: Path, proc: Path = Path("/proc")) -> str:
     if not stat.S_ISCHR(st.st_mode):
         return f"{path} is not a device node"
     if not os.access(path, os.R_OK | os.W_OK):
-        group, owner = _group_name(st.st_gid), _user_name(st.st_uid)
+        group, owner = group_name(st.st_gid), user_name(st.st_uid)
         return (
             f"permission denied on {path} (owner {owner}:{group}, mode {stat.S_IMODE(st.st_mode):o}): "
             f"add the agent's user to group {group}"
@@ -109,20 +108,6 @@ def _held_by(path: Path, proc: Path) -> str:
     if not users:
         return ""
     return " by " + ", ".join(f"pid {pid} ({name})" for pid, name in users[:5])
-
-
-def _group_name(gid: int) -> str:
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 # --- network cameras ---------------------------------------------------------------------------
