@@ -30,6 +30,7 @@ from agent.cli_options import DEFAULT_CONFIG, ConfigOption, JsonOption, StateDir
 from agent.cli_status import status as show_status
 from agent.config import AgentConfig, RegistryConnection
 from agent.errors import ConfigError, EdgeAgentError
+from agent.logfmt import setup_logging
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -100,13 +101,6 @@ def _load(config_path: Path) -> AgentConfig:
     return load_config(config_path)
 
 
-def setup_logging(level: str) -> None:
-    # Under systemd, journald adds the time and unit; elsewhere the time helps.
-    with_time = "JOURNAL_STREAM" not in os.environ
-    fmt = ("%(asctime)s " if with_time else "") + "%(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=getattr(logging, level.upper()), format=fmt, stream=sys.stderr, force=True)
-
-
 # --- run ----------------------------------------------------------------------------------
 
 
@@ -119,18 +113,26 @@ def run(
     log_level: Annotated[
         str | None, typer.Option("--log-level", help="debug, info, warning or error (overrides the config).")
     ] = None,
+    log_format: Annotated[
+        str | None, typer.Option("--log-format", help="text or json (JSON lines; overrides the config).")
+    ] = None,
 ) -> None:
     """Run every pipeline until SIGTERM/SIGINT (or --duration), then stop gracefully. SIGHUP
     (systemctl reload) re-reads the config and applies what changed; on an invalid config the last
     good one runs (docs/operations.md, Reload)."""
     # Everything the daemon creates (the state dir, outbox, status, store) is for its user only.
     os.umask(0o077)
-    setup_logging(log_level or "info")  # before loading: falling back to the last good config logs
+    if log_format not in (None, "text", "json"):
+        raise typer.BadParameter(f"--log-format is text or json, not {log_format!r}")
+    setup_logging(log_level or "info", "json" if log_format == "json" else "text")  # (the fallback logs)
     from agent.reload import load_for_run
 
     with _user_errors():
         loaded = load_for_run(config)
-    setup_logging(log_level or loaded.config.log_level)
+    setup_logging(
+        log_level or loaded.config.log_level,
+        loaded.config.log_format if log_format is None else "json" if log_format == "json" else "text",
+    )
     from agent.daemon import Agent
 
     stop, reload = threading.Event(), threading.Event()
@@ -1036,7 +1038,8 @@ def explain(
     state_dir: StateDirOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Why a pipeline (or model) runs on its backend: every candidate, its verdict and numbers."""
+    """Why a pipeline (or model) runs on its backend: every candidate, its verdict and numbers.
+    Before the daemon has run it: where it would run (the ranking on this box, not yet proven)."""
     from agent.backend_choice import DecisionStore
 
     with _user_errors(as_json):
@@ -1047,11 +1050,7 @@ def explain(
             if name in (r["pipeline"], r["model"], r["model"].split("@")[0])
         ]
         if not records:
-            known = ", ".join(sorted({r["pipeline"] for r in decisions.all_pipelines()})) or "none yet"
-            raise EdgeAgentError(
-                f"no backend decision recorded for {name!r} (pipelines with one: {known})",
-                hint="decisions are made when `edge-agent run` starts a pipeline",
-            )
+            records = [_prospective_decision(name, config, state_dir, decisions)]
     if as_json:
         _echo_json(records)
         return
@@ -1070,9 +1069,16 @@ def explain(
             continue
         decision = Decision.from_dict(record["decision"])
         console.print(
-            f"[bold]{record['pipeline']}[/bold] ({record['model']}): {decision.backend} "
-            f"on {decision.artifact}" + (f", precision {decision.precision}" if decision.precision else "")
+            f"[bold]{record['pipeline']}[/bold] ({record['model']}): "
+            + ("would run on " if record.get("prospective") else "")
+            + f"{decision.backend} on {decision.artifact}"
+            + (f", precision {decision.precision}" if decision.precision else "")
         )
+        if record.get("prospective"):
+            console.print(
+                "  not run yet: the best-ranked candidate on this box; the daemon proves the candidates "
+                "on the version's test data or a first frame when it starts the pipeline"
+            )
         if decision.reference:
             checked = "checked" if decision.checked else "not checked"
             console.print(f"  outputs {checked} against {decision.proof()}")
@@ -1081,6 +1087,46 @@ def explain(
         if not decision.checked:
             console.print("  [bold]unchecked[/bold]: no candidate's outputs were compared with a reference")
         console.print(_candidate_table(decision.candidates))
+
+
+def _prospective_decision(name: str, config: Path, state_dir: Path | None, decisions: Any) -> dict[str, Any]:
+    """Where pipeline `name` of the config would run, before the daemon has decided: the backends of
+    this box ranked for its model (as selection ranks them), none proven on a frame yet."""
+    from dataclasses import asdict, replace
+
+    from agent.backend_choice import hardware_notes, policy_for
+    from agent.hardware import detect_hardware
+    from agent.inventory import resolve_model
+    from providers import NoBackendError
+    from providers.select import decide
+
+    cfg = _load(config)
+    pipeline = next((p for p in cfg.pipelines if p.name == name), None)
+    if pipeline is None:
+        known = ", ".join(sorted({r["pipeline"] for r in decisions.all_pipelines()})) or "none yet"
+        raise EdgeAgentError(
+            f"no pipeline {name!r} in {config} and no backend decision recorded for it (decided: {known})",
+            hint="give a pipeline name from the config, or a model the daemon has run",
+        )
+    model = pipeline.model
+    spec = str(model.path) if model.path is not None else f"{model.name}@{model.version}"
+    try:
+        resolved = resolve_model(spec, _store(config, state_dir))
+    except EdgeAgentError as exc:
+        raise EdgeAgentError(
+            f"pipeline {name}: {exc.message}",
+            hint="a registry model is pulled when `edge-agent run` starts the pipeline (edge-agent models "
+            "pull -c CONFIG fetches it now)",
+        ) from None
+    policy = replace(policy_for(cfg, pipeline), benchmark=False)
+    record: dict[str, Any] = {"pipeline": name, "model": resolved.ref, "prospective": True}
+    try:
+        decision = decide(resolved.artifacts, policy, None, hardware=hardware_notes(detect_hardware()))
+    except NoBackendError as exc:
+        record.update(refused=str(exc), candidates=[asdict(c) for c in exc.candidates])
+        return record
+    record["decision"] = decision.to_dict()
+    return record
 
 
 def _candidate_table(candidates: list[CandidateReport]) -> Table:

@@ -1048,6 +1048,9 @@ class AgentConfig(StrictModel):
     device: DeviceConfig
     state_dir: Path = Field(Path("/var/lib/edge-agent"), description="Model store, outbox and decisions.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = Field(
+        "text", description="text: plain lines (no time under journald); json: one JSON object per line."
+    )
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     registry: RegistryConfig | None = Field(None, description="Where models are pulled from.")
     store: StoreConfig = Field(default_factory=StoreConfig, description="What the model store keeps.")

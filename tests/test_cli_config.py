@@ -265,6 +265,7 @@ def test_schema_is_json_with_the_top_level_sections() -> None:
         "pipelines",
         "state_dir",
         "log_level",
+        "log_format",
     }
     assert sections == set(schema["properties"])
     assert schema["required"] == ["device"]

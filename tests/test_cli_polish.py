@@ -4,6 +4,7 @@ no runtime chatter on stderr. Real `edge-agent` subprocesses."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -86,3 +87,36 @@ def test_a_looping_file_is_logged_opened_once_and_stderr_has_no_runtime_noise(
     assert decoded > 60, status["pipelines"]["cam"]  # the 60-frame file went round more than once
     assert done.stderr.count(f"source cam: opened {video[0]}") == 1, done.stderr[-3000:]
     assert "XNNPACK" not in done.stderr and "[ WARN:" not in done.stderr
+
+
+def test_explain_says_where_a_pipeline_would_run_before_any_run(tmp_path: Path, cls_model_path: Path) -> None:
+    pipeline = {
+        "name": "door",
+        "model": {"path": str(cls_model_path)},
+        "source": {"type": "video", "uri": str(tmp_path / "later.mp4")},
+        "postprocess": {"type": "classification"},
+    }
+    config = _config(tmp_path, [pipeline])
+    done = edge_agent("explain", "door", "-c", str(config), "--json")
+    assert done.returncode == 0, done.stderr
+    [record] = json.loads(done.stdout)
+    assert record["prospective"] is True and record["pipeline"] == "door"
+    decision = record["decision"]
+    verdicts = {c["backend"]: c["verdict"] for c in decision["candidates"]}
+    assert verdicts[decision["backend"]] == "chosen" and decision["checked"] is False
+    assert "onnxruntime/CPUExecutionProvider" in verdicts  # every backend of this box is listed
+    shown = edge_agent("explain", "door", "-c", str(config))
+    assert f"door ({cls_model_path}): would run on {decision['backend']}" in shown.stdout.replace("\n", "")
+    unknown = edge_agent("explain", "gate", "-c", str(config))
+    assert unknown.returncode == 1 and "no pipeline 'gate' in" in unknown.stderr
+
+
+def test_json_lines_logs(tmp_path: Path) -> None:
+    config = _config(tmp_path, [])
+    done = edge_agent("run", "-c", str(config), "--duration", "1", "--log-format", "json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]
+    assert lines and all({"time", "level", "logger", "message"} <= set(entry) for entry in lines)
+    messages = [e["message"] for e in lines]
+    assert any(m.startswith("edge-agent ") and "running as polish-box" in m for m in messages), messages
+    assert all(e["time"].endswith("Z") for e in lines)
