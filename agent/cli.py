@@ -290,7 +290,12 @@ def _connection(
 @registry_app.command("publish")
 def registry_publish(
     file: Annotated[
-        Path, typer.Argument(help="Model file (.onnx, .tflite, .xml).", exists=True, dir_okay=False)
+        Path,
+        typer.Argument(
+            help="Model file (.onnx, .tflite, .xml), or an edge-agent release wheel (.whl).",
+            exists=True,
+            dir_okay=False,
+        ),
     ],
     name: Annotated[str, typer.Option("--name", help="Model name.")],
     version: Annotated[str, typer.Option("--version", help="Version (immutable once published).")],
