@@ -424,7 +424,7 @@ class Agent:
         if not self.mqtt.stats()["connected"]:
             return "the broker is not connected"
         for name, state in self.supervisor.states().items():
-            if state["state"] != "running":
+            if state["state"] not in ("running", "finished"):  # finished: a file that was played through
                 return f"pipeline {name} is {state['state']}"
         return self.supervisor.stall()
 
