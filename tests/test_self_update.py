@@ -81,6 +81,18 @@ def test_the_agent_field_is_validated_and_the_device_layer_wins() -> None:
     assert layer_agent([_parse(_doc("device:d1", None), "device:d1")]) is None
 
 
+def test_a_deploy_spec_carries_the_agent_field_checked_as_the_devices_check_it() -> None:
+    from agent.errors import ConfigError
+    from agent.fleet.spec import build_document, check_spec, parse_spec
+
+    spec = parse_spec({"pipelines": {}, "agent": {"version": "0.2.0", "health_s": 30}})
+    check_spec(spec, "group:lobby")
+    document = build_document("group:lobby", 3, spec.pipelines, agent=spec.agent)
+    assert _parse(protocol.encode(document), "group:lobby").agent.version == "0.2.0"
+    with pytest.raises(ConfigError, match=r"\$\.agent\.health_s"):
+        check_spec(parse_spec({"pipelines": {}, "agent": {"version": "0.2.0", "health_s": 1}}), "group:lobby")
+
+
 def _fake_wheel(path: Path) -> Path:
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("agent/__init__.py", "")
