@@ -257,11 +257,13 @@ def build_wheel(work: Path, version: str, broken: bool = False) -> Path:
             )
         )
     out = work / "wheels"
-    subprocess.run(
+    # No build isolation (no index needed): the venv's setuptools builds it (>= 68: the dev extra).
+    built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
          str(src)],
-        check=True, capture_output=True, timeout=300, env=_without_pythonpath(),
+        capture_output=True, text=True, timeout=300, env=_without_pythonpath(),
     )  # fmt: skip
+    assert built.returncode == 0, f"building the {version} wheel failed:\n{built.stderr[-3000:]}"
     (wheel,) = out.glob(f"edge_agent-{version}-*.whl")
     return wheel
 
