@@ -133,7 +133,15 @@ def run(
         log_level or loaded.config.log_level,
         loaded.config.log_format if log_format is None else "json" if log_format == "json" else "text",
     )
-    from agent.daemon import Agent
+    from agent.daemon import Agent, hold_state_dir
+    from agent.self_update import boot
+
+    with _user_errors():  # a second daemon on the state dir must not touch its releases either
+        held = hold_state_dir(loaded.config.state_dir)  # dropped by exec (close-on-exec)
+    try:
+        boot(loaded.config.state_dir)  # runs the release desired state installed (exec), or returns
+    finally:
+        held.release()
 
     stop, reload = threading.Event(), threading.Event()
 
@@ -152,6 +160,8 @@ def run(
         agent = Agent(loaded.config, loaded)
         agent.log_level_from_cli = log_level
         agent.run(stop, duration_s=duration, reload=reload)
+    if agent.exit_code:  # self-update: systemd starts it again, into the release (or back)
+        raise typer.Exit(agent.exit_code)
     failures = agent.none_ran()
     if failures:  # e.g. `run --duration` in a script: every pipeline failing is not a success
         for line in failures:
@@ -282,7 +292,12 @@ def _connection(
 @registry_app.command("publish")
 def registry_publish(
     file: Annotated[
-        Path, typer.Argument(help="Model file (.onnx, .tflite, .xml).", exists=True, dir_okay=False)
+        Path,
+        typer.Argument(
+            help="Model file (.onnx, .tflite, .xml), or an edge-agent release wheel (.whl).",
+            exists=True,
+            dir_okay=False,
+        ),
     ],
     name: Annotated[str, typer.Option("--name", help="Model name.")],
     version: Annotated[str, typer.Option("--version", help="Version (immutable once published).")],

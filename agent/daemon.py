@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import socket
 import sqlite3
 import stat
@@ -41,6 +42,7 @@ from agent.mqtt.outbox import OutboxFull
 from agent.mqtt.router import Router
 from agent.reload import LastGoodConfig, LoadedConfig, plan_reload, sha256_text, with_hot_settings
 from agent.sd_notify import notify, watchdog_interval_s
+from agent.self_update import RESTART_EXIT_CODE, Updater, releases_dir
 from agent.session_pool import SessionPool
 from agent.sources import BrokerLink
 from agent.store import store_for
@@ -283,6 +285,11 @@ class Agent:
             ),
             connects=lambda: int(self.mqtt.stats()["connects"]),
         )
+        # Self-update (agent/self_update.py): the release desired state names, and this one's trial.
+        self.exit_code = 0  # RESTART_EXIT_CODE: stopped to be restarted (by systemd) into a release
+        self._stop: threading.Event | None = None
+        self.updater = Updater(config.state_dir, self._pull_release, self._trial_health, self.request_restart)
+        self.reconciler.updater = self.updater
         self.recent_logs = RecentLogs()
         self.commands = CommandServer(
             config.fleet.commands, device_handlers(self, self.recent_logs), config.mqtt.max_payload_bytes
@@ -302,6 +309,7 @@ class Agent:
         reloads the config."""
         if reload is not None:
             self.reload_requested = reload
+        self._stop = stop
         deadline = None if duration_s is None else time.monotonic() + duration_s
         # Pipelines are built off the main thread, each on its own: a slow model pull must not hold
         # back READY, the watchdog, the status or another pipeline.
@@ -334,6 +342,7 @@ class Agent:
                     self.reload_requested.clear()
                     self.reload()
                 self.supervisor.tick()
+                self.updater.tick()
                 self._report_state_changes()
                 self.reconciler.report()
                 self._tick_home()
@@ -378,6 +387,46 @@ class Agent:
         log.info("stopped")
         logging.getLogger().removeHandler(self.recent_logs)
         self.instance_lock.release()
+
+    # --- self-update -------------------------------------------------------------------
+
+    def request_restart(self, reason: str) -> None:
+        """Stop gracefully (outbox flushed) and exit RESTART_EXIT_CODE: systemd starts the agent
+        again, and `edge-agent run` boots the release current.json names."""
+        log.warning("%s: stopping to be restarted (exit %d)", reason, RESTART_EXIT_CODE)
+        self.exit_code = RESTART_EXIT_CODE
+        if self._stop is not None:
+            self._stop.set()
+
+    def _pull_release(self, name: str, version: str) -> Path:
+        """The release wheel name@version, pulled into the store (verified; signed when the trust
+        policy says so) and copied out under its file name (pip goes by the name)."""
+        from agent.registry import open_registry
+
+        if self.config.registry is None:
+            raise EdgeAgentError("no registry is configured (registry: in agent.yaml) to pull releases from")
+        registry = open_registry(self.config.registry.url, self.config.registry)
+        try:
+            installed = self.store.pull(registry, name, version)
+        finally:
+            registry.close()
+        if not installed.manifest.is_release():
+            raise EdgeAgentError(f"{installed.ref} in the registry is a model, not an edge-agent release")
+        artifact = installed.manifest.artifacts[0]
+        wheel = releases_dir(self.config.state_dir) / version / artifact.file
+        wheel.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(installed.artifact_path(artifact), wheel)
+        return wheel
+
+    def _trial_health(self) -> str | None:
+        """None while this agent is healthy (what a release on trial must show): the broker
+        connected, every pipeline that should run running, none stalled; else why not."""
+        if not self.mqtt.stats()["connected"]:
+            return "the broker is not connected"
+        for name, state in self.supervisor.states().items():
+            if state["state"] not in ("running", "finished"):  # finished: a file that was played through
+                return f"pipeline {name} is {state['state']}"
+        return self.supervisor.stall()
 
     def _tick_home(self) -> None:
         try:

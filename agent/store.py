@@ -144,7 +144,13 @@ class InstalledModel:
         return self.blobs_dir / entry.sha256
 
     def model_artifacts(self) -> builtins.list[ModelArtifact]:
-        """The model files, as the backends take them."""
+        """The model files, as the backends take them. A release (an edge-agent wheel) is no model:
+        ModelError, so no backend selection or inspection is ever offered one."""
+        if self.manifest.is_release():
+            raise ModelError(
+                f"{self.ref} is an edge-agent release (a wheel), not a model",
+                hint="releases are installed by the desired state's `agent` field (docs/fleet.md)",
+            )
         return [
             ModelArtifact(self.artifact_path(a), a.format, a.sha256, name=a.file)
             for a in self.manifest.models()

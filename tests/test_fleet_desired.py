@@ -42,7 +42,9 @@ NAME_RULE = (
     "(names become MQTT topic levels and file names)"
 )
 SOURCE_KEYS = "fps, loop, reopen_max_s, reopen_min_s, type, uri"
-TOP_KEYS = "expires_at, generation, health, issued_at, pipelines, priority, rollout, schema_version, target"
+TOP_KEYS = (
+    "agent, expires_at, generation, health, issued_at, pipelines, priority, rollout, schema_version, target"
+)
 
 
 def pipeline(model: str = "mobilenet", version: str = "2.1.0", **overrides: Any) -> dict[str, Any]:

@@ -634,7 +634,12 @@ class FleetClient:
         current = self._current(t, deadline)
         generation = (current["generation"] if current else 0) + 1
         baseline = _baseline(current)
-        settings = {"priority": spec.priority, "health": spec.health, "expires_in_s": spec.expires_in_s}
+        settings = {
+            "priority": spec.priority,
+            "health": spec.health,
+            "expires_in_s": spec.expires_in_s,
+            "agent": spec.agent,
+        }
         result = DeployResult(t.layer, t.topic, signed_by=_key_id(sign_key))
         if wait:
             self._watch(self._state_filters(t), deadline)

@@ -22,6 +22,7 @@ from pydantic import BeforeValidator, Field, StrictInt, ValidationError
 
 from agent.config import (
     HealthWindowConfig,
+    Name,
     PipelineConfig,
     StrictModel,
     check_name,
@@ -61,6 +62,21 @@ class Rollout:
     baseline: dict[str, PipelineConfig | None]
 
 
+class AgentRelease(StrictModel):
+    """`agent`: the edge-agent release the device should run (docs/fleet.md, Agent releases): a
+    wheel published to the registry as `release@version`, confirmed within `health_s`."""
+
+    version: Name = Field(description="The edge-agent version, e.g. 0.2.0.")
+    release: Name = Field("edge-agent", description="The registry name the release wheels are published as.")
+    health_s: float = Field(
+        60.0,
+        ge=10,
+        le=3600,
+        strict=False,
+        description="How long a new version has to prove itself healthy (twice that: rolled back).",
+    )
+
+
 @dataclass(frozen=True)
 class DesiredDocument:
     """An accepted desired-state document. `raw` is the payload as received (the signed envelope,
@@ -76,6 +92,7 @@ class DesiredDocument:
     rollout: Rollout | None
     raw: bytes
     key_id: str | None
+    agent: AgentRelease | None = None
 
     def effective_pipelines(self, device_id: str) -> dict[str, PipelineConfig | None]:
         """What this document sets on `device_id`: `pipelines`, or during a canary wave the
@@ -147,6 +164,7 @@ class _Document(StrictModel):
     pipelines: dict[str, Any] = Field(default_factory=dict)
     health: HealthWindowConfig | None = None
     rollout: _RolloutDocument | None = None
+    agent: AgentRelease | None = None
 
 
 class _Problems:
@@ -254,6 +272,11 @@ def _model_names(document: Mapping[str, Any]) -> list[str]:
     the trust policy needs to say which keys may sign it. The full check comes after the signature
     (a pipeline without a string model name cannot pass it)."""
     names = set()
+    release = document.get("agent")
+    if isinstance(release, dict):  # a key that may sign the release may send the box to it
+        name = release.get("release", "edge-agent")
+        if isinstance(name, str):
+            names.add(name)
     for _, section in _sections(document):
         if not isinstance(section, dict):
             continue
@@ -326,6 +349,7 @@ def _check_document(
         rollout=rollout,
         raw=payload,
         key_id=signer,
+        agent=document.agent,
     )
 
 
@@ -487,6 +511,15 @@ def layer_pipelines(
                 else DesiredPipeline(config, document.layer, document.generation, health)
             )
     return {name: p for name, p in layered.items() if p is not None and p.config.enabled}
+
+
+def layer_agent(documents: Sequence[DesiredDocument]) -> tuple[AgentRelease, str] | None:
+    """The release the device should run and the layer that says so: the highest layer (in
+    `layer_order`) whose document has `agent`; None when none has."""
+    for document in sorted(documents, key=layer_order, reverse=True):
+        if document.agent is not None:
+            return document.agent, document.layer
+    return None
 
 
 # --- persistence and replays ---------------------------------------------------------------------

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent import __version__
 from agent.clock import iso_utc
@@ -28,6 +28,7 @@ from agent.fleet.desired import (
     DesiredStateError,
     DesiredStore,
     admit,
+    layer_agent,
     layer_pipelines,
     parse_document,
 )
@@ -36,6 +37,9 @@ from agent.mqtt.router import Router
 from agent.mqtt.topics import desired_topic, group_desired_topic, reported_topic
 from agent.registry.signing import TrustPolicy
 from agent.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from agent.self_update import Updater
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +80,7 @@ class Reconciler:
         self._refusals = 0  # (`refused` keeps the last few)
         self._last_sent: bytes | None = None
         self._sent_on_connect = -1
+        self.updater: Updater | None = None  # hears the `agent` release desired state names
         self.topic = reported_topic(config.mqtt.topic_prefix, self.device)
         self.layers = {
             desired_topic(config.mqtt.topic_prefix, self.device): protocol.device_layer(self.device)
@@ -214,8 +219,24 @@ class Reconciler:
         layered = layer_pipelines(self.config.pipelines, documents, self.device, self.config.fleet.health)
         return list(layered.values())
 
+    def desired_release(self) -> tuple[str, str, float] | None:
+        """(version, registry name, health_s) of the release the winning `agent` field names."""
+        with self._lock:
+            documents = list(self._documents.values())
+        winner = layer_agent(documents)
+        if winner is None:
+            return None
+        release, _layer = winner
+        return release.version, release.release, release.health_s
+
     def apply(self) -> None:
         self.supervisor.apply(self.desired())
+        if self.updater is not None:
+            wanted = self.desired_release()
+            if wanted is None:
+                self.updater.want(None)
+            else:
+                self.updater.want(*wanted)
         self.report(force=True)
 
     # --- reported state --------------------------------------------------------------------------
@@ -249,6 +270,7 @@ class Reconciler:
             "device": self.device,
             "groups": list(self.config.device.groups),
             "agent_version": __version__,
+            "agent": self._agent_report(),
             "updated_at": iso_utc(time.time()),
             "documents": documents,
             "pipelines": pipelines,
@@ -256,6 +278,12 @@ class Reconciler:
             "refusals": refusals,
             "messages": {**counts, "refused": refusals},
         }
+
+    def _agent_report(self) -> dict[str, Any]:
+        if self.updater is None:
+            return {"version": __version__, "desired": None, "state": "current", "reason": None}
+        report = self.updater.report()
+        return {**report, "reason": _clip(report.get("reason"))}
 
     def report(self, force: bool = False) -> None:
         """Publish reported state when it changed (or after a reconnect); called on every transition

@@ -9,6 +9,7 @@ A spec is YAML or JSON::
     priority: 0           # optional
     health: {window_s: 30}
     expires_in_s: 604800
+    agent: {version: 0.2.0}   # optional: the edge-agent release to run (docs/fleet.md)
 
 Every document is checked with the devices' own parser (agent/fleet/desired.py: the pipelines by
 agent.yaml's models, plus what a document may not do, such as local model files) before it is
@@ -33,7 +34,7 @@ from agent.fleet.desired import parse_document
 from agent.fleet.protocol import MAX_DOCUMENT_BYTES, SCHEMA_VERSION, encode
 from agent.registry.signing import TrustPolicy
 
-SPEC_KEYS = ("pipelines", "priority", "health", "expires_in_s")
+SPEC_KEYS = ("pipelines", "priority", "health", "expires_in_s", "agent")
 Pipelines = dict[str, Any]  # name -> pipeline (as written, without `name`) or None (removes it)
 
 
@@ -47,6 +48,7 @@ class DeploySpec:
     expires_in_s: float | None = None
     source: str = "<spec>"
     problems: tuple[str, ...] = ()  # of its shape; `check_spec` reports them with the document's
+    agent: Any = None  # the release to run; checked with the document
 
 
 def load_spec(path: Path) -> DeploySpec:
@@ -92,7 +94,13 @@ def parse_spec(data: Any, source: str = "<spec>") -> DeploySpec:
     if problems:
         expires = None
     return DeploySpec(
-        pipelines, data.get("priority", 0), data.get("health"), expires, source, tuple(problems)
+        pipelines,
+        data.get("priority", 0),
+        data.get("health"),
+        expires,
+        source,
+        tuple(problems),
+        agent=data.get("agent"),
     )
 
 
@@ -101,7 +109,13 @@ def check_spec(spec: DeploySpec, layer: str) -> None:
     devices would accept its document for `layer`: checked before connecting, so an invalid spec
     publishes nothing."""
     document = build_document(
-        layer, 1, spec.pipelines, priority=spec.priority, health=spec.health, expires_in_s=spec.expires_in_s
+        layer,
+        1,
+        spec.pipelines,
+        priority=spec.priority,
+        health=spec.health,
+        expires_in_s=spec.expires_in_s,
+        agent=spec.agent,
     )
     try:
         check_document(encode(document), layer, f"{spec.source}: ")
@@ -134,6 +148,7 @@ def build_document(
     health: Any = None,
     expires_in_s: float | None = None,
     rollout: Mapping[str, Any] | None = None,
+    agent: Any = None,
     now: float | None = None,
 ) -> dict[str, Any]:
     """A desired-state document (docs/fleet.md) for `layer` ("group:<g>" or "device:<id>")."""
@@ -152,6 +167,8 @@ def build_document(
         document["health"] = health
     if rollout is not None:
         document["rollout"] = dict(rollout)
+    if agent is not None:
+        document["agent"] = agent
     return document
 
 

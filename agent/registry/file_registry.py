@@ -41,6 +41,7 @@ from agent.registry.manifest import (
     MODEL_FORMATS,
     SIGNATURE_FILE,
     TESTDATA_FORMAT,
+    WHEEL_FORMAT,
     Artifact,
     Manifest,
     ManifestDocument,
@@ -59,6 +60,8 @@ log = logging.getLogger(__name__)
 _NAME_RE = re.compile(NAME_PATTERN)
 
 SUFFIX_FORMATS: dict[str, str] = {".onnx": "onnx", ".tflite": "tflite", ".xml": "openvino-ir"}
+# What `publish` takes besides models: an edge-agent release wheel (never a model.path).
+PUBLISH_SUFFIX_FORMATS: dict[str, str] = {**SUFFIX_FORMATS, ".whl": WHEEL_FORMAT}
 
 
 def version_sort_key(version: str) -> tuple[tuple[int, int, str], ...]:
@@ -261,11 +264,11 @@ class FileRegistry:
         if not model_path.is_file():
             raise RegistryError(f"cannot publish {model_path}: no such file")
         if format is None:
-            inferred = SUFFIX_FORMATS.get(model_path.suffix.lower())
+            inferred = PUBLISH_SUFFIX_FORMATS.get(model_path.suffix.lower())
             if inferred is None:
                 raise RegistryError(
                     f"cannot tell the model format of {model_path.name} from its suffix",
-                    hint=f"name it {', '.join(SUFFIX_FORMATS)} or pass format=",
+                    hint=f"name it {', '.join(PUBLISH_SUFFIX_FORMATS)} or pass format=",
                 )
             format = inferred
         sources = [model_path]
@@ -277,11 +280,13 @@ class FileRegistry:
                 )
             sources.append(weights)
 
-        if format not in MODEL_FORMATS:
+        if format not in (*MODEL_FORMATS, WHEEL_FORMAT):
             raise RegistryError(
                 f"cannot publish {model_path}: unknown format {format!r}; "
-                f"expected one of {', '.join(MODEL_FORMATS)}"
+                f"expected one of {', '.join((*MODEL_FORMATS, WHEEL_FORMAT))}"
             )
+        if format == WHEEL_FORMAT and testdata:
+            raise RegistryError(f"cannot publish {model_path}: a release wheel takes no test data")
         for src in sources:
             _check_artifact_fields(src.name, format, target)
         with tempfile.TemporaryDirectory(prefix="edge-agent-testdata-") as converted:

@@ -18,6 +18,10 @@ prove that the bytes it got are the bytes that were published.
 }
 ```
 
+A "wheel" artifact is an edge-agent release (a Python wheel, docs/operations.md, Self-update): a
+version holding one is a release, never a model: it has that one artifact and nothing else, and
+`models()` never offers it to backend selection or model inspection.
+
 A "test-data" artifact holds inputs (and optionally expected outputs) that selection proves
 backends on (agent/testdata.py); `model_file` ties it to one model file, else it is for every
 model file whose inputs it fits; `rtol`/`atol` (optional) are the tolerances its expected outputs
@@ -42,10 +46,11 @@ from providers.base import one_line
 
 log = logging.getLogger(__name__)
 
-ArtifactFormat = Literal["onnx", "tflite", "openvino-ir", "test-data"]
+ArtifactFormat = Literal["onnx", "tflite", "openvino-ir", "test-data", "wheel"]
 MODEL_FORMATS: tuple[str, ...] = ("onnx", "tflite", "openvino-ir")
 TESTDATA_FORMAT = "test-data"
-ARTIFACT_FORMATS: tuple[str, ...] = (*MODEL_FORMATS, TESTDATA_FORMAT)
+WHEEL_FORMAT = "wheel"  # an edge-agent release (agent/self_update.py), not a model
+ARTIFACT_FORMATS: tuple[str, ...] = (*MODEL_FORMATS, TESTDATA_FORMAT, WHEEL_FORMAT)
 
 MANIFEST_FILE = "manifest.json"
 SIGNATURE_FILE = "manifest.json.sig"  # its signatures (agent/registry/signing.py)
@@ -131,7 +136,12 @@ class Manifest(BaseModel):
                 raise ValueError(f"artifact file {artifact.file!r} is listed twice")
             seen.add(artifact.file)
         models = {a.file for a in self.models()}
-        if not models:
+        wheels = [a.file for a in self.artifacts if a.format == WHEEL_FORMAT]
+        if wheels and len(self.artifacts) > 1:
+            raise ValueError(
+                f"a release holds one wheel and nothing else, got {', '.join(a.file for a in self.artifacts)}"
+            )
+        if not models and not wheels:
             raise ValueError("no model file among the artifacts (only test data)")
         for artifact in self.artifacts:
             for key in ("rtol", "atol"):
@@ -149,8 +159,12 @@ class Manifest(BaseModel):
         return self
 
     def models(self) -> list[Artifact]:
-        """The model files (every format but test data)."""
-        return [a for a in self.artifacts if a.format != TESTDATA_FORMAT]
+        """The model files (every format but test data and release wheels)."""
+        return [a for a in self.artifacts if a.format in MODEL_FORMATS]
+
+    def is_release(self) -> bool:
+        """An edge-agent release (one wheel), not a model."""
+        return any(a.format == WHEEL_FORMAT for a in self.artifacts)
 
     def testdata(self) -> list[Artifact]:
         return [a for a in self.artifacts if a.format == TESTDATA_FORMAT]
@@ -286,10 +300,29 @@ def check_model_file(path: Path, format: str, file_name: str | None = None) -> N
         from agent.testdata import load_testdata
 
         load_testdata(path, label)
+    elif format == WHEEL_FORMAT:
+        check_wheel_file(path, label)
     else:
         raise ModelError(
             f"{label}: unknown model format {format!r}; expected one of {', '.join(ARTIFACT_FORMATS)}"
         )
+
+
+def check_wheel_file(path: Path, label: str) -> None:
+    """A Python wheel: a zip archive with a `<name>.dist-info/WHEEL` file, named `*.whl`."""
+    import zipfile
+
+    if not label.endswith(".whl"):
+        raise ModelError(f"{label} is not a wheel: a wheel's file name ends in .whl")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise ModelError(f"{label} is not a valid wheel: not a zip archive ({exc})") from None
+    if not any(
+        n.count("/") == 1 and n.split("/")[0].endswith(".dist-info") and n.endswith("/WHEEL") for n in names
+    ):
+        raise ModelError(f"{label} is not a valid wheel: no <name>.dist-info/WHEEL in it")
 
 
 def _check_onnx(path: Path, label: str) -> None:

@@ -53,6 +53,7 @@ from agent.registry.manifest import (
     MANIFEST_FILE,
     SIGNATURE_FILE,
     TESTDATA_FORMAT,
+    WHEEL_FORMAT,
     Artifact,
     Manifest,
     ManifestDocument,
@@ -76,6 +77,7 @@ FORMAT_MEDIA_TYPES = {
     "tflite": "application/vnd.edge-agent.model.tflite",
     "openvino-ir": "application/vnd.edge-agent.model.openvino-ir",
     TESTDATA_FORMAT: "application/vnd.edge-agent.test-data.npz",
+    WHEEL_FORMAT: "application/vnd.edge-agent.release.wheel",
 }
 _MEDIA_TYPE_FORMATS = {media_type: format for format, media_type in FORMAT_MEDIA_TYPES.items()}
 _REPOSITORY_RE = re.compile(
@@ -436,7 +438,7 @@ def _manifest_from_layers(
         format = _MEDIA_TYPE_FORMATS.get(layer.media_type)
         if format is None and layer.title:
             suffix = Path(layer.title).suffix.lower()
-            format = SUFFIX_FORMATS.get(suffix) or (TESTDATA_FORMAT if suffix == ".npz" else None)
+            format = SUFFIX_FORMATS.get(suffix) or {".npz": TESTDATA_FORMAT, ".whl": WHEEL_FORMAT}.get(suffix)
             if suffix == ".bin" and Path(layer.title).with_suffix(".xml").name in titles:
                 format = "openvino-ir"  # the weights of an OpenVINO IR pushed beside its .xml
         if format is None:
