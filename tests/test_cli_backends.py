@@ -303,8 +303,9 @@ def test_explain_shows_why_the_running_pipeline_got_its_backend(
         assert verdict in table_row(text, name), (name, verdict)
 
     out = cli("explain", "nope", "-c", str(config), expect=1)
-    assert "error: no backend decision recorded for 'nope' (pipelines with one: signs)" in out
-    assert "hint: decisions are made when `edge-agent run` starts a pipeline" in out
+    unknown = f"error: no pipeline 'nope' in {config} and no backend decision recorded for it (decided: signs)"
+    assert unknown in out
+    assert "hint: give a pipeline name from the config, or a model the daemon has run" in out
 
     listed = cli_json("models", "list", "-c", str(config))
     assert [(m["name"], m["version"]) for m in listed] == [(MODEL, VERSION)]
