@@ -303,7 +303,8 @@ def test_explain_shows_why_the_running_pipeline_got_its_backend(
         assert verdict in table_row(text, name), (name, verdict)
 
     out = cli("explain", "nope", "-c", str(config), expect=1)
-    unknown = f"error: no pipeline 'nope' in {config} and no backend decision recorded for it (decided: signs)"
+    unknown = f"error: no pipeline 'nope' in {config} and no backend decision recorded for it "
+    unknown += "(decided: signs)"
     assert unknown in out
     assert "hint: give a pipeline name from the config, or a model the daemon has run" in out
 
