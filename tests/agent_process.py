@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from agent.control import NotRunning, ask, socket_path
 from tests.waits import wait_until
 
 EDGE_AGENT = str(Path(sys.executable).parent / "edge-agent")
@@ -28,7 +29,12 @@ EXIT_TIMEOUT_S = 120.0  # a graceful stop: sources, in-flight frames, outbox flu
 
 
 def read_status(state_dir: Path) -> dict[str, Any]:
-    """The daemon's status.json (rewritten every 5 s); {} until the first one is there."""
+    """The running daemon's status, asked over its control socket (fresh, as `edge-agent status`
+    gets it); once it has stopped (or before the socket is up), its status.json (rewritten every
+    5 s and at the stop); {} until there is one."""
+    with contextlib.suppress(NotRunning):
+        fresh: dict[str, Any] = ask(socket_path(state_dir), "status", timeout=10)["status"]
+        return fresh
     with contextlib.suppress(OSError, ValueError):
         status: dict[str, Any] = json.loads((state_dir / "status.json").read_text())
         return status

@@ -118,14 +118,15 @@ def start_watched_cam(
     monkeypatch: pytest.MonkeyPatch,
     start_agent: Any,
     video: Path,
+    fps: float = 10.0,
     **extra: Any,
 ) -> tuple[Any, Subscriber]:
-    """`edge-agent run` with the `cam` pipeline at 10 fps on `video`, connecting to `port` (the broker,
+    """`edge-agent run` with the `cam` pipeline at `fps` on `video`, connecting to `port` (the broker,
     or a proxy in front of it), and a watcher on `broker` recording its results (persistent session,
     so it misses nothing while the broker is bounced); returns (the agent, the watcher) once results
     flow. `extra`: more top-level config (e.g. `mqtt=`)."""
     registry = publish_fleet_versions(root / "registry", cls_model_path, monkeypatch)
-    config = agent_config(root, device, port, registry, {"cam": pipeline_body(GOOD, video, 10.0)}, **extra)
+    config = agent_config(root, device, port, registry, {"cam": pipeline_body(GOOD, video, fps)}, **extra)
     watcher = Subscriber(broker.host, broker.port, f"edge/{device}/results/cam", persistent=True,
                          client_id="watcher")  # fmt: skip
     agent = start_agent(config)
