@@ -114,8 +114,13 @@ def test_a_full_outbox_follows_its_policy_counts_drops_and_drops_nothing_once_th
         assert status["outbox"]["pending"] == 0, status["outbox"]
         assert status["outbox"]["dropped_by_stream"] == ({"results/cam": dropped} if dropped else {})
         assert dropped == dropped_once_back, "a result was dropped after the broker was back"
-        # Every seq not counted as dropped arrived; every missing one was counted.
-        assert len(delivery.missing) == dropped, (delivery.missing, dropped)
+        # Every missing seq was counted as dropped. The count may be a little high (never low): a
+        # row drop-oldest removed may have been in paho's hands when the link went down, and paho
+        # resends those on the resumed session (docs/results.md); at most what paho holds.
+        handed_to_paho = 20 * 4  # mqtt.outbox.max_inflight x the connection's hand-off windows
+        assert 0 <= dropped - len(delivery.missing) <= handed_to_paho, (delivery.missing, dropped)
+        if policy != "drop-oldest":
+            assert len(delivery.missing) == dropped, (delivery.missing, dropped)
         if policy == "wait":
             assert dropped == 0
             assert _frames_dropped(cam) >= frames_dropped_before + OVERFLOW
