@@ -12,7 +12,8 @@ echo "== pytest" >&2
 # Any skipped test is a failure here: a test that cannot run is not a passing test.
 log="$(mktemp)"
 set +e
-python -m pytest -q -p no:cacheprovider "$@" 2>&1 | tee "$log"
+# Two worker processes, each taking whole test files (module fixtures stay shared within a file).
+python -m pytest -q -p no:cacheprovider -n "${EDGE_AGENT_TEST_WORKERS:-2}" --dist loadfile "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 if [ "$status" -eq 0 ] && grep -Eq '[0-9]+ skipped' "$log"; then
