@@ -155,6 +155,24 @@ def test_load_unknown_option_raises(cls_model_path: Path) -> None:
     assert "intra_op_threads" in message and "inter_op_threads" in message
 
 
+def test_worker_threads_do_not_spin_unless_asked(cls_model_path: Path) -> None:
+    """At a camera's pace spinning threads burn the CPU between frames: off by default."""
+
+    def spinning(options: dict[str, object]) -> tuple[str, str]:
+        session = OnnxRuntimeBackend().load(cls_artifact(cls_model_path), options)
+        try:
+            settings = session._session.get_session_options()  # type: ignore[attr-defined]
+            return (
+                settings.get_session_config_entry("session.intra_op.allow_spinning"),
+                settings.get_session_config_entry("session.inter_op.allow_spinning"),
+            )
+        finally:
+            session.close()
+
+    assert spinning({}) == ("0", "0")
+    assert spinning({"allow_spinning": True}) == ("1", "1")
+
+
 # --- selection -----------------------------------------------------------------------------------
 
 
