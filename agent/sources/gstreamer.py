@@ -71,6 +71,7 @@ class GstLaunchCapture:
         self.failure: str | None = None
         self._child: ChildStream | None = None
         self._first: np.ndarray | None = None
+        self._grabbed: np.ndarray | None = None
         try:
             self._child = ChildStream(gst_launch_argv(uri, fps), _INSTALL)
         except EdgeAgentError as exc:
@@ -86,6 +87,15 @@ class GstLaunchCapture:
             first, self._first = self._first, None
             return True, first
         frame = self._read_frame(self.read_timeout)
+        return frame is not None, frame
+
+    def grab(self) -> bool:
+        """The next frame (the pipe must be read either way; its videorate already caps fps)."""
+        ok, self._grabbed = self.read()
+        return ok
+
+    def retrieve(self) -> tuple[bool, np.ndarray | None]:
+        frame, self._grabbed = self._grabbed, None
         return frame is not None, frame
 
     def get(self, prop: int) -> float:

@@ -43,11 +43,15 @@ def redact_uri(uri: str) -> str:
 
 
 class Capture(Protocol):
-    """What the decoder thread reads from: a cv2.VideoCapture, or an ImageFolder."""
+    """What the decoder thread reads from: a cv2.VideoCapture, an ImageFolder or a GStreamer
+    pipeline. `grab` takes the next frame; `retrieve` makes it an image (colour conversion and copy
+    for OpenCV, the image decode for a folder): frames the fps cap skips are only grabbed."""
 
     def isOpened(self) -> bool: ...  # OpenCV's names
 
-    def read(self) -> tuple[bool, Any]: ...
+    def grab(self) -> bool: ...
+
+    def retrieve(self) -> tuple[bool, Any]: ...
 
     def get(self, prop: int) -> float: ...
 
@@ -167,8 +171,7 @@ class VideoSource(ThreadedSource):
         last_handed = float("-inf")
         frames_here = 0
         while not self._stop.is_set():
-            ok, image = capture.read()
-            if not ok or image is None:
+            if not capture.grab():
                 if is_file and frames_here > 0:
                     return ("rewind" if self.config.loop else "finished"), index
                 why = getattr(capture, "failure", None)  # GstLaunchCapture says why; OpenCV cannot
@@ -184,9 +187,14 @@ class VideoSource(ThreadedSource):
             # Files play at their own frame rate, like a camera would deliver them.
             timeline = (frames_here - 1) / file_fps if is_file else now - started
             if timeline - last_handed >= min_interval - 1e-9:
-                last_handed = timeline
-                position = timeline if is_file else None
-                self.slot.put(Frame(data=image, index=index, captured_at=now_wall, position_s=position))
+                ok, image = capture.retrieve()  # only frames that go on are converted (or decoded)
+                if ok and image is not None:
+                    last_handed = timeline
+                    position = timeline if is_file else None
+                    self.slot.put(Frame(data=image, index=index, captured_at=now_wall, position_s=position))
+                else:
+                    self._fail(f"{self.display_uri}: a frame could not be converted")
+                    return "broken", index
             else:
                 with self._lock:
                     self.frames_skipped_by_fps += 1
@@ -210,6 +218,7 @@ class ImageFolder:
             self.paths = []
         self.next = 0
         self.unreadable: list[str] = []
+        self._grabbed: Any = None  # the image grab() decoded
 
     def isOpened(self) -> bool:  # cv2.VideoCapture's name
         return bool(self.paths)
@@ -217,17 +226,29 @@ class ImageFolder:
     def get(self, prop: int) -> float:
         return self.fps if prop == cv2.CAP_PROP_FPS else 0.0
 
-    def read(self) -> tuple[bool, Any]:
+    def grab(self) -> bool:
+        """The next image that decodes (one that does not is skipped, logged once per file). A
+        folder plays at the fps cap itself, so every grabbed image is used: decoding here costs
+        nothing extra and keeps an unreadable file from taking a frame's place."""
+        self._grabbed = None
         while self.next < len(self.paths):
             path = self.paths[self.next]
             self.next += 1
             image = cv2.imread(str(path), cv2.IMREAD_COLOR)
             if image is not None:
-                return True, image
+                self._grabbed = image
+                return True
             if path.name not in self.unreadable:
                 self.unreadable.append(path.name)
                 log.warning("image folder: cannot decode %s; skipping it", path)
-        return False, None
+        return False
+
+    def retrieve(self) -> tuple[bool, Any]:
+        image, self._grabbed = self._grabbed, None
+        return image is not None, image
+
+    def read(self) -> tuple[bool, Any]:
+        return self.retrieve() if self.grab() else (False, None)
 
     def release(self) -> None:
         self.paths = []
