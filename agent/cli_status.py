@@ -27,10 +27,9 @@ def status(
     ] = 0,
 ) -> None:
     """Ask the running daemon what it is doing. Exit 1 when none runs on the state dir."""
-    from agent.config import AgentConfig
     from agent.reload import state_dir_of
 
-    where = socket_path(state_dir or state_dir_of(config, AgentConfig.model_fields["state_dir"].default))
+    where = socket_path(state_dir or state_dir_of(config))
     if not watch:
         try:
             reply = ask(where, "status")

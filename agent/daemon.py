@@ -577,18 +577,18 @@ class Agent:
         """The config part of the MQTT status: small (problems clipped), enough to act on."""
         report = self._config_report
         last = report["last_reload"]
+
+        def first(problems: list[str]) -> list[str]:
+            return [p[:300] for p in problems[:5]]
+
         return {
             "running": report["running"],
             "sha256": report["sha256"],
-            "problems": [p[:300] for p in report["problems"][:5]],
+            "problems": first(report["problems"]),
             "restart_needed": report["restart_needed"][:20],
             "last_reload": None
             if last is None
-            else {
-                "at": last["at"],
-                "result": last["result"],
-                "problems": [p[:300] for p in last.get("problems", [])[:5]],
-            },
+            else {"at": last["at"], "result": last["result"], "problems": first(last.get("problems", []))},
         }
 
     def _report_state_changes(self) -> None:

@@ -202,9 +202,12 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def state_dir_of(path: Path, default: Path) -> Path:
-    """Where a config's last good copy would be, even when the config does not validate: its
-    `state_dir` when the file still parses that far, else `default`."""
+def state_dir_of(path: Path, default: Path | None = None) -> Path:
+    """Where a config's state dir is, even when the config does not validate: its `state_dir` when
+    the file still parses that far, else `default` (the config's own default state dir)."""
+    if default is None:
+        default = AgentConfig.model_fields["state_dir"].default
+        assert isinstance(default, Path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
@@ -237,8 +240,7 @@ def load_for_run(path: Path) -> LoadedConfig:
         text, config = read_config(path)
         return LoadedConfig(config, path, text)
     except ConfigError as exc:
-        default = AgentConfig.model_fields["state_dir"].default
-        last_good = LastGoodConfig(state_dir_of(path, default)).load()
+        last_good = LastGoodConfig(state_dir_of(path)).load()
         if last_good is None:
             raise
         text, config, meta = last_good
