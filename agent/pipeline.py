@@ -1,8 +1,12 @@
 """One pipeline: source -> stage (preprocess -> inference -> postprocess -> report rules) -> sink.
 
-The source decodes in its own thread into a newest-frame slot; one worker thread here runs
-the model on whatever frame is newest, so a slow model drops frames instead of queueing them.
-Pipelines know nothing about MQTT: results go to a `ResultSink` (the daemon's outbox writer).
+The source decodes in its own thread into a newest-frame slot. Three threads here overlap the rest,
+so that only inference sets the pace: one prepares frame N+1 (resize, normalise) while another runs
+the model on frame N and a third postprocesses frame N-1, applies the report rules and hands the
+result to a `ResultSink` (the daemon's outbox writer). Between them are one-place hand-overs, so a
+slow model still drops frames at the source instead of queueing them. A recurrent model (state
+links) prepares each frame on the inference thread, after the run before it.
+Pipelines know nothing about MQTT.
 
 The source outlives the stage: a new model version (or a changed pipeline) is built and warmed as a
 new `Stage` off the worker thread and swapped in between two frames (`swap_in`); the old stage stays
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import queue
 import statistics
 import threading
 import time
@@ -62,6 +67,33 @@ class LoadedModel:
     sha256: str
     session: Session
     decision: Decision | None = None  # how the backend was chosen (None: given, not selected)
+
+
+@dataclass
+class _Job:
+    """A frame on its way through the pipeline's threads."""
+
+    frame: Frame
+    stage: Stage | None = None  # the stage whose feeder prepared it (None: not prepared yet)
+    feeds: dict[str, np.ndarray] | None = None
+    geometry: Geometry | None = None
+    preprocess_ms: float = 0.0
+    error: Exception | None = None  # preparing it failed: counted when its turn comes
+
+
+@dataclass
+class _Inferred:
+    """A frame the model ran on, waiting for postprocessing and its result."""
+
+    job: _Job
+    stage: Stage
+    outputs: dict[str, np.ndarray]
+    inference_ms: float
+    backend: str  # as it was at the run: a backend switch may follow before the result is made
+    precision: str
+
+
+_END = object()  # down the hand-overs after the last frame: the next thread finishes too
 
 
 @dataclass
@@ -135,24 +167,35 @@ class Stage:
         """Run the model once at its real input shape before it serves a live frame."""
         self.model.session.run(self.feeder.warm_up_feeds())
 
-    def run_frame(
-        self,
-        data: np.ndarray,
-        gap: bool = False,
-        offer: Callable[[Mapping[str, np.ndarray]], None] | None = None,
-    ) -> FrameRun:
-        """One frame (an image, an audio window) through preprocess, the model and postprocess: the
-        pipeline's per-frame path (`edge-agent infer` runs the same). `offer` sees the model's inputs
-        after each run (a switcher proving its decision on real frames)."""
-        t0 = time.perf_counter()
-        feeds, geometry = self.feeder.feeds(data, gap)
-        t1 = time.perf_counter()
+    def prepare(self, data: np.ndarray, gap: bool = False) -> tuple[dict[str, np.ndarray], Geometry | None]:
+        """The model's inputs for one frame (an image, an audio window), and how an image was fitted."""
+        return self.feeder.feeds(data, gap)
+
+    def infer(
+        self, feeds: Mapping[str, np.ndarray], offer: Callable[[Mapping[str, np.ndarray]], None] | None = None
+    ) -> dict[str, np.ndarray]:
+        """One run of the model; `offer` sees its inputs after the run (a switcher proving its decision
+        on real frames)."""
         outputs = self.model.session.run(feeds)
         if self.watch_outputs and not all(np.isfinite(v).all() for v in outputs.values()):
             self.stats.nan_outputs += 1
         if offer is not None:
             offer(feeds)
         self.feeder.seen(outputs)
+        return outputs
+
+    def run_frame(
+        self,
+        data: np.ndarray,
+        gap: bool = False,
+        offer: Callable[[Mapping[str, np.ndarray]], None] | None = None,
+    ) -> FrameRun:
+        """One frame through preprocess, the model and postprocess, one after the other (`edge-agent
+        infer`); a running pipeline does the same three steps on three threads."""
+        t0 = time.perf_counter()
+        feeds, geometry = self.prepare(data, gap)
+        t1 = time.perf_counter()
+        outputs = self.infer(feeds, offer)
         t2 = time.perf_counter()
         output = self.postprocess(outputs, geometry)
         t3 = time.perf_counter()
@@ -189,7 +232,13 @@ class Pipeline:
         self._swapped = threading.Condition()
         self.stage_swaps = 0
         self.last_frame: Frame | None = None  # the newest frame processed: a sample for a new stage
-        self._thread: threading.Thread | None = None
+        # prepare -> infer -> report, each on its own thread (see the module docstring). One place
+        # between prepare and infer keeps the frame the model gets recent; two after infer let a slow
+        # outbox write overlap the next run without queueing results in memory.
+        self._prepared: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self._inferred: queue.Queue[Any] = queue.Queue(maxsize=2)
+        self._thread: threading.Thread | None = None  # the inference thread: it swaps stages
+        self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self.results = 0  # published (handed to the sink)
         self.inferences = 0  # frames the model ran on, published or held back by the report rules
@@ -201,7 +250,8 @@ class Pipeline:
         # live rate and latency percentiles in the status.
         self._recent: collections.deque[tuple[float, float, float]] = collections.deque(maxlen=_RECENT_FRAMES)
         self._done = threading.Event()
-        self._busy_since: float | None = None
+        self._busy_since: float | None = None  # in a run of the model since
+        self._reporting_since: float | None = None  # in postprocessing / handing over a result since
 
     # The current stage's parts, by the names the pipeline had before stages could be swapped.
     @property
@@ -242,8 +292,14 @@ class Pipeline:
         self.stage.warm_up()
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"pipeline-{self.name}", daemon=True)
-        self._thread.start()
+        self._thread = threading.Thread(target=self._infer_loop, name=f"pipeline-{self.name}", daemon=True)
+        self._threads = [
+            threading.Thread(target=self._prepare_loop, name=f"pipeline-{self.name}-prepare", daemon=True),
+            self._thread,
+            threading.Thread(target=self._report_loop, name=f"pipeline-{self.name}-report", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
         if not self._source_started:
             self.source.start()
 
@@ -317,13 +373,14 @@ class Pipeline:
         """Stop the source, finish the frame in flight, then return (waits at most ~timeout)."""
         deadline = time.monotonic() + timeout
         self.source.stop(timeout)
-        if self._thread is not None:
-            self._thread.join(max(0.0, deadline - time.monotonic()))
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def busy_for_s(self) -> float:
-        """How long the worker has been in the current frame (0 when idle): a stuck driver shows here."""
-        started = self._busy_since
-        return 0.0 if started is None else time.monotonic() - started
+        """How long the pipeline has been in one model run or one result (0 when idle): a stuck driver,
+        or an outbox that cannot write, shows here."""
+        started = [t for t in (self._busy_since, self._reporting_since) if t is not None]
+        return time.monotonic() - min(started) if started else 0.0
 
     @property
     def finished(self) -> bool:
@@ -362,32 +419,109 @@ class Pipeline:
             "source": source,
         }
 
-    # --- worker thread -----------------------------------------------------------------
+    # --- the three threads ------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _hand_over(self, to: queue.Queue[Any], item: Any, taker: threading.Thread | None) -> bool:
+        """Put `item` in the next thread's hand-over, waiting for room; False when that thread is gone
+        (it failed: nothing would ever take it)."""
+        while True:
+            try:
+                to.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                if taker is not None and not taker.is_alive():
+                    return False
+
+    def _prepare_loop(self) -> None:
         try:
             while True:
                 frame = self.slot.get(timeout=0.5)
+                if frame is None:
+                    if self.slot.closed:
+                        return  # source ended or stopped
+                    continue
+                job = _Job(frame)
+                stage = self.stage
+                if not stage.feeder.recurrent and self._pending_stage is None:
+                    self._prepare(job, stage)
+                if not self._hand_over(self._prepared, job, self._thread):
+                    return
+        finally:
+            self._hand_over(self._prepared, _END, self._thread)
+
+    def _prepare(self, job: _Job, stage: Stage) -> None:
+        t0 = time.perf_counter()
+        job.stage, job.feeds, job.error = stage, None, None
+        try:
+            job.feeds, job.geometry = stage.prepare(job.frame.data, job.frame.gap)
+        except Exception as exc:  # counted when the inference thread gets to the frame
+            job.error = exc
+        job.preprocess_ms = (time.perf_counter() - t0) * 1000
+
+    def _infer_loop(self) -> None:
+        report = self._threads[-1] if self._threads else None
+        try:
+            while True:
+                try:
+                    job = self._prepared.get(timeout=0.5)
+                except queue.Empty:
+                    job = None
                 self._take_pending_stage()
                 self._maybe_return_to_preferred()
                 self._maybe_take_upgrade()
-                if frame is None:
-                    if self.slot.closed:
-                        return  # source ended or stopped, and the last frame is done
+                if job is _END:
+                    return  # the last frame is done
+                if job is not None:
+                    inferred = self._infer(job)
+                    if inferred is not None and not self._hand_over(self._inferred, inferred, report):
+                        return
+        finally:
+            self._hand_over(self._inferred, _END, report)
+
+    def _infer(self, job: _Job) -> _Inferred | None:
+        self._busy_since = time.monotonic()
+        self.last_frame = job.frame
+        stage = self.stage
+        stage.stats.frames += 1
+        try:
+            if job.stage is not stage:  # not prepared yet (recurrent), or for a stage swapped out since
+                self._prepare(job, stage)
+            if job.error is not None:
+                raise job.error
+            assert job.feeds is not None
+            t0 = time.perf_counter()
+            outputs = stage.infer(job.feeds, offer=self._offer_sample)
+            inference_ms = (time.perf_counter() - t0) * 1000
+        except Exception as exc:  # one bad frame must not stop the pipeline
+            self._failed(job.frame, "inference failed", exc, stage)
+            if isinstance(exc, BackendError) and self._errors_in_row >= _SWITCH_AFTER_ERRORS:
+                self._switch_to_fallback(str(exc))
+            return None
+        finally:
+            self._busy_since = None
+        session = stage.model.session
+        return _Inferred(job, stage, outputs, inference_ms, session.backend, session.precision)
+
+    def _report_loop(self) -> None:
+        try:
+            while True:
+                try:
+                    item = self._inferred.get(timeout=0.5)
+                except queue.Empty:
+                    if self._thread is not None and not self._thread.is_alive() and self._inferred.empty():
+                        return  # the inference thread failed without a word
                     continue
-                self._process(frame)
+                if item is _END:
+                    return
+                self._reporting_since = time.monotonic()
+                try:
+                    self._report(item)
+                finally:
+                    self._reporting_since = None
         finally:
             self._done.set()
             with self._swapped:
                 self._swapped.notify_all()
-
-    def _process(self, frame: Frame) -> None:
-        self._busy_since = time.monotonic()
-        self.last_frame = frame
-        try:
-            self._process_frame(frame)
-        finally:
-            self._busy_since = None
 
     # --- backend switching (worker thread only: it is the session's one user) ----------------
 
@@ -428,15 +562,16 @@ class Pipeline:
         if session is not None:
             self._swap(session, "a frame from the source proved it the best candidate")
 
-    def _failed(self, frame: Frame, what: str, exc: Exception) -> None:
-        """Count a failed frame; log the first failure and every 100th (not a line per frame)."""
+    def _failed(self, frame: Frame, what: str, exc: Exception, stage: Stage) -> None:
+        """Count a failed frame (against the stage it went through); log the first failure and every
+        100th (not a line per frame)."""
         with self._lock:
             self.errors += 1
             self._errors_in_row += 1
             self.last_error = f"{what}: {exc}"
             errors = self.errors
-            self.stage.stats.errors += 1
-            self.stage.stats.last_error = self.last_error
+            stage.stats.errors += 1
+            stage.stats.last_error = self.last_error
         if errors == 1 or errors % 100 == 0:
             log.error(
                 "pipeline %s: frame %d: %s (%d failed frames so far): %s",
@@ -447,17 +582,17 @@ class Pipeline:
                 exc,
             )
 
-    def _process_frame(self, frame: Frame) -> None:
-        stage = self.stage
-        stage.stats.frames += 1
+    def _report(self, item: _Inferred) -> None:
+        """Postprocess, judge by the report rules and hand the result to the sink (report thread)."""
+        job, stage, frame = item.job, item.stage, item.job.frame
+        t0 = time.perf_counter()
         try:
-            run = stage.run_frame(frame.data, frame.gap, offer=self._offer_sample)
+            output = stage.postprocess(item.outputs, job.geometry)
         except Exception as exc:  # one bad frame must not stop the pipeline
-            self._failed(frame, "inference failed", exc)
-            if isinstance(exc, BackendError) and self._errors_in_row >= _SWITCH_AFTER_ERRORS:
-                self._switch_to_fallback(str(exc))
+            self._failed(frame, "inference failed", exc, stage)
             return
-        output, inference_ms = run.output, run.inference_ms
+        postprocess_ms = (time.perf_counter() - t0) * 1000
+        inference_ms = item.inference_ms
         capture_to_result_ms = (time.time() - frame.captured_at) * 1000
         with self._lock:
             self._recent.append((time.monotonic(), inference_ms, capture_to_result_ms))
@@ -466,19 +601,20 @@ class Pipeline:
             stage.stats.inferences += 1
             stage.stats.latency_sum_ms += inference_ms
             stage.stats.recent_ms.append(inference_ms)
-            if self.rules.check(output, frame.captured_at) is not None:
+            if stage.rules.check(output, frame.captured_at) is not None:
                 self._errors_in_row = 0  # a good frame, only not worth publishing (counted by its rule)
                 return
-            held_back = self.rules.take_held_count()
+            held_back = stage.rules.take_held_count()
+        model = stage.model
         result = {
             "captured_at": frame.captured_at,
-            "model": {"name": self.model.name, "version": self.model.version, "sha256": self.model.sha256},
-            "backend": self.model.session.backend,
-            "precision": self.model.session.precision,
+            "model": {"name": model.name, "version": model.version, "sha256": model.sha256},
+            "backend": item.backend,
+            "precision": item.precision,
             "latency_ms": {
-                "preprocess": round(run.preprocess_ms, 3),
+                "preprocess": round(job.preprocess_ms, 3),
                 "inference": round(inference_ms, 3),
-                "postprocess": round(run.postprocess_ms, 3),
+                "postprocess": round(postprocess_ms, 3),
                 "capture_to_result": round(capture_to_result_ms, 3),
             },
             "source": {
@@ -495,7 +631,7 @@ class Pipeline:
         try:
             self.sink.submit(self.name, result)
         except Exception as exc:  # e.g. the outbox's disk is full: count it, keep the pipeline alive
-            self._failed(frame, "cannot store the result", exc)
+            self._failed(frame, "cannot store the result", exc, stage)
             return
         with self._lock:
             self.results += 1

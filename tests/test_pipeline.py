@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -286,3 +287,69 @@ def test_a_folder_of_images_goes_through_in_name_order(tmp_path: Path, loaded: L
     assert [r["source"]["frame"] for r in results] == list(range(1, 7))
     assert [r["output"]["top"][0]["label"] for r in results] == orientations
     assert pipeline.status()["state"] == "finished"
+
+
+class HandshakeSession(FlakySession):
+    """The real session; each run waits (bounded) until the pipeline prepares the frame after it, and
+    records whether that happened: it can only while the run is still going if the steps overlap."""
+
+    def __init__(self, inner: Session, next_prepared: threading.Event) -> None:
+        super().__init__(inner, every=10**9)
+        self.next_prepared = next_prepared
+        self.overlapped: list[bool] = []
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.next_prepared.clear()
+        self.overlapped.append(self.next_prepared.wait(timeout=5))
+        return super().run(feeds)
+
+
+class HandshakeSink(ListSink):
+    """Each result waits (bounded) until the model runs on a later frame, recording whether it did."""
+
+    def __init__(self, session: HandshakeSession) -> None:
+        super().__init__()
+        self.session = session
+        self.overlapped: list[bool] = []
+
+    def submit(self, pipeline: str, result: dict[str, Any]) -> None:
+        runs_before = self.session.calls
+        self.overlapped.append(
+            wait_until(lambda: self.session.calls > runs_before or len(self.overlapped) >= 5, timeout=5)
+        )
+        super().submit(pipeline, result)
+
+
+def test_preparing_inference_and_reporting_overlap_on_three_frames(
+    tmp_path: Path, loaded: LoadedModel
+) -> None:
+    """While the model runs on frame N, frame N+1 is prepared and frame N-1's result is written: each
+    step waits for the other to happen, which a one-thread loop could never do (it would wait out
+    every timeout instead). Results still come in frame order, none lost."""
+    sign_folder(tmp_path / "frames", 6)
+    prepared = threading.Event()
+    session = HandshakeSession(loaded.session, prepared)
+    sink = HandshakeSink(session)
+    model = LoadedModel(loaded.name, loaded.version, loaded.sha256, session)
+    pipeline = Pipeline(_config(tmp_path / "frames", fps=2), model, sink)
+    feeds = pipeline.stage.feeder.feeds
+
+    def feeds_and_say(data: np.ndarray, gap: bool = False) -> Any:
+        try:
+            return feeds(data, gap)
+        finally:
+            if threading.current_thread() is not pipeline._thread:
+                prepared.set()
+
+    pipeline.stage.feeder.feeds = feeds_and_say  # type: ignore[method-assign]
+    pipeline.start()
+    try:
+        assert wait_until(lambda: pipeline.finished, timeout=90, interval=0.05)
+    finally:
+        pipeline.stop(timeout=30)
+    frames = [r["source"]["frame"] for _, r in sink.results]
+    assert frames == sorted(frames) and len(frames) == pipeline.status()["inferences"]
+    # Every run but the last saw the next frame prepared while it waited; every result but the last
+    # saw a later run start while it was being written.
+    assert session.overlapped[:-1] and all(session.overlapped[:-1]), session.overlapped
+    assert sink.overlapped[:-1] and all(sink.overlapped[:-1]), sink.overlapped

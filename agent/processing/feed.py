@@ -17,6 +17,10 @@ from providers import TensorSpec
 
 
 class Feeder(Protocol):
+    # True when a run's inputs need the previous run's outputs (state links): such a feeder prepares
+    # each frame after the run before it, never ahead of it on another thread.
+    recurrent: bool
+
     def feeds(self, data: np.ndarray, gap: bool = False) -> tuple[dict[str, np.ndarray], Geometry | None]:
         """The inputs for one run on `data`; `gap`: the stream restarted, forget what came before."""
 
@@ -71,6 +75,7 @@ class ImageFeeder:
     def __init__(self, preprocess: Preprocessor, state: RecurrentState) -> None:
         self.preprocess = preprocess
         self.state = state
+        self.recurrent = bool(state.links)
 
     def feeds(self, data: np.ndarray, gap: bool = False) -> tuple[dict[str, np.ndarray], Geometry | None]:
         if gap:
@@ -123,6 +128,7 @@ class AudioFeeder:
             shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in spec.shape)
             self.constants[key] = np.full(shape, value, dtype=spec.dtype)
         self.state = state
+        self.recurrent = bool(state.links)
         missing = set(by_name) - {name} - set(self.constants) - {link.input for link in state.links}
         if missing:
             raise ModelError(
