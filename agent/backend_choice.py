@@ -262,8 +262,12 @@ def choose_and_load(
     progress: Progress | None = None,
     load: Loader | None = None,
     peek: Peek | None = None,
+    prove_later: bool = False,
 ) -> tuple[Session, Decision, list[ModelArtifact]]:
     """Decide (or reuse the cached decision) and load the chosen backend in this process.
+
+    `prove_later`: with no cached decision, take the CPU reference at once, unproven (the caller
+    proves the candidates on a live frame beside it: make_prover), instead of running trials first.
 
     Candidates are proven on the model's test data (`testdata`: archives with the model file each
     is for) where it fits, else on a frame from the pipeline's own source (`peek`: see _samples).
@@ -286,7 +290,14 @@ def choose_and_load(
     decision = store.get(key)
     samples: list[Sample] = []
     no_frame = False
-    if decision is None and policy.benchmark:
+    if decision is None and policy.benchmark and prove_later:
+        log.info(
+            "pipeline %s: no proven decision for %s yet: serving on the CPU reference while the "
+            "candidates are proven on its first frame",
+            pipeline.name,
+            model_ref,
+        )
+    elif decision is None and policy.benchmark:
         say("getting inputs to prove backends on")
         samples, no_frame = _samples(config, pipeline, artifacts, testdata, backends, peek)
     with _deciding(key):

@@ -740,6 +740,12 @@ class SelectionConfig(BackendChoiceConfig):
         180.0, gt=0, description="A candidate that takes longer (load+runs) is rejected."
     )
     sample_timeout_s: float = Field(15.0, gt=0, description="How long to wait for a sample from the source.")
+    prove_in_background: bool = Field(
+        True,
+        description="A pipeline starting with no proven decision for its model serves on the CPU reference "
+        "at once, and the candidates are proven beside it on its first frame (the winner takes over "
+        "between two frames); off: it waits for the trials before its first result.",
+    )
     match_iou: float = Field(
         0.5,
         gt=0,

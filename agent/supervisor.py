@@ -304,7 +304,7 @@ class Supervisor:
                 source = open_source(desired.config.source, slot.name, self.broker)
                 source[0].start()
             peek = self._peek_for(running if keeps_source else None, source)
-            stage = self._build_stage(slot, change, peek)
+            stage = self._build_stage(slot, change, peek, first=running is None)
             self._phase(slot, change, "building", "starting the new version")
             if keeps_source and running is not None:
                 if not running.swap_in(stage, _SWAP_TIMEOUT_S):
@@ -365,8 +365,15 @@ class Supervisor:
         return None
 
     def _build_stage(
-        self, slot: PipelineSlot, change: _Change, peek: Callable[[float], Frame | None] | None
+        self,
+        slot: PipelineSlot,
+        change: _Change,
+        peek: Callable[[float], Frame | None] | None,
+        first: bool = False,
     ) -> Stage:
+        """The new version's stage, built and warmed. `first`: nothing serves in this slot yet, so an
+        unproven model starts on the CPU reference at once (backends.prove_in_background); a new version
+        beside a serving one takes the time to be proven first."""
         config = change.desired.config
         model = config.model
         self._phase(slot, change, "pulling", f"pulling {model.name}@{model.version}")
@@ -408,6 +415,7 @@ class Supervisor:
             progress=lambda text: self._step(slot, text),
             load=self.sessions.load,
             peek=peek,
+            prove_later=first and self.config.backends.prove_in_background,
         )
         try:
             if not decision.checked:  # no trials ran: the version's own test data proves the choice

@@ -412,7 +412,15 @@ def test_the_daemon_proves_its_choice_once_the_camera_delivers(
         "state_dir": str(state_dir),
         "mqtt": {"host": "127.0.0.1", "port": 1, "reconnect_min_s": 0.2, "reconnect_max_s": 1.0},
         "registry": {"url": registry.url},
-        "backends": {"sample_timeout_s": 1, "runs": 3, "warmup": 1, "budget_s": 1.0, "min_time_s": 0},
+        # Waiting for a sample first (the camera is away: none comes), as before prove_in_background.
+        "backends": {
+            "sample_timeout_s": 1,
+            "runs": 3,
+            "warmup": 1,
+            "budget_s": 1.0,
+            "min_time_s": 0,
+            "prove_in_background": False,
+        },
         "pipelines": [
             {
                 "name": "door",

@@ -275,7 +275,9 @@ def test_a_dead_camera_listed_first_neither_holds_up_the_live_one_nor_runs_on_a_
             camera_pipeline("dead", dead_url, reopen_min_s=0.2, reopen_max_s=1.0),
             camera_pipeline("live", str(video), loop=True),
         ],
-        backends={**QUICK_BENCHMARK, "sample_timeout_s": SAMPLE_TIMEOUT_S},
+        # Each pipeline waits for a sample before it serves (prove_in_background off): the dead one's
+        # wait must not hold up the live one.
+        backends={**QUICK_BENCHMARK, "sample_timeout_s": SAMPLE_TIMEOUT_S, "prove_in_background": False},
     )
     results = clients(mosquitto, f"edge/{DEVICE}/results/#")
     state_dir = tmp_path / "state"
