@@ -1185,6 +1185,10 @@ def bench(
         Path | None,
         typer.Option("--inputs", help="A test data .npz (arrays named after the model's inputs) to time on."),
     ] = None,
+    pipeline: Annotated[
+        str | None,
+        typer.Option("--pipeline", help="Time on inputs of the size this pipeline of the config feeds."),
+    ] = None,
     config: ConfigOption = DEFAULT_CONFIG,
     state_dir: StateDirOption = None,
     as_json: JsonOption = False,
@@ -1192,8 +1196,9 @@ def bench(
     """Latency (p50/p90/p99), throughput and peak memory of MODEL per backend, each in its own process.
 
     Inputs: --inputs, else the model's own test data (when its manifest has some), else random
-    tensors of the model's input shapes (--shape, else an open batch dimension = 1 and other open
-    dimensions = 224).
+    inputs of the size a pipeline feeds it (--pipeline, else the config's first pipeline on MODEL,
+    else the size the model's manifest or metadata names), else random tensors of the model's input
+    shapes (--shape; open batch dimension = 1, other open dimensions = 224).
     """
     from agent.backend_choice import DecisionStore
     from agent.inventory import bench as run_bench
@@ -1203,14 +1208,23 @@ def bench(
 
     with _user_errors(as_json):
         store_root = _model_state_dir(model, config, state_dir)
-        resolved = resolve_model(model, ModelStore((store_root or Path(".")) / "store"))
+        store = ModelStore((store_root or Path(".")) / "store")
+        resolved = resolve_model(model, store)
         ref, artifacts = resolved.ref, resolved.artifacts
         backends = all_backends()
         if backend != "all":
             backends = [b for b in backends if b.name == backend]
             if not backends:
                 raise EdgeAgentError(f"unknown backend {backend!r}", hint="edge-agent providers lists them")
-        feeds, fed = bench_feeds(resolved, shape or [], inputs)
+        shaped = None
+        if not shape and inputs is None and (pipeline is not None or not resolved.testdata):
+            from agent.infer import pipeline_shaped_feeds
+
+            agent = _load(config) if config.is_file() else None
+            if pipeline is not None and agent is None:
+                raise EdgeAgentError(f"--pipeline {pipeline}: no config at {config}", hint="give -c CONFIG")
+            shaped = pipeline_shaped_feeds(model, store, agent, pipeline)
+        feeds, fed = shaped if shaped is not None else bench_feeds(resolved, shape or [], inputs)
         selected = (
             {
                 r["decision"]["backend"]

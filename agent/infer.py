@@ -48,6 +48,7 @@ from agent.inventory import resolve_model
 from agent.model_hints import embedded_hints, with_model_hints
 from agent.pipeline import FrameRun, LoadedModel, Stage
 from agent.processing import Postprocessor, build_postprocessor
+from agent.processing.feed import AudioFeeder, ImageFeeder
 from agent.registry.file_registry import SUFFIX_FORMATS
 from agent.registry.manifest import Manifest
 from agent.rules import ReportRules
@@ -69,7 +70,7 @@ from providers import (
     get_backend,
     load_decided,
 )
-from providers.select import Sample, feeds_problem
+from providers.select import Sample, feeds_problem, reference_session
 
 INPUT_KINDS: dict[str, tuple[str, ...]] = {
     "image": (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".pgm", ".ppm", ".pnm"),
@@ -465,6 +466,64 @@ def infer(
     result.pipeline = pipeline
     result.frame = (frame or 0) if kind == "video" else None
     return result
+
+
+def pipeline_shaped_feeds(
+    model_spec: str, store: ModelStore, agent: AgentConfig | None, pipeline: str | None
+) -> tuple[dict[str, np.ndarray], str] | None:
+    """Inputs of the shapes a pipeline feeds the model (`edge-agent bench`): the named pipeline's, else
+    the config's first pipeline on this model, else the model's own hints (manifest, file metadata);
+    random pixels or samples, the constants and initial state as they are. None when nothing says
+    an open input size (the caller falls back to its defaults)."""
+    model = resolve(model_spec, store)
+    pipelines = list(agent.pipelines) if agent is not None else []
+    if pipeline is not None:
+        chosen = next((p for p in pipelines if p.name == pipeline), None)
+        if chosen is None:
+            known = ", ".join(sorted(p.name for p in pipelines)) or "none"
+            raise EdgeAgentError(f"no pipeline named {pipeline!r} in the config (its pipelines: {known})")
+    else:
+        chosen = next((p for p in pipelines if p.model.name == model.name), None)
+    base = chosen or PipelineConfig.model_validate(
+        {
+            "name": "bench",
+            "model": {"name": "bench", "version": "1"},
+            "source": {"type": "video", "uri": "bench"},
+            "postprocess": {"type": "raw"},
+        }
+    )
+    embedded = embedded_hints(model.artifacts)
+    config = with_model_hints(base, model.manifest, embedded)
+    session = reference_session(model.artifacts)
+    try:
+        if chosen is None:
+            config = default_processing(config, session.inputs, session.outputs, None)
+        try:
+            stage = Stage(config, LoadedModel("bench", "bench", "", session))
+        except EdgeAgentError:
+            if chosen is not None:
+                raise  # the pipeline does not fit its model: say so, as the daemon would
+            return None  # an open input size nothing names
+        feeds = stage.feeder.warm_up_feeds()
+        live = stage.feeder.preprocess.input.name if isinstance(stage.feeder, ImageFeeder) else None
+        if isinstance(stage.feeder, AudioFeeder):
+            live = stage.feeder.input.name
+    finally:
+        session.close()
+    if live is not None:
+        feeds[live] = _random_like(feeds[live])
+    shapes = ", ".join(f"{name} {'x'.join(map(str, value.shape))}" for name, value in feeds.items())
+    origin = f"pipeline {chosen.name}" if chosen is not None else "the model's hints"
+    return feeds, f"inputs shaped as {origin} feeds them ({shapes})"
+
+
+def _random_like(value: np.ndarray) -> np.ndarray:
+    """Random values of `value`'s shape and dtype: pixels over their range, floats in [-1, 1)."""
+    rng = np.random.default_rng(0)
+    if np.issubdtype(value.dtype, np.integer):
+        limits = np.iinfo(value.dtype)
+        return rng.integers(limits.min, limits.max, value.shape, dtype=value.dtype, endpoint=True)
+    return (rng.random(value.shape, dtype=np.float32) * 2 - 1).astype(value.dtype)
 
 
 def _first_feeds(

@@ -323,6 +323,14 @@ def test_explain_shows_why_the_running_pipeline_got_its_backend(
     report = cli_json("bench", MODEL, "-c", str(config), "--backend", backend, "--runs", "3", "--warmup", "1")
     assert report["model"] == f"{MODEL}@{VERSION}"
     assert [(r["backend"], r["selected"]) for r in report["results"]] == [(backend, True)]
+    # Timed on the size its pipeline feeds it (48x192), not a guess for the open dimensions.
+    assert report["inputs"] == "inputs shaped as pipeline signs feeds them (x 1x3x48x192)"
+    named = cli_json(
+        "bench", MODEL, "-c", str(config), "--pipeline", "signs", "--backend", backend, "--runs", "2"
+    )
+    assert named["inputs"] == report["inputs"]
+    out = cli("bench", MODEL, "-c", str(config), "--pipeline", "nope", expect=1)
+    assert "no pipeline named 'nope' in the config (its pipelines: signs)" in out
     text = cli("bench", MODEL, "-c", str(config), "--runs", "3", "--warmup", "1")
     assert "selected" in table_row(text, backend)
     for name in CPU_BACKENDS:
