@@ -6,8 +6,11 @@ all of them (OpenVINO alone maps dozens of shared libraries), though a pipeline 
 the daemon asks a child process (`python -m providers.catalog`) to import and probe them all, and
 caches the answer in `<cache_dir>/backends.json`, keyed by what can change it and is known without
 importing a runtime: the runtimes' installed distributions, the hardware fingerprint, the Python,
-and this package's backend code. Each cached backend is a `ProbedBackend`: its probe() is the cached
-one, and only supports()/load() import its runtime (that one only).
+system libraries (the linker cache) and this package's backend code. Each cached backend is a
+`ProbedBackend`: its probe() is the cached one, and only load() imports its runtime (that one
+only). supports() (operator coverage, asked when choosing) is answered in a child too while its
+runtime is not loaded here, one child per runtime and model file, and the answers are cached in
+the same file.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
@@ -47,10 +51,68 @@ _RUNTIME_DISTRIBUTIONS = ("onnxruntime", "openvino", "ai-edge-litert", "tflite-r
 _FORMAT = 1  # bumped when the file's layout changes: an older file is then rebuilt
 
 
-class ProbedBackend(Backend):
-    """A backend as the child probed it; the runtime is imported on the first supports()/load()."""
+class _Checks:
+    """What the backends of one cached list share: support answers (name -> sha256 -> Support),
+    the runtimes already loaded here, and where to write new answers."""
 
-    def __init__(self, entry: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        path: Path | None = None,
+        key: Mapping[str, Any] | None = None,
+        python: str = sys.executable,
+        timeout_s: float = CHILD_TIMEOUT_S,
+    ) -> None:
+        self.path, self.key, self.python, self.timeout_s = path, key, python, timeout_s
+        self.backends: list[ProbedBackend] = []
+        self.answers: dict[str, dict[str, Support]] = {}
+        self.loaded: set[str] = set()  # runtimes imported in this process
+        self.lock = threading.RLock()
+
+    def supports(self, backend: ProbedBackend, artifact: ModelArtifact) -> Support:
+        with self.lock:
+            known = self.answers.get(backend.name, {}).get(artifact.sha256)
+            if known is not None:
+                return known
+            if backend.runtime in self.loaded:  # no child to pay for: ask the runtime here
+                support = backend.real().supports(artifact)
+                self._remember({backend.name: support}, artifact)
+                return support
+            # One child for every usable backend of this runtime that reads the file (screening
+            # asks them all in turn).
+            names = [
+                b.name
+                for b in self.backends
+                if b.runtime == backend.runtime and b.probe().available and artifact.format in b.formats
+            ]
+            try:
+                answers = supports_in_child(names or [backend.name], artifact, self.python, self.timeout_s)
+            except OSError as exc:
+                log.warning(
+                    "cannot start a child process to check %s on %s: %s; checking it in this process",
+                    artifact.label,
+                    backend.runtime,
+                    one_line(exc),
+                )
+                support = backend.real().supports(artifact)
+                self._remember({backend.name: support}, artifact)
+                return support
+            except BackendError as exc:  # a crash or a hang: the candidates cannot be trusted with it
+                return Support(False, f"{backend.name}: {exc}")
+            self._remember(answers, artifact)
+            return answers.get(backend.name) or Support(False, f"{backend.name}: no answer from the check")
+
+    def _remember(self, answers: Mapping[str, Support], artifact: ModelArtifact) -> None:
+        for name, support in answers.items():
+            self.answers.setdefault(name, {})[artifact.sha256] = support
+        if self.path is not None and self.key is not None:
+            _write(self.path, self.key, describe(self.backends), self.answers)
+
+
+class ProbedBackend(Backend):
+    """A backend as the child probed it; its runtime is imported on the first load() (supports()
+    asks a child while the runtime is not loaded here)."""
+
+    def __init__(self, entry: Mapping[str, Any], checks: _Checks | None = None) -> None:
         self.name = str(entry["name"])
         self.runtime = str(entry["runtime"])
         self.device = str(entry["device"])
@@ -66,6 +128,8 @@ class ProbedBackend(Backend):
         )
         self._real: Backend | None = None
         self._lock = threading.Lock()
+        self._checks = checks or _Checks()
+        self._checks.backends.append(self)
 
     def probe(self) -> ProbeResult:
         return self._probe
@@ -73,6 +137,7 @@ class ProbedBackend(Backend):
     def real(self) -> Backend:
         """The runtime's own backend of this name (imports that runtime only)."""
         with self._lock:
+            self._checks.loaded.add(self.runtime)
             if self._real is None:
                 found = [b for b in runtime_backends(self.runtime) if b.name == self.name]
                 self._real = (
@@ -89,7 +154,7 @@ class ProbedBackend(Backend):
     def supports(self, artifact: ModelArtifact) -> Support:
         if not self._probe.available:  # no runtime to import for a backend that cannot run here
             return Support(False, f"{self.name} is not available: {self._probe.reason}")
-        return self.real().supports(artifact)
+        return self._checks.supports(self, artifact)
 
     def load(self, artifact: ModelArtifact, options: Mapping[str, Any] | None = None) -> Session:
         if not self._probe.available:
@@ -147,6 +212,19 @@ def _code_digest() -> str:
     return digest.hexdigest()[:16]
 
 
+def _system_libraries() -> list[str]:
+    """Drivers' user-space parts (OpenCL and Level Zero for OpenVINO's GPU and NPU) come as system
+    packages, not distributions; installing one runs ldconfig, which rewrites the linker cache."""
+    found = []
+    for path in ("/etc/ld.so.cache", "/etc/OpenCL/vendors"):
+        try:
+            stat = os.stat(path)
+            found.append(f"{path}:{stat.st_mtime_ns}:{stat.st_size}")
+        except OSError:
+            found.append(f"{path}:-")
+    return found
+
+
 def cache_key(hardware_fingerprint: str) -> dict[str, Any]:
     """What the probes depend on, learned without importing a runtime."""
     from providers.tflite_backend import find_libedgetpu  # no runtime import: a library search
@@ -159,6 +237,7 @@ def cache_key(hardware_fingerprint: str) -> dict[str, Any]:
         "executable": sys.executable,
         "sysroot": os.environ.get(SYSROOT_ENV, ""),
         "libedgetpu": find_libedgetpu() or "",  # a .so install, not a distribution
+        "system_libraries": _system_libraries(),
         "code": _code_digest(),
     }
 
@@ -167,7 +246,7 @@ def probe_in_child(python: str = sys.executable, timeout_s: float = CHILD_TIMEOU
     """Every backend, probed in a fresh `python -m providers.catalog`; BackendError saying why not."""
     with tempfile.TemporaryDirectory(prefix="edge-agent-probe-") as tmp:
         out = Path(tmp) / "backends.json"
-        command = [python, "-m", "providers.catalog", str(out)]
+        command = [python, "-m", "providers.catalog", "probe", str(out)]
         try:
             done = subprocess.run(command, capture_output=True, timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired:
@@ -175,16 +254,44 @@ def probe_in_child(python: str = sys.executable, timeout_s: float = CHILD_TIMEOU
         except OSError as exc:
             raise BackendError(f"cannot start the probe process ({python}): {one_line(exc)}") from None
         if done.returncode != 0 or not out.exists():
-            code = done.returncode
-            how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-            tail = " ".join(done.stderr.decode(errors="replace").split()[-40:])
-            raise BackendError(f"the probe process failed ({how}): {tail}"[:500])
+            raise BackendError(f"the probe process failed ({_failure(done)})")
         try:
             entries: list[dict[str, Any]] = json.loads(out.read_text())
             [ProbedBackend(e) for e in entries]  # every entry must make a backend
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise BackendError(f"the probe process wrote an unreadable answer: {one_line(exc)}") from None
         return entries
+
+
+def supports_in_child(
+    names: Sequence[str],
+    artifact: ModelArtifact,
+    python: str = sys.executable,
+    timeout_s: float = CHILD_TIMEOUT_S,
+) -> dict[str, Support]:
+    """Backend name -> whether it runs `artifact`, asked in a fresh `python -m providers.catalog`.
+    OSError when the child cannot start; BackendError when it crashes, hangs or answers nonsense."""
+    with tempfile.TemporaryDirectory(prefix="edge-agent-supports-") as tmp:
+        request, out = Path(tmp) / "request.pickle", Path(tmp) / "answers.pickle"
+        request.write_bytes(pickle.dumps((list(names), artifact)))
+        command = [python, "-m", "providers.catalog", "supports", str(request), str(out)]
+        try:
+            done = subprocess.run(command, capture_output=True, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            raise BackendError(f"checking {artifact.label} gave no answer within {timeout_s:g} s") from None
+        if done.returncode != 0 or not out.exists():
+            raise BackendError(f"checking {artifact.label} failed: {_failure(done)}")
+        answers = pickle.loads(out.read_bytes())
+        if not isinstance(answers, dict) or not all(isinstance(v, Support) for v in answers.values()):
+            raise BackendError(f"checking {artifact.label} gave an unreadable answer")
+        return answers
+
+
+def _failure(done: subprocess.CompletedProcess[bytes]) -> str:
+    code = done.returncode
+    how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+    tail = " ".join(done.stderr.decode(errors="replace").split()[-40:])
+    return f"{how}: {tail}"[:500]
 
 
 _memo: dict[tuple[str, str], list[Backend]] = {}
@@ -218,12 +325,14 @@ def forget_in_process() -> None:
 
 
 def _read_or_probe(path: Path, key: Mapping[str, Any], python: str, timeout_s: float) -> list[Backend]:
+    checks = _Checks(path, key, python, timeout_s)
     cached = _read(path, key)
     if cached is not None:
-        return [ProbedBackend(e) for e in cached]
+        entries, checks.answers = cached
+        return [ProbedBackend(e, checks) for e in entries]
     try:
         entries = probe_in_child(python, timeout_s)
-        backends: list[Backend] = [ProbedBackend(e) for e in entries]
+        backends: list[Backend] = [ProbedBackend(e, checks) for e in entries]
     except BackendError as exc:
         log.warning(
             "could not probe the inference runtimes in a child process: %s; probing them in this "
@@ -236,8 +345,10 @@ def _read_or_probe(path: Path, key: Mapping[str, Any], python: str, timeout_s: f
     return backends
 
 
-def _read(path: Path, key: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    """The cached entries when the file is readable and made under `key`; else None."""
+def _read(
+    path: Path, key: Mapping[str, Any]
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Support]]] | None:
+    """The cached entries and support answers when the file is readable and made under `key`."""
     try:
         data = json.loads(path.read_text())
         if data.get("key") != key:
@@ -245,7 +356,14 @@ def _read(path: Path, key: Mapping[str, Any]) -> list[dict[str, Any]] | None:
             return None
         entries: list[dict[str, Any]] = data["backends"]
         [ProbedBackend(e) for e in entries]  # every entry must make a backend
-        return entries
+        answers = {
+            str(name): {
+                str(sha): Support(bool(ok), str(reason), tuple(ops))
+                for sha, (ok, reason, ops) in by_sha.items()
+            }
+            for name, by_sha in data.get("supports", {}).items()
+        }
+        return entries, answers
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -253,11 +371,20 @@ def _read(path: Path, key: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         return None
 
 
-def _write(path: Path, key: Mapping[str, Any], entries: list[dict[str, Any]]) -> None:
+def _write(
+    path: Path,
+    key: Mapping[str, Any],
+    entries: list[dict[str, Any]],
+    answers: Mapping[str, Mapping[str, Support]] | None = None,
+) -> None:
     """Atomically (a reader never sees half a file); a failure costs only the next start's probe."""
+    supports = {
+        name: {sha: [s.ok, s.reason, list(s.unsupported_ops)] for sha, s in by_sha.items()}
+        for name, by_sha in (answers or {}).items()
+    }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = json.dumps({"key": key, "backends": entries}, indent=2, sort_keys=True)
+        data = json.dumps({"key": key, "backends": entries, "supports": supports}, indent=2, sort_keys=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".backends-", delete=False) as tmp:
             tmp.write(data)
         os.replace(tmp.name, path)
@@ -266,8 +393,22 @@ def _write(path: Path, key: Mapping[str, Any], entries: list[dict[str, Any]]) ->
 
 
 def _main(argv: list[str]) -> int:
-    Path(argv[0]).write_text(json.dumps(describe(all_backends())))
-    return 0
+    if argv[0] == "probe":
+        Path(argv[1]).write_text(json.dumps(describe(all_backends())))
+        return 0
+    if argv[0] == "supports":
+        names, artifact = pickle.loads(Path(argv[1]).read_bytes())
+        answers = {}
+        for name in names:
+            runtime = name.partition("/")[0]
+            backend = next((b for b in runtime_backends(runtime) if b.name == name), None)
+            answers[name] = (
+                backend.supports(artifact) if backend is not None else Support(False, f"no backend {name}")
+            )
+        Path(argv[2]).write_bytes(pickle.dumps(answers))
+        return 0
+    print(f"usage: python -m providers.catalog probe OUT | supports REQUEST OUT (not {argv[0]!r})")
+    return 2
 
 
 if __name__ == "__main__":

@@ -143,19 +143,38 @@ import json, sys
 from pathlib import Path
 from providers.catalog import cached_backends
 from tests.media_fixtures import cls_artifact
-backends = cached_backends(Path({str(tmp_path)!r}), {FINGERPRINT!r}, python={BAD_PYTHON!r})
-names = [b.name for b in backends]
-ort = backends[names.index({ORT_CPU!r})]
-ort.load(cls_artifact(Path({str(cls_model_path)!r}))).warm_up()
-print(json.dumps(sorted({{m.split(".")[0] for m in sys.modules}})))
+backends = cached_backends(Path({str(tmp_path)!r}), {FINGERPRINT!r})
+by_name = {{b.name: b for b in backends}}
+artifact = cls_artifact(Path({str(cls_model_path)!r}))
+# Screening asks every usable backend; the ones whose runtime is not loaded answer from a child.
+answers = {{n: by_name[n].supports(artifact).ok for n in ("openvino/CPU", "openvino/AUTO", {ORT_CPU!r})}}
+by_name[{ORT_CPU!r}].load(artifact).warm_up()
+print(json.dumps([answers, sorted({{m.split(".")[0] for m in sys.modules}})]))
 """
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True, cwd=root
     )
-    modules = set(json.loads(done.stdout.splitlines()[-1]))
+    answers, modules = json.loads(done.stdout.splitlines()[-1])
+    assert answers == {"openvino/CPU": True, "openvino/AUTO": True, ORT_CPU: True}
     assert "onnxruntime" in modules
-    assert not modules & {"openvino", "ai_edge_litert", "tflite_runtime"}, modules
+    assert not set(modules) & {"openvino", "ai_edge_litert", "tflite_runtime"}, modules
+    # The answers are cached with the probes: the next start asks no child.
+    sha = cls_artifact(cls_model_path).sha256
+    supports = json.loads((tmp_path / CACHE_FILE).read_text())["supports"]
+    assert supports["openvino/CPU"][sha][0] is True and supports[ORT_CPU][sha][0] is True
+
+
+def test_a_support_check_without_a_child_is_made_here(
+    tmp_path: Path, cls_model_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cached_backends(tmp_path, FINGERPRINT)
+    forget_in_process()
+    backends = {b.name: b for b in cached_backends(tmp_path, FINGERPRINT, python=BAD_PYTHON)}
+    with caplog.at_level(logging.WARNING, logger="providers.catalog"):
+        support = backends["openvino/CPU"].supports(cls_artifact(cls_model_path))
+    assert support.ok
+    assert "cannot start a child process to check" in caplog.text
 
 
 def _config(state_dir: Path) -> AgentConfig:
@@ -211,9 +230,14 @@ def test_a_restarted_daemon_maps_only_the_runtime_it_serves_on(
     state_dir = tmp_path / "state"
     results = mqtt_subscriber_factory(mosquitto, f"edge/{test_daemon_e2e.DEVICE}/results/#")
 
-    first = start_agent(config)  # pulls the model, probes the runtimes in a child, decides
-    first.run_until(lambda: len(results.messages) >= 1, "a first result")
+    first = start_agent(config)  # pulls the model, probes and screens the runtimes in children, decides
+    wait_until(lambda: results.messages or first.poll() is not None, "a first result",
+               timeout=180, state=lambda: "; agent log:\n" + first.log()[-3000:])  # fmt: skip
+    assert first.poll() is None, first.log()[-3000:]
+    first_libraries = _mapped_libraries(first.proc.pid)
+    first.stop()
     assert (state_dir / "cache" / CACHE_FILE).is_file()
+    assert not [lib for lib in first_libraries if any(f in lib for f in FOREIGN_LIBRARIES)]
 
     started = datetime.now(timezone.utc)
     second = start_agent(config)
