@@ -41,6 +41,7 @@ from providers import (
     decide,
     load_decided,
 )
+from providers.catalog import cached_backends
 from providers.select import (
     REFERENCE_BACKENDS,
     Loader,
@@ -55,8 +56,18 @@ from providers.select import (
 log = logging.getLogger(__name__)
 
 
-def policy_for(config: AgentConfig, pipeline: PipelineConfig | None = None) -> SelectionPolicy:
-    """The agent's selection settings, with the pipeline's prefer/deny/fixed on top."""
+def box_backends(config: AgentConfig, hardware: HardwareInfo | None = None) -> list[Backend]:
+    """This box's backends as the daemon sees them: probed in a child process and cached under the
+    state dir (providers/catalog.py), so that only the runtime a pipeline serves on is imported here."""
+    fingerprint = (hardware or detect_hardware()).fingerprint()
+    return cached_backends(config.state_dir / "cache", fingerprint)
+
+
+def policy_for(
+    config: AgentConfig, pipeline: PipelineConfig | None = None, backends: Sequence[Backend] | None = None
+) -> SelectionPolicy:
+    """The agent's selection settings, with the pipeline's prefer/deny/fixed on top. `backends`:
+    the backends to set cache dirs for (default: every runtime's, imported here)."""
     agent = config.backends
     prefer = list(pipeline.backend.prefer) + list(agent.prefer) if pipeline else list(agent.prefer)
     deny = list(agent.deny) + (list(pipeline.backend.deny) if pipeline else [])
@@ -75,15 +86,19 @@ def policy_for(config: AgentConfig, pipeline: PipelineConfig | None = None) -> S
         rtol=agent.rtol,
         atol=agent.atol,
         max_mismatch=agent.max_mismatch,
-        options=_with_cache_dirs(agent.options, config.state_dir / "cache"),
+        options=_with_cache_dirs(
+            agent.options, config.state_dir / "cache", all_backends() if backends is None else backends
+        ),
     )
 
 
-def _with_cache_dirs(options: Mapping[str, Mapping[str, Any]], cache: Path) -> dict[str, dict[str, Any]]:
+def _with_cache_dirs(
+    options: Mapping[str, Mapping[str, Any]], cache: Path, backends: Sequence[Backend]
+) -> dict[str, dict[str, Any]]:
     """Compiled engines and blobs are cached under the state dir unless the config says otherwise:
     they are built before a model serves, and a restart must not build them again."""
     merged = {name: dict(values) for name, values in options.items()}
-    for backend in all_backends():
+    for backend in backends:
         if backend.name.startswith("openvino/") and backend.name != "openvino/*":
             merged.setdefault(backend.name, {}).setdefault("cache_dir", str(cache / "openvino"))
         if backend.name == "onnxruntime/TensorrtExecutionProvider":
@@ -278,9 +293,9 @@ def choose_and_load(
     in the cache instead of deciding again (or guessing by rank when its own source is dead).
     """
     say = progress or (lambda _text: None)
-    backends = all_backends()
-    policy = policy_for(config, pipeline)
     hardware = detect_hardware()
+    backends = box_backends(config, hardware)
+    policy = policy_for(config, pipeline, backends)
     cpu_reference = next((b for b in backends if b.name == REFERENCE_BACKENDS[0]), None)
     if cpu_reference is not None:  # old opsets the reference refuses get an upgraded twin
         derived_dir = config.state_dir / "store" / "derived"
@@ -355,6 +370,7 @@ def check_on_testdata(
     testdata: Sequence[TestData],
     artifacts: Sequence[ModelArtifact],
     policy: SelectionPolicy,
+    backends: Sequence[Backend] | None = None,
 ) -> int:
     """Run the loaded session on every test set that fits its artifact and compare with the expected
     outputs at the test data's tolerances: the proof a version gets on this box when the decision
@@ -364,7 +380,8 @@ def check_on_testdata(
     artifact = next((a for a in artifacts if a.sha256 == artifact_sha256), None)
     if artifact is None:
         return 0
-    for sample in testdata_samples(testdata, [artifact], all_backends()):
+    readers = all_backends() if backends is None else backends
+    for sample in testdata_samples(testdata, [artifact], readers):
         if not sample.expected or not sample.fits_artifact(artifact):
             continue
         outputs = session.run(sample.feeds)
@@ -412,9 +429,9 @@ def make_prover(
 ) -> Prover:
     """For a pipeline whose decision could not be checked (no sample when it was built): a function
     that decides again on one of its frames (plus its test data) and caches the checked decision."""
-    policy = policy_for(config, pipeline)
-    backends = all_backends()
     hardware = detect_hardware()
+    backends = box_backends(config, hardware)
+    policy = policy_for(config, pipeline, backends)
     key = decision_key(artifacts, testdata, policy, backends, hardware)
 
     def prove(feeds: Mapping[str, np.ndarray]) -> Decision:

@@ -39,6 +39,7 @@ from pydantic import ValidationError
 
 from agent.backend_choice import (
     DecisionSwitcher,
+    box_backends,
     check_on_testdata,
     choose_and_load,
     make_prover,
@@ -420,8 +421,9 @@ class Supervisor:
         try:
             if not decision.checked:  # no trials ran: the version's own test data proves the choice
                 testdata = installed.testdata_artifacts()
-                policy = policy_for(self.config, config)
-                check_on_testdata(session, decision.artifact_sha256, testdata, candidates, policy)
+                backends = box_backends(self.config)
+                policy = policy_for(self.config, config, backends)
+                check_on_testdata(session, decision.artifact_sha256, testdata, candidates, policy, backends)
         except Exception:
             session.close()
             raise
@@ -433,14 +435,20 @@ class Supervisor:
             self._phase(slot, change, "building", f"warming up on {session.backend}")
             stage = Stage(config, loaded)
             stage.warm_up()
-            policy = policy_for(self.config, config)
+            backends = box_backends(self.config)  # not every runtime: the cached probes (catalog)
+            policy = policy_for(self.config, config, backends)
             prove = None
             if policy.benchmark and not decision.checked:  # no sample at build time: a frame will do
                 prove = make_prover(
                     self.config, config, candidates, installed.ref, installed.testdata_artifacts()
                 )
             stage.switcher = DecisionSwitcher(
-                decision, candidates, policy, warm_up=stage.feeder.warm_up_feeds(), prove=prove
+                decision,
+                candidates,
+                policy,
+                warm_up=stage.feeder.warm_up_feeds(),
+                backends=backends,
+                prove=prove,
             )
         except Exception:
             session.close()

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.signal import resample_poly
 
 from agent.config import AudioSourceConfig
 from agent.errors import EdgeAgentError
@@ -60,6 +59,9 @@ def read_wav(path: Path, rate: int) -> np.ndarray:
     else:
         audio = samples.astype(np.float32) / float(2 ** (8 * width - 1))
     if source_rate != rate:
+        # Imported here: scipy.signal maps ~110 shared libraries into every daemon, audio or not.
+        from scipy.signal import resample_poly
+
         common = gcd(source_rate, rate)
         audio = resample_poly(audio, rate // common, source_rate // common).astype(np.float32)
     return audio
