@@ -407,6 +407,13 @@ class VideoSourceConfig(StrictModel):
         "at this rate (default 1), or as fast as the box decodes them where that is slower.",
     )
     loop: bool = Field(False, description="Start again at the end (video files and image folders).")
+    realtime: bool = Field(
+        True,
+        description="Video files and image folders: play at their own rate, as a camera would (a slower "
+        "model misses frames); false: every frame (the fps cap keeps) goes to the model, as fast as it "
+        "takes them, decoded just ahead of it (a recording analysed: nothing dropped, nothing decoded "
+        "in vain).",
+    )
     reopen_min_s: float = Field(1.0, gt=0, description="First retry delay when the source fails.")
     reopen_max_s: float = Field(30.0, gt=0, description="Cap of the retry delay (doubles each failure).")
 
@@ -414,6 +421,17 @@ class VideoSourceConfig(StrictModel):
     @classmethod
     def _uri_as_text(cls, value: object) -> object:
         return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _realtime_off_only_for_files(self) -> VideoSourceConfig:
+        uri = self.uri
+        live = uri.startswith(GST_PREFIX) or "://" in uri or uri.isdigit() or uri.startswith("/dev/video")
+        if not self.realtime and live:
+            raise ValueError(
+                f"realtime: false is for video files and image folders; {uri!r} is a live source, "
+                "which delivers at its own pace"
+            )
+        return self
 
 
 class AudioSourceConfig(StrictModel):

@@ -37,7 +37,7 @@ TOP_KEYS = (
     "backends, device, fleet, home_assistant, log_format, log_level, mqtt, pipelines, registry, state_dir, "
     "state_topics, store, telemetry"
 )
-SOURCE_KEYS = "fps, loop, reopen_max_s, reopen_min_s, type, uri"
+SOURCE_KEYS = "fps, loop, realtime, reopen_max_s, reopen_min_s, type, uri"
 NAME_RULE = (
     "is not a valid name: use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit "
     "(names become MQTT topic levels and file names)"

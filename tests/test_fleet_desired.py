@@ -41,7 +41,7 @@ NAME_RULE = (
     "is not a valid name: use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit "
     "(names become MQTT topic levels and file names)"
 )
-SOURCE_KEYS = "fps, loop, reopen_max_s, reopen_min_s, type, uri"
+SOURCE_KEYS = "fps, loop, realtime, reopen_max_s, reopen_min_s, type, uri"
 TOP_KEYS = (
     "agent, expires_at, generation, health, issued_at, pipelines, priority, rollout, schema_version, target"
 )

@@ -297,6 +297,48 @@ def test_slow_consumer_gets_newest_frames_only(short_video: tuple[Path, list], s
     assert slot.get(timeout=0.5) is None
 
 
+def test_realtime_off_gives_a_slow_consumer_every_frame_in_order(
+    short_video: tuple[Path, list], sources: list
+) -> None:
+    """A recording analysed: decoded just ahead of a model 4x slower than the file's rate, nothing
+    dropped, nothing decoded beyond what the model took (and the one waiting for it)."""
+    path, _ = short_video
+    source, slot = _source(path, realtime=False)
+    sources.append(source)
+    source.start()
+    frames = _drain(source, slot, timeout=60, delay=0.2)
+    assert wait_until(lambda: source.state == "finished", timeout=30)
+    assert [f.index for f in frames] == list(range(1, SHORT_FRAMES + 1))
+    assert slot.dropped == 0 and source.stats()["frames_dropped"] == 0
+    positions = [f.position_s for f in frames]
+    assert positions == pytest.approx([i / 20 for i in range(SHORT_FRAMES)], abs=1e-3)  # the file's timeline
+
+
+def test_realtime_off_keeps_the_decoder_one_frame_ahead(
+    short_video: tuple[Path, list], sources: list
+) -> None:
+    path, _ = short_video
+    source, slot = _source(path, realtime=False)
+    sources.append(source)
+    source.start()
+    assert wait_until(lambda: len(slot) == 1, timeout=30)
+    decoded = source.stats()["frames_decoded"]
+    first = slot.get(timeout=5)  # the model takes one: the next is decoded, then it waits again
+    assert first is not None and first.index == 1
+    assert wait_until(lambda: source.stats()["frames_decoded"] == decoded + 1 and len(slot) == 1, timeout=30)
+    assert source.stats()["frames_decoded"] == decoded + 1 == 2
+
+
+@pytest.mark.parametrize(
+    "uri", ["rtsp://127.0.0.1:8554/cam", "0", "/dev/video2", "gst:videotestsrc ! appsink"]
+)
+def test_realtime_off_is_refused_for_a_live_source(uri: str) -> None:
+    with pytest.raises(
+        ValueError, match=r"realtime: false is for video files and image folders; .* is a live"
+    ):
+        VideoSourceConfig(type="video", uri=uri, realtime=False)
+
+
 def test_slot_holds_one_frame_while_nobody_reads(short_video: tuple[Path, list], sources: list) -> None:
     path, _ = short_video
     source, slot = _source(path)

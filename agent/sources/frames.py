@@ -55,7 +55,7 @@ class LatestFrameSlot(_HandOver):
             if self._frame is not None:
                 self.dropped += 1
             self._frame = frame
-            self._cond.notify()
+            self._cond.notify_all()  # the reader, and a peek waiting for a sample
 
     def get(self, timeout: float) -> Frame | None:
         """The newest unread frame, or None after `timeout` or once closed and empty."""
@@ -63,7 +63,14 @@ class LatestFrameSlot(_HandOver):
             if self._frame is None and not self._closed:
                 self._cond.wait(timeout)
             frame, self._frame = self._frame, None
+            if frame is not None:
+                self._cond.notify_all()  # a source pacing itself by the model (wait_taken)
             return frame
+
+    def wait_taken(self, timeout: float) -> bool:
+        """Wait until the frame put last has been taken (or the slot closed); False after `timeout`."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._frame is None or self._closed, timeout)
 
     def __len__(self) -> int:
         with self._cond:

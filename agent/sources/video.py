@@ -63,6 +63,7 @@ class VideoSource(ThreadedSource):
 
     def __init__(self, config: VideoSourceConfig, name: str, slot: LatestFrameSlot) -> None:
         super().__init__(name, slot, redact_uri(config.uri))
+        self.latest: LatestFrameSlot = slot  # (the base keeps it as either kind of hand-over)
         self.config = config
         self.kind = source_kind(config.uri)
         self.frames_decoded = 0
@@ -167,6 +168,8 @@ class VideoSource(ThreadedSource):
         # a camera could have (a high-speed clip at 1000 included); 0 or a runaway value: 25.
         file_fps = file_fps if 0 < file_fps <= MAX_FPS else 25.0
         min_interval = 1.0 / self.config.fps if self.config.fps else 0.0
+        # realtime off: a file is decoded just ahead of the model instead of at its own rate.
+        paced_by_model = is_file and not self.config.realtime
         started = time.monotonic()
         last_handed = float("-inf")
         frames_here = 0
@@ -192,13 +195,15 @@ class VideoSource(ThreadedSource):
                     last_handed = timeline
                     position = timeline if is_file else None
                     self.slot.put(Frame(data=image, index=index, captured_at=now_wall, position_s=position))
+                    while paced_by_model and not self.latest.wait_taken(0.5) and not self._stop.is_set():
+                        pass
                 else:
                     self._fail(f"{self.display_uri}: a frame could not be converted")
                     return "broken", index
             else:
                 with self._lock:
                     self.frames_skipped_by_fps += 1
-            if is_file:
+            if is_file and not paced_by_model:
                 due = started + frames_here / file_fps
                 self._stop.wait(max(0.0, due - time.monotonic()))
         return "stopped", index
