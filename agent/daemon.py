@@ -40,6 +40,7 @@ from agent.home_automation import HomeAutomation
 from agent.mqtt import MqttConnection, Outbox, OutboxMessage, results_topic, telemetry_topic
 from agent.mqtt.outbox import OutboxFull
 from agent.mqtt.router import Router
+from agent.processing.preprocess import keep_opencv_serial
 from agent.reload import LastGoodConfig, LoadedConfig, plan_reload, sha256_text, with_hot_settings
 from agent.sd_notify import notify, watchdog_interval_s
 from agent.self_update import RESTART_EXIT_CODE, Updater, releases_dir
@@ -203,6 +204,7 @@ class Agent:
         self.reload_requested = threading.Event()  # set by SIGHUP; the main loop reloads
         self.log_level_from_cli: str | None = None  # `run --log-level`: a reload does not override it
         self.last_good = LastGoodConfig(config.state_dir)
+        keep_opencv_serial()
         self._config_report: dict[str, Any] = {
             "file": str(self.loaded.path) if self.loaded.path else None,
             "sha256": sha256_text(self.loaded.text) if self.loaded.text is not None else None,

@@ -53,6 +53,7 @@ from agent.config import AgentConfig, PipelineConfig  # noqa: E402
 from agent.daemon import ResultWriter  # noqa: E402
 from agent.mqtt.outbox import Outbox  # noqa: E402
 from agent.pipeline import LoadedModel, Pipeline, Stage  # noqa: E402
+from agent.processing.preprocess import keep_opencv_serial  # noqa: E402
 from agent.sources import Frame  # noqa: E402
 from providers import ModelArtifact, Session, get_backend  # noqa: E402
 
@@ -313,6 +314,7 @@ class Bench:
                 pipeline.start()
                 if swap_at is not None:
                     time.sleep(swap_at)
+                    extra["build_started_at"] = time.monotonic()
                     fresh = get_backend(self.backend).load(self.artifact)
                     new = Stage(self.config, LoadedModel(self.key, "2", "0" * 64, fresh))
                     new.warm_up()
@@ -553,6 +555,7 @@ def main() -> int:
     parser.add_argument("--plots", type=Path, default=None, help="write PNG plots into this folder")
     parser.add_argument("--no-daemon", action="store_true", help="skip start-up and memory of the daemon")
     args = parser.parse_args()
+    keep_opencv_serial()  # as the daemon does
     keys = [k for k in args.models.split(",") if k]
     backends = [BACKENDS[b] for b in args.backends.split(",") if b]
     started = time.time()
@@ -588,9 +591,14 @@ def main() -> int:
                     swap = bench.pipeline(fps=case.pace_fps, swap_at=args.seconds / 2)
                     done = np.array(swap.extra["done_at"])
                     gaps, ends = np.diff(done), done[1:]
-                    near = np.abs(ends - swap.extra["swapped_at"]) <= 1.0  # results within 1 s of the swap
+                    # The swap itself: from the moment the built stage is handed over, for 1 s. Building
+                    # it (loading, compiling, warming up) happens before, beside the serving stage.
+                    swapped, built = swap.extra["swapped_at"], swap.extra["build_started_at"]
+                    near = (ends >= swapped) & (ends <= swapped + 1.0)
+                    building = (ends >= built) & (ends < swapped)
                     add("swap_gap_ms", float(gaps[near].max(initial=0.0)) * 1000)
-                    add("steady_gap_ms", float(gaps[~near].max(initial=0.0)) * 1000)
+                    add("build_gap_ms", float(gaps[building].max(initial=0.0)) * 1000)
+                    add("steady_gap_ms", float(gaps[~near & ~building].max(initial=0.0)) * 1000)
                     add("swap_lost", swap.extra["offered"] - swap.results - swap.extra["errors"])
                     add("swap_dropped_at_source", swap.extra["source_dropped"])
                     print(
@@ -660,9 +668,10 @@ def render(
         "## Targets",
         "",
         "| model | backend | pipeline/memory ÷ bare (≥ 0.95) | pipeline/video ÷ naive (≥ 1.25) | "
-        "CPU per result paced, pipeline ÷ bare (≤ 1.10) | swap: longest gap within 1 s of it, ms | "
-        "longest gap elsewhere, ms (frame interval) | swap: results lost |",
-        "|---|---|---|---|---|---|---|---|",
+        "CPU per result paced, pipeline ÷ bare (≤ 1.10) | swap: longest gap in the 1 s after it, ms | "
+        "longest gap while the new stage was built beside, ms | longest gap otherwise, ms (frame "
+        "interval) | swap: results lost |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         f = row["figures"]
@@ -674,6 +683,7 @@ def render(
             fmt(f["video_vs_naive"]),
             fmt(f["paced_cpu_ratio"]),
             fmt(f["swap_gap_ms"], 0),
+            fmt(f["build_gap_ms"], 0),
             f"{fmt(f['steady_gap_ms'], 0)} ({interval:.0f})",
             fmt(f["swap_lost"], 0),
         ]

@@ -67,8 +67,9 @@ class AgentProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def finish(self, timeout: float = EXIT_TIMEOUT_S) -> str:
-        """Wait for the agent to exit 0 (after --duration or a signal) and return its log."""
+    def finish(self, timeout: float = EXIT_TIMEOUT_S, exit_codes: tuple[int, ...] = (0,)) -> str:
+        """Wait for the agent to exit 0 (or one of `exit_codes`; after --duration or a signal) and
+        return its log."""
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -76,17 +77,23 @@ class AgentProcess:
                 f"edge-agent did not exit within {timeout} s:\n{self.log()[-4000:]}"
             ) from None
         log = self.log()
-        assert self.proc.returncode == 0, f"edge-agent exited {self.proc.returncode}:\n{log[-4000:]}"
+        assert self.proc.returncode in exit_codes, f"edge-agent exited {self.proc.returncode}:\n{log[-4000:]}"
         assert "Traceback" not in log, log[-4000:]
         return log
 
-    def stop(self, timeout: float = EXIT_TIMEOUT_S) -> str:
+    def stop(self, timeout: float = EXIT_TIMEOUT_S, exit_codes: tuple[int, ...] = (0,)) -> str:
         """SIGTERM, as systemd stops it; waits for a clean exit and returns the log."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.finish(timeout)
+        return self.finish(timeout, exit_codes)
 
-    def run_until(self, condition: Callable[[], object], what: str, timeout: float = RUN_TIMEOUT_S) -> str:
+    def run_until(
+        self,
+        condition: Callable[[], object],
+        what: str,
+        timeout: float = RUN_TIMEOUT_S,
+        exit_codes: tuple[int, ...] = (0,),
+    ) -> str:
         """Let the agent run until `condition()` holds, then stop it (SIGTERM); returns the log."""
         wait_until(
             lambda: condition() or self.proc.poll() is not None,
@@ -99,7 +106,7 @@ class AgentProcess:
             raise AssertionError(
                 f"edge-agent exited ({self.proc.returncode}) before {what}:\n{self.log()[-4000:]}"
             )
-        return self.stop()
+        return self.stop(exit_codes=exit_codes)
 
     def kill(self) -> None:
         if self.proc.poll() is None:

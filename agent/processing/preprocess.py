@@ -192,6 +192,13 @@ class Preprocessor:
         return tensor if self.dtype == np.float32 else tensor.astype(self.dtype)
 
 
+def keep_opencv_serial() -> None:
+    """One OpenCV thread for the process: its own pool would spread each resize over every core,
+    the cores inference is using (and wait actively between frames), while a pipeline already
+    prepares frames on a thread of its own beside inference. The daemon calls it once."""
+    cv2.setNumThreads(1)
+
+
 def _pick_input(name: str | None, inputs: list[TensorSpec]) -> TensorSpec:
     if name is not None:
         for spec in inputs:
