@@ -275,13 +275,16 @@ class Bench:
 
     def bare(self, fps: float | None = None) -> Run:
         count = int(self.seconds * (fps or self.per_s))
+        latencies = []
         with measured() as took:
             start = time.monotonic()
             for i in range(count):
+                t0 = time.perf_counter()
                 self.session.run(self.feeds)
+                latencies.append((time.perf_counter() - t0) * 1000)
                 if fps:
                     time.sleep(max(0.0, start + (i + 1) / fps - time.monotonic()))
-        return Run(count, took["wall"], took["cpu"], {})
+        return Run(count, took["wall"], took["cpu"], {"latency_ms": latencies})
 
     def _writer(self, name: str) -> tuple[ResultWriter, Outbox]:
         state = self.work / f"state-{name}-{time.monotonic_ns()}"
@@ -304,7 +307,10 @@ class Bench:
         done_at: list[float] = []
         submit = writer.submit
 
+        latencies: list[float] = []
+
         def timed_submit(name: str, result: dict[str, Any]) -> None:
+            latencies.append(result["latency_ms"]["capture_to_result"])
             submit(name, result)
             done_at.append(time.monotonic())
 
@@ -332,6 +338,7 @@ class Bench:
         if memory is not None:
             extra["offered"], extra["source_dropped"] = memory.served, memory.dropped
         extra["done_at"] = done_at
+        extra["latency_ms"] = latencies
         extra["errors"] = pipeline.errors
         return Run(pipeline.results, took["wall"], took["cpu"], extra)
 
@@ -582,6 +589,10 @@ def main() -> int:
                     for name, run in runs.items():
                         add(f"{name}_rate", run.rate)
                         add(f"{name}_cpu_ms", run.cpu_ms_per_result)
+                    for name in ("bare_paced", "pipeline_paced"):
+                        p50, p95 = np.percentile(runs[name].extra["latency_ms"], [50, 95])
+                        add(f"{name}_latency_p50", float(p50))
+                        add(f"{name}_latency_p95", float(p95))
                     add("memory_vs_bare", ratio(runs["pipeline_memory"].rate, runs["bare"].rate))
                     add("video_vs_naive", ratio(runs["pipeline_video"].rate, runs["naive"].rate))
                     add(
@@ -615,8 +626,10 @@ def main() -> int:
     print(report)
     if args.out:
         args.out.write_text(report)
+        # Every round's figures, for plots or other views later.
+        args.out.with_suffix(".json").write_text(json.dumps({"rows": rows, "daemons": daemons}, indent=1))
     if args.plots:
-        plot(rows, args.plots)
+        plot(rows, daemons, args.plots)
     return 0
 
 
@@ -693,8 +706,9 @@ def render(
         "## Results per second and CPU per result",
         "",
         "| model | backend | bare /s | pipeline/memory /s | naive /s | pipeline/video /s | "
-        "CPU ms/result bare paced | CPU ms/result pipeline paced |",
-        "|---|---|---|---|---|---|---|---|",
+        "CPU ms/result bare paced | CPU ms/result pipeline paced | paced: bare run p50 ms | "
+        "paced: pipeline capture to result p50 / p95 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         f = row["figures"]
@@ -703,6 +717,8 @@ def render(
             fmt(f[f"{name}_rate"], 1) for name in ("bare", "pipeline_memory", "naive", "pipeline_video")
         ]
         cells += [fmt(f["bare_paced_cpu_ms"]), fmt(f["pipeline_paced_cpu_ms"])]
+        cells += [fmt(f["bare_paced_latency_p50"]), f"{fmt(f['pipeline_paced_latency_p50'])} / "
+                  f"{fmt(f['pipeline_paced_latency_p95'])}"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     if daemons:
         tags = [b.split("/")[0] for b in (BACKENDS[k] for k in args.backends.split(",") if k)]
@@ -736,7 +752,9 @@ def render(
     return "\n".join(lines)
 
 
-def plot(rows: list[dict[str, Any]], folder: Path) -> None:
+def plot(rows: list[dict[str, Any]], daemons: dict[str, dict[str, list[float]]], folder: Path) -> None:
+    """Bar charts (median of the rounds) of throughput, CPU per result and latency at a camera's
+    pace, and of memory: docs/img/bench-pipeline-*.png."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -744,19 +762,74 @@ def plot(rows: list[dict[str, Any]], folder: Path) -> None:
 
     folder.mkdir(parents=True, exist_ok=True)
     labels = [f"{r['model']}\n{r['backend'].split('/')[0]}" for r in rows]
-    x = np.arange(len(rows))
-    contenders = ["bare", "pipeline_memory", "naive", "pipeline_video"]
-    fig, ax = plt.subplots(figsize=(9, 4))
-    for i, name in enumerate(contenders):
-        values = [statistics.median(r["figures"][f"{name}_rate"]) for r in rows]
-        ax.bar(x + (i - 1.5) * 0.2, values, 0.2, label=name.replace("_", "/"))
-    ax.set_xticks(x, labels)
-    ax.set_ylabel("results per second (median of rounds)")
-    ax.set_title("Throughput: pipeline vs bare loop and naive serial loop")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(folder / "bench-pipeline-throughput.png", dpi=100)
-    plt.close(fig)
+
+    def bars(name: str, title: str, ylabel: str, series: dict[str, list[float]], group: list[str]) -> None:
+        fig, ax = plt.subplots(figsize=(9, 4))
+        x = np.arange(len(group))
+        width = 0.8 / max(1, len(series))
+        for i, (label, values) in enumerate(series.items()):
+            ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, label=label)
+        ax.set_xticks(x, group)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(folder / f"bench-pipeline-{name}.png", dpi=100)
+        plt.close(fig)
+
+    def median_of(key: str) -> list[float]:
+        return [statistics.median(r["figures"][key]) for r in rows]
+
+    bars(
+        "throughput",
+        "Saturated: pipeline vs bare loop and naive serial loop",
+        "results per second",
+        {
+            n.replace("_", "/"): median_of(f"{n}_rate")
+            for n in ("bare", "pipeline_memory", "naive", "pipeline_video")
+        },
+        labels,
+    )
+    bars(
+        "cpu",
+        "At a camera's pace: CPU per result",
+        "CPU ms per result",
+        {"bare loop": median_of("bare_paced_cpu_ms"), "pipeline": median_of("pipeline_paced_cpu_ms")},
+        labels,
+    )
+    bars(
+        "latency",
+        "At a camera's pace: bare run time vs pipeline capture to result",
+        "ms",
+        {
+            "bare run p50": median_of("bare_paced_latency_p50"),
+            "pipeline p50": median_of("pipeline_paced_latency_p50"),
+            "pipeline p95": median_of("pipeline_paced_latency_p95"),
+        },
+        labels,
+    )
+    if daemons:
+        tags = sorted(
+            {
+                k.removeprefix("rss_")
+                for f in daemons.values()
+                for k in f
+                if k.startswith("rss_") and "over" not in k
+            }
+        )
+        group = [f"{model}\n{tag}" for model in daemons for tag in tags]
+        bars(
+            "memory",
+            "Peak RSS: the daemon with one pipeline vs a bare process",
+            "MB",
+            {
+                "bare process": [
+                    statistics.median(daemons[m][f"bare_rss_{t}"]) for m in daemons for t in tags
+                ],
+                "daemon": [statistics.median(daemons[m][f"rss_{t}"]) for m in daemons for t in tags],
+            },
+            group,
+        )
 
 
 if __name__ == "__main__":
