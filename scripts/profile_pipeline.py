@@ -61,6 +61,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--repo", type=Path, default=None, help="run the agent from this checkout")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument(
+        "--every-frame", action="store_true", help="the source with realtime: false (not in old checkouts)"
+    )
     args = parser.parse_args()
     case = MODELS[args.model]
     env = dict(os.environ)
@@ -80,7 +83,8 @@ def main() -> int:
                 {
                     "name": args.model,
                     "model": {"name": args.model, "version": "1"},
-                    "source": {"type": "video", "uri": str(work / "clip.mp4"), "loop": True},
+                    "source": {"type": "video", "uri": str(work / "clip.mp4"), "loop": True}
+                    | ({"realtime": False} if args.every_frame else {}),
                     "preprocess": case.preprocess,
                     "postprocess": case.postprocess,
                     "backend": {"fixed": args.backend},
