@@ -562,7 +562,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the Markdown report here")
     parser.add_argument("--plots", type=Path, default=None, help="write PNG plots into this folder")
     parser.add_argument("--no-daemon", action="store_true", help="skip start-up and memory of the daemon")
+    parser.add_argument("--replot", type=Path, default=None, help="only redraw --plots from a run's .json")
     args = parser.parse_args()
+    if args.replot is not None:
+        saved = json.loads(args.replot.read_text())
+        plot(saved["rows"], saved["daemons"], args.plots or Path("docs/img"))
+        return 0
     keep_opencv_serial()  # as the daemon does
     keys = [k for k in args.models.split(",") if k]
     backends = [BACKENDS[b] for b in args.backends.split(",") if b]
@@ -764,8 +769,17 @@ def plot(rows: list[dict[str, Any]], daemons: dict[str, dict[str, list[float]]],
     folder.mkdir(parents=True, exist_ok=True)
     labels = [f"{r['model']}\n{r['backend'].split('/')[0]}" for r in rows]
 
-    def bars(name: str, title: str, ylabel: str, series: dict[str, list[float]], group: list[str]) -> None:
+    def bars(
+        name: str,
+        title: str,
+        ylabel: str,
+        series: dict[str, list[float]],
+        group: list[str],
+        log: bool = False,
+    ) -> None:
         fig, ax = plt.subplots(figsize=(9, 4))
+        if log:  # models from 1 ms to 40 ms on one chart
+            ax.set_yscale("log")
         x = np.arange(len(group))
         width = 0.8 / max(1, len(series))
         for i, (label, values) in enumerate(series.items()):
@@ -784,12 +798,13 @@ def plot(rows: list[dict[str, Any]], daemons: dict[str, dict[str, list[float]]],
     bars(
         "throughput",
         "Saturated: pipeline vs bare loop and naive serial loop",
-        "results per second",
+        "results per second (log scale)",
         {
             n.replace("_", "/"): median_of(f"{n}_rate")
             for n in ("bare", "pipeline_memory", "naive", "pipeline_video")
         },
         labels,
+        log=True,
     )
     bars(
         "cpu",
