@@ -19,6 +19,7 @@ Contenders, on the same model, backend, input and postprocessing:
   start-up to its first result on a first run (default selection, nothing cached) and on a restart
   (model stored, decision cached), and its peak RSS against a bare process that only imports the
   runtime, loads the model and runs it (`--no-daemon` skips this part).
+Plots need matplotlib (`pip install -e .[bench]`).
 MQTT publishing is left out of every contender (the daemon publishes from its own thread; here its
 broker is away, so results wait in its outbox, where this script sees them).
 """

@@ -8,6 +8,7 @@ for --seconds and the script prints the share of samples per thread role and the
 functions (self time; a Python function calling into a runtime counts the runtime's time). py-spy
 samples threads that are running: idle waits are left out.
 
+    .venv/bin/pip install -e .[bench]   # py-spy
     .venv/bin/python scripts/profile_pipeline.py [--model yolo] [--backend openvino/CPU]
         [--seconds 20] [--repo PATH]
 """
