@@ -1223,7 +1223,7 @@ def bench(
             agent = _load(config) if config.is_file() else None
             if pipeline is not None and agent is None:
                 raise EdgeAgentError(f"--pipeline {pipeline}: no config at {config}", hint="give -c CONFIG")
-            shaped = pipeline_shaped_feeds(model, store, agent, pipeline)
+            shaped = pipeline_shaped_feeds(model, store, agent, pipeline, config)
         feeds, fed = shaped if shaped is not None else bench_feeds(resolved, shape or [], inputs)
         selected = (
             {

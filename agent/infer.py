@@ -240,11 +240,7 @@ def pipeline_config(
     """The named pipeline's settings (checked against the kind of input), else a bare one whose
     processing the model's hints and defaults fill in (`default_processing`)."""
     if name is not None:
-        pipelines = {p.name: p for p in agent.pipelines} if agent is not None else {}
-        if name not in pipelines:
-            known = ", ".join(sorted(pipelines)) or "none"
-            raise EdgeAgentError(f"no pipeline named {name!r} in {config_path} (its pipelines: {known})")
-        config = pipelines[name]
+        config = named_pipeline(agent, name, config_path)
         audio = isinstance(config.preprocess, AudioPreprocessConfig)
         if kind in PICTURES and audio:
             wants = "a WAV file" if isinstance(config.source, AudioSourceConfig) else "a .npy or .npz"
@@ -262,11 +258,25 @@ def pipeline_config(
             f"{input_path}: a WAV file needs an audio pipeline for its windows, context and state",
             hint="give --pipeline NAME -c CONFIG, NAME a pipeline with an audio source",
         )
+    return bare_pipeline("infer", str(input_path))
+
+
+def named_pipeline(agent: AgentConfig | None, name: str, config_path: Path | None) -> PipelineConfig:
+    """The config's pipeline called `name`; EdgeAgentError listing the ones it has."""
+    pipelines = {p.name: p for p in agent.pipelines} if agent is not None else {}
+    if name not in pipelines:
+        known = ", ".join(sorted(pipelines)) or "none"
+        raise EdgeAgentError(f"no pipeline named {name!r} in {config_path} (its pipelines: {known})")
+    return pipelines[name]
+
+
+def bare_pipeline(name: str, uri: str) -> PipelineConfig:
+    """A pipeline with no settings of its own: the model's hints and defaults fill it in."""
     return PipelineConfig.model_validate(
         {
-            "name": "infer",
-            "model": {"name": "infer", "version": "1"},
-            "source": {"type": "video", "uri": str(input_path)},
+            "name": name,
+            "model": {"name": name, "version": "1"},
+            "source": {"type": "video", "uri": uri},
             "postprocess": {"type": "raw"},
         }
     )
@@ -469,29 +479,23 @@ def infer(
 
 
 def pipeline_shaped_feeds(
-    model_spec: str, store: ModelStore, agent: AgentConfig | None, pipeline: str | None
+    model_spec: str,
+    store: ModelStore,
+    agent: AgentConfig | None,
+    pipeline: str | None,
+    config_path: Path | None = None,
 ) -> tuple[dict[str, np.ndarray], str] | None:
     """Inputs of the shapes a pipeline feeds the model (`edge-agent bench`): the named pipeline's, else
     the config's first pipeline on this model, else the model's own hints (manifest, file metadata);
     random pixels or samples, the constants and initial state as they are. None when nothing says
     an open input size (the caller falls back to its defaults)."""
     model = resolve(model_spec, store)
-    pipelines = list(agent.pipelines) if agent is not None else []
     if pipeline is not None:
-        chosen = next((p for p in pipelines if p.name == pipeline), None)
-        if chosen is None:
-            known = ", ".join(sorted(p.name for p in pipelines)) or "none"
-            raise EdgeAgentError(f"no pipeline named {pipeline!r} in the config (its pipelines: {known})")
+        chosen: PipelineConfig | None = named_pipeline(agent, pipeline, config_path)
     else:
+        pipelines = agent.pipelines if agent is not None else []
         chosen = next((p for p in pipelines if p.model.name == model.name), None)
-    base = chosen or PipelineConfig.model_validate(
-        {
-            "name": "bench",
-            "model": {"name": "bench", "version": "1"},
-            "source": {"type": "video", "uri": "bench"},
-            "postprocess": {"type": "raw"},
-        }
-    )
+    base = chosen or bare_pipeline("bench", "bench")
     embedded = embedded_hints(model.artifacts)
     config = with_model_hints(base, model.manifest, embedded)
     session = reference_session(model.artifacts)

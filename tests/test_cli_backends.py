@@ -330,7 +330,7 @@ def test_explain_shows_why_the_running_pipeline_got_its_backend(
     )
     assert named["inputs"] == report["inputs"]
     out = cli("bench", MODEL, "-c", str(config), "--pipeline", "nope", expect=1)
-    assert "no pipeline named 'nope' in the config (its pipelines: signs)" in out
+    assert f"no pipeline named 'nope' in {config} (its pipelines: signs)" in out
     text = cli("bench", MODEL, "-c", str(config), "--runs", "3", "--warmup", "1")
     assert "selected" in table_row(text, backend)
     for name in CPU_BACKENDS:
