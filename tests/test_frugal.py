@@ -43,6 +43,9 @@ FINGERPRINT = "test-box"
 BAD_PYTHON = "/nonexistent/python3"  # a child that cannot start
 # Shared libraries of the runtimes the daemon does not serve on (path fragments in /proc/PID/maps).
 FOREIGN_LIBRARIES = ("libopenvino", "ai_edge_litert", "tflite_runtime", "libtensorflowlite")
+# What a restart on a stored model, an unsigned file registry and a cached decision never needs: the
+# onnx package (the first run checks the pulled file with it) and cryptography (signatures).
+RESTART_UNNEEDED = ("onnx_cpp2py_export", "cryptography/hazmat/bindings")
 
 
 @pytest.fixture(autouse=True)
@@ -215,6 +218,19 @@ def _mapped_libraries(pid: int) -> set[str]:
     return {line.split()[-1] for line in maps.splitlines() if ".so" in line.rsplit("/", 1)[-1]}
 
 
+def test_the_daemon_and_cli_import_no_runtime_registry_client_or_crypto_up_front() -> None:
+    """Each is imported where it is used: a runtime when a stage loads on it, httpx for an HTTP or
+    OCI registry, cryptography when keys are trusted, onnx when a pulled file is checked."""
+    code = "import json, sys, agent.cli, agent.daemon; print(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    modules = {name.split(".")[0] for name in json.loads(done.stdout)}
+    assert "agent" in modules and "cv2" in modules
+    unneeded = {"onnxruntime", "openvino", "ai_edge_litert", "tflite_runtime", "httpx", "cryptography"}
+    unneeded.add("onnx")
+    assert not modules & unneeded, sorted(modules & unneeded)
+
+
 def test_a_restarted_daemon_maps_only_the_runtime_it_serves_on(
     tmp_path: Path,
     mosquitto: Mosquitto,
@@ -255,7 +271,7 @@ def test_a_restarted_daemon_maps_only_the_runtime_it_serves_on(
     assert "could not probe" not in log
     assert served_by_second()[0]["backend"] == ORT_CPU
     assert any("libonnxruntime" in lib for lib in libraries), sorted(libraries)
-    foreign = sorted(lib for lib in libraries if any(f in lib for f in FOREIGN_LIBRARIES))
+    foreign = sorted(lib for lib in libraries if any(f in lib for f in FOREIGN_LIBRARIES + RESTART_UNNEEDED))
     assert not foreign, foreign
 
 

@@ -9,6 +9,7 @@ import json
 import sqlite3
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import cv2
 import onnx
@@ -17,7 +18,7 @@ from pydantic import ValidationError
 
 from agent.config import AgentConfig, DetectionPostprocess, ModelRef, PipelineConfig, TrustedKey
 from agent.errors import ModelError, StoreError
-from agent.model_hints import embedded_hints, with_model_hints
+from agent.model_hints import embedded_hints, onnx_metadata_props, with_model_hints
 from agent.registry import Manifest
 from agent.registry.signing import SignatureError, TrustPolicy, generate_key
 from agent.store import ModelStore
@@ -128,6 +129,44 @@ def test_ultralytics_metadata_gives_labels_and_input_size(yolo_path: Path, yolo_
         "color": "rgb",
         "scale": 1 / 255,
     }
+
+
+def test_metadata_props_are_read_from_the_wire_as_onnx_reads_them(tmp_path: Path, yolo_path: Path) -> None:
+    """The daemon reads them without the onnx package (agent/model_hints.py, onnx_metadata_props)."""
+    model = onnx.load(str(yolo_path))
+    onnx.helper.set_model_props(
+        model,
+        {**{p.key: p.value for p in model.metadata_props}, "note": "überall ✓", "long": "x" * 70_000, "": ""},
+    )
+    written = tmp_path / "props.onnx"
+    onnx.save(model, str(written))
+    for path in (yolo_path, written):
+        expected = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+        assert onnx_metadata_props(path) == expected
+    props = onnx_metadata_props(written)
+    assert props["note"] == "überall ✓" and len(props["long"]) == 70_000
+    bare = onnx.helper.make_model(onnx.helper.make_graph([], "g", [], []))
+    onnx.save(bare, str(tmp_path / "bare.onnx"))
+    assert onnx_metadata_props(tmp_path / "bare.onnx") == {}
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (lambda data: data[: len(data) // 2], "runs past the end"),  # cut off inside the graph
+        (lambda data: data + b"\x80", "ends inside a field"),  # a key's varint never ends
+        (lambda data: data + b"\x0b", "wire type 3"),  # a group: not in ONNX files
+        (lambda data: b"\xff" * 11, "longer than 10 bytes"),
+    ],
+)
+def test_a_malformed_file_is_a_value_error_and_gives_no_hints(
+    tmp_path: Path, yolo_path: Path, content: Any, problem: str
+) -> None:
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(content(yolo_path.read_bytes()))
+    with pytest.raises(ValueError, match=problem):
+        onnx_metadata_props(broken)
+    assert embedded_hints([_artifact(broken)]) == {}
 
 
 def test_yaml_then_manifest_then_the_file_win_key_by_key(yolo_path: Path, yolo_labels: list[str]) -> None:

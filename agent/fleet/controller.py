@@ -37,10 +37,9 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import paho.mqtt.client as mqtt
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -84,6 +83,9 @@ from agent.mqtt.topics import (
     status_topic,
 )
 from agent.registry.signing import key_id
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 DEFAULT_PREFIX = "edge"
 SETTLE_S = 0.25  # quiet time after the retained snapshot before a collect returns

@@ -9,11 +9,12 @@ import base64
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any
-
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from typing import TYPE_CHECKING, Any
 
 from agent.registry.signing import ALGORITHM, Signature, key_id, parse_signatures
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 SCHEMA_VERSION = 1
 # Far above any real document; stops a huge retained message before it is parsed.

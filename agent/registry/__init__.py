@@ -7,14 +7,13 @@ stores them).
 
 from __future__ import annotations
 
-from typing import BinaryIO, Protocol, runtime_checkable
+import importlib
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 from agent.config import RegistryConfig
 from agent.errors import RegistryError
 from agent.registry.file_registry import FileRegistry
-from agent.registry.http_client import public_url
-from agent.registry.http_registry import HttpRegistry
 from agent.registry.manifest import (
     ARTIFACT_FORMATS,
     MANIFEST_FILE,
@@ -24,7 +23,11 @@ from agent.registry.manifest import (
     ManifestDocument,
     check_model_file,
 )
-from agent.registry.oci_registry import OciRegistry
+from agent.registry.urls import public_url
+
+if TYPE_CHECKING:  # imported on first use: they bring httpx, which a file:// box never needs
+    from agent.registry.http_registry import HttpRegistry
+    from agent.registry.oci_registry import OciRegistry
 
 __all__ = [
     "ARTIFACT_FORMATS",
@@ -39,7 +42,18 @@ __all__ = [
     "Registry",
     "check_model_file",
     "open_registry",
+    "public_url",
 ]
+
+
+# Imported on first use (a module __getattr__), as open_registry does: they bring httpx.
+_LAZY = {"HttpRegistry": "agent.registry.http_registry", "OciRegistry": "agent.registry.oci_registry"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @runtime_checkable
@@ -82,8 +96,12 @@ def open_registry(url: str, config: RegistryConfig | None = None) -> Registry:
     if scheme == "file":
         return FileRegistry.from_url(url)
     if scheme in ("http", "https"):
+        from agent.registry.http_registry import HttpRegistry
+
         return HttpRegistry(url, config)
     if scheme == "oci":
+        from agent.registry.oci_registry import OciRegistry
+
         return OciRegistry(url, config)
     shown = f"scheme {scheme!r}" if scheme else "no scheme"
     raise RegistryError(

@@ -25,12 +25,13 @@ import time
 from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import urljoin, urlsplit, urlunsplit
+from urllib.parse import urljoin, urlsplit
 
 import httpx
 
 from agent.config import RegistryConnection
 from agent.errors import RegistryError
+from agent.registry.urls import public_url
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +45,6 @@ Body = bytes | Callable[[], IO[bytes]]
 
 class NotFound(Exception):
     """A 404: each registry says what was missing in its own words."""
-
-
-def public_url(url: str) -> str:
-    """`url` without user:password@ (for logs and errors)."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def read_secret(path: Path, what: str) -> str:

@@ -19,7 +19,7 @@ from urllib.parse import quote, urljoin, urlsplit, urlunsplit
 from agent.config import RegistryConnection
 from agent.errors import RegistryError
 from agent.registry.file_registry import check_name, version_sort_key
-from agent.registry.http_client import NotFound, RegistryClient, public_url, settings_auth
+from agent.registry.http_client import NotFound, RegistryClient, settings_auth
 from agent.registry.manifest import (
     INDEX_FILE,
     MANIFEST_FILE,
@@ -30,6 +30,7 @@ from agent.registry.manifest import (
     check_manifest_digest,
     parse_version_manifest,
 )
+from agent.registry.urls import public_url
 
 
 class HttpRegistry:

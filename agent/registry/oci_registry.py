@@ -48,7 +48,7 @@ import httpx
 from agent.config import RegistryConnection
 from agent.errors import RegistryError
 from agent.registry.file_registry import SUFFIX_FORMATS, check_name, utc_now_iso, version_sort_key
-from agent.registry.http_client import Body, NotFound, RegistryClient, public_url, read_secret
+from agent.registry.http_client import Body, NotFound, RegistryClient, read_secret
 from agent.registry.manifest import (
     MANIFEST_FILE,
     SIGNATURE_FILE,
@@ -60,6 +60,7 @@ from agent.registry.manifest import (
     key_path,
     parse_version_manifest,
 )
+from agent.registry.urls import public_url
 
 log = logging.getLogger(__name__)
 

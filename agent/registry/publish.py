@@ -18,9 +18,9 @@ from urllib.parse import urlsplit
 from agent.config import RegistryConnection
 from agent.errors import RegistryError
 from agent.registry.file_registry import FileRegistry
-from agent.registry.http_client import public_url
 from agent.registry.manifest import Manifest
 from agent.registry.oci_registry import OciRegistry
+from agent.registry.urls import public_url
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey

@@ -28,16 +28,17 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from typing import TYPE_CHECKING, Any
 
 from agent.config import TrustedKey
 from agent.errors import ConfigError, EdgeAgentError
 from agent.fsutil import atomic_write_bytes
 from agent.registry.manifest import ManifestDocument
+
+# cryptography (7 MB resident) is imported where keys are made, loaded or checked: a box whose
+# registry.trusted_keys is empty never needs it.
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 ALGORITHM = "ed25519"
 PUBLIC_SUFFIX = ".pub"
@@ -54,6 +55,8 @@ class Signature:
 
 
 def key_id(public_key: Ed25519PublicKey) -> str:
+    from cryptography.hazmat.primitives import serialization
+
     raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return hashlib.sha256(raw).hexdigest()[:16]
 
@@ -71,6 +74,9 @@ def generate_key(private_path: Path, force: bool = False) -> tuple[str, Path]:
             raise EdgeAgentError(
                 f"{path} exists; refusing to overwrite a key", hint="pass --force to replace it"
             )
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     private_key = Ed25519PrivateKey.generate()
     private_pem = private_key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -88,6 +94,9 @@ def generate_key(private_path: Path, force: bool = False) -> tuple[str, Path]:
 
 
 def load_private_key(path: Path) -> Ed25519PrivateKey:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     data = _read_key_file(path, "private key")
     try:
         key = serialization.load_pem_private_key(data, password=None)
@@ -102,6 +111,9 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
 
 
 def load_public_key(path: Path) -> Ed25519PublicKey:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     data = _read_key_file(path, "public key")
     try:
         key = serialization.load_pem_public_key(data)
@@ -242,6 +254,8 @@ class TrustPolicy:
     def verify(self, data: bytes, signatures: Sequence[Signature], models: Sequence[str], what: str) -> str:
         """The id of a trusted key whose signature verifies over `data` and that is trusted for every
         one of `models`; SignatureError naming `what` and why each signature failed otherwise."""
+        from cryptography.exceptions import InvalidSignature
+
         problems = []
         for signature in signatures:
             trusted = self._keys.get(signature.key_id)
