@@ -51,6 +51,7 @@ from providers.select import (
     compare_outputs,
     judged_by,
     reference_session,
+    serving_options,
 )
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ def policy_for(
         rtol=agent.rtol,
         atol=agent.atol,
         max_mismatch=agent.max_mismatch,
+        spare_core=agent.spare_core,
         options=_with_cache_dirs(
             agent.options, config.state_dir / "cache", all_backends() if backends is None else backends
         ),
@@ -543,7 +545,7 @@ class DecisionSwitcher:
         if backend is None or artifact is None:
             return None
         try:
-            session = backend.load(artifact, self.policy.options_for(backend.name))
+            session = backend.load(artifact, serving_options(self.policy, report))
             if self.warm_up_feeds is not None:
                 session.run(self.warm_up_feeds)
             else:

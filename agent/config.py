@@ -764,6 +764,12 @@ class SelectionConfig(BackendChoiceConfig):
         "at once, and the candidates are proven beside it on its first frame (the winner takes over "
         "between two frames); off: it waits for the trials before its first result.",
     )
+    spare_core: bool = Field(
+        True,
+        description="Time the CPU backends (onnxruntime CPU, OpenVINO CPU) with one core fewer too, and "
+        "run a model that is at most 10% slower that way: the core left decodes, prepares and reports "
+        "frames beside inference. Off, or a thread count in options: the runtime's own threads.",
+    )
     match_iou: float = Field(
         0.5,
         gt=0,

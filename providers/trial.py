@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from providers.base import BackendError, ModelArtifact
+from providers.base import BackendError, ModelArtifact, Session
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,9 @@ class TrialRequest:
     runs: int = 20  # at least this many timed runs ...
     min_time_s: float = 0.0  # ... and at least this long (fast models need many runs for a stable median)
     budget_s: float = 10.0  # but stop timing after this long
+    # Options timed as well, on a fresh session after the main runs: a variant the selection may
+    # prefer (one CPU thread fewer, providers/select.py spare_core_variant). None: no variant.
+    variant: Mapping[str, Any] | None = None
 
 
 @dataclass
@@ -46,6 +49,8 @@ class TrialResult:
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
     peak_rss_mb: float = 0.0
     compute_ms: list[float] = field(default_factory=list)  # the runtime's own timer, where it has one
+    variant_ms: list[float] = field(default_factory=list)  # latencies with the request's variant
+    variant_error: str = ""  # why the variant could not be timed
 
     def percentile(self, q: float, values: list[float] | None = None) -> float | None:
         """A percentile of the wall-clock latencies (or of `values`)."""
@@ -61,7 +66,8 @@ class TrialResult:
 
 
 def run_trial(request: TrialRequest) -> TrialResult:
-    """In this process: load, warm up, time `runs` runs for at least `min_time_s` (within `budget_s`)."""
+    """In this process: load, warm up, time `runs` runs for at least `min_time_s` (within `budget_s`);
+    then the same with the request's variant options, if any."""
     from providers.registry import get_backend
 
     try:
@@ -69,30 +75,49 @@ def run_trial(request: TrialRequest) -> TrialResult:
         started = time.perf_counter()
         session = backend.load(request.artifact, request.options)
         load_s = time.perf_counter() - started
-        outputs: dict[str, np.ndarray] = {}
-        for _ in range(max(1, request.warmup)):
-            outputs = session.run(request.feeds)
-        latencies: list[float] = []
-        compute: list[float] = []
-        begun = time.perf_counter()
-        while True:
-            t0 = time.perf_counter()
-            outputs = session.run(request.feeds)
-            now = time.perf_counter()
-            latencies.append((now - t0) * 1000)
-            if session.compute_ms is not None:
-                compute.append(session.compute_ms)
-            enough = len(latencies) >= max(1, request.runs) and now - begun >= request.min_time_s
-            if enough or now - begun >= request.budget_s:
-                break
+        outputs, latencies, compute = _timed(session, request)
         precision = session.precision
         session.close()
     except (BackendError, KeyError) as exc:
         return TrialResult(request.backend, False, str(exc).strip("'\""))
     except Exception as exc:  # a runtime's own error types
         return TrialResult(request.backend, False, f"{type(exc).__name__}: {exc}")
+    variant_ms: list[float] = []
+    variant_error = ""
+    if request.variant:
+        try:
+            session = backend.load(request.artifact, {**request.options, **request.variant})
+            variant_ms = _timed(session, request)[1]
+            session.close()
+        except Exception as exc:  # the main options work: the variant is only not taken
+            variant_error = f"{type(exc).__name__}: {exc}"
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-    return TrialResult(request.backend, True, "", precision, load_s, latencies, outputs, peak_mb, compute)
+    return TrialResult(
+        request.backend, True, precision=precision, load_s=load_s, latencies_ms=latencies, outputs=outputs,
+        peak_rss_mb=peak_mb, compute_ms=compute, variant_ms=variant_ms, variant_error=variant_error,
+    )  # fmt: skip
+
+
+def _timed(session: Session, request: TrialRequest) -> tuple[dict[str, np.ndarray], list[float], list[float]]:
+    """Warm up, then time runs as the request says: (the last outputs, latencies ms, the runtime's own
+    compute ms where it has a timer)."""
+    outputs: dict[str, np.ndarray] = {}
+    for _ in range(max(1, request.warmup)):
+        outputs = session.run(request.feeds)
+    latencies: list[float] = []
+    compute: list[float] = []
+    begun = time.perf_counter()
+    while True:
+        t0 = time.perf_counter()
+        outputs = session.run(request.feeds)
+        now = time.perf_counter()
+        latencies.append((now - t0) * 1000)
+        if session.compute_ms is not None:
+            compute.append(session.compute_ms)
+        enough = len(latencies) >= max(1, request.runs) and now - begun >= request.min_time_s
+        if enough or now - begun >= request.budget_s:
+            break
+    return outputs, latencies, compute
 
 
 def run_trial_isolated(request: TrialRequest, timeout_s: float) -> TrialResult:

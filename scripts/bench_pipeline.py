@@ -57,7 +57,8 @@ from agent.mqtt.outbox import Outbox  # noqa: E402
 from agent.pipeline import LoadedModel, Pipeline, Stage  # noqa: E402
 from agent.processing.preprocess import keep_opencv_serial  # noqa: E402
 from agent.sources import Frame  # noqa: E402
-from providers import ModelArtifact, Session, get_backend  # noqa: E402
+from providers import ModelArtifact, SelectionPolicy, Session, decide, get_backend  # noqa: E402
+from providers.select import serving_options  # noqa: E402
 
 WIDTH, HEIGHT = 1280, 720
 BACKENDS = {"ort": "onnxruntime/CPUExecutionProvider", "ov": "openvino/CPU"}
@@ -250,6 +251,13 @@ class Bench:
         feeds, _ = self.stage.prepare(self.frames[0])
         self.feeds = feeds
         self.per_s = max(1.0, 1000.0 / self._probe_ms())  # a rough rate, to size each run
+        # The pipelines run the session as the agent would load it: its trial (in a child process, as
+        # the daemon's) may give the runtime one core fewer (backends.spare_core, docs/backends.md).
+        policy = SelectionPolicy(fixed=backend, max_trials=1)
+        chosen = next(c for c in decide([self.artifact], policy, feeds).candidates if c.verdict == "chosen")
+        self.agent_options = serving_options(policy, chosen)
+        self.threads = chosen.threads
+        self.agent_session = get_backend(backend).load(self.artifact, self.agent_options)
 
     def _probe_ms(self) -> float:
         times = []
@@ -261,6 +269,7 @@ class Bench:
 
     def close(self) -> None:
         self.session.close()
+        self.agent_session.close()
 
     # --- contenders -------------------------------------------------------------------------
 
@@ -297,7 +306,7 @@ class Bench:
 
     def pipeline(self, fps: float | None = None, video: bool = False, swap_at: float | None = None) -> Run:
         writer, outbox = self._writer("pipeline")
-        stage = Stage(self.config, LoadedModel(self.key, "1", "0" * 64, self.session))
+        stage = Stage(self.config, LoadedModel(self.key, "1", "0" * 64, self.agent_session))
         extra: dict[str, Any] = {}
         memory = None
         if video:
@@ -323,7 +332,7 @@ class Bench:
                 if swap_at is not None:
                     time.sleep(swap_at)
                     extra["build_started_at"] = time.monotonic()
-                    fresh = get_backend(self.backend).load(self.artifact)
+                    fresh = get_backend(self.backend).load(self.artifact, self.agent_options)
                     new = Stage(self.config, LoadedModel(self.key, "2", "0" * 64, fresh))
                     new.warm_up()
                     swapped_at = time.monotonic()
@@ -519,6 +528,9 @@ def daemon_rounds(
     of the daemon with each backend fixed against a bare process, rounds interleaved."""
     registry = publish(work, key, case.path())
     figures: dict[str, list[float]] = {}
+    for backend in backends:  # memory is measured on restarts: the first run's proof is a passing peak
+        for cameras in (1, 2):
+            Daemon(work, key, case, registry, backend, cameras=cameras).run(until_proven=True)
     for round_ in range(rounds):
         auto = Daemon(work, f"{key}", case, registry, None)
         shutil.rmtree(auto.state_dir, ignore_errors=True)  # a first run each round: nothing cached
@@ -624,7 +636,7 @@ def main() -> int:
                         + ", ".join(f"{k}={v[-1]:.3g}" for k, v in figures.items()),
                         flush=True,
                     )
-                rows.append({"model": key, "backend": backend, "figures": figures})
+                rows.append({"model": key, "backend": backend, "figures": figures, "threads": bench.threads})
                 shape = tuple(next(iter(bench.feeds.values())).shape)
                 bench.close()
             if not args.no_daemon:
@@ -712,14 +724,19 @@ def render(
         "",
         "## Results per second and CPU per result",
         "",
-        "| model | backend | bare /s | pipeline/memory /s | naive /s | pipeline/video /s | "
-        "CPU ms/result bare paced | CPU ms/result pipeline paced | paced: bare run p50 ms | "
-        "paced: pipeline capture to result p50 / p95 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "The bare and naive loops run on the runtime's default threads; the pipelines on the session as "
+        "the agent loads it: its trial may give the runtime one core fewer (`backends.spare_core`), "
+        "shown in the threads column (default: the runtime's own).",
+        "",
+        "| model | backend | pipeline threads | bare /s | pipeline/memory /s | naive /s | "
+        "pipeline/video /s | CPU ms/result bare paced | CPU ms/result pipeline paced | "
+        "paced: bare run p50 ms | paced: pipeline capture to result p50 / p95 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         f = row["figures"]
-        cells = [row["model"], row["backend"]]
+        threads = row.get("threads")
+        cells = [row["model"], row["backend"], "default" if threads is None else str(threads)]
         cells += [
             fmt(f[f"{name}_rate"], 1) for name in ("bare", "pipeline_memory", "naive", "pipeline_video")
         ]
@@ -736,9 +753,11 @@ def render(
             "`edge-agent run` in its own process, one pipeline (the clip looping at the camera pace), no "
             "broker. *First run*: fresh state dir, default selection (nothing proven yet), the model "
             "pulled from a file registry; *restart*: model stored, decision cached. Peak RSS (VmHWM) after "
-            "8 s of serving with the backend fixed, against a bare process that imports only the runtime, "
-            "loads the model and runs it for as long. *A second camera*: the same daemon with two pipelines "
-            "on the model (one shared session), less the one with one.",
+            "8 s of serving with the backend fixed, on a restart (a first run proves the backend on a frame "
+            "first: a passing peak, not measured here), against a bare process that imports only the "
+            "runtime, loads the model and runs it for as long. *A second camera*: the same daemon with two "
+            "pipelines on the model (one shared session), less the one with one. Several cameras with and "
+            "without cross-stream batching: `scripts/bench_batching.py`, docs/batching.md.",
             "",
             "| model | first run to first result, s (≤ 3) | restart to first result, s (≤ 1) | "
             + " | ".join(
