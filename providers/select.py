@@ -486,15 +486,19 @@ TIE_MARGIN = 0.05
 
 def _take_spare_core(report: CandidateReport, result: TrialResult, policy: SelectionPolicy) -> None:
     """Run the candidate with one core fewer when its trial timed that at most SPARE_CORE_SLOWDOWN
-    slower than on the runtime's default threads (for a small model, often faster)."""
+    slower than on the runtime's default threads (for a small model, often faster); its median and
+    p90 are then those with one core fewer."""
     variant = spare_core_variant(report.backend, policy)
     if not variant or not result.variant_ms or result.median_ms is None:
         if result.variant_error:
             log.debug("%s: one core fewer was not timed: %s", report.backend, result.variant_error)
         return
-    fewer = statistics.median(result.variant_ms)
-    if fewer > SPARE_CORE_SLOWDOWN * result.median_ms:
+    # Compared on the faster tenth of each's runs (timed in turn): a neighbour stealing a core for a
+    # moment slows two threads more than one, and must not cost a large model half its speed for good.
+    fast, fast_fewer = result.percentile(10), result.percentile(10, result.variant_ms)
+    if fast is None or fast_fewer is None or fast_fewer > SPARE_CORE_SLOWDOWN * fast:
         return
+    fewer = statistics.median(result.variant_ms)
     report.threads = next(iter(variant.values()))
     report.default_threads_ms = result.median_ms
     report.median_ms, report.p90_ms = fewer, result.percentile(90, result.variant_ms)

@@ -66,8 +66,9 @@ class TrialResult:
 
 
 def run_trial(request: TrialRequest) -> TrialResult:
-    """In this process: load, warm up, time `runs` runs for at least `min_time_s` (within `budget_s`);
-    then the same with the request's variant options, if any."""
+    """In this process: load, warm up, time `runs` runs for at least `min_time_s` (within `budget_s`).
+    A variant (request.variant) is loaded beside and timed in turn with the main options, run for
+    run: a busy spell of a shared box then slows both alike, not whichever was being timed."""
     from providers.registry import get_backend
 
     try:
@@ -75,22 +76,30 @@ def run_trial(request: TrialRequest) -> TrialResult:
         started = time.perf_counter()
         session = backend.load(request.artifact, request.options)
         load_s = time.perf_counter() - started
-        outputs, latencies, compute = _timed(session, request)
-        precision = session.precision
-        session.close()
     except (BackendError, KeyError) as exc:
         return TrialResult(request.backend, False, str(exc).strip("'\""))
     except Exception as exc:  # a runtime's own error types
         return TrialResult(request.backend, False, f"{type(exc).__name__}: {exc}")
-    variant_ms: list[float] = []
+    variant: Session | None = None
     variant_error = ""
     if request.variant:
         try:
-            session = backend.load(request.artifact, {**request.options, **request.variant})
-            variant_ms = _timed(session, request)[1]
-            session.close()
+            variant = backend.load(request.artifact, {**request.options, **request.variant})
+            variant.run(request.feeds)
         except Exception as exc:  # the main options work: the variant is only not taken
             variant_error = f"{type(exc).__name__}: {exc}"
+            if variant is not None:
+                variant.close()
+                variant = None
+    try:
+        outputs, latencies, variant_ms, compute = _timed(session, variant, request)
+        precision = session.precision
+    except Exception as exc:  # a runtime's own error types
+        return TrialResult(request.backend, False, f"{type(exc).__name__}: {exc}")
+    finally:
+        session.close()
+        if variant is not None:
+            variant.close()
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
     return TrialResult(
         request.backend, True, precision=precision, load_s=load_s, latencies_ms=latencies, outputs=outputs,
@@ -98,13 +107,19 @@ def run_trial(request: TrialRequest) -> TrialResult:
     )  # fmt: skip
 
 
-def _timed(session: Session, request: TrialRequest) -> tuple[dict[str, np.ndarray], list[float], list[float]]:
-    """Warm up, then time runs as the request says: (the last outputs, latencies ms, the runtime's own
-    compute ms where it has a timer)."""
+def _timed(
+    session: Session, variant: Session | None, request: TrialRequest
+) -> tuple[dict[str, np.ndarray], list[float], list[float], list[float]]:
+    """Warm up, then time runs as the request says, the variant's (if any) in turn with the session's:
+    (the session's last outputs, its latencies ms, the variant's latencies ms, the session runtime's
+    own compute ms where it has a timer)."""
     outputs: dict[str, np.ndarray] = {}
     for _ in range(max(1, request.warmup)):
         outputs = session.run(request.feeds)
+        if variant is not None:
+            variant.run(request.feeds)
     latencies: list[float] = []
+    variant_ms: list[float] = []
     compute: list[float] = []
     begun = time.perf_counter()
     while True:
@@ -114,10 +129,14 @@ def _timed(session: Session, request: TrialRequest) -> tuple[dict[str, np.ndarra
         latencies.append((now - t0) * 1000)
         if session.compute_ms is not None:
             compute.append(session.compute_ms)
+        if variant is not None:
+            variant.run(request.feeds)
+            variant_ms.append((time.perf_counter() - now) * 1000)
+            now = time.perf_counter()
         enough = len(latencies) >= max(1, request.runs) and now - begun >= request.min_time_s
         if enough or now - begun >= request.budget_s:
             break
-    return outputs, latencies, compute
+    return outputs, latencies, variant_ms, compute
 
 
 def run_trial_isolated(request: TrialRequest, timeout_s: float) -> TrialResult:

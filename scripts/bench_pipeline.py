@@ -55,6 +55,7 @@ from agent.config import AgentConfig, PipelineConfig  # noqa: E402
 from agent.daemon import ResultWriter  # noqa: E402
 from agent.mqtt.outbox import Outbox  # noqa: E402
 from agent.pipeline import LoadedModel, Pipeline, Stage  # noqa: E402
+from agent.processing.judge import report_judge  # noqa: E402
 from agent.processing.preprocess import keep_opencv_serial  # noqa: E402
 from agent.sources import Frame  # noqa: E402
 from providers import ModelArtifact, SelectionPolicy, Session, decide, get_backend  # noqa: E402
@@ -253,8 +254,11 @@ class Bench:
         self.per_s = max(1.0, 1000.0 / self._probe_ms())  # a rough rate, to size each run
         # The pipelines run the session as the agent would load it: its trial (in a child process, as
         # the daemon's) may give the runtime one core fewer (backends.spare_core, docs/backends.md).
+        # Judged on the reports, as the daemon judges a pipeline's candidates (bf16 moves boxes a little).
         policy = SelectionPolicy(fixed=backend, max_trials=1)
-        chosen = next(c for c in decide([self.artifact], policy, feeds).candidates if c.verdict == "chosen")
+        judge = report_judge(self.config.postprocess, self.session.outputs)
+        decision = decide([self.artifact], policy, feeds, judge=judge)
+        chosen = next(c for c in decision.candidates if c.verdict == "chosen")
         self.agent_options = serving_options(policy, chosen)
         self.threads = chosen.threads
         self.agent_session = get_backend(backend).load(self.artifact, self.agent_options)
