@@ -87,6 +87,10 @@ class SelectionPolicy:
 # classifier on OpenVINO: 0.95x the speed alone, 1.37x the pipeline's results/s).
 CPU_THREAD_OPTIONS = {"onnxruntime/CPUExecutionProvider": "intra_op_threads", "openvino/CPU": "threads"}
 SPARE_CORE_SLOWDOWN = 1.10  # one core fewer is taken when the model is at most this much slower
+# ... and only for a model whose run takes less than this on every core: beside a longer run the
+# pipeline's own work per frame (about a millisecond of CPU on a small box) hardly counts, and a
+# trial fooled by a busy spell would cost a large model up to half its speed for good.
+SPARE_CORE_MAX_MS = 5.0
 
 
 def usable_cores() -> int:
@@ -496,7 +500,9 @@ def _take_spare_core(report: CandidateReport, result: TrialResult, policy: Selec
     # Compared on the faster tenth of each's runs (timed in turn): a neighbour stealing a core for a
     # moment slows two threads more than one, and must not cost a large model half its speed for good.
     fast, fast_fewer = result.percentile(10), result.percentile(10, result.variant_ms)
-    if fast is None or fast_fewer is None or fast_fewer > SPARE_CORE_SLOWDOWN * fast:
+    if fast is None or fast_fewer is None or fast >= SPARE_CORE_MAX_MS:
+        return
+    if fast_fewer > SPARE_CORE_SLOWDOWN * fast:
         return
     fewer = statistics.median(result.variant_ms)
     report.threads = next(iter(variant.values()))
