@@ -1147,6 +1147,8 @@ def _prospective_decision(name: str, config: Path, state_dir: Path | None, decis
 def _candidate_table(candidates: list[CandidateReport]) -> Table:
     from rich.table import Table
 
+    from providers.select import spare_core_note
+
     unlock = any(c.unlock for c in candidates)
     columns = ["backend", "artifact", "verdict", "median ms", "precision", "max diff", "reason"]
     table = Table(*columns, *(["would pass with"] if unlock else []))
@@ -1158,7 +1160,7 @@ def _candidate_table(candidates: list[CandidateReport]) -> Table:
             _num(c.median_ms),
             c.precision or "",
             _num(c.max_abs_diff, ".2g"),
-            c.reason,
+            "; ".join(part for part in (c.reason, spare_core_note(c)) if part),
         ]
         table.add_row(*row, *([c.unlock] if unlock else []))
     return table

@@ -669,14 +669,19 @@ def compare_outputs(
     return worst, ""
 
 
-def _spare_core(report: CandidateReport) -> str:
-    """ ", 1 thread, one core left to the pipeline (1.53 ms on the default threads)" where its trial
-    chose one core fewer."""
+def spare_core_note(report: CandidateReport) -> str:
+    """ "1 thread, one core left to the pipeline (1.53 ms on the default threads)" where its trial chose
+    one core fewer, else ""."""
     if report.threads is None or report.default_threads_ms is None:
         return ""
     threads = f"{report.threads} thread" + ("s" if report.threads > 1 else "")
     default = f"{report.default_threads_ms:.2f} ms on the default threads"
-    return f", {threads}, one core left to the pipeline ({default})"
+    return f"{threads}, one core left to the pipeline ({default})"
+
+
+def _spare_core(report: CandidateReport) -> str:
+    note = spare_core_note(report)
+    return f", {note}" if note else ""
 
 
 def _numbers(report: CandidateReport) -> str:

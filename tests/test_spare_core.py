@@ -180,3 +180,20 @@ def test_usable_cores_follows_the_affinity() -> None:
     import os
 
     assert select_module.usable_cores() == len(os.sched_getaffinity(0))
+
+
+def test_explain_shows_the_threads_a_candidate_runs_with() -> None:
+    from rich.console import Console
+
+    from agent.cli import _candidate_table
+    from providers.select import CandidateReport
+
+    spared = CandidateReport(ORT_CPU, "m.onnx", "onnx", "0" * 64, "chosen", median_ms=0.82, threads=1)
+    spared.default_threads_ms = 1.45
+    plain = CandidateReport(OV_CPU, "m.onnx", "onnx", "0" * 64, "passed", median_ms=0.9)
+    console = Console(record=True, width=300)
+    console.print(_candidate_table([spared, plain]))
+    lines = console.export_text().splitlines()
+    spared_line = next(line for line in lines if ORT_CPU in line)
+    assert "1 thread, one core left to the pipeline (1.45 ms on the default threads)" in spared_line
+    assert "one core left" not in next(line for line in lines if OV_CPU in line)
