@@ -33,8 +33,9 @@ class TrialRequest:
     runs: int = 20  # at least this many timed runs ...
     min_time_s: float = 0.0  # ... and at least this long (fast models need many runs for a stable median)
     budget_s: float = 10.0  # but stop timing after this long
-    # Options timed as well, on a fresh session after the main runs: a variant the selection may
-    # prefer (one CPU thread fewer, providers/select.py spare_core_variant). None: no variant.
+    # Options timed as well, on a second session loaded beside and run in turn with the main one: a
+    # variant the selection may prefer (one CPU thread fewer, providers/select.py spare_core_variant).
+    # None: no variant.
     variant: Mapping[str, Any] | None = None
 
 
@@ -76,10 +77,8 @@ def run_trial(request: TrialRequest) -> TrialResult:
         started = time.perf_counter()
         session = backend.load(request.artifact, request.options)
         load_s = time.perf_counter() - started
-    except (BackendError, KeyError) as exc:
-        return TrialResult(request.backend, False, str(exc).strip("'\""))
-    except Exception as exc:  # a runtime's own error types
-        return TrialResult(request.backend, False, f"{type(exc).__name__}: {exc}")
+    except Exception as exc:
+        return _failed(request.backend, exc)
     variant: Session | None = None
     variant_error = ""
     if request.variant:
@@ -94,8 +93,8 @@ def run_trial(request: TrialRequest) -> TrialResult:
     try:
         outputs, latencies, variant_ms, compute = _timed(session, variant, request)
         precision = session.precision
-    except Exception as exc:  # a runtime's own error types
-        return TrialResult(request.backend, False, f"{type(exc).__name__}: {exc}")
+    except Exception as exc:
+        return _failed(request.backend, exc)
     finally:
         session.close()
         if variant is not None:
@@ -105,6 +104,13 @@ def run_trial(request: TrialRequest) -> TrialResult:
         request.backend, True, precision=precision, load_s=load_s, latencies_ms=latencies, outputs=outputs,
         peak_rss_mb=peak_mb, compute_ms=compute, variant_ms=variant_ms, variant_error=variant_error,
     )  # fmt: skip
+
+
+def _failed(backend: str, exc: Exception) -> TrialResult:
+    """A trial that failed: our own errors by their message, a runtime's with its type."""
+    if isinstance(exc, (BackendError, KeyError)):
+        return TrialResult(backend, False, str(exc).strip("'\""))
+    return TrialResult(backend, False, f"{type(exc).__name__}: {exc}")
 
 
 def _timed(

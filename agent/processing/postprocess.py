@@ -250,13 +250,14 @@ class Regions(Postprocessor):
                 above[window], connectivity=4
             )
             labels, stats = np.asarray(found_labels, np.int32), np.asarray(found_stats, np.int32)
+        in_window = probability[window]
         found = []
         for i in range(1, count):  # 0 is the background
             x, y, w, h, area = (int(v) for v in stats[i])
             x, y = x + left, y + top
             if area < self.config.min_area:
                 continue
-            score = float(probability[window][labels == i].mean())
+            score = float(in_window[labels == i].mean())
             if score < self.config.min_score:
                 continue
             grow = w * h * self.config.unclip_ratio / (2 * (w + h))
