@@ -22,7 +22,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -93,6 +93,7 @@ class _Inferred:
     precision: str
 
 
+_NO_PIXELS = np.empty(0, np.uint8)  # a frame past inference: its pixels are not needed any more
 _END = object()  # down the hand-overs after the last frame: the next thread finishes too
 
 
@@ -500,6 +501,9 @@ class Pipeline:
         finally:
             self._busy_since = None
         session = stage.model.session
+        # The report needs the frame's number and times, not its pixels or the model's inputs: up to
+        # three frames wait for it, and their memory goes back to the source now (last_frame keeps one).
+        job.frame, job.feeds = replace(job.frame, data=_NO_PIXELS), None
         return _Inferred(job, stage, outputs, inference_ms, session.backend, session.precision)
 
     def _report_loop(self) -> None:

@@ -199,14 +199,22 @@ class Decision:
             head += f"; outputs checked against {self.proof()}"
         if self.note:
             head += f"; {self.note}"
-        others = [
-            f"{c.backend} on {c.artifact}: {c.verdict}{_numbers(c)}"
-            + (f": {c.reason}" if c.reason else "")
-            + (f" (would pass with {c.unlock})" if c.unlock else "")
-            for c in self.candidates
-            if c.verdict != "chosen"
+        # Candidates with the same verdict for the same reason share one entry: a fixed backend
+        # rejects a dozen others alike, and the line should say so once.
+        others: dict[tuple[str, str], list[str]] = {}
+        for c in self.candidates:
+            if c.verdict != "chosen":
+                verdict = (
+                    f"{c.verdict}{_numbers(c)}"
+                    + (f": {c.reason}" if c.reason else "")
+                    + (f" (would pass with {c.unlock})" if c.unlock else "")
+                )
+                others.setdefault((c.artifact, verdict), []).append(c.backend)
+        entries = [
+            f"{', '.join(backends)} on {artifact}: {verdict}"
+            for (artifact, verdict), backends in others.items()
         ]
-        return head + (f" (others: {'; '.join(others)})" if others else "")
+        return head + (f" (others: {'; '.join(entries)})" if entries else "")
 
     def proof(self) -> str:
         """What the outputs were checked against, and on which inputs."""

@@ -126,13 +126,19 @@ def test_hardware_of_the_box_is_named_first_with_what_is_missing_then_a_cpu_fall
     decision = decide([artifact], SelectionPolicy(benchmark=False), None, hardware=notes)
     assert decision.backend in CPU_BACKENDS and decision.note == "benchmark off"
     text = decision.explain()
-    fallbacks = [
-        text.index(f"{name} on {artifact.label}: untried") for name in CPU_BACKENDS - {decision.backend}
-    ]
+    # (others: A, B on model: verdict; C on model: verdict): candidates alike share an entry
+    entries = text.split(" (others: ", 1)[1].split("; ")
+    placed = {
+        backend: (n, entry.split(" on ", 1)[1])
+        for n, entry in enumerate(entries)
+        for backend in entry.split(" on ", 1)[0].split(", ")
+    }
+    fallbacks = [placed[name] for name in CPU_BACKENDS - {decision.backend}]
+    assert all(verdict == f"{artifact.label}: untried" for _, verdict in fallbacks), text
     for backend in expected:
-        line = f"{backend} on {artifact.label}: rejected: {notes[backend]}, but "
-        assert line in text
-        assert text.index(line) < min(fallbacks), text
+        n, verdict = placed[backend]
+        assert verdict.startswith(f"{artifact.label}: rejected: {notes[backend]}, but "), text
+        assert n < min(n for n, _ in fallbacks), text
 
 
 def test_openvino_probe_reads_device_nodes_under_the_sysroot(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -353,3 +353,44 @@ def test_preparing_inference_and_reporting_overlap_on_three_frames(
     # saw a later run start while it was being written.
     assert session.overlapped[:-1] and all(session.overlapped[:-1]), session.overlapped
     assert sink.overlapped[:-1] and all(sink.overlapped[:-1]), sink.overlapped
+
+
+class HeldSink(ListSink):
+    """Keeps results, but holds the report thread in its first submit until let go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holding, self.let_go = threading.Event(), threading.Event()
+
+    def submit(self, pipeline: str, result: dict[str, Any]) -> None:
+        self.holding.set()
+        assert self.let_go.wait(timeout=60)
+        super().submit(pipeline, result)
+
+
+def test_frames_waiting_for_their_result_hold_no_pixels_or_model_inputs(
+    tmp_path: Path, loaded: LoadedModel, started: list[Pipeline]
+) -> None:
+    """Memory: once the model has run on a frame, its result needs the frame's number and times only;
+    the frames queued for a slow sink (disk, a busy outbox) must not keep their pixels alive."""
+    sign_folder(tmp_path / "frames", 6)
+    sink = HeldSink()
+    config = _config(tmp_path / "frames", fps=None)
+    config = config.model_copy(update={"source": config.source.model_copy(update={"realtime": False})})
+    pipeline = Pipeline(config, loaded, sink)  # every image, as fast as the model takes them
+    started.append(pipeline)
+    pipeline.start()
+    try:
+        # The report thread is held in the first result; the next two inferred frames fill its hand-over.
+        assert wait_until(
+            lambda: sink.holding.is_set() and pipeline._inferred.full(), timeout=60, interval=0.02
+        )
+        waiting = list(pipeline._inferred.queue)
+        assert len(waiting) == 2
+        assert all(item.job.frame.data.size == 0 and item.job.feeds is None for item in waiting)
+        assert pipeline.last_frame is not None and pipeline.last_frame.data.shape[2] == 3  # a sample is kept
+    finally:
+        sink.let_go.set()
+    assert wait_until(lambda: pipeline.finished, timeout=60, interval=0.05)
+    frames = [r["source"]["frame"] for _, r in sink.results]
+    assert frames == list(range(1, 7)), frames  # none lost, in order, numbered as before

@@ -341,6 +341,10 @@ def test_fixed_backend_is_used_and_still_checked_against_the_reference(
         c.verdict == "rejected" and c.reason == "policy fixes the backend to openvino/CPU" for c in others
     )
     assert _report(decision, "openvino/CPU").max_abs_diff < 1e-2
+    # The others, rejected alike, are named in one entry with the reason said once.
+    others_text = decision.explain().split(" (others: ", 1)[1]
+    assert others_text.count("policy fixes the backend") == 1 and others_text.count(";") == 0
+    assert all(c.backend in others_text for c in others)
 
 
 def test_prefer_without_benchmark_takes_the_first_preferred(cls_model_path: Path) -> None:
