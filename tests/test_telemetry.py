@@ -98,7 +98,13 @@ def test_without_a_broker_reports_are_skipped_and_counted_not_queued(
     def skipped() -> int:
         return int(read_status(state_dir).get("telemetry", {}).get("skipped_while_offline", 0))
 
-    start_agent(config).run_until(lambda: skipped() >= 3, "three reports skipped while offline")
+    def results() -> int:
+        return int(read_status(state_dir).get("pipelines", {}).get("signs", {}).get("results", 0))
+
+    # (On a busy machine three reports can pass before the pipeline is built: wait for results too.)
+    start_agent(config).run_until(
+        lambda: skipped() >= 3 and results() > 0, "three reports skipped while offline, and results"
+    )
     status = read_status(state_dir)
     assert status["telemetry"]["interval_s"] == 1.0
     assert status["telemetry"]["skipped_while_offline"] >= 3, status["telemetry"]
