@@ -36,6 +36,7 @@ from agent.processing.feed import build_feeder
 from providers import ModelArtifact, SelectionPolicy, decide, get_backend, screen
 from tests.agent_process import StartAgent
 from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, demo_video_module
+from tests.test_select import explained_others
 
 SYSROOTS = Path(__file__).resolve().parent / "fixtures" / "sysroots"
 ORT_CPU = "onnxruntime/CPUExecutionProvider"
@@ -126,18 +127,12 @@ def test_hardware_of_the_box_is_named_first_with_what_is_missing_then_a_cpu_fall
     decision = decide([artifact], SelectionPolicy(benchmark=False), None, hardware=notes)
     assert decision.backend in CPU_BACKENDS and decision.note == "benchmark off"
     text = decision.explain()
-    # (others: A, B on model: verdict; C on model: verdict): candidates alike share an entry
-    entries = text.split(" (others: ", 1)[1].split("; ")
-    placed = {
-        backend: (n, entry.split(" on ", 1)[1])
-        for n, entry in enumerate(entries)
-        for backend in entry.split(" on ", 1)[0].split(", ")
-    }
-    fallbacks = [placed[name] for name in CPU_BACKENDS - {decision.backend}]
-    assert all(verdict == f"{artifact.label}: untried" for _, verdict in fallbacks), text
+    placed = explained_others(decision)
+    fallbacks = [placed[(name, artifact.label)] for name in CPU_BACKENDS - {decision.backend}]
+    assert all(verdict == "untried" for _, verdict in fallbacks), text
     for backend in expected:
-        n, verdict = placed[backend]
-        assert verdict.startswith(f"{artifact.label}: rejected: {notes[backend]}, but "), text
+        n, verdict = placed[(backend, artifact.label)]
+        assert verdict.startswith(f"rejected: {notes[backend]}, but "), text
         assert n < min(n for n, _ in fallbacks), text
 
 

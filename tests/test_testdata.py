@@ -57,6 +57,7 @@ from providers.select import Sample, reference_session
 from tests.cpu_precision import assert_judged_on_its_numbers
 from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, demo_video_module
 from tests.store_fixtures import CLS_NAME, CLS_VERSION
+from tests.test_select import explained_others
 
 ORT_CPU = "onnxruntime/CPUExecutionProvider"
 CLS_OUTPUT = "save_infer_model/scale_0.tmp_1"  # the cls model's one output: [batch, 2] probabilities
@@ -534,7 +535,7 @@ def test_an_artifact_no_sample_fits_is_not_tried(
         if candidate.backend in {"tflite/cpu", "openvino/CPU", "openvino/AUTO"}:
             assert (candidate.verdict, candidate.reason) == ("untried", NOT_FITTING), candidate
             assert candidate.median_ms is None
-    assert f"tflite/cpu on {tflite.label}: untried: {NOT_FITTING}" in decision.explain()
+    assert explained_others(decision)[("tflite/cpu", tflite.label)][1] == f"untried: {NOT_FITTING}"
     # Untried on the cls artifact (beyond max_trials) is not "no input fits".
     others = [c for c in decision.candidates if c.artifact == cls.label and c.verdict == "untried"]
     assert others and all(c.reason == "" for c in others)
