@@ -231,11 +231,14 @@ def find_libedgetpu() -> str | None:
     found = ctypes.util.find_library("edgetpu")  # the soname, e.g. "libedgetpu.so.1", via ldconfig
     if found:
         return found
-    for pattern in _EDGETPU_PATHS:
-        hits = sorted(glob.glob(pattern))
-        if hits:
-            return hits[0]
-    return None
+    files = edgetpu_library_files()
+    return files[0] if files else None
+
+
+def edgetpu_library_files() -> list[str]:
+    """The Edge TPU runtime's files in the usual places, found without running ldconfig (which
+    find_libedgetpu does, in a child process)."""
+    return [hit for pattern in _EDGETPU_PATHS for hit in sorted(glob.glob(pattern))]
 
 
 def _load_edgetpu_delegate(module: Any, library: str, device: str | None) -> Any:

@@ -4,6 +4,7 @@ decision cached maps onnxruntime's libraries, not OpenVINO's or LiteRT's."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 import subprocess
@@ -26,7 +27,7 @@ from agent.config import (
     VideoSourceConfig,
 )
 from agent.hardware import detect_hardware
-from providers import all_backends
+from providers import all_backends, catalog
 from providers.catalog import CACHE_FILE, ProbedBackend, cache_key, cached_backends, forget_in_process
 from tests import test_daemon_e2e
 from tests.agent_process import StartAgent, pipeline_state
@@ -106,6 +107,35 @@ def test_a_runtime_version_change_rebuilds_the_cache(
     assert "changed since" in caplog.text
     assert "written by the old version" not in [b.probe().reason for b in rebuilt]
     assert json.loads(path.read_text())["key"] == cache_key(FINGERPRINT)
+
+
+def test_the_runtime_versions_are_found_by_folder_name_as_a_full_metadata_scan_finds_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache key reads only the runtimes' metadata (picked by folder name), not every package's;
+    it must find what a scan of every installed distribution finds, an extra build among them."""
+
+    def full_scan() -> list[str]:
+        names = (
+            (str(d.metadata["Name"] or "").lower().replace("_", "-"), d.version)
+            for d in importlib.metadata.distributions()
+        )
+        return sorted({f"{n}=={v}" for n, v in names if n.startswith(catalog._RUNTIME_DISTRIBUTIONS)})
+
+    monkeypatch.setattr(catalog, "_distributions", None)
+    assert catalog.runtime_distributions() == full_scan()
+    assert any(d.startswith("onnxruntime==") for d in catalog.runtime_distributions())
+    # A GPU build installed beside it, in a folder of its own on the path (metadata as pip writes it)
+    site = tmp_path / "site"
+    (site / "onnxruntime_gpu-1.2.3.dist-info").mkdir(parents=True)
+    (site / "onnxruntime_gpu-1.2.3.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: onnxruntime-gpu\nVersion: 1.2.3\n"
+    )
+    (site / "numpy-9.9.dist-info").mkdir()  # not a runtime: never read
+    monkeypatch.setattr(sys, "path", [str(site), *sys.path])
+    monkeypatch.setattr(catalog, "_distributions", None)
+    assert "onnxruntime-gpu==1.2.3" in catalog.runtime_distributions()
+    assert catalog.runtime_distributions() == full_scan()
 
 
 def test_other_hardware_rebuilds_the_cache(tmp_path: Path) -> None:
