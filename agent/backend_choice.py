@@ -50,6 +50,7 @@ from providers.select import (
     Sample,
     compare_outputs,
     judged_by,
+    reference_first,
     reference_session,
     serving_options,
 )
@@ -331,6 +332,18 @@ def choose_and_load(
                 if samples
                 else "serving on the full-precision CPU reference, outputs not checked",
             )
+        if cached is None and prove_later and policy.benchmark:
+            # Serving on the reference needs no other runtime: the candidates are screened (every
+            # runtime loaded to check the model's operators) when a frame proves them.
+            quick = reference_first(artifacts, policy, backends)
+            if quick is not None:
+                try:
+                    session = load_decided(quick, artifacts, policy, backends, progress, load)[0]
+                except BackendError as exc:
+                    log.info("pipeline %s: %s; screening every candidate", pipeline.name, exc)
+                else:
+                    store.put(key, quick, pipeline.name, model_ref, cache=False)
+                    return session, quick, list(artifacts)
         if cached is None:
             log.info(
                 "pipeline %s: choosing a backend for %s%s",

@@ -22,18 +22,16 @@ The model file's own metadata fills what both leave out (`embedded_hints`):
 from __future__ import annotations
 
 import ast
-import io
 import logging
-import os
 import zipfile
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from pydantic import ValidationError
 
 from agent.config import PipelineConfig
 from agent.errors import ModelError
+from agent.onnx_wire import onnx_metadata_props
 from agent.registry.manifest import Manifest, key_path
 from providers import ModelArtifact
 
@@ -120,66 +118,6 @@ def _ultralytics_hints(artifact: ModelArtifact) -> dict[str, Any]:
             resize = {"height": size[0], "width": size[1], "mode": mode}
             hints["preprocess"] = {"resize": resize, "color": "rgb", "scale": 1 / 255}
     return hints
-
-
-# ModelProto field numbers (onnx/onnx.proto3): metadata_props is `repeated StringStringEntryProto
-# metadata_props = 14`, an entry is `string key = 1; string value = 2`.
-_METADATA_PROPS, _ENTRY_KEY, _ENTRY_VALUE = 14, 1, 2
-_VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
-
-
-def onnx_metadata_props(path: Path) -> dict[str, str]:
-    """An ONNX file's `metadata_props`, read from the protobuf wire format field by field, seeking
-    past the graph: the daemon reads them on every start, and parsing the file with the onnx
-    package would import it (~60 ms, ~11 MB resident) and hold the whole graph in memory.
-    ValueError when the file is not a well-formed protobuf message."""
-    props: dict[str, str] = {}
-    with open(path, "rb") as stream:
-        size = os.fstat(stream.fileno()).st_size
-        while stream.tell() < size:
-            field, wire_type = _split_key(_read_varint(stream))
-            if wire_type == _VARINT:
-                _read_varint(stream)
-            elif wire_type in (_FIXED64, _FIXED32):
-                stream.seek(8 if wire_type == _FIXED64 else 4, os.SEEK_CUR)
-            elif wire_type == _LENGTH:
-                length = _read_varint(stream)
-                if stream.tell() + length > size:
-                    raise ValueError(f"field {field} runs past the end of the file")
-                if field != _METADATA_PROPS:
-                    stream.seek(length, os.SEEK_CUR)
-                    continue
-                entry = io.BytesIO(stream.read(length))
-                key = value = ""
-                while entry.tell() < length:
-                    entry_field, entry_type = _split_key(_read_varint(entry))
-                    if entry_type != _LENGTH:
-                        raise ValueError(f"metadata_props entry field {entry_field} is not a string")
-                    text = entry.read(_read_varint(entry)).decode()
-                    if entry_field == _ENTRY_KEY:
-                        key = text
-                    elif entry_field == _ENTRY_VALUE:
-                        value = text
-                props[key] = value
-            else:
-                raise ValueError(f"field {field} has wire type {wire_type}, which ONNX files do not use")
-    return props
-
-
-def _split_key(key: int) -> tuple[int, int]:
-    return key >> 3, key & 7
-
-
-def _read_varint(stream: BinaryIO) -> int:
-    value = 0
-    for shift in range(0, 64, 7):
-        byte = stream.read(1)
-        if not byte:
-            raise ValueError("the file ends inside a field")
-        value |= (byte[0] & 0x7F) << shift
-        if byte[0] < 0x80:
-            return value
-    raise ValueError("a varint longer than 10 bytes")
 
 
 def _tflite_hints(artifact: ModelArtifact) -> dict[str, Any]:

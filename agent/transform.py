@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent.fsutil import atomic_write_bytes, file_lock
+from agent.onnx_wire import onnx_default_opset
 from providers import Backend, ModelArtifact
 
 log = logging.getLogger(__name__)
@@ -23,13 +24,10 @@ TARGET_OPSET = 13  # widely supported by onnxruntime, OpenVINO and TensorRT alik
 
 def onnx_opset(path: Path) -> int | None:
     """The default-domain opset of an ONNX file, or None when it cannot be read."""
-    import onnx
-
     try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception:
+        return onnx_default_opset(path)
+    except (OSError, ValueError):
         return None
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
 
 
 def upgraded_artifacts(
@@ -38,10 +36,12 @@ def upgraded_artifacts(
     """Opset-upgraded copies of the ONNX artifacts that `reference` refuses as they are."""
     derived = []
     for artifact in artifacts:
-        if artifact.format != "onnx" or reference.supports(artifact).ok:
+        if artifact.format != "onnx":
             continue
+        # The opset first: read from the file in microseconds, where asking the reference loads its
+        # runtime (in a child process on a first start); a model at the target opset has no upgrade.
         opset = onnx_opset(artifact.path)
-        if opset is None or opset >= TARGET_OPSET:
+        if opset is None or opset >= TARGET_OPSET or reference.supports(artifact).ok:
             continue
         upgraded = _upgrade(artifact, opset, derived_dir)
         if upgraded is not None:

@@ -703,6 +703,41 @@ def _numbers(report: CandidateReport) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
+def reference_first(
+    artifacts: Sequence[ModelArtifact], policy: SelectionPolicy, backends: Sequence[Backend]
+) -> Decision | None:
+    """The decision `decide` makes without a sample (serve on the full-precision CPU reference until a
+    sample proves a candidate), made without screening the other candidates: their operator checks
+    load every runtime (in a child process, seconds on a first start), and the proof on a frame
+    screens them anyway. None where the policy rules the reference out; where the reference cannot
+    run the model after all, loading it fails and `decide` says why."""
+    by_name = {b.name: b for b in backends}
+    for name in FULL_PRECISION_REFERENCES:
+        backend = by_name.get(name)
+        denied = any(fnmatch.fnmatchcase(name, p) for p in policy.deny)
+        if (
+            backend is None
+            or denied
+            or (policy.fixed and policy.fixed != name)
+            or not backend.probe().available
+        ):
+            continue
+        readable = sorted(
+            (a for a in artifacts if a.format in backend.formats),
+            key=lambda a: not backend.is_native(a.format),
+        )  # as screen() ranks them: the format the runtime reads natively first
+        if readable:
+            artifact = readable[0]
+            chosen = _report(name, artifact, "chosen")
+            chosen.rank = 1
+            note = (
+                "outputs not checked: no sample input; serving on the full-precision reference until a "
+                "sample proves a candidate (the others are screened then)"
+            )
+            return Decision(name, artifact.sha256, artifact.label, None, [chosen], note=note)
+    return None
+
+
 def load_decided(
     decision: Decision,
     artifacts: Sequence[ModelArtifact],

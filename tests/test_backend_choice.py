@@ -13,6 +13,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import openvino as ov
@@ -34,6 +35,8 @@ from agent.hardware import SYSROOT_ENV, detect_hardware
 from agent.processing import Preprocessor
 from agent.processing.feed import build_feeder
 from providers import ModelArtifact, SelectionPolicy, decide, get_backend, screen
+from providers.catalog import ProbedBackend
+from providers.select import NoBackendError
 from tests.agent_process import StartAgent
 from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, demo_video_module
 from tests.test_select import explained_others
@@ -233,6 +236,50 @@ def test_choose_and_load_benchmarks_once_then_reuses_the_cached_decision(
     assert other.backend != decision.backend and other.checked is True
     assert f"denied by policy ({decision.backend})" in other.explain()
     assert len(list(decisions.glob("*.json"))) == 2
+
+
+def test_a_first_start_serves_on_the_reference_at_once_without_screening_the_other_runtimes(
+    tmp_path: Path, yolo_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """prove_later (backends.prove_in_background): the CPU reference serves at once. The other
+    candidates' operator checks, which load every runtime (in a child process, seconds on a first
+    start), wait for the proof on a frame, which screens them anyway. (YOLOv8n: opset 17, so the
+    reference is not asked either; a file of an older opset is, for an upgrade: agent/transform.py.)"""
+    caplog.set_level(logging.INFO, logger="agent.backend_choice")
+    artifact = _artifact(yolo_path)
+    screened: list[str] = []
+    supports = ProbedBackend.supports
+
+    def counted(self: ProbedBackend, model: ModelArtifact) -> Any:
+        screened.append(self.name)
+        return supports(self, model)
+
+    monkeypatch.setattr(ProbedBackend, "supports", counted)
+    config = _config(tmp_path / "state", str(tmp_path / "unused.mp4"))
+    pipeline = config.pipelines[0]
+    session, decision, _ = choose_and_load(config, pipeline, [artifact], "yolo@8", prove_later=True)
+    session.close()
+    assert session.backend == decision.backend == ORT_CPU and decision.checked is False
+    assert [(c.backend, c.verdict) for c in decision.candidates] == [(ORT_CPU, "chosen")]
+    assert "serving on the full-precision reference until a sample proves a candidate" in decision.explain()
+    assert screened == []
+    assert not list((tmp_path / "state" / "decisions").glob("*.json"))  # unchecked: made again next time
+
+    # Where the policy rules the reference out, the candidates are screened and ranked as before.
+    denied = _config(tmp_path / "state", str(tmp_path / "unused.mp4"), deny=(ORT_CPU,))
+    session, by_rank, _ = choose_and_load(denied, denied.pipelines[0], [artifact], "yolo@8", prove_later=True)
+    session.close()
+    assert by_rank.backend != ORT_CPU and screened and by_rank.checked is False
+    assert f"denied by policy ({ORT_CPU})" in by_rank.explain()
+
+    # A file the reference cannot load: every candidate is screened, and the error says why each refuses.
+    junk = tmp_path / "notes.onnx"
+    junk.write_text("this is a shopping list, not a model\n")
+    screened.clear()
+    with pytest.raises(NoBackendError) as refused:
+        choose_and_load(config, config.pipelines[0], [_artifact(junk)], "notes@1", prove_later=True)
+    assert "screening every candidate" in caplog.text and set(screened) >= CPU_BACKENDS
+    assert "notes.onnx" in str(refused.value)
 
 
 def test_a_source_that_cannot_be_opened_gives_an_unchecked_decision_that_is_not_cached(

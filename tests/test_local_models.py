@@ -18,10 +18,12 @@ from pydantic import ValidationError
 
 from agent.config import AgentConfig, DetectionPostprocess, ModelRef, PipelineConfig, TrustedKey
 from agent.errors import ModelError, StoreError
-from agent.model_hints import embedded_hints, onnx_metadata_props, with_model_hints
+from agent.model_hints import embedded_hints, with_model_hints
+from agent.onnx_wire import onnx_default_opset, onnx_metadata_props
 from agent.registry import Manifest
 from agent.registry.signing import SignatureError, TrustPolicy, generate_key
 from agent.store import ModelStore
+from agent.transform import onnx_opset
 from providers import ModelArtifact
 from tests.agent_process import StartAgent, pipeline_state
 from tests.media_fixtures import FACE_BOX, astronaut_bgr, iou
@@ -148,6 +150,29 @@ def test_metadata_props_are_read_from_the_wire_as_onnx_reads_them(tmp_path: Path
     bare = onnx.helper.make_model(onnx.helper.make_graph([], "g", [], []))
     onnx.save(bare, str(tmp_path / "bare.onnx"))
     assert onnx_metadata_props(tmp_path / "bare.onnx") == {}
+
+
+def test_the_default_opset_is_read_from_the_wire_as_onnx_reads_it(
+    tmp_path: Path, yolo_path: Path, cls_model_path: Path
+) -> None:
+    """Old opsets are upgraded for the reference (agent/transform.py): the daemon learns a file's opset
+    on every start without the onnx package."""
+    graph = onnx.helper.make_graph([], "g", [], [])
+    custom_first = onnx.helper.make_model(
+        graph, opset_imports=[onnx.helper.make_opsetid("com.microsoft", 1), onnx.helper.make_opsetid("", 6)]
+    )
+    onnx.save(custom_first, str(tmp_path / "old.onnx"))
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[]), str(tmp_path / "none.onnx"))
+    for path in (yolo_path, cls_model_path, tmp_path / "old.onnx"):
+        opsets = onnx.load(str(path), load_external_data=False).opset_import
+        assert onnx_default_opset(path) == next(o.version for o in opsets if o.domain in ("", "ai.onnx"))
+    assert onnx_default_opset(tmp_path / "old.onnx") == 6
+    assert onnx_default_opset(tmp_path / "none.onnx") is None
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(yolo_path.read_bytes()[:1000])
+    with pytest.raises(ValueError, match="runs past the end"):
+        onnx_default_opset(broken)
+    assert onnx_opset(broken) is None and onnx_opset(tmp_path / "gone.onnx") is None
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,7 @@ from providers import (
     run_trial_isolated,
     screen,
 )
-from providers.select import compare_outputs
+from providers.select import compare_outputs, reference_first
 from tests.cpu_precision import assert_judged_on_its_numbers
 from tests.media_fixtures import CLS_PREPROCESS, demo_video_module
 
@@ -494,3 +494,27 @@ def test_openvino_sees_a_cpu_here() -> None:
     """What the tests above take for granted about this machine."""
     assert "CPU" in ov.Core().available_devices
     assert get_backend(ORT_CPU).probe().available and get_backend("tflite/cpu").probe().available
+
+
+def test_reference_first_is_decide_without_a_sample_less_the_screening(
+    cls_model_path: Path, tmp_path: Path
+) -> None:
+    """What serves at once on a first start (agent/backend_choice.py, prove_later): the full-precision
+    reference `decide` picks when there is no sample, or None where the policy rules it out."""
+    spec = importlib.util.find_spec("mediapipe")  # located, never imported
+    assert spec is not None and spec.submodule_search_locations
+    mediapipe = Path(spec.submodule_search_locations[0])
+    face = mediapipe / "modules" / "face_detection" / "face_detection_short_range.tflite"
+    onnx_file, tflite_file = _artifact(cls_model_path), ModelArtifact(face, "tflite", "cd" * 32)
+    backends = [get_backend(name) for name in (ORT_CPU, "tflite/cpu", "openvino/CPU")]
+    for artifacts in ([onnx_file], [tflite_file, onnx_file]):
+        quick = reference_first(artifacts, SelectionPolicy(), backends)
+        slow = decide(artifacts, SelectionPolicy(), [], backends)
+        assert quick is not None and (quick.backend, quick.artifact) == (slow.backend, slow.artifact)
+        assert (quick.backend, quick.artifact) == (ORT_CPU, onnx_file.label) and not quick.checked
+    # The .tflite alone: LiteRT is the reference; with onnxruntime denied, the .onnx has none.
+    litert = reference_first([tflite_file], SelectionPolicy(), backends)
+    assert litert is not None and litert.backend == "tflite/cpu"
+    assert reference_first([onnx_file], SelectionPolicy(deny=("onnxruntime/*",)), backends) is None
+    assert reference_first([onnx_file], SelectionPolicy(fixed="openvino/CPU"), backends) is None
+    assert reference_first([onnx_file], SelectionPolicy(fixed=ORT_CPU), backends) is not None
