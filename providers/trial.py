@@ -91,7 +91,7 @@ def run_trial(request: TrialRequest) -> TrialResult:
                 variant.close()
                 variant = None
     try:
-        outputs, latencies, variant_ms, compute = _timed(session, variant, request)
+        timed = _timed(session, variant, request)
         precision = session.precision
     except Exception as exc:
         return _failed(request.backend, exc)
@@ -101,8 +101,9 @@ def run_trial(request: TrialRequest) -> TrialResult:
             variant.close()
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
     return TrialResult(
-        request.backend, True, precision=precision, load_s=load_s, latencies_ms=latencies, outputs=outputs,
-        peak_rss_mb=peak_mb, compute_ms=compute, variant_ms=variant_ms, variant_error=variant_error,
+        request.backend, True, precision=precision, load_s=load_s, latencies_ms=timed.latencies_ms,
+        outputs=timed.outputs, peak_rss_mb=peak_mb, compute_ms=timed.compute_ms, variant_ms=timed.variant_ms,
+        variant_error=variant_error or timed.variant_error,
     )  # fmt: skip
 
 
@@ -113,36 +114,51 @@ def _failed(backend: str, exc: Exception) -> TrialResult:
     return TrialResult(backend, False, f"{type(exc).__name__}: {exc}")
 
 
-def _timed(
-    session: Session, variant: Session | None, request: TrialRequest
-) -> tuple[dict[str, np.ndarray], list[float], list[float], list[float]]:
-    """Warm up, then time runs as the request says, the variant's (if any) in turn with the session's:
-    (the session's last outputs, its latencies ms, the variant's latencies ms, the session runtime's
-    own compute ms where it has a timer)."""
-    outputs: dict[str, np.ndarray] = {}
-    for _ in range(max(1, request.warmup)):
-        outputs = session.run(request.feeds)
-        if variant is not None:
+@dataclass
+class _Timings:
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)  # the session's last
+    latencies_ms: list[float] = field(default_factory=list)
+    compute_ms: list[float] = field(default_factory=list)  # the runtime's own timer, where it has one
+    variant_ms: list[float] = field(default_factory=list)
+    variant_error: str = ""  # the variant failed while timed: only it is dropped
+
+
+def _timed(session: Session, variant: Session | None, request: TrialRequest) -> _Timings:
+    """Warm up, then time runs as the request says, the variant's (if any) in turn with the session's.
+    A variant that fails on the way is dropped, its error kept: the main options still count."""
+    timings = _Timings()
+
+    def run_variant() -> None:
+        nonlocal variant
+        assert variant is not None
+        try:
             variant.run(request.feeds)
-    latencies: list[float] = []
-    variant_ms: list[float] = []
-    compute: list[float] = []
+        except Exception as exc:
+            timings.variant_error = f"{type(exc).__name__}: {exc}"
+            timings.variant_ms.clear()
+            variant = None
+
+    for _ in range(max(1, request.warmup)):
+        timings.outputs = session.run(request.feeds)
+        if variant is not None:
+            run_variant()
     begun = time.perf_counter()
     while True:
         t0 = time.perf_counter()
-        outputs = session.run(request.feeds)
+        timings.outputs = session.run(request.feeds)
         now = time.perf_counter()
-        latencies.append((now - t0) * 1000)
+        timings.latencies_ms.append((now - t0) * 1000)
         if session.compute_ms is not None:
-            compute.append(session.compute_ms)
+            timings.compute_ms.append(session.compute_ms)
         if variant is not None:
-            variant.run(request.feeds)
-            variant_ms.append((time.perf_counter() - now) * 1000)
+            run_variant()
+            if variant is not None:
+                timings.variant_ms.append((time.perf_counter() - now) * 1000)
             now = time.perf_counter()
-        enough = len(latencies) >= max(1, request.runs) and now - begun >= request.min_time_s
+        enough = len(timings.latencies_ms) >= max(1, request.runs) and now - begun >= request.min_time_s
         if enough or now - begun >= request.budget_s:
             break
-    return outputs, latencies, variant_ms, compute
+    return timings
 
 
 def run_trial_isolated(request: TrialRequest, timeout_s: float) -> TrialResult:

@@ -11,16 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
 
 from agent.backend_choice import DecisionSwitcher, policy_for
 from agent.config import AgentConfig
-from providers import Decision, SelectionPolicy, decide, load_decided
+from providers import Decision, SelectionPolicy, Session, decide, get_backend, load_decided
 from providers import select as select_module
 from providers.select import serving_options, spare_core_variant
-from providers.trial import TrialRequest, TrialResult, run_trial
+from providers.trial import TrialRequest, TrialResult, _timed, run_trial
 from tests import test_select
 from tests.test_select import QUICK, _artifact, _report
 
@@ -197,3 +198,34 @@ def test_explain_shows_the_threads_a_candidate_runs_with() -> None:
     spared_line = next(line for line in lines if ORT_CPU in line)
     assert "1 thread, one core left to the pipeline (1.45 ms on the default threads)" in spared_line
     assert "one core left" not in next(line for line in lines if OV_CPU in line)
+
+
+class FailsOnRun:
+    """A session that fails on its n-th run (a runtime error in the middle of timing)."""
+
+    def __init__(self, session: Any, n: int) -> None:
+        self.session, self.n, self.runs = session, n, 0
+
+    def run(self, feeds: Any) -> Any:
+        self.runs += 1
+        if self.runs >= self.n:
+            raise RuntimeError("the variant's thread pool went away")
+        return self.session.run(feeds)
+
+
+def test_a_variant_failing_while_timed_is_dropped_and_the_trial_still_counts(
+    cls_model_path: Path, cls_sample: dict[str, np.ndarray]
+) -> None:
+    artifact = _artifact(cls_model_path)
+    backend = get_backend(ORT_CPU)
+    session, fewer = backend.load(artifact), backend.load(artifact, {"intra_op_threads": 1})
+    try:
+        one_thread = {"intra_op_threads": 1}
+        request = TrialRequest(ORT_CPU, artifact, cls_sample, warmup=1, runs=6, variant=one_thread)
+        timed = _timed(session, cast(Session, FailsOnRun(fewer, n=4)), request)
+    finally:
+        session.close()
+        fewer.close()
+    assert len(timed.latencies_ms) >= 6 and all(ms > 0 for ms in timed.latencies_ms)
+    assert timed.outputs and timed.variant_ms == []  # no half-timed variant to compare
+    assert timed.variant_error == "RuntimeError: the variant's thread pool went away"
