@@ -8,7 +8,7 @@ stores them).
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, cast, runtime_checkable
 from urllib.parse import urlsplit
 
 from agent.config import RegistryConfig
@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 
-# Imported on first use (a module __getattr__), as open_registry does: they bring httpx.
+# Imported on first use, by open_registry or as this module's attributes: they bring httpx.
 _LAZY = {"HttpRegistry": "agent.registry.http_registry", "OciRegistry": "agent.registry.oci_registry"}
 
 
@@ -96,13 +96,9 @@ def open_registry(url: str, config: RegistryConfig | None = None) -> Registry:
     if scheme == "file":
         return FileRegistry.from_url(url)
     if scheme in ("http", "https"):
-        from agent.registry.http_registry import HttpRegistry
-
-        return HttpRegistry(url, config)
+        return cast("type[HttpRegistry]", __getattr__("HttpRegistry"))(url, config)
     if scheme == "oci":
-        from agent.registry.oci_registry import OciRegistry
-
-        return OciRegistry(url, config)
+        return cast("type[OciRegistry]", __getattr__("OciRegistry"))(url, config)
     shown = f"scheme {scheme!r}" if scheme else "no scheme"
     raise RegistryError(
         f"registry URL {public_url(url)!r} has {shown}; expected file://, http://, https:// or oci://",
