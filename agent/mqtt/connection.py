@@ -937,10 +937,10 @@ class MqttConnection:
                     # Dropped before CONNACK (e.g. TLS 1.3: the broker refusing our client certificate,
                     # or the lack of one, with an alert): say why, without hiding a more precise
                     # CONNACK refusal seen earlier.
+                    closed = "the broker closed the connection" if self._config.tls else str(reason_code)
+                    said = self._socket_error or closed
                     self._last_error = f"connection to {self._broker} closed before CONNACK: " + (
-                        f"{self._socket_error} ({self._tls_alert_hint()})"
-                        if self._socket_error is not None and "alert" in self._socket_error.lower()
-                        else str(self._socket_error or reason_code)
+                        f"{said} ({self._tls_alert_hint()})" if self._tls_ended(self._socket_error) else said
                     )
                     self._socket_error = None
                     closed_early = not self._unreachable_logged
@@ -954,6 +954,12 @@ class MqttConnection:
                 log.warning("%s; retrying with backoff, results wait in the outbox", why)
         except Exception:
             log.exception("error in the MQTT on_disconnect handler")
+
+    def _tls_ended(self, socket_error: str | None) -> bool:
+        """The broker ended the TLS session before the CONNACK: with an alert, or (TLS 1.3, when it
+        closes before the alert is read) with a bare end of the stream (None: no socket error)."""
+        text = (socket_error or "eof occurred in violation").lower()
+        return self._config.tls is not None and ("alert" in text or "eof occurred in violation" in text)
 
     def _tls_alert_hint(self) -> str:
         """What to check when the broker ended the TLS session with an alert before the CONNACK."""
