@@ -281,15 +281,10 @@ def screen(
     rejected: list[CandidateReport] = []
     for backend in backends:
         name = backend.name
-        denied = next((p for p in policy.deny if fnmatch.fnmatchcase(name, p)), None)
-        probe = None if denied or (policy.fixed and name != policy.fixed) else backend.probe()
+        ruled_out = _ruled_out(backend, policy, notes)
         for artifact in artifacts:
-            if denied:
-                reason = f"denied by policy ({denied})"
-            elif policy.fixed and name != policy.fixed:
-                reason = f"policy fixes the backend to {policy.fixed}"
-            elif probe is not None and not probe.available:
-                reason = (f"{notes[name]}, but " if name in notes else "") + probe.reason
+            if ruled_out:
+                reason = ruled_out
             elif artifact.format not in backend.formats:
                 reason = f"cannot read {artifact.format} files"
             else:
@@ -310,6 +305,20 @@ def screen(
     # What this box has hardware for comes first in the explanation, then by preference.
     rejected.sort(key=lambda r: (r.backend not in notes, preference_index(r.backend, policy)))
     return kept, rejected
+
+
+def _ruled_out(backend: Backend, policy: SelectionPolicy, notes: Mapping[str, str]) -> str:
+    """Why the policy or this box rules `backend` out whatever the model; "" when nothing does."""
+    name = backend.name
+    denied = next((p for p in policy.deny if fnmatch.fnmatchcase(name, p)), None)
+    if denied:
+        return f"denied by policy ({denied})"
+    if policy.fixed and name != policy.fixed:
+        return f"policy fixes the backend to {policy.fixed}"
+    probe = backend.probe()
+    if not probe.available:
+        return (f"{notes[name]}, but " if name in notes else "") + probe.reason
+    return ""
 
 
 Trial = Callable[[TrialRequest, float], TrialResult]
@@ -714,13 +723,7 @@ def reference_first(
     by_name = {b.name: b for b in backends}
     for name in FULL_PRECISION_REFERENCES:
         backend = by_name.get(name)
-        denied = any(fnmatch.fnmatchcase(name, p) for p in policy.deny)
-        if (
-            backend is None
-            or denied
-            or (policy.fixed and policy.fixed != name)
-            or not backend.probe().available
-        ):
+        if backend is None or _ruled_out(backend, policy, {}):
             continue
         readable = sorted(
             (a for a in artifacts if a.format in backend.formats),

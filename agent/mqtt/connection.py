@@ -937,11 +937,12 @@ class MqttConnection:
                     # Dropped before CONNACK (e.g. TLS 1.3: the broker refusing our client certificate,
                     # or the lack of one, with an alert): say why, without hiding a more precise
                     # CONNACK refusal seen earlier.
-                    closed = "the broker closed the connection" if self._config.tls else str(reason_code)
-                    said = self._socket_error or closed
-                    self._last_error = f"connection to {self._broker} closed before CONNACK: " + (
-                        f"{said} ({self._tls_alert_hint()})" if self._tls_ended(self._socket_error) else said
-                    )
+                    if self._tls_ended(self._socket_error):
+                        ended = self._socket_error or "the broker closed the connection"
+                        said = f"{ended} ({self._tls_alert_hint()})"
+                    else:
+                        said = str(self._socket_error or reason_code)
+                    self._last_error = f"connection to {self._broker} closed before CONNACK: {said}"
                     self._socket_error = None
                     closed_early = not self._unreachable_logged
                     self._unreachable_logged = True
@@ -957,9 +958,11 @@ class MqttConnection:
 
     def _tls_ended(self, socket_error: str | None) -> bool:
         """The broker ended the TLS session before the CONNACK: with an alert, or (TLS 1.3, when it
-        closes before the alert is read) with a bare end of the stream (None: no socket error)."""
-        text = (socket_error or "eof occurred in violation").lower()
-        return self._config.tls is not None and ("alert" in text or "eof occurred in violation" in text)
+        closes before the alert is read) with a bare end of the stream or a plain close (None)."""
+        if self._config.tls is None:
+            return False
+        text = (socket_error or "").lower()
+        return socket_error is None or "alert" in text or "eof occurred in violation" in text
 
     def _tls_alert_hint(self) -> str:
         """What to check when the broker ended the TLS session with an alert before the CONNACK."""
