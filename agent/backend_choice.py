@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,9 @@ from providers import (
 )
 from providers.catalog import cached_backends
 from providers.select import (
+    FULL_PRECISION_REFERENCES,
     REFERENCE_BACKENDS,
+    CandidateReport,
     Loader,
     NoBackendError,
     Progress,
@@ -200,9 +202,10 @@ class DecisionStore:
             log.warning("ignoring unreadable cached decision %s: %s", path, exc)
             return None
 
-    def put(self, key: str, decision: Decision, pipeline: str, model: str, cache: bool = True) -> None:
-        """Record the pipeline's decision (for `explain`); with `cache` also under its key, for the
-        next start to reuse (an unchecked decision is only recorded: it is made again)."""
+    def put(self, key: str, decision: Decision, pipeline: str | None, model: str, cache: bool = True) -> None:
+        """Record the pipeline's decision (for `explain`; None: no pipeline's); with `cache` also
+        under its key, for the next start to reuse (an unchecked decision is only recorded: it is
+        made again)."""
         record = {
             "key": key,
             "pipeline": pipeline,
@@ -214,8 +217,9 @@ class DecisionStore:
         self.root.mkdir(parents=True, exist_ok=True)
         if cache:
             atomic_write_bytes(self.root / f"{key}.json", data)
-        (self.root / "pipelines").mkdir(exist_ok=True)
-        atomic_write_bytes(self.root / "pipelines" / f"{pipeline}.json", data)
+        if pipeline is not None:
+            (self.root / "pipelines").mkdir(exist_ok=True)
+            atomic_write_bytes(self.root / "pipelines" / f"{pipeline}.json", data)
 
     def put_refusal(self, error: NoBackendError, pipeline: str, model: str) -> None:
         """Record that no candidate could serve the pipeline, and why each could not (for `explain`)."""
@@ -231,12 +235,13 @@ class DecisionStore:
             self.root / "pipelines" / f"{pipeline}.json", json.dumps(record, indent=2).encode()
         )
 
-    def forget(self, pipeline: str) -> bool:
-        """Drop the cached decision the pipeline last used, so its next build decides again; False
-        when there was none cached."""
-        record = self.for_pipeline(pipeline)
-        key = record.get("key") if record else None
-        if not isinstance(key, str):
+    def forget(self, pipeline: str, key: str | None = None) -> bool:
+        """Drop the cached decision `key` (default: the one the pipeline's record names), so the
+        pipeline's next build decides again; False when there was none cached."""
+        if key is None:
+            record = self.for_pipeline(pipeline)
+            key = record.get("key") if record else None
+        if not isinstance(key, str) or not key:
             return False
         path = self.root / f"{key}.json"
         existed = path.exists()
@@ -271,6 +276,130 @@ def _deciding(key: str) -> threading.Lock:
         return _decision_locks.setdefault(key, threading.Lock())
 
 
+@dataclass(frozen=True)
+class Box:
+    """This box as a decision sees it: its hardware and its backends (probed once, cached)."""
+
+    hardware: HardwareInfo
+    backends: tuple[Backend, ...]
+
+    @classmethod
+    def here(cls, config: AgentConfig) -> Box:
+        hardware = detect_hardware()
+        return cls(hardware, tuple(box_backends(config, hardware)))
+
+
+@dataclass
+class Choice:
+    """Where a model runs on this box and why: the one answer the daemon, infer, bench, explain,
+    doctor, validate and the fleet commands share (`current_choice`, `choose_and_load`).
+
+    `artifacts` are what it chose among (upgraded twins included: the choice may be one), `policy`
+    and `box` what it was made under, `key` its decision cache key. `cached`: read from the cache
+    (proven on an earlier start, or by `models validate`)."""
+
+    model: str
+    decision: Decision
+    artifacts: list[ModelArtifact]
+    policy: SelectionPolicy
+    box: Box
+    key: str
+    cached: bool = False
+    screened: bool = True  # False: the reference taken at once, the other candidates not screened
+    load_failures: tuple[str, ...] = ()  # the candidates that did not load before the one serving
+
+    @property
+    def backend(self) -> str:
+        return self.decision.backend
+
+    @property
+    def artifact(self) -> str:
+        return self.decision.artifact
+
+    @property
+    def precision(self) -> str | None:
+        return self.decision.precision
+
+    @property
+    def proven(self) -> bool:
+        """Its outputs were compared with a reference (expected outputs, or the CPU reference)."""
+        return self.decision.checked
+
+    @property
+    def full_precision_reference(self) -> bool:
+        return self.decision.backend in FULL_PRECISION_REFERENCES
+
+    def artifact_file(self) -> ModelArtifact:
+        return next(a for a in self.artifacts if a.sha256 == self.decision.artifact_sha256)
+
+    def summary(self) -> dict[str, Any]:
+        """What runs, for people and scripts: backend, artifact, precision, proven and on what."""
+        return {
+            "model": self.model,
+            "backend": self.backend,
+            "artifact": self.artifact,
+            "precision": self.precision,
+            "proven": self.proven,
+            "proof": self.decision.proof() if self.proven else None,
+            "cached": self.cached,
+            "why": self.decision.explain(),
+        }
+
+
+def model_candidates(
+    config: AgentConfig, artifacts: Sequence[ModelArtifact], box: Box, derived_dir: Path | None = None
+) -> list[ModelArtifact]:
+    """The model's files plus an opset-upgraded twin of each the CPU reference refuses as it is
+    (kept in the store's derived/ folder, made once)."""
+    reference = next((b for b in box.backends if b.name == REFERENCE_BACKENDS[0]), None)
+    if reference is None:
+        return list(artifacts)
+    derived = derived_dir or config.state_dir / "store" / "derived"
+    return [*artifacts, *upgraded_artifacts(artifacts, derived, reference)]
+
+
+def current_choice(
+    config: AgentConfig,
+    pipeline: PipelineConfig | None,
+    artifacts: Sequence[ModelArtifact],
+    model_ref: str,
+    testdata: Sequence[TestData] = (),
+    box: Box | None = None,
+    derived_dir: Path | None = None,
+    screen_all: bool = False,
+) -> Choice:
+    """Where this box runs the model now, without running it: the cached proven decision for this
+    model, policy and box; else what a first start serves (the full-precision CPU reference, the
+    upgraded twin where it refuses the file as it is) until a sample proves another candidate.
+
+    `screen_all`: rank every candidate too (what would be tried next: `explain`), which loads
+    every runtime to check the model's operators; else only the reference is named. Raises
+    NoBackendError (each candidate's reason) when nothing can serve the model."""
+    box = box or Box.here(config)
+    policy = policy_for(config, pipeline, box.backends)
+    candidates = model_candidates(config, artifacts, box, derived_dir)
+    key = decision_key(candidates, testdata, policy, box.backends, box.hardware)
+    cached = DecisionStore(config.state_dir).get(key)
+    if cached is not None:
+        return Choice(model_ref, cached, candidates, policy, box, key, cached=True)
+    decision, screened = first_start_decision(candidates, policy, box, screen_all)
+    return Choice(model_ref, decision, candidates, policy, box, key, screened=screened)
+
+
+def first_start_decision(
+    artifacts: Sequence[ModelArtifact], policy: SelectionPolicy, box: Box, screen_all: bool = False
+) -> tuple[Decision, bool]:
+    """What serves before any sample proved a candidate, and whether the others were screened: the
+    full-precision reference at once (reference_first), else (the policy rules it out, benchmarking
+    is off, or `screen_all`) `decide` without a sample."""
+    if policy.benchmark and not screen_all:
+        quick = reference_first(artifacts, policy, box.backends)
+        if quick is not None:
+            return quick, False
+    notes = hardware_notes(box.hardware)
+    return decide(artifacts, policy, None, box.backends, hardware=notes), True
+
+
 def choose_and_load(
     config: AgentConfig,
     pipeline: PipelineConfig,
@@ -281,46 +410,70 @@ def choose_and_load(
     load: Loader | None = None,
     peek: Peek | None = None,
     prove_later: bool = False,
-) -> tuple[Session, Decision, list[ModelArtifact]]:
-    """Decide (or reuse the cached decision) and load the chosen backend in this process.
+    box: Box | None = None,
+) -> tuple[Session, Choice]:
+    """The current choice (`current_choice`), proven first where it is not and `prove_later` is
+    off, and loaded in this process (the next candidate where the chosen one does not load).
 
-    `prove_later`: with no cached decision, take the CPU reference at once, unproven (the caller
-    proves the candidates on a live frame beside it: make_prover), instead of running trials first.
-
-    Candidates are proven on the model's test data (`testdata`: archives with the model file each
-    is for) where it fits, else on a frame from the pipeline's own source (`peek`: see _samples).
-    `progress` hears each step (trials, engine builds) before it starts. Returns the session, the
-    decision, and the artifacts it chose among (derived ones included).
+    `prove_later`: with no cached decision, serve the first-start choice at once, unproven (the
+    caller proves the candidates on a live frame beside it: make_prover), instead of running
+    trials first. Else candidates are proven on the model's test data (`testdata`) where it fits,
+    else on a frame from the pipeline's own source (`peek`: see _samples). `progress` hears each
+    step (trials, engine builds) before it starts.
 
     Pipelines on the same model decide one at a time: the second finds the first's proven decision
     in the cache instead of deciding again (or guessing by rank when its own source is dead).
     """
     say = progress or (lambda _text: None)
-    hardware = detect_hardware()
-    backends = box_backends(config, hardware)
-    policy = policy_for(config, pipeline, backends)
-    cpu_reference = next((b for b in backends if b.name == REFERENCE_BACKENDS[0]), None)
-    if cpu_reference is not None:  # old opsets the reference refuses get an upgraded twin
-        derived_dir = config.state_dir / "store" / "derived"
-        artifacts = [*artifacts, *upgraded_artifacts(artifacts, derived_dir, cpu_reference)]
     store = DecisionStore(config.state_dir)
-    key = decision_key(artifacts, testdata, policy, backends, hardware)
-    decision = store.get(key)
-    samples: list[Sample] = []
-    no_frame = False
-    if decision is None and policy.benchmark and prove_later:
+    try:
+        choice = current_choice(config, pipeline, artifacts, model_ref, testdata, box)
+    except NoBackendError as exc:  # the policy rules the reference out, and nothing else can serve
+        store.put_refusal(exc, pipeline.name, model_ref)
+        raise
+    policy, backends = choice.policy, choice.box.backends
+    if choice.cached:
+        log.info("pipeline %s: using the cached backend decision %s", pipeline.name, choice.key)
+    elif policy.benchmark and prove_later:
         log.info(
             "pipeline %s: no proven decision for %s yet: serving on the CPU reference while the "
             "candidates are proven on its first frame",
             pipeline.name,
             model_ref,
         )
-    elif decision is None and policy.benchmark:
+    elif not policy.benchmark:
+        log.info(
+            "pipeline %s: choosing a backend for %s (benchmarking off: by rank)", pipeline.name, model_ref
+        )
+    else:
         say("getting inputs to prove backends on")
-        samples, no_frame = _samples(config, pipeline, artifacts, testdata, backends, peek)
-    with _deciding(key):
+        samples, no_frame = _samples(config, pipeline, choice.artifacts, testdata, backends, peek)
+        choice = _prove_now(config, pipeline, choice, samples, no_frame, progress)
+    try:
+        session, choice = load_choice(choice, f"pipeline {pipeline.name}", progress, load)
+    except NoBackendError as exc:
+        store.put_refusal(exc, pipeline.name, model_ref)
+        raise
+    # Recorded for this pipeline (explain, reselect-backend); cached for the next start only when
+    # proven, or when benchmarking is off (an unchecked first-start choice is made again).
+    cache = not choice.cached and (choice.proven or not policy.benchmark)
+    store.put(choice.key, choice.decision, pipeline.name, model_ref, cache=cache)
+    return session, choice
+
+
+def _prove_now(
+    config: AgentConfig,
+    pipeline: PipelineConfig,
+    choice: Choice,
+    samples: list[Sample],
+    no_frame: bool,
+    progress: Progress | None,
+) -> Choice:
+    """Prove the candidates on `samples` before serving (the choice is not cached yet)."""
+    store = DecisionStore(config.state_dir)
+    with _deciding(choice.key):
         # Another pipeline on this model may have proven a decision while this one waited for a frame.
-        cached = decision or store.get(key)
+        cached = store.get(choice.key)
         if no_frame:
             log.warning(
                 "pipeline %s: no frame from its source within %.0f s; %s",
@@ -332,71 +485,76 @@ def choose_and_load(
                 if samples
                 else "serving on the full-precision CPU reference, outputs not checked",
             )
-        if cached is None and prove_later and policy.benchmark:
-            # Serving on the reference needs no other runtime: the candidates are screened (every
-            # runtime loaded to check the model's operators) when a frame proves them.
-            quick = reference_first(artifacts, policy, backends)
-            if quick is not None:
-                try:
-                    session = load_decided(quick, artifacts, policy, backends, progress, load)[0]
-                except BackendError as exc:
-                    log.info("pipeline %s: %s; screening every candidate", pipeline.name, exc)
-                else:
-                    store.put(key, quick, pipeline.name, model_ref, cache=False)
-                    return session, quick, list(artifacts)
-        if cached is None:
-            log.info(
-                "pipeline %s: choosing a backend for %s%s",
-                pipeline.name,
-                model_ref,
-                f" (benchmarking the top candidates on {', '.join(s.origin for s in samples)})"
-                if samples
-                else "",
+        if cached is not None:
+            log.info("pipeline %s: using the cached backend decision %s", pipeline.name, choice.key)
+            return replace(choice, decision=cached, cached=True)
+        if not samples:
+            return choice
+        log.info(
+            "pipeline %s: choosing a backend for %s (benchmarking the top candidates on %s)",
+            pipeline.name,
+            choice.model,
+            ", ".join(s.origin for s in samples),
+        )
+        judge = pipeline_judge(config, pipeline, choice.artifacts, choice.box.backends)
+        try:
+            decision = decide(
+                choice.artifacts,
+                choice.policy,
+                samples,
+                choice.box.backends,
+                hardware=hardware_notes(choice.box.hardware),
+                progress=progress,
+                judge=judge,
             )
-            notes = hardware_notes(hardware)
-            judge = pipeline_judge(config, pipeline, artifacts, backends) if samples else None
-            try:
-                decision = decide(
-                    artifacts, policy, samples, backends, hardware=notes, progress=progress, judge=judge
-                )
-            except NoBackendError as exc:
-                store.put_refusal(exc, pipeline.name, model_ref)
-                raise
-            # An unchecked choice is recorded for explain but made again next time.
-            store.put(key, decision, pipeline.name, model_ref, cache=decision.checked or not policy.benchmark)
-        else:
-            decision = cached
-            log.info("pipeline %s: using the cached backend decision %s", pipeline.name, key)
-            # Recorded for this pipeline too: `explain` shows it, reselect-backend finds what to forget.
-            store.put(key, decision, pipeline.name, model_ref, cache=False)
-    session, used, failures = load_decided(decision, artifacts, policy, backends, progress, load)
+        except NoBackendError as exc:
+            store.put_refusal(exc, pipeline.name, choice.model)
+            raise
+        return replace(choice, decision=decision, screened=True)
+
+
+def load_choice(
+    choice: Choice, who: str, progress: Progress | None = None, load: Loader | None = None
+) -> tuple[Session, Choice]:
+    """Load the choice in this process; where it fails, the next candidate of its order (the
+    decision's note says so). The reference taken at once (an unscreened choice) that cannot load
+    the model after all: every candidate is screened for another. NoBackendError when none can."""
+    try:
+        session, used, failures = _load(choice, progress, load)
+    except BackendError as exc:
+        if choice.screened:
+            raise
+        log.info("%s: %s; screening every candidate", who, exc)
+        notes = hardware_notes(choice.box.hardware)
+        decision = decide(choice.artifacts, choice.policy, None, choice.box.backends, hardware=notes)
+        choice = replace(choice, decision=decision, screened=True)
+        session, used, failures = _load(choice, progress, load)
     for failure in failures:
-        log.warning("pipeline %s: %s; falling back to the next backend", pipeline.name, failure)
-    if used.backend != decision.backend:
-        decision.note = (
-            decision.note + "; " if decision.note else ""
-        ) + f"running on fallback {used.backend}"
-    return session, decision, list(artifacts)
+        log.warning("%s: %s; falling back to the next backend", who, failure)
+    if used.backend != choice.backend:
+        note = choice.decision.note
+        choice.decision.note = (note + "; " if note else "") + f"running on fallback {used.backend}"
+    return session, replace(choice, load_failures=tuple(failures))
 
 
-def check_on_testdata(
-    session: Session,
-    artifact_sha256: str,
-    testdata: Sequence[TestData],
-    artifacts: Sequence[ModelArtifact],
-    policy: SelectionPolicy,
-    backends: Sequence[Backend] | None = None,
-) -> int:
+def _load(
+    choice: Choice, progress: Progress | None = None, load: Loader | None = None
+) -> tuple[Session, CandidateReport, list[str]]:
+    return load_decided(choice.decision, choice.artifacts, choice.policy, choice.box.backends, progress, load)
+
+
+def check_on_testdata(session: Session, choice: Choice, testdata: Sequence[TestData]) -> int:
     """Run the loaded session on every test set that fits its artifact and compare with the expected
     outputs at the test data's tolerances: the proof a version gets on this box when the decision
     did not run trials (benchmarking off). Returns the number of sets checked; ModelError naming
     the set and the difference when one is wrong."""
+    artifacts, policy, backends = choice.artifacts, choice.policy, choice.box.backends
+    artifact_sha256 = choice.decision.artifact_sha256
     checked = 0
     artifact = next((a for a in artifacts if a.sha256 == artifact_sha256), None)
     if artifact is None:
         return 0
-    readers = all_backends() if backends is None else backends
-    for sample in testdata_samples(testdata, [artifact], readers):
+    for sample in testdata_samples(testdata, [artifact], backends):
         if not sample.expected or not sample.fits_artifact(artifact):
             continue
         outputs = session.run(sample.feeds)
@@ -435,35 +593,44 @@ def pipeline_judge(
 Prover = Callable[[Mapping[str, np.ndarray]], Decision]
 
 
-def make_prover(
+def prove_on(
     config: AgentConfig,
     pipeline: PipelineConfig,
-    artifacts: Sequence[ModelArtifact],
-    model_ref: str,
+    choice: Choice,
+    feeds: Mapping[str, np.ndarray],
     testdata: Sequence[TestData] = (),
+    origin: str = "a frame from the pipeline's source",
+    record: bool = True,
+) -> Choice:
+    """Decide again with the candidates proven on `feeds` (plus the model's test data); a proven
+    decision is cached under the choice's key, for every later start and tool to find (and, with
+    `record`, recorded as the pipeline's for `explain`)."""
+    backends = choice.box.backends
+    samples = [*testdata_samples(testdata, choice.artifacts, backends), Sample(feeds, origin)]
+    log.info("pipeline %s: proving the candidates for %s on %s", pipeline.name, choice.model, origin)
+    judge = pipeline_judge(config, pipeline, choice.artifacts, backends)
+    decision = decide(
+        choice.artifacts,
+        choice.policy,
+        samples,
+        backends,
+        hardware=hardware_notes(choice.box.hardware),
+        judge=judge,
+    )
+    if decision.checked:
+        store = DecisionStore(config.state_dir)
+        store.put(choice.key, decision, pipeline.name if record else None, choice.model)
+    return replace(choice, decision=decision, cached=False, screened=True)
+
+
+def make_prover(
+    config: AgentConfig, pipeline: PipelineConfig, choice: Choice, testdata: Sequence[TestData] = ()
 ) -> Prover:
-    """For a pipeline whose decision could not be checked (no sample when it was built): a function
-    that decides again on one of its frames (plus its test data) and caches the checked decision."""
-    hardware = detect_hardware()
-    backends = box_backends(config, hardware)
-    policy = policy_for(config, pipeline, backends)
-    key = decision_key(artifacts, testdata, policy, backends, hardware)
+    """For a pipeline whose choice is not proven (no sample when it was built): a function that
+    proves the candidates on one of its frames (prove_on)."""
 
     def prove(feeds: Mapping[str, np.ndarray]) -> Decision:
-        samples = [
-            *testdata_samples(testdata, artifacts, backends),
-            Sample(feeds, "a frame from the pipeline's source"),
-        ]
-        log.info(
-            "pipeline %s: proving the candidates for %s on a frame from its source", pipeline.name, model_ref
-        )
-        judge = pipeline_judge(config, pipeline, artifacts, backends)
-        decision = decide(
-            artifacts, policy, samples, backends, hardware=hardware_notes(hardware), judge=judge
-        )
-        if decision.checked:
-            DecisionStore(config.state_dir).put(key, decision, pipeline.name, model_ref)
-        return decision
+        return prove_on(config, pipeline, choice, feeds, testdata).decision
 
     return prove
 

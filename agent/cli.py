@@ -792,24 +792,53 @@ def models_validate(
 ) -> None:
     """Run every candidate of this box (backends x artifacts, upgraded opsets included) on every test
     set of MODEL (its own, plus --test-data) and say which are correct, how far off each output is,
-    how fast they are, and which one the agent would activate. Exit 1 when none is correct."""
+    how fast they are, and which one the agent would activate. Exit 1 when none is correct. The
+    candidate it activates is kept as the agent's decision for this model on this box (under the
+    config's state dir): the daemon, infer and explain then use it without proving again."""
+    with _user_errors(as_json):
+        agent_config = None
+        if config.is_file():
+            try:
+                agent_config = _load(config)
+            except EdgeAgentError:
+                if not Path(model).is_file():
+                    raise  # a model file needs no config: only its backend settings would be used
+        store_dir = _model_state_dir(model, config, state_dir)
+        states = state_dir or (agent_config.state_dir if agent_config is not None else None)
+        result = _validate(model, testdata or [], rtol, atol, agent_config, store_dir, states)
+    if as_json:
+        _echo_json(result.to_dict())
+    else:
+        _print_validation(result)
+    if not result.usable:
+        raise typer.Exit(1)
+
+
+def _validate(
+    model: str,
+    testdata: list[Path],
+    rtol: float | None,
+    atol: float | None,
+    agent_config: AgentConfig | None,
+    store_dir: Path | None,
+    states: Path | None,
+) -> Validation:
     import tempfile
 
+    from agent.backend_choice import Box, DecisionStore, current_choice, model_candidates
+    from agent.infer import settings_for
     from agent.inventory import resolve_model
     from agent.store import ModelStore
     from agent.testdata import TestData, testdata_files
     from agent.validate import validate
-    from providers import ModelArtifact
+    from providers import ModelArtifact, NoBackendError
     from providers.select import SelectionPolicy
 
-    with _user_errors(as_json), tempfile.TemporaryDirectory(prefix="edge-agent-validate-") as work:
-        store_dir = _model_state_dir(model, config, state_dir)
+    with tempfile.TemporaryDirectory(prefix="edge-agent-validate-") as work:
         resolved = resolve_model(model, ModelStore((store_dir or Path(".")) / "store"))
         tests = list(resolved.testdata)
         primary = resolved.artifacts[0]
-        for file in testdata_files(
-            testdata or [], primary.path, primary.format, Path(work) / "tests", rtol, atol
-        ):
+        for file in testdata_files(testdata, primary.path, primary.format, Path(work) / "tests", rtol, atol):
             digest = hashlib.sha256(file.path.read_bytes()).hexdigest()
             tests.append(
                 TestData(
@@ -821,19 +850,22 @@ def models_validate(
                 f"{resolved.ref} has no test data to validate on",
                 hint="publish it with --test-data, or pass --test-data here",
             )
-        policy = SelectionPolicy(warmup=2, runs=10, min_time_s=0.2, budget_s=3.0, max_trials=99)
-        if store_dir is not None or Path(config).is_file():
-            from agent.backend_choice import policy_for
-
-            with contextlib.suppress(EdgeAgentError):  # a model file needs no config
-                policy = replace(policy_for(_load(config)), warmup=2, runs=10, min_time_s=0.2, max_trials=99)
-        result = validate(resolved.ref, resolved.artifacts, tests, policy, Path(work) / "derived")
-    if as_json:
-        _echo_json(result.to_dict())
-    else:
-        _print_validation(result)
-    if not result.usable:
-        raise typer.Exit(1)
+        settings = settings_for(agent_config, states or Path(work) / "state")
+        box = Box.here(settings)
+        # The choice every start and tool takes for this model: its key, policy and candidates.
+        try:
+            choice = current_choice(settings, None, resolved.artifacts, resolved.ref, resolved.testdata, box)
+        except NoBackendError:
+            choice = None
+        artifacts = choice.artifacts if choice else model_candidates(settings, resolved.artifacts, box)
+        policy = replace(
+            choice.policy if choice else SelectionPolicy(), warmup=2, runs=10, min_time_s=0.2, max_trials=99
+        )
+        result = validate(resolved.ref, artifacts, tests, policy, None, list(box.backends))
+        if choice is not None and result.usable and result.proven is not None and states is not None:
+            DecisionStore(states).put(choice.key, result.proven, None, resolved.ref)
+            result.cached = True
+    return result
 
 
 def _print_validation(result: Validation) -> None:
@@ -861,7 +893,8 @@ def _print_validation(result: Validation) -> None:
         console.print(f"  test data {label}: {why}", markup=False)
     for backend, artifact, why in result.unusable:
         console.print(f"  {backend} on {artifact}: {why}", markup=False)
-    console.print(f"activates: {result.activated or 'nothing'}", markup=False)
+    kept = " (kept as the agent's decision for this model on this box)" if result.cached else ""
+    console.print(f"activates: {result.activated or 'nothing'}{kept}", markup=False)
 
 
 def _yes(value: bool) -> str:
@@ -1048,24 +1081,19 @@ def _print_test_set(console: Any, test: dict[str, Any]) -> None:
 
 @app.command()
 def explain(
-    name: Annotated[str, typer.Argument(help="A pipeline name, or a model NAME[@VERSION].")],
+    name: Annotated[str, typer.Argument(help="A pipeline name, a model NAME[@VERSION], or a model file.")],
     config: ConfigOption = DEFAULT_CONFIG,
     state_dir: StateDirOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Why a pipeline (or model) runs on its backend: every candidate, its verdict and numbers.
-    Before the daemon has run it: where it would run (the ranking on this box, not yet proven)."""
-    from agent.backend_choice import DecisionStore
+    """Why a pipeline (or model) runs on its backend: every candidate, its verdict and numbers. From
+    the running daemon when there is one; else where the next start would run it (the cached
+    decision, or what a first start serves and the candidates it proves next)."""
+    from agent.explain import explain as explain_records
 
     with _user_errors(as_json):
-        decisions = DecisionStore(_state_dir(config, state_dir))
-        records = [
-            r
-            for r in decisions.all_pipelines()
-            if name in (r["pipeline"], r["model"], r["model"].split("@")[0])
-        ]
-        if not records:
-            records = [_prospective_decision(name, config, state_dir, decisions)]
+        agent_config = _load(config) if config.is_file() or state_dir is None else None
+        records = explain_records(name, agent_config, config, state_dir)
     if as_json:
         _echo_json(records)
         return
@@ -1076,72 +1104,43 @@ def explain(
 
     console = Console()
     for record in records:
+        title = f"[bold]{record['pipeline'] or record['model']}[/bold]" + (
+            f" ({record['model']})" if record["pipeline"] else ""
+        )
         if "refused" in record:
-            console.print(f"[bold]{record['pipeline']}[/bold] ({record['model']}): no backend serves it")
+            console.print(f"{title}: no backend serves it")
             console.print(f"  {record['refused']}", markup=False)
             candidates = [CandidateReport(**c) for c in record["candidates"]]
             console.print(_candidate_table(candidates))
             continue
         decision = Decision.from_dict(record["decision"])
+        serving = record.get("serving") or {}
+        backend = serving.get("backend") or decision.backend
+        artifact = serving.get("artifact") or decision.artifact
+        precision = serving.get("precision") or decision.precision
+        verb = "would serve first on" if record.get("prospective") else "runs on"
+        if record.get("live"):
+            verb = "serving now on"
         console.print(
-            f"[bold]{record['pipeline']}[/bold] ({record['model']}): "
-            + ("would run on " if record.get("prospective") else "")
-            + f"{decision.backend} on {decision.artifact}"
-            + (f", precision {decision.precision}" if decision.precision else "")
+            f"{title}: {verb} {backend} on {artifact}" + (f", precision {precision}" if precision else "")
         )
         if record.get("prospective"):
             console.print(
-                "  not run yet: the best-ranked candidate on this box; the daemon proves the candidates "
-                "on the version's test data or a first frame when it starts the pipeline"
+                "  not proven yet: the daemon proves the candidates below, in this order, on the "
+                "version's test data or its first frame, and switches to the fastest correct one"
             )
+        elif not record.get("live") and "serving" in record:
+            console.print("  the cached decision: the next start serves it at once")
+        if backend != decision.backend:
+            console.print(f"  on a fallback: the decision chose {decision.backend}", markup=False)
         if decision.reference:
             checked = "checked" if decision.checked else "not checked"
-            console.print(f"  outputs {checked} against {decision.proof()}")
+            console.print(f"  outputs {checked} against {decision.proof()}", markup=False)
         if decision.note:
-            console.print(f"  note: {decision.note}")
-        if not decision.checked:
+            console.print(f"  note: {decision.note}", markup=False)
+        if not decision.checked and not record.get("prospective"):
             console.print("  [bold]unchecked[/bold]: no candidate's outputs were compared with a reference")
         console.print(_candidate_table(decision.candidates))
-
-
-def _prospective_decision(name: str, config: Path, state_dir: Path | None, decisions: Any) -> dict[str, Any]:
-    """Where pipeline `name` of the config would run, before the daemon has decided: the backends of
-    this box ranked for its model (as selection ranks them), none proven on a frame yet."""
-    from dataclasses import asdict, replace
-
-    from agent.backend_choice import hardware_notes, policy_for
-    from agent.hardware import detect_hardware
-    from agent.inventory import resolve_model
-    from providers import NoBackendError
-    from providers.select import decide
-
-    cfg = _load(config)
-    pipeline = next((p for p in cfg.pipelines if p.name == name), None)
-    if pipeline is None:
-        known = ", ".join(sorted({r["pipeline"] for r in decisions.all_pipelines()})) or "none yet"
-        raise EdgeAgentError(
-            f"no pipeline {name!r} in {config} and no backend decision recorded for it (decided: {known})",
-            hint="give a pipeline name from the config, or a model the daemon has run",
-        )
-    model = pipeline.model
-    spec = str(model.path) if model.path is not None else f"{model.name}@{model.version}"
-    try:
-        resolved = resolve_model(spec, _store(config, state_dir))
-    except EdgeAgentError as exc:
-        raise EdgeAgentError(
-            f"pipeline {name}: {exc.message}",
-            hint="a registry model is pulled when `edge-agent run` starts the pipeline (edge-agent models "
-            "pull -c CONFIG fetches it now)",
-        ) from None
-    policy = replace(policy_for(cfg, pipeline), benchmark=False)
-    record: dict[str, Any] = {"pipeline": name, "model": resolved.ref, "prospective": True}
-    try:
-        decision = decide(resolved.artifacts, policy, None, hardware=hardware_notes(detect_hardware()))
-    except NoBackendError as exc:
-        record.update(refused=str(exc), candidates=[asdict(c) for c in exc.candidates])
-        return record
-    record["decision"] = decision.to_dict()
-    return record
 
 
 def _candidate_table(candidates: list[CandidateReport]) -> Table:
@@ -1202,11 +1201,12 @@ def bench(
     else the size the model's manifest or metadata names), else random tensors of the model's input
     shapes (--shape; open batch dimension = 1, other open dimensions = 224).
     """
-    from agent.backend_choice import DecisionStore
+    from agent.backend_choice import current_choice
+    from agent.infer import settings_for, state_or_scratch
     from agent.inventory import bench as run_bench
     from agent.inventory import bench_feeds, resolve_model
     from agent.store import ModelStore
-    from providers import all_backends
+    from providers import NoBackendError, all_backends
 
     with _user_errors(as_json):
         store_root = _model_state_dir(model, config, state_dir)
@@ -1218,43 +1218,50 @@ def bench(
             backends = [b for b in backends if b.name == backend]
             if not backends:
                 raise EdgeAgentError(f"unknown backend {backend!r}", hint="edge-agent providers lists them")
+        agent = None
+        if config.is_file():
+            with contextlib.suppress(EdgeAgentError):  # without it: the defaults
+                agent = _load(config)
+        if pipeline is not None and agent is None:
+            raise EdgeAgentError(f"--pipeline {pipeline}: no config at {config}", hint="give -c CONFIG")
         shaped = None
         if not shape and inputs is None and (pipeline is not None or not resolved.testdata):
             from agent.infer import pipeline_shaped_feeds
 
-            agent = _load(config) if config.is_file() else None
-            if pipeline is not None and agent is None:
-                raise EdgeAgentError(f"--pipeline {pipeline}: no config at {config}", hint="give -c CONFIG")
             shaped = pipeline_shaped_feeds(model, store, agent, pipeline, config)
         feeds, fed = shaped if shaped is not None else bench_feeds(resolved, shape or [], inputs)
-        selected = (
-            {
-                r["decision"]["backend"]
-                for r in DecisionStore(store_root).all_pipelines()
-                if r["model"] == ref and "decision" in r
-            }
-            if store_root
-            else set()
-        )
-        if as_json:
-            rows = run_bench(artifacts, feeds, backends, runs, warmup)
-        else:
-            from rich.progress import Progress
+        with state_or_scratch(store_root) as states:
+            # What this box serves the model on (marked in the table), and the artifacts it chooses
+            # among: an upgraded twin is timed too.
+            try:
+                choice = current_choice(settings_for(agent, states), None, artifacts, ref, resolved.testdata)
+            except NoBackendError:
+                choice = None
+            if choice is not None:
+                artifacts = choice.artifacts
+            if as_json:
+                rows = run_bench(artifacts, feeds, backends, runs, warmup)
+            else:
+                from rich.progress import Progress
 
-            with Progress(transient=True) as progress:
-                task = progress.add_task("benchmarking", total=None)
-                rows = run_bench(
-                    artifacts,
-                    feeds,
-                    backends,
-                    runs,
-                    warmup,
-                    progress=lambda what: progress.update(task, description=what),
-                )
+                with Progress(transient=True) as progress:
+                    task = progress.add_task("benchmarking", total=None)
+                    rows = run_bench(
+                        artifacts,
+                        feeds,
+                        backends,
+                        runs,
+                        warmup,
+                        progress=lambda what: progress.update(task, description=what),
+                    )
+    serving = (choice.backend, choice.artifact) if choice is not None else None
     for row in rows:
-        row["selected"] = row["backend"] in selected
+        row["selected"] = (row["backend"], row["artifact"]) == serving
     if as_json:
-        _echo_json({"model": ref, "runs": runs, "warmup": warmup, "inputs": fed, "results": rows})
+        summary = choice.summary() if choice is not None else None
+        _echo_json(
+            {"model": ref, "runs": runs, "warmup": warmup, "inputs": fed, "choice": summary, "results": rows}
+        )
         return
     from rich.console import Console
     from rich.table import Table
@@ -1413,7 +1420,10 @@ def _print_inference(data: dict[str, Any], summary: dict[str, Any] | None) -> No
     frame = f", frame {data['frame']}" if "frame" in data else ""
     how = f"pipeline {data['pipeline']}" if data["pipeline"] else "the model's own settings"
     _say(console, f"{data['model']} on {data['input']}{frame} ({how})")
-    _say(console, f"backend: {data['backend']} ({data['precision']}): {data['backend_choice']}")
+    _say(
+        console,
+        f"backend: {data['backend']} ({data['precision']}) on {data['artifact']}: {data['backend_choice']}",
+    )
     latency = data["latency_ms"]
     per = f" per window, {data['windows']} windows" if "windows" in data else ""
     _say(

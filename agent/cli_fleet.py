@@ -16,8 +16,7 @@ import typer
 from agent.errors import ConfigError, EdgeAgentError
 
 if TYPE_CHECKING:
-    from agent.fleet.controller import BrokerOptions, DeployResult, Target
-    from agent.fleet.records import DeviceRecord
+    from agent.fleet.controller import BrokerOptions, DeployResult, DeviceStatus, Target
 
 EXIT_CODES = """Exit codes:
 
@@ -255,10 +254,12 @@ def status(
     ca_file: CaFileOption = None,
     prefix: PrefixOption = "edge",
 ) -> None:
-    """Every device: desired vs reported generation, pipelines, models, backends.
+    """Every device: desired vs reported generation, and per pipeline what serves, what is desired
+    and what became of it ("serving det@3; desired det@4 failed: why"), backends.
 
-    Read from the broker's retained state. Exits 0 when all converged, 4 if any failed, 6 if any is
-    still in flight, 7 if any is offline.
+    Read from the broker's retained state. A device whose status is offline is shown offline, with
+    what it last reported; one that restarted and has not reported since, in flight. Exits 0 when
+    all converged, 4 if any failed, 6 if any is still in flight, 7 if any is offline.
     """
     from agent.fleet.controller import ExitCode, FleetClient
 
@@ -266,10 +267,10 @@ def status(
         _fleet_errors(as_json),
         FleetClient(_broker(broker, username, password_file, ca_file, prefix)) as client,
     ):
-        records = client.collect(group, timeout_s=timeout)
-    summary = {"devices": len(records), "converged": 0, "failed": 0, "in-flight": 0, "offline": 0}
-    for record in records:
-        summary[record.condition()[0]] += 1
+        devices = client.collect_status(group, timeout_s=timeout)
+    summary = {"devices": len(devices), "converged": 0, "failed": 0, "in-flight": 0, "offline": 0}
+    for device in devices:
+        summary[device.condition()[0]] += 1
     code = ExitCode.OK
     for condition, exit_code in (
         ("failed", ExitCode.FAILED),
@@ -284,36 +285,39 @@ def status(
         f"{summary['in-flight']} in flight, {summary['offline']} offline"
     )
     if as_json:
-        _echo_json({"ok": code == ExitCode.OK, "summary": summary, "devices": [r.to_dict() for r in records]})
+        _echo_json({"ok": code == ExitCode.OK, "summary": summary, "devices": [d.to_dict() for d in devices]})
     else:
-        _print_status(records, line)
+        _print_status(devices, line)
     raise typer.Exit(int(code))
 
 
-def _print_status(records: list[DeviceRecord], summary: str) -> None:
+def _print_status(devices: list[DeviceStatus], summary: str) -> None:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     table = Table()
-    for column in (
-        "device",
-        "online",
-        "generation (desired/reported)",
-        "pipeline",
-        "model",
-        "backend",
-        "last seen",
-    ):
+    for column in ("device", "online", "generation (desired/reported)", "pipeline", "backend", "last seen"):
         table.add_column(column, overflow="fold")  # long ids and models wrap, never cut
-    for record in records:
+    for device in devices:
+        record = device.record
         online = {True: "online", False: "offline", None: "?"}[record.online]
+        if device.stale is not None and record.online is not False:
+            online += " (restarted, not reported since)"
         layers = "\n".join(
             f"{r.layer} {_gen(r.desired_generation)}/{_gen(r.applied_generation)}"
             + (f" {r.state}" if r.state not in (None, "applied") else "")
             for r in record.layers.values()
         )
-        pipelines = list(record.pipelines.values())
+        names = list(record.pipelines)
+        lines = []
+        for name in names:
+            view = device.pipelines.get(name)
+            lines.append(f"{name}: {_clip(view.text if view else record.pipelines[name].phase or '?')}")
+        backends = [
+            (record.pipelines[n].backend or "") if (v := device.pipelines.get(n)) and v.serving else ""
+            for n in names
+        ]
         table.add_row(
             *(
                 Text(cell)
@@ -321,9 +325,8 @@ def _print_status(records: list[DeviceRecord], summary: str) -> None:
                     record.device,
                     online,
                     layers,
-                    "\n".join(f"{p.name}: {p.phase}" for p in pipelines) or (record.problem or ""),
-                    "\n".join(p.model or "" for p in pipelines),
-                    "\n".join(p.backend or "" for p in pipelines),
+                    "\n".join(lines) or (record.problem or ""),
+                    "\n".join(backends),
                     record.last_seen or "",
                 )
             )
@@ -335,6 +338,11 @@ def _print_status(records: list[DeviceRecord], summary: str) -> None:
 
 def _gen(value: int | None) -> str:
     return "-" if value is None else str(value)
+
+
+def _clip(text: str, limit: int = 240) -> str:
+    """A pipeline's line in the table (reasons can be long; --json has them whole)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @fleet_app.command("cmd")

@@ -174,9 +174,45 @@ def _fleet(fleet: dict[str, Any]) -> str:
     documents = fleet.get("documents") or {}
     if not documents:
         return "no desired state (agent.yaml only)"
-    return ", ".join(
-        f"{layer} generation {d.get('applied_generation')} {d.get('state')}" for layer, d in documents.items()
-    )
+    return ", ".join(_document(layer, d) for layer, d in documents.items())
+
+
+def _document(layer: str, document: dict[str, Any]) -> str:
+    """One desired-state document: the generation applied and what became of it here (a generation
+    whose pipeline failed or was rolled back "failed", with what serves instead), and a refused one."""
+    state, applied = document.get("state"), document.get("applied_generation")
+    if state == "withdrawn":
+        return f"{layer} withdrawn"
+    if "outcome" not in document:  # a daemon from before outcomes: the document's state alone
+        return f"{layer} generation {applied} {state}"
+    parts = []
+    if state == "refused":
+        parts.append(f"{layer} generation {document.get('observed_generation') or '?'} refused")
+    outcome = document.get("outcome")
+    if applied is not None and outcome is not None:
+        text = f"generation {applied} {outcome}"
+        failed = document.get("failed") or []
+        if failed:
+            text += f" ({'; '.join(_failed_pipeline(f) for f in failed)})"
+        parts.append(text if parts else f"{layer} {text}")
+    return "; ".join(parts) or f"{layer} {state}"
+
+
+def _failed_pipeline(failed: dict[str, Any]) -> str:
+    """`cam: det@4 rolled back, serving det@3 from device:cam-01 generation 4` (the reason is on the
+    pipeline's own line)."""
+    what = "rolled back" if failed.get("phase") == "rolled-back" else "failed"
+    serving = failed.get("running_model")
+    text = f"{failed.get('pipeline')}: {failed.get('desired_model') or '?'} {what}, "
+    if serving is None:
+        return text + "nothing serving"
+    text += f"serving {serving}"
+    layer, generation = failed.get("running_layer"), failed.get("running_generation")
+    if layer == "yaml":
+        return text + " from agent.yaml"
+    if generation is not None:
+        return text + f" from {layer} generation {generation}"
+    return text
 
 
 def _duration(seconds: float | None) -> str:

@@ -35,7 +35,7 @@ from agent.control import ControlServer, socket_path
 from agent.errors import ConfigError, EdgeAgentError, ModelError
 from agent.fleet.commands import CommandServer, RecentLogs
 from agent.fleet.device_commands import device_handlers
-from agent.fleet.reconciler import Reconciler
+from agent.fleet.reconciler import Reconciler, generation_outcomes
 from agent.fsutil import InstanceLock, atomic_write_bytes
 from agent.home_automation import HomeAutomation
 from agent.mqtt import MqttConnection, Outbox, OutboxMessage, results_topic, telemetry_topic
@@ -317,7 +317,10 @@ class Agent:
         self.commands = CommandServer(
             config.fleet.commands, device_handlers(self, self.recent_logs), config.mqtt.max_payload_bytes
         )
-        self.control = ControlServer(socket_path(config.state_dir), {"status": self.status})
+        self.control = ControlServer(
+            socket_path(config.state_dir),
+            {"status": self.status, "explain": lambda: {"pipelines": self.supervisor.serving_records()}},
+        )
         self._last_states: dict[str, tuple[str, str, str]] = {}
         self._stall: str | None = None  # why the watchdog pings stopped (None: they go on)
         self.final_states: dict[str, dict[str, Any]] = {}
@@ -630,6 +633,9 @@ class Agent:
         return f"{running}/{len(states)} pipelines running, {self.outbox.pending()} results queued"
 
     def status(self) -> dict[str, Any]:
+        pipelines = self.pipeline_states()
+        # Per document, whether its generation serves here or failed (not only that it was accepted).
+        documents = generation_outcomes(self.reconciler.documents(), pipelines)
         return {
             "device": self.config.device.id,
             "agent_version": __version__,
@@ -649,10 +655,10 @@ class Agent:
             },
             "registry": self.registry_link.to_dict(),
             "config": self._config_report,
-            "fleet": {"enabled": self.config.fleet.enabled, "documents": self.reconciler.documents()},
+            "fleet": {"enabled": self.config.fleet.enabled, "documents": documents},
             "home_automation": self.home.stats(),
             "store": {"installed": [m.ref for m in self.store.list()]},
-            "pipelines": self.pipeline_states(),
+            "pipelines": pipelines,
         }
 
     def publish_telemetry(self) -> None:

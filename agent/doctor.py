@@ -642,15 +642,14 @@ def _source_fix(source: SourceConfig) -> str:
 
 
 def check_backend_of(config: AgentConfig, pipeline: PipelineConfig) -> Check:
-    """Does the backend the agent would choose for the pipeline's model load here? The cached
-    decision when the agent made one for this box, model and policy; else its pick before it has
-    proven candidates on a frame. Nothing is run on the model, no decision is recorded."""
-    from agent.backend_choice import DecisionStore, decision_key, hardware_notes, policy_for
+    """Does the backend the agent would serve the pipeline's model on (`current_choice`: its cached
+    decision for this box, model and policy, else what a first start serves) load here? Nothing is
+    run on the model, no decision is recorded."""
+    from agent.backend_choice import Box, box_backends, current_choice, load_choice
     from agent.hardware import detect_hardware
     from agent.store import store_for
-    from agent.transform import upgraded_artifacts
-    from providers import BackendError, all_backends, decide, load_decided
-    from providers.select import REFERENCE_BACKENDS, NoBackendError
+    from providers import BackendError, all_backends
+    from providers.select import NoBackendError
 
     name = f"backend:{pipeline.name}"
     ref = f"{pipeline.model.name}@{pipeline.model.version}"
@@ -666,36 +665,34 @@ def check_backend_of(config: AgentConfig, pipeline: PipelineConfig) -> Check:
         installed = store.get(pipeline.model.name, pipeline.model.version)
     except EdgeAgentError as exc:
         return Check(name, FAIL, exc.message, exc.hint or "see the store row")
-    backends = all_backends()
-    policy = policy_for(config, pipeline)
-    hardware = detect_hardware()
     with _writable_state(config.state_dir) as scratch:
-        artifacts = installed.model_artifacts()
-        testdata = installed.testdata_artifacts()
-        reference = next((b for b in backends if b.name == REFERENCE_BACKENDS[0]), None)
-        if reference is not None:  # as the agent does: old opsets get an upgraded twin
-            derived = (scratch or config.state_dir / "store") / "derived"
-            artifacts = [*artifacts, *upgraded_artifacts(artifacts, derived, reference)]
-        decision = DecisionStore(config.state_dir).get(
-            decision_key(artifacts, testdata, policy, backends, hardware)
-        )
-        how = "the agent's cached decision"
-        if decision is None:
-            how = "not proven yet: the agent's pick until a frame proves the candidates"
-            try:
-                decision = decide(artifacts, policy, [], backends, hardware=hardware_notes(hardware))
-            except NoBackendError as exc:
-                return Check(
-                    name,
-                    FAIL,
-                    f"no backend can run {ref}: {exc}",
-                    f"edge-agent models check {ref} says why; edge-agent providers lists this box's",
-                )
-        load_policy = (
-            policy if scratch is None else replace(policy, options=_caches_in(policy.options, scratch))
-        )
+        hardware = detect_hardware()
+        # As another user (root), nothing is written where the agent keeps its files.
+        backends = box_backends(config, hardware) if scratch is None else all_backends()
+        box = Box(hardware, tuple(backends))
         try:
-            session, used, failures = load_decided(decision, artifacts, load_policy, backends)
+            choice = current_choice(
+                config,
+                pipeline,
+                installed.model_artifacts(),
+                ref,
+                installed.testdata_artifacts(),
+                box,
+                derived_dir=scratch / "derived" if scratch is not None else None,
+            )
+        except NoBackendError as exc:
+            return Check(
+                name,
+                FAIL,
+                f"no backend can run {ref}: {exc}",
+                f"edge-agent models check {ref} says why; edge-agent providers lists this box's",
+            )
+        if scratch is not None:
+            choice = replace(
+                choice, policy=replace(choice.policy, options=_caches_in(choice.policy.options, scratch))
+            )
+        try:
+            session, choice = load_choice(choice, f"doctor {ref}")
         except BackendError as exc:
             return Check(
                 name,
@@ -703,13 +700,20 @@ def check_backend_of(config: AgentConfig, pipeline: PipelineConfig) -> Check:
                 f"{ref}: {exc}",
                 f"edge-agent providers says what this box has; edge-agent models check {ref}",
             )
+        serving = session.backend
         session.close()
-    detail = f"{ref}: {used.backend} loads {used.artifact} ({how})"
-    if failures:
+    how = (
+        "the agent's cached decision"
+        if choice.cached
+        else "not proven yet: what a first start serves until a frame proves the candidates"
+    )
+    artifact = next((c.artifact for c in choice.decision.order() if c.backend == serving), choice.artifact)
+    detail = f"{ref}: {serving} loads {artifact} ({how})"
+    if choice.load_failures:
         return Check(
             name,
             WARN,
-            f"{detail}; the chosen one did not: {'; '.join(failures)}",
+            f"{detail}; the chosen one did not: {'; '.join(choice.load_failures)}",
             "edge-agent providers says what is missing for it; edge-agent explain PIPELINE",
         )
     return Check(name, OK, detail)

@@ -24,9 +24,11 @@ this input first, as the daemon proves them on a frame from its source).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from agent.backend_choice import DecisionStore, decision_key, hardware_notes, policy_for
+from agent.backend_choice import Box, Choice, current_choice, load_choice, model_candidates, prove_on
 from agent.config import (
     AgentConfig,
     AudioPreprocessConfig,
@@ -43,7 +45,6 @@ from agent.config import (
     PipelineConfig,
 )
 from agent.errors import EdgeAgentError, ModelError
-from agent.hardware import detect_hardware
 from agent.inventory import resolve_model
 from agent.model_hints import embedded_hints, with_model_hints
 from agent.pipeline import FrameRun, LoadedModel, Stage
@@ -65,12 +66,10 @@ from providers import (
     SelectionPolicy,
     Session,
     TensorSpec,
-    all_backends,
     decide,
     get_backend,
-    load_decided,
 )
-from providers.select import Sample, feeds_problem, reference_session
+from providers.select import feeds_problem, reference_session
 
 INPUT_KINDS: dict[str, tuple[str, ...]] = {
     "image": (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".pgm", ".ppm", ".pnm"),
@@ -96,6 +95,9 @@ class InferResult:
     precision: str
     backend_choice: str
     latency_ms: dict[str, float]
+    artifact: str = ""  # the model file run (an upgraded twin is named so)
+    proven: bool = False  # the backend's outputs were checked on this box (test data, an input)
+    rejected: str | None = None  # --backend X: why proving the candidates here rejected it
     output: dict[str, Any] | None = None
     summary: dict[str, Any] | None = None  # every output tensor summarised (of the last run)
     pipeline: str | None = None
@@ -116,9 +118,13 @@ class InferResult:
             "pipeline": self.pipeline,
             "backend": self.backend,
             "precision": self.precision,
+            "artifact": self.artifact,
+            "proven": self.proven,
             "backend_choice": self.backend_choice,
             "latency_ms": self.latency_ms,
         }
+        if self.rejected is not None:
+            data["rejected"] = self.rejected
         if self.frame is not None:
             data["frame"] = self.frame
         if self.results is not None:
@@ -345,69 +351,121 @@ def looks_like_probabilities(values: np.ndarray) -> bool:
 @dataclass
 class Loaded:
     session: Session
-    decision: Decision
-    choice: str  # how the backend was chosen, for people
+    choice: Choice  # what this box runs the model on (the forced backend's, with --backend)
+    how: str  # how the backend was chosen, for people
+    rejected: str | None = None  # --backend X that proving the candidates rejected: why
+
+    @property
+    def decision(self) -> Decision:
+        return self.choice.decision
+
+
+@contextlib.contextmanager
+def state_or_scratch(state_dir: Path | None) -> Iterator[Path]:
+    """The state dir decisions are cached in; a scratch one (nothing kept) without one."""
+    if state_dir is not None:
+        yield state_dir
+        return
+    with tempfile.TemporaryDirectory(prefix="edge-agent-infer-") as scratch:
+        yield Path(scratch)
+
+
+def _pipeline_on(agent: AgentConfig | None, model: ResolvedModel) -> PipelineConfig | None:
+    """The config's first pipeline on this model version (its backend settings rule where it runs)."""
+    for candidate in agent.pipelines if agent is not None else []:
+        if (candidate.model.name, candidate.model.version) == (model.name, model.version):
+            return candidate
+    return None
+
+
+def settings_for(agent: AgentConfig | None, state_dir: Path) -> AgentConfig:
+    """The agent's settings (selection policy, where decisions are cached), or the defaults with
+    `state_dir` for a model run without a config."""
+    if agent is not None:
+        return agent if agent.state_dir == state_dir else agent.model_copy(update={"state_dir": state_dir})
+    return AgentConfig.model_validate({"device": {"id": "local"}, "state_dir": str(state_dir)})
 
 
 def load_backend(
     model: ResolvedModel,
-    policy: SelectionPolicy,
+    settings: AgentConfig,
+    pipeline: PipelineConfig | None,
     wanted: str | None,
-    state_dir: Path | None,
-    sample: Mapping[str, np.ndarray] | None = None,
 ) -> Loaded:
-    """Load the model on `wanted`; else on the agent's cached decision for it on this box; else on
-    the best-ranked candidate, or (with `sample`) the fastest one whose outputs are right on it."""
-    backends: list[Backend] = all_backends()
+    """Load the model where this box runs it (`current_choice`: the cached proven decision, else
+    what a first start serves), or on `wanted` (--backend), on the artifact it reads (an upgraded
+    twin where it refuses the file as it is)."""
+    box = Box.here(settings)
     try:
         if wanted is not None:
-            backend = _available(wanted)
-            try:
-                decision = decide(model.artifacts, SelectionPolicy(benchmark=False), None, [backend])
-            except NoBackendError as exc:
-                reasons = "; ".join(f"{c.artifact}: {c.reason}" for c in exc.candidates)
-                raise ModelError(f"{wanted} cannot run {model.ref}: {reasons}") from None
-            backends, choice = [backend], "as asked (--backend)"
-        else:
-            hardware = detect_hardware()
-            cached = None
-            if state_dir is not None and sample is None:
-                key = decision_key(model.artifacts, model.testdata, policy, backends, hardware)
-                cached = DecisionStore(state_dir).get(key)
-            if cached is not None:
-                decision, choice = cached, "the agent's decision for this model on this box (cached)"
-            elif sample is not None:
-                proving = replace(policy, benchmark=True)
-                samples = [Sample(sample, "this input")]
-                decision = decide(
-                    model.artifacts, proving, samples, backends, hardware=hardware_notes(hardware)
-                )
-                choice = _proven(decision)
-            else:
-                unproven = replace(policy, benchmark=False)
-                decision = decide(
-                    model.artifacts, unproven, None, backends, hardware=hardware_notes(hardware)
-                )
-                choice = "the best-ranked candidate, not benchmarked (--benchmark proves them on this input)"
-        session, used, failures = load_decided(decision, model.artifacts, policy, backends)
+            return _load_forced(model, settings, pipeline, wanted, box)
+        choice = current_choice(settings, pipeline, model.artifacts, model.ref, model.testdata, box)
+        session, choice = load_choice(choice, f"infer {model.ref}")
     except BackendError as exc:
         raise ModelError(str(exc)) from None
-    if failures:
-        choice += f"; {used.backend} after {'; '.join(failures)}"
-    return Loaded(session, decision, choice)
+    return Loaded(session, choice, _how(choice))
 
 
-def _proven(decision: Decision) -> str:
-    """How a decision on this input came about, in one line (`edge-agent explain` has the table)."""
-    if not decision.checked:
-        return f"not proven: {decision.note}"
-    chosen = next(c for c in decision.candidates if c.verdict == "chosen")
-    correct = sum(1 for c in decision.candidates if c.verdict in ("chosen", "passed"))
-    speed = f", {chosen.median_ms:.2f} ms median" if chosen.median_ms is not None else ""
-    return (
-        f"benchmarked on this input: the fastest of {correct} candidate(s) whose outputs match "
-        f"{decision.reference}{speed}"
-    )
+def _load_forced(
+    model: ResolvedModel, settings: AgentConfig, pipeline: PipelineConfig | None, wanted: str, box: Box
+) -> Loaded:
+    backend = _available(wanted)
+    try:
+        current: Choice | None = current_choice(
+            settings, pipeline, model.artifacts, model.ref, model.testdata, box
+        )
+    except NoBackendError:
+        current = None
+    artifacts = current.artifacts if current is not None else model_candidates(settings, model.artifacts, box)
+    try:
+        decision = decide(artifacts, SelectionPolicy(benchmark=False), None, [backend])
+    except NoBackendError as exc:
+        reasons = "; ".join(f"{c.artifact}: {c.reason}" for c in exc.candidates)
+        raise ModelError(f"{wanted} cannot run {model.ref}: {reasons}") from None
+    decision.note = "as asked (--backend)"
+    rejected = None
+    if current is not None:
+        report = next(
+            (c for c in current.decision.candidates if c.backend == wanted and c.verdict == "rejected"), None
+        )
+        if report is not None and current.proven:
+            rejected = f"{report.artifact}: {report.reason}"
+    policy = current.policy if current is not None else SelectionPolicy()
+    forced = Choice(model.ref, decision, artifacts, policy, box, key="")
+    session, forced = load_choice(forced, f"infer {model.ref}")
+    how = "as asked (--backend)"
+    if rejected:
+        how += f"; proving the candidates on this box rejected it: {rejected}"
+    return Loaded(session, forced, how, rejected)
+
+
+def _artifact_run(loaded: Loaded, backend: str) -> str:
+    """The artifact the session runs: the decision's, or its fallback's when another backend loaded."""
+    decision = loaded.decision
+    used = next((c for c in decision.order() if c.backend == backend), None)
+    return used.artifact if used is not None and backend != decision.backend else decision.artifact
+
+
+def _how(choice: Choice) -> str:
+    """How the choice came about, in one line (`edge-agent explain` has the table)."""
+    decision = choice.decision
+    if choice.proven:
+        chosen = next((c for c in decision.candidates if c.verdict == "chosen"), None)
+        speed = f", {chosen.median_ms:.2f} ms median" if chosen and chosen.median_ms is not None else ""
+        correct = sum(1 for c in decision.candidates if c.verdict in ("chosen", "passed"))
+        how = f"the fastest of {correct} candidate(s) whose outputs match {decision.proof()}{speed}"
+    else:
+        how = decision.note
+    if choice.cached:
+        return f"the agent's decision for this model on this box (cached): {how}"
+    if choice.proven:
+        return f"benchmarked on {decision.inputs or 'a sample'}: {how}"
+    if choice.full_precision_reference and choice.policy.benchmark:
+        return (
+            "not proven yet: the full-precision CPU reference, as the daemon serves on a first start "
+            "(--benchmark proves the candidates on this input)"
+        )
+    return f"not proven: {how}"
 
 
 def _available(name: str) -> Backend:
@@ -449,30 +507,39 @@ def infer(
     base = pipeline_config(agent, pipeline, config_path, kind, input_path)
     embedded = embedded_hints(model.artifacts)
     config = with_model_hints(base, model.manifest, embedded)
-    policy = (
-        policy_for(agent, config if pipeline is not None else None)
-        if agent is not None
-        else SelectionPolicy()
-    )
     picture = None
     if kind == "image":
         picture = read_image(input_path)
     elif kind == "video":
         picture = read_video_frame(input_path, frame or 0)
-    loaded = load_backend(model, policy, backend, state_dir)
-    try:
-        session = loaded.session
-        if pipeline is None:
-            labels = model_labels(model, embedded)
-            config = default_processing(config, session.inputs, session.outputs, labels)
-        if benchmark and backend is None:
-            sample = _first_feeds(config, session, kind, input_path, picture)
-            proven = load_backend(model, policy, None, None, sample=sample)
-            session.close()
-            loaded = proven
-        result = _run(config, model, loaded, kind, input_path, picture, defaults=pipeline is None, raw=raw)
-    finally:
-        loaded.session.close()
+    # Where the daemon runs this model: under the named pipeline's backend settings, else those of
+    # the config's pipeline on this version, else the agent's.
+    ruled_by = config if pipeline is not None else _pipeline_on(agent, model)
+    with state_or_scratch(state_dir) as states:
+        settings = settings_for(agent, states)
+        loaded = load_backend(model, settings, ruled_by, backend)
+        try:
+            session = loaded.session
+            if pipeline is None:
+                labels = model_labels(model, embedded)
+                config = default_processing(config, session.inputs, session.outputs, labels)
+            choice = loaded.choice
+            guess = choice.policy.benchmark and not (choice.proven or choice.full_precision_reference)
+            if backend is None and (benchmark or guess):
+                # Never an unchecked reduced-precision guess: prove the candidates on this input
+                # first, as the daemon proves them on its first frame.
+                sample = _first_feeds(config, session, kind, input_path, picture)
+                proving = replace(choice, policy=replace(choice.policy, benchmark=True))
+                proven = prove_on(
+                    settings, config, proving, sample, model.testdata, origin="this input", record=False
+                )
+                session.close()
+                session, proven = load_choice(proven, f"infer {model.ref}")
+                loaded = Loaded(session, proven, _how(proven))
+            defaults = pipeline is None
+            result = _run(config, model, loaded, kind, input_path, picture, defaults=defaults, raw=raw)
+        finally:
+            loaded.session.close()
     result.pipeline = pipeline
     result.frame = (frame or 0) if kind == "video" else None
     return result
@@ -566,8 +633,11 @@ def _run(
         kind=kind,
         backend=session.backend,
         precision=session.precision,
-        backend_choice=loaded.choice,
+        backend_choice=loaded.how,
         latency_ms={},
+        artifact=_artifact_run(loaded, session.backend),
+        proven=loaded.choice.proven,
+        rejected=loaded.rejected,
         picture=picture,
     )
     if kind == "tensor":

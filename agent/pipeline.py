@@ -27,7 +27,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from agent.config import PipelineConfig
+from agent.clock import iso_utc
+from agent.config import HealthWindowConfig, PipelineConfig
 from agent.processing import Geometry, Postprocessor, Preprocessor, build_postprocessor
 from agent.processing.feed import Feeder, ImageFeeder, build_feeder
 from agent.rules import ReportRules
@@ -44,6 +45,8 @@ _SWITCH_AFTER_ERRORS = 5
 _RETRY_PREFERRED_EVERY_S = 30.0
 _RECENT_FRAMES = 512  # inferences kept for the live rate and latency percentiles
 _RATE_WINDOW_S = 10.0  # the live rate is over the last this many seconds
+# How long a clean run clears the last error, when no health window is given (fleet.health's default).
+_DEFAULT_HEALTH = HealthWindowConfig()
 
 
 class ResultSink(Protocol):
@@ -67,6 +70,7 @@ class LoadedModel:
     sha256: str
     session: Session
     decision: Decision | None = None  # how the backend was chosen (None: given, not selected)
+    key: str = ""  # the decision's cache key (agent/backend_choice.py): reselect-backend forgets it
 
 
 @dataclass
@@ -123,6 +127,7 @@ class StageStats:
         self.latency_sum_ms = 0.0
         self.recent_ms: collections.deque[float] = collections.deque(maxlen=200)  # the last inferences
         self.last_error: str | None = None
+        self.last_error_at: float | None = None  # wall clock (time.time()) of the last failed frame
 
     def mean_latency_ms(self) -> float | None:
         return self.latency_sum_ms / self.inferences if self.inferences else None
@@ -141,6 +146,7 @@ class StageStats:
             "nan_outputs": self.nan_outputs,
             "mean_inference_ms": None if mean is None else round(mean, 3),
             "last_error": self.last_error,
+            "last_error_at": None if self.last_error_at is None else iso_utc(self.last_error_at),
         }
 
 
@@ -164,6 +170,32 @@ class Stage:
     def ref(self) -> str:
         return f"{self.model.name}@{self.model.version}"
 
+    def decision(self) -> Decision | None:
+        """The decision this stage follows now: its switcher's latest (after a proof on a frame),
+        else the one it was built with (None: a session given, not chosen)."""
+        latest: Decision | None = getattr(self.switcher, "decision", None)
+        return latest or self.model.decision
+
+    def serving(self) -> dict[str, Any]:
+        """What serves this stage now and why, read from the session it runs and the decision it
+        follows (a switcher's latest: after a proof on a frame, or a fallback), never a copy made
+        when the stage was built."""
+        session = self.model.session
+        decision = self.decision()
+        if decision is None:  # a session given, not chosen (tests, tools)
+            return {"backend": session.backend, "precision": session.precision, "backend_why": None}
+        used = next((c for c in decision.order() if c.backend == session.backend), None)
+        why = decision.explain()
+        if session.backend != decision.backend:
+            why = f"running on {session.backend}, the fallback of the decision: {why}"
+        return {
+            "backend": session.backend,
+            "precision": session.precision,
+            "artifact": used.artifact if used is not None else None,
+            "proven": decision.checked,
+            "backend_why": why,
+        }
+
     def warm_up(self) -> None:
         """Run the model once at its real input shape before it serves a live frame."""
         self.model.session.run(self.feeder.warm_up_feeds())
@@ -178,6 +210,9 @@ class Stage:
         """One run of the model; `offer` sees its inputs after the run (a switcher proving its decision
         on real frames)."""
         outputs = self.model.session.run(feeds)
+        # Counted as the model returns, before its outputs are looked at: postprocessing may refuse
+        # NaN (the frame then fails), and a NaN inference is one of the inferences all the same.
+        self.stats.inferences += 1
         if self.watch_outputs and not all(np.isfinite(v).all() for v in outputs.values()):
             self.stats.nan_outputs += 1
         if offer is not None:
@@ -245,7 +280,14 @@ class Pipeline:
         self.inferences = 0  # frames the model ran on, published or held back by the report rules
         self.errors = 0
         self._errors_in_row = 0
+        # The last failed frame: what went wrong, when (wall clock, for status; monotonic, to tell a
+        # clean run since), through which model, and how many good frames there were then. It is
+        # cleared once the pipeline has run a health window's length cleanly (`status`).
         self.last_error: str | None = None
+        self.last_error_at: float | None = None
+        self.last_error_model: str | None = None
+        self._last_error_mono = 0.0
+        self._inferences_at_error = 0
         self._latency_sum_ms = 0.0
         # The last inferences: (when done, monotonic; inference ms; capture to result ms), for the
         # live rate and latency percentiles in the status.
@@ -387,9 +429,14 @@ class Pipeline:
     def finished(self) -> bool:
         return self._done.is_set()
 
-    def status(self) -> dict[str, Any]:
+    def status(self, health: HealthWindowConfig | None = None) -> dict[str, Any]:
+        """Counters, rates and state. `health`: the window a clean run must last for the last error
+        to be cleared (window_s without a failed frame and min_frames good ones since); None: the
+        default health window (fleet.health's defaults)."""
         with self._lock:
+            self._clear_resolved_error(health or _DEFAULT_HEALTH)
             results, errors, last_error = self.results, self.errors, self.last_error
+            last_error_at, last_error_model = self.last_error_at, self.last_error_model
             inferences, held_back = self.inferences, dict(self.rules.held_back)
             mean_latency = self._latency_sum_ms / inferences if inferences else None
             degraded = self._errors_in_row >= _DEGRADED_AFTER_ERRORS
@@ -407,7 +454,7 @@ class Pipeline:
             "state": state,
             "error": last_error if degraded else source["error"],
             "model": self.stage.ref,
-            "backend": self.model.session.backend,
+            **self.stage.serving(),
             "stage_swaps": self.stage_swaps,
             "backend_switches": list(self.backend_switches[-5:]),
             "results": results,
@@ -415,10 +462,28 @@ class Pipeline:
             "held_back": held_back,
             "errors": errors,
             "last_error": last_error,
+            "last_error_at": None if last_error_at is None else iso_utc(last_error_at),
+            "last_error_model": last_error_model,
             "mean_inference_ms": round(mean_latency, 3) if mean_latency is not None else None,
             **_live_rates(recent, time.monotonic()),
             "source": source,
         }
+
+    def _clear_resolved_error(self, health: HealthWindowConfig) -> None:
+        """Forget the last error once the pipeline ran cleanly for the health window since it: no
+        failed frame for window_s and at least min_frames good ones (holds the lock). A pipeline
+        that gets no frames keeps it: nothing proved the problem gone."""
+        if self.last_error is None:
+            return
+        clean_s = time.monotonic() - self._last_error_mono
+        if clean_s >= health.window_s and self.inferences - self._inferences_at_error >= health.min_frames:
+            log.info(
+                "pipeline %s: clean for %.0f s since its last error (%s); cleared",
+                self.name,
+                clean_s,
+                self.last_error,
+            )
+            self.last_error = self.last_error_at = self.last_error_model = None
 
     # --- the three threads ------------------------------------------------------------
 
@@ -500,6 +565,9 @@ class Pipeline:
             return None
         finally:
             self._busy_since = None
+        with self._lock:  # the stage's latencies, of every inference it counted (Stage.infer)
+            stage.stats.latency_sum_ms += inference_ms
+            stage.stats.recent_ms.append(inference_ms)
         session = stage.model.session
         # The report needs the frame's number and times, not its pixels or the model's inputs: up to
         # three frames wait for it, and their memory goes back to the source now (last_frame keeps one).
@@ -573,9 +641,13 @@ class Pipeline:
             self.errors += 1
             self._errors_in_row += 1
             self.last_error = f"{what}: {exc}"
+            self.last_error_at, self._last_error_mono = time.time(), time.monotonic()
+            self.last_error_model = stage.ref
+            self._inferences_at_error = self.inferences
             errors = self.errors
             stage.stats.errors += 1
             stage.stats.last_error = self.last_error
+            stage.stats.last_error_at = self.last_error_at
         if errors == 1 or errors % 100 == 0:
             log.error(
                 "pipeline %s: frame %d: %s (%d failed frames so far): %s",
@@ -602,9 +674,6 @@ class Pipeline:
             self._recent.append((time.monotonic(), inference_ms, capture_to_result_ms))
             self.inferences += 1
             self._latency_sum_ms += inference_ms
-            stage.stats.inferences += 1
-            stage.stats.latency_sum_ms += inference_ms
-            stage.stats.recent_ms.append(inference_ms)
             if stage.rules.check(output, frame.captured_at) is not None:
                 self._errors_in_row = 0  # a good frame, only not worth publishing (counted by its rule)
                 return

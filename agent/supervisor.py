@@ -37,14 +37,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agent.backend_choice import (
-    DecisionSwitcher,
-    box_backends,
-    check_on_testdata,
-    choose_and_load,
-    make_prover,
-    policy_for,
-)
+from agent.backend_choice import DecisionSwitcher, check_on_testdata, choose_and_load, make_prover
 from agent.clock import iso_utc
 from agent.config import REVEAL_SECRETS, AgentConfig, HealthWindowConfig, PipelineConfig
 from agent.errors import EdgeAgentError, RegistryError
@@ -157,18 +150,27 @@ class PipelineSlot:
         self.download: dict[str, Any] | None = None  # {"artifact", "bytes", "total", "rate_bps"}
         self.attempts = 0
         self.retry_at: float | None = None  # monotonic: when a pipeline that never ran is tried again
-        self.backend_why: str | None = None
 
     def set_phase(self, phase: str, reason: str | None = None) -> None:
         if phase != self.phase or reason != self.reason:
             self.phase, self.reason, self.since = phase, reason, time.time()
 
     def to_dict(self) -> dict[str, Any]:
-        """The pipeline's status: the running pipeline's own (counters, source) plus the change's."""
+        """The pipeline's status: the running pipeline's own (counters, source) plus the change's.
+        `running_model` is the version frames go through now (None: nothing serves), `desired_model`
+        the one wanted; `running_layer`/`running_generation` say where the committed version came
+        from when it is not the desired one (a change failed, rolled back or in flight)."""
         if self.pipeline is not None:
-            state = self.pipeline.status()
+            # Its last error is cleared after the desired version's health window of clean running.
+            state = self.pipeline.status(self.desired.health)
+            state["running_model"] = state["model"]
         else:
-            state = {"state": "error" if self.phase == "failed" else "starting", "error": self.reason}
+            state = {
+                "state": "error" if self.phase == "failed" else "starting",
+                "error": self.reason,
+                "backend_why": None,
+                "running_model": None,
+            }
         state.update(
             {
                 "phase": self.phase,
@@ -177,7 +179,6 @@ class PipelineSlot:
                 "layer": self.desired.layer,
                 "generation": self.desired.generation,
                 "attempts": self.attempts,
-                "backend_why": self.backend_why,
             }
         )
         state["desired_model"] = _ref(self.desired.config)
@@ -407,7 +408,7 @@ class Supervisor:
         # Preprocessing, state and labels the version ships (manifest), then the file's own metadata.
         config = with_model_hints(config, installed.manifest, embedded_hints(installed.model_artifacts()))
         self._phase(slot, change, "validating", f"proving backends for {installed.ref}")
-        session, decision, candidates = choose_and_load(
+        session, choice = choose_and_load(
             self.config,
             config,
             installed.model_artifacts(),
@@ -418,36 +419,31 @@ class Supervisor:
             peek=peek,
             prove_later=first and self.config.backends.prove_in_background,
         )
+        decision, testdata = choice.decision, installed.testdata_artifacts()
         try:
             if not decision.checked:  # no trials ran: the version's own test data proves the choice
-                testdata = installed.testdata_artifacts()
-                backends = box_backends(self.config)
-                policy = policy_for(self.config, config, backends)
-                check_on_testdata(session, decision.artifact_sha256, testdata, candidates, policy, backends)
+                check_on_testdata(session, choice, testdata)
         except Exception:
             session.close()
             raise
         log.info("pipeline %s: %s", config.name, decision.explain())
-        slot.backend_why = decision.explain()
-        loaded = LoadedModel(installed.name, installed.version, decision.artifact_sha256, session, decision)
+        loaded = LoadedModel(
+            installed.name, installed.version, decision.artifact_sha256, session, decision, choice.key
+        )
         try:
             self._check(change)
             self._phase(slot, change, "building", f"warming up on {session.backend}")
             stage = Stage(config, loaded)
             stage.warm_up()
-            backends = box_backends(self.config)  # not every runtime: the cached probes (catalog)
-            policy = policy_for(self.config, config, backends)
             prove = None
-            if policy.benchmark and not decision.checked:  # no sample at build time: a frame will do
-                prove = make_prover(
-                    self.config, config, candidates, installed.ref, installed.testdata_artifacts()
-                )
+            if choice.policy.benchmark and not decision.checked:  # no sample at build time: a frame will do
+                prove = make_prover(self.config, config, choice, testdata)
             stage.switcher = DecisionSwitcher(
                 decision,
-                candidates,
-                policy,
+                choice.artifacts,
+                choice.policy,
                 warm_up=stage.feeder.warm_up_feeds(),
-                backends=backends,
+                backends=choice.box.backends,
                 prove=prove,
             )
         except Exception:
@@ -616,6 +612,27 @@ class Supervisor:
         with self._lock:
             slots = list(self._slots.values())
         return {slot.name: slot.to_dict() for slot in slots}
+
+    def serving_records(self) -> list[dict[str, Any]]:
+        """Per running pipeline, the decision its serving stage follows now and what serves it
+        (`edge-agent explain` asks the daemon for these: a rollback or a proof on a frame changes
+        them, the records written when a stage was built do not)."""
+        records = []
+        for pipeline in self.pipelines():
+            stage = pipeline.stage
+            decision = stage.decision()
+            if decision is None:
+                continue
+            records.append(
+                {
+                    "pipeline": pipeline.name,
+                    "model": stage.ref,
+                    "decision": decision.to_dict(),
+                    "serving": stage.serving(),
+                    "live": True,
+                }
+            )
+        return records
 
     def slots(self) -> list[PipelineSlot]:
         with self._lock:

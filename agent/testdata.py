@@ -290,7 +290,9 @@ def model_zoo_testdata(set_dir: Path, input_names: Sequence[str], output_names: 
                 f"{path}: not an ONNX TensorProto ({one_line(exc)}); sequence, map and optional "
                 "test data are not supported"
             ) from None
-        name = tensor.name or (names[index] if index < len(names) else "")
+        # A tensor's own name where the graph has it; else by position (some sets name the tensors
+        # differently from the graph's inputs).
+        name = tensor.name if tensor.name in names else (names[index] if index < len(names) else "")
         if not name:
             raise ModelError(f"{path}: the model has no {kind} number {index} (it has {len(names)})")
         if value.dtype.kind == "O":  # strings (bytes from the proto): no pickles in the archive

@@ -27,8 +27,10 @@ from providers.select import (
     SelectionPolicy,
     Trial,
     compare_outputs,
+    computed_reference,
     decide,
     judged_by,
+    non_finite_reference,
     output_pairs,
     screen,
     trial_request,
@@ -70,6 +72,8 @@ class Validation:
     unusable: list[tuple[str, str, str]]  # (backend, artifact, why it is no candidate)
     activated: str | None  # "backend on artifact", or None
     decision: str  # the selection's explanation, or why nothing can be activated
+    proven: Decision | None = None  # the decision itself, proven on the test sets
+    cached: bool = False  # kept as the agent's decision for this model on this box
 
     @property
     def usable(self) -> bool:
@@ -87,7 +91,9 @@ class Validation:
         return lines
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "usable": self.usable}
+        data = {**asdict(self), "usable": self.usable}
+        data.pop("proven")  # `activated` and `decision` say it (explain has the table)
+        return data
 
 
 def validate(
@@ -95,14 +101,14 @@ def validate(
     artifacts: Sequence[ModelArtifact],
     testdata: Sequence[TestData],
     policy: SelectionPolicy,
-    derived_dir: Path,
+    derived_dir: Path | None,
     backends: Sequence[Backend] | None = None,
     trial: Trial = run_trial_isolated,
 ) -> Validation:
     """Run every candidate of this box on every test set (see the module docstring)."""
     backends = list(backends if backends is not None else all_backends())
     reference = next((b for b in backends if b.name == REFERENCE_BACKENDS[0]), None)
-    if reference is not None:
+    if reference is not None and derived_dir is not None:  # None: `artifacts` has the twins already
         artifacts = [*artifacts, *upgraded_artifacts(artifacts, derived_dir, reference)]
     fits = testdata_fits(testdata, artifacts, backends)
     samples = [sample for _data, sample, _why in fits if sample is not None]
@@ -135,12 +141,31 @@ def validate(
                 continue
             _judge(check, sample, result, policy)
         checks.append(check)
+    # The CPU reference on each test set (its trial is one of the candidates' above): a version on
+    # whose own test data it gives NaN or infinities (where the expected outputs do not) is unusable,
+    # whatever the candidates do; nothing can be proven against it, nor served on it.
+    unreferenced: list[str] = []
+    for sample in samples:
+        name, outputs = computed_reference(sample, policy, cached, artifacts, backends)
+        problem = non_finite_reference(name, outputs, sample) if name and outputs is not None else ""
+        if not problem:
+            continue
+        unreferenced.append(problem)
+        log.warning("%s: %s", model, problem)
+        for (_backend, artifact), check in zip(ranked, checks, strict=True):
+            if check.runs and sample.fits_artifact(artifact):
+                check.correct = False
+                check.reason = problem + (f"; {check.reason}" if check.reason else "")
     activated: str | None = None
+    proven: Decision | None = None
     try:
         decision: Decision = decide(artifacts, policy, samples, backends, trial=cached)
         activated, explained = f"{decision.backend} on {decision.artifact}", decision.explain()
+        proven = decision if decision.checked else None
     except NoBackendError as exc:
         explained = str(exc)
+    if unreferenced and activated:  # nothing is activated on a version whose reference is not finite
+        activated, proven, explained = None, None, "; ".join(unreferenced)
     return Validation(
         model,
         [s.origin for s in samples],
@@ -149,6 +174,7 @@ def validate(
         [(r.backend, r.artifact, r.reason) for r in refusing],
         activated,
         explained,
+        proven,
     )
 
 
@@ -179,14 +205,21 @@ def _output_error(
     if not ref.size:
         return OutputError(test_set, name, 0.0, 0.0, True)
     out64, ref64 = out.astype(np.float64), ref.astype(np.float64)
+    out_finite, ref_finite = np.isfinite(out64), np.isfinite(ref64)
+    # NaN or an infinity in the expected outputs is the publisher's contract (onnx's Pow and Sqrt
+    # tests), met only by the same value at the same place; a NaN or infinite output where a number
+    # is expected (or the other way round) is infinitely off. An expected output with no finite
+    # value proves nothing: never within.
+    same = ~ref_finite & ((np.isnan(out64) & np.isnan(ref64)) | (out64 == ref64))
+    both = out_finite & ref_finite
     with np.errstate(divide="ignore", invalid="ignore"):
-        diff = np.abs(out64 - ref64)
+        diff = np.where(both, np.abs(out64 - ref64), np.where(same, 0.0, np.inf))
         rel = np.where(ref64 != 0, diff / np.abs(ref64), np.where(diff == 0, 0.0, np.inf))
-    within = bool(
-        np.isclose(out64, ref64, rtol=rules.rtol, atol=rules.atol, equal_nan=True).mean()
-        >= 1 - rules.max_mismatch
-    )
-    return OutputError(test_set, name, float(np.nanmax(diff)), float(np.nanmax(rel)), within)
+    rel = np.where(both, rel, diff)  # 0 where matched, inf where not
+    close = np.isclose(out64, ref64, rtol=rules.rtol, atol=rules.atol, equal_nan=True) & (both | same)
+    within = bool(ref_finite.any()) and not (ref_finite & ~out_finite).any()
+    within = within and bool(close.mean() >= 1 - rules.max_mismatch)
+    return OutputError(test_set, name, float(diff.max()), float(rel.max()), within)
 
 
 class _CachingTrial:

@@ -28,7 +28,7 @@ import os
 import re
 import stat
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -225,6 +225,24 @@ def _port_name(port: Any, index: int, kind: str) -> str:
     return f"{kind}_{index}"
 
 
+def _onnx_input_names(artifact: ModelArtifact, model: ov.Model) -> list[str] | None:
+    """The ONNX graph's input names in order, where OpenVINO's reader lost one: an input passed
+    straight through to an output (test_sequence_model1's Y) is renamed after that output. None
+    (the ports' own names) when no input port shares a name with an output, or the counts differ."""
+    outputs = {name for port in model.outputs for name in port.get_names()}
+    if not any(set(port.get_names()) & outputs for port in model.inputs):
+        return None
+    try:
+        import onnx
+
+        graph = onnx.load(str(artifact.path), load_external_data=False).graph
+    except Exception:  # the ports' names are the fallback
+        return None
+    initializers = {t.name for t in graph.initializer}
+    names = [i.name for i in graph.input if i.name not in initializers]
+    return names if len(names) == len(model.inputs) else None
+
+
 def _dtype(element_type: Any) -> str:
     name = element_type.get_type_name()
     return OV_ELEMENT_TYPES.get(name, name)
@@ -246,13 +264,25 @@ def _precision_name(value: Any) -> str:
 class OpenVinoSession(Session):
     """A compiled model and one InferRequest, reused for every run (one caller at a time)."""
 
-    def __init__(self, model: ov.Model, compiled: ov.CompiledModel, backend: str, device: str) -> None:
+    def __init__(
+        self,
+        model: ov.Model,
+        compiled: ov.CompiledModel,
+        backend: str,
+        device: str,
+        input_names: Sequence[str] | None = None,
+    ) -> None:
         self.backend = backend
         self._compiled = compiled
         self._request = compiled.create_infer_request()
         # Names and types from the model as read: compiling can add names to a port (see _port_name).
+        # `input_names`: the file's own, by position, where OpenVINO renamed an input (_onnx_input_names).
         self._inputs = [
-            TensorSpec(_port_name(p, i, "input"), _shape(p), _dtype(p.get_element_type()))
+            TensorSpec(
+                input_names[i] if input_names else _port_name(p, i, "input"),
+                _shape(p),
+                _dtype(p.get_element_type()),
+            )
             for i, p in enumerate(model.inputs)
         ]
         self._outputs = [
@@ -444,7 +474,8 @@ class OpenVinoBackend(Backend):
             compiled = _core().compile_model(model, self.device, config)
             if opts.cache_dir is not None:
                 _cache_within_umask(Path(opts.cache_dir))
-            return OpenVinoSession(model, compiled, self.name, self.device)
+            names = _onnx_input_names(artifact, model) if artifact.format == "onnx" else None
+            return OpenVinoSession(model, compiled, self.name, self.device, names)
         except BackendError:
             raise
         except Exception as exc:

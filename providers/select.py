@@ -9,8 +9,9 @@
    real sample input (the model's own test data where it fits the artifact, else a frame from the
    pipeline's source), next to a reference (the expected outputs shipped with the test data, else a
    plain CPU backend's outputs): a candidate whose outputs differ from the reference beyond the
-   tolerances is rejected, however fast. The fastest correct one wins (among native-format
-   candidates when any is correct).
+   tolerances is rejected, however fast. A reference that is not finite (a CPU backend's NaN or
+   infinities, where no expected outputs put NaN) is none: the candidates proven on that sample are
+   rejected for it. The fastest correct one wins (among native-format candidates when any is correct).
 5. The Decision lists every candidate with its verdict and numbers (`explain()`).
 
 This module is data in, data out: no files, no hardware access; tests feed it backends.
@@ -427,12 +428,15 @@ def decide(
             trial_request(backend.name, artifact, inputs[sample_of[i] or 0], policy), policy.timeout_s
         )
 
-    references: dict[int, tuple[str | None, Mapping[str, np.ndarray] | None]] = {}
+    # Per sample: what the reference is, its outputs, and "" or why they are no reference (NaN).
+    references: dict[int, tuple[str | None, Mapping[str, np.ndarray] | None, str]] = {}
 
-    def reference_for(s: int) -> tuple[str | None, Mapping[str, np.ndarray] | None]:
+    def reference_for(s: int) -> tuple[str | None, Mapping[str, np.ndarray] | None, str]:
         if s not in references:
             tried = {ranked[i][0].name: results[i] for i in results if sample_of[i] == s}
-            references[s] = _reference(inputs[s], tried, policy, trial, artifacts, backends, say)
+            name, outputs = _reference(inputs[s], tried, policy, trial, artifacts, backends, say)
+            problem = reference_problem(name, outputs, inputs[s]) if name and outputs is not None else ""
+            references[s] = (name, outputs, problem)
         return references[s]
 
     wrong_backends: set[str] = set()  # computed wrong outputs on this model
@@ -446,16 +450,23 @@ def decide(
         report.median_ms, report.p90_ms = result.median_ms, result.percentile(90)
         _take_spare_core(report, result, policy)
         report.peak_rss_mb = round(result.peak_rss_mb, 1)
-        _name, reference = reference_for(sample_of[i] or 0)
+        _name, reference, unusable = reference_for(sample_of[i] or 0)
         if reference is None:
             report.verdict = "passed"
             return True
+        if unusable:  # not finite: a candidate matching it would be checked against nothing
+            report.verdict, report.reason = "rejected", unusable
+            return False
         sample = inputs[sample_of[i] or 0]
         rules = judged_by(sample, policy)
         # Judged on the reports unless the sample declares tensor tolerances (or makes no report).
         verdict = judge(result.outputs, reference) if judge is not None and rules is policy else None
         by_report = verdict is not None
-        diff, problem = verdict if verdict is not None else compare_outputs(result.outputs, reference, rules)
+        diff, problem = (
+            verdict
+            if verdict is not None
+            else compare_outputs(result.outputs, reference, rules, computed=not sample.expected)
+        )
         report.max_abs_diff = diff
         if problem:
             report.verdict, report.reason = "rejected", problem
@@ -473,6 +484,10 @@ def decide(
     for i in triable[len(first) :]:
         if passed:
             break
+        unusable = references.get(sample_of[i] or 0, (None, None, ""))[2]
+        if unusable:  # its sample has no reference to prove it against: not worth a trial
+            reports[i].verdict, reports[i].reason = "rejected", unusable
+            continue
         run(i)
         if accept(i):
             passed.append(i)
@@ -487,7 +502,7 @@ def decide(
     reports[best].verdict = "chosen"
     backend, artifact = ranked[best]
     sample = sample_of[best] or 0
-    reference_name, reference = reference_for(sample)
+    reference_name, reference, _unusable = reference_for(sample)
     return Decision(
         backend.name,
         artifact.sha256,
@@ -553,22 +568,38 @@ def _reference(
 ) -> tuple[str | None, Mapping[str, np.ndarray] | None]:
     """(what the reference is, its outputs) for one sample, or (None, None) when none can be had.
 
-    The outputs shipped with the test data come first. Else the plainest CPU backend that runs an
-    artifact this sample fits: when it was among the trials (`tried`, by backend name), its run
-    is the reference (no second run). The policy's deny and fixed do not apply: they say where
-    the model may run, not what is right, and a candidate checked only against itself would not
-    be checked at all.
+    The outputs shipped with the test data come first, else `computed_reference`.
     """
     if sample.expected:
         return f"the expected outputs in {sample.origin}", sample.expected
+    return computed_reference(sample, policy, trial, artifacts, backends, tried, say)
+
+
+def computed_reference(
+    sample: Sample,
+    policy: SelectionPolicy,
+    trial: Trial,
+    artifacts: Sequence[ModelArtifact],
+    backends: Sequence[Backend],
+    tried: Mapping[str, TrialResult] | None = None,
+    say: Progress | None = None,
+) -> tuple[str | None, Mapping[str, np.ndarray] | None]:
+    """(backend, its outputs) of the plainest CPU backend that runs an artifact this sample fits, or
+    (None, None) when none does. When it was among the trials (`tried`, by backend name), its run
+    is the reference (no second run). The policy's deny and fixed do not apply: they say where
+    the model may run, not what is right, and a candidate checked only against itself would not
+    be checked at all. Outputs with NaN or infinities are still returned: `reference_problem` says
+    whether they can be a reference (the next CPU backend is not asked instead: the plainest one's
+    NaN says the model is broken, not the backend)."""
     fitting = [a for a in artifacts if sample.fits_artifact(a)]
     for name in REFERENCE_BACKENDS:
-        result = tried.get(name)
+        result = (tried or {}).get(name)
         if result is None:
             usable, _ = screen(fitting, SelectionPolicy(), [b for b in backends if b.name == name])
             if not usable:
                 continue
-            say(f"reference outputs: {name} on {usable[0][1].label}")
+            if say is not None:
+                say(f"reference outputs: {name} on {usable[0][1].label}")
             request = TrialRequest(
                 name, usable[0][1], sample.feeds, {}, warmup=1, runs=1, budget_s=policy.budget_s
             )
@@ -576,6 +607,53 @@ def _reference(
         if result.ok:
             return name, result.outputs
     return None, None
+
+
+def reference_problem(reference: str, outputs: Mapping[str, np.ndarray], sample: Sample) -> str:
+    """Why `outputs`, the reference `_reference` found for `sample` (its expected outputs when it has
+    any, else a CPU backend's), cannot be a reference; "" when they can.
+
+    A reference that is not finite is not a reference: a candidate whose NaN "matched" it would be
+    checked against nothing (a model made all NaN passed every backend so, "max diff 0"). A
+    backend's outputs must be finite (`non_finite_reference`). Expected outputs may hold NaN, the
+    publisher's contract (onnx's backend tests of Pow and Sqrt expect NaN for negative bases), but
+    not in every value of an output: an output all NaN proves nothing.
+    """
+    if sample.expected:  # then they are the reference (`_reference`)
+        for name, value in sample.expected.items():
+            array = np.asarray(value)
+            if array.dtype.kind in "fc" and array.size and not np.isfinite(array).any():
+                return f"the reference, {reference}, has no finite value in output {name!r}"
+        return ""
+    return non_finite_reference(reference, outputs, sample)
+
+
+def non_finite_reference(backend: str, outputs: Mapping[str, np.ndarray], sample: Sample) -> str:
+    """Why a CPU backend's `outputs` on `sample` are no reference ("the reference BACKEND gives NaN
+    or infinite values in output 'x' on ORIGIN ..."): NaN or infinities where the sample's expected
+    outputs, if it has any, are finite. "" when there are none."""
+    pairs: list[tuple[str, np.ndarray, np.ndarray | None]]
+    if sample.expected:
+        # Only the outputs the publisher vouches for; their count not pairing is compare_outputs' business.
+        pairs = [(n, o, r) for n, o, r in output_pairs(outputs, sample.expected) or []]
+    else:
+        pairs = [(name, value, None) for name, value in outputs.items()]
+    for name, value, expected in pairs:
+        out = np.asarray(value)
+        if out.dtype.kind not in "fc":
+            continue
+        bad = ~np.isfinite(out)
+        ref = None if expected is None else np.asarray(expected)
+        if ref is not None and ref.shape == out.shape and ref.dtype.kind in "fc":
+            bad &= np.isfinite(ref)  # NaN the publisher expects there is its contract
+        if bad.any():
+            where = " where the expected outputs have finite values" if sample.expected else ""
+            return (
+                f"the reference {backend} gives NaN or infinite values in output {name!r} on "
+                f"{sample.origin}{where} ({int(bad.sum())} of {out.size} values): a reference that is "
+                "not finite checks nothing"
+            )
+    return ""
 
 
 FULL_PRECISION = frozenset({"f32", "fp32", "FP32", "float32", ""})
@@ -612,9 +690,13 @@ def _tolerance_needed(
         if np.shape(out) != np.shape(ref) or np.asarray(ref).dtype.kind not in "fc":
             return None
         out64, ref64 = np.asarray(out, np.float64), np.asarray(ref, np.float64)
-        if not np.isfinite(out64).all() and np.isfinite(ref64).all():
-            return None
-        excess = np.abs(out64 - ref64) - rules.rtol * np.abs(ref64)
+        out_finite, ref_finite = np.isfinite(out64), np.isfinite(ref64)
+        same = ~ref_finite & ((np.isnan(out64) & np.isnan(ref64)) | (out64 == ref64))
+        if not (out_finite & ref_finite | same).all():
+            return None  # NaN or infinities no tolerance lets through
+        excess = np.zeros(out64.shape)  # published NaN matched at its place: within any tolerance
+        both = out_finite & ref_finite
+        excess[both] = np.abs(out64[both] - ref64[both]) - rules.rtol * np.abs(ref64[both])
         if excess.size:
             # The atol that leaves at most max_mismatch of the values outside.
             worst = max(worst, float(np.quantile(excess, 1.0 - rules.max_mismatch)))
@@ -649,7 +731,10 @@ def output_pairs(
 
 
 def compare_outputs(
-    outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], policy: SelectionPolicy
+    outputs: Mapping[str, np.ndarray],
+    reference: Mapping[str, np.ndarray],
+    policy: SelectionPolicy,
+    computed: bool = False,
 ) -> tuple[float | None, str]:
     """(max abs difference, "" or what is wrong). Outputs are matched by name (the reference may
     name only some), else by position.
@@ -657,6 +742,13 @@ def compare_outputs(
     An element matches when |out - ref| <= atol + rtol * |ref|. Up to `max_mismatch` of the
     elements of an output may miss (reduced precision moves a few pixels of a large map a lot
     while the map as a whole agrees); a small output (a few scores) must match everywhere.
+
+    NaN never matches by itself. `computed`: the reference is a backend's outputs, and any NaN or
+    infinity in it is a problem (it checks nothing). Else it is expected outputs a publisher ships:
+    NaN or an infinity there is its contract (onnx's backend tests of Pow and Sqrt expect NaN for
+    negative bases), matched only by the same value at the same place, and an output with no finite
+    value at all is no reference either. An output NaN or infinite where the reference is finite
+    is always wrong, however few such values.
     """
     pairs = output_pairs(outputs, reference)
     if pairs is None:
@@ -671,17 +763,26 @@ def compare_outputs(
                 return None, f"output {name!r} differs from the reference"
             continue
         out64, ref64 = out.astype(np.float64), ref.astype(np.float64)
-        if not np.isfinite(out64).all() and np.isfinite(ref64).all():
-            return None, f"output {name!r} has NaN or infinite values where the reference has none"
+        out_finite, ref_finite = np.isfinite(out64), np.isfinite(ref64)
+        if not ref_finite.all() and (computed or not ref_finite.any()):
+            what = "NaN or infinite values" if computed else "no finite value"
+            return None, f"the reference has {what} in output {name!r}"
+        if (ref_finite & ~out_finite).any():
+            where = "none" if ref_finite.all() else "finite values"
+            return None, f"output {name!r} has NaN or infinite values where the reference has {where}"
         if not out.size:
             continue
-        diff = np.abs(out64 - ref64)
-        worst = max(worst, float(np.nanmax(diff)))
-        missed = float(np.mean(~np.isclose(out64, ref64, rtol=policy.rtol, atol=policy.atol, equal_nan=True)))
+        both = ref_finite & out_finite  # only the expected outputs' own NaN/infinities are left out
+        diff = np.abs(out64[both] - ref64[both])
+        largest = float(diff.max()) if diff.size else 0.0
+        worst = max(worst, largest)
+        # Published NaN matches NaN at the same place (infinities match themselves in isclose).
+        close = np.isclose(out64, ref64, rtol=policy.rtol, atol=policy.atol, equal_nan=not computed)
+        missed = float(np.mean(~close))
         if missed > policy.max_mismatch:
             return worst, (
                 f"output {name!r} differs from the reference: {missed:.1%} of values off by more than "
-                f"atol {policy.atol:g} + rtol {policy.rtol:g}, up to {float(np.nanmax(diff)):.3g}"
+                f"atol {policy.atol:g} + rtol {policy.rtol:g}, up to {largest:.3g}"
             )
     return worst, ""
 
@@ -721,12 +822,19 @@ def reference_first(
     screens them anyway. None where the policy rules the reference out; where the reference cannot
     run the model after all, loading it fails and `decide` says why."""
     by_name = {b.name: b for b in backends}
+    # A derived twin (an upgraded opset) exists because the reference refuses its original as it is.
+    refused = {a.derived_from for a in artifacts if a.derived_from}
     for name in FULL_PRECISION_REFERENCES:
         backend = by_name.get(name)
         if backend is None or _ruled_out(backend, policy, {}):
             continue
         readable = sorted(
-            (a for a in artifacts if a.format in backend.formats),
+            (
+                a
+                for a in artifacts
+                if a.format in backend.formats
+                and not (name == REFERENCE_BACKENDS[0] and not a.derived_from and a.name in refused)
+            ),
             key=lambda a: not backend.is_native(a.format),
         )  # as screen() ranks them: the format the runtime reads natively first
         if readable:

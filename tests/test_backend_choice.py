@@ -197,7 +197,8 @@ def test_choose_and_load_benchmarks_once_then_reuses_the_cached_decision(
     config = _config(tmp_path / "state", str(sign_video), sample_timeout_s=60.0)
     pipeline = config.pipelines[0]
 
-    session, decision, _ = choose_and_load(config, pipeline, artifacts, "pp-ocr-cls@2.0")
+    session, chosen = choose_and_load(config, pipeline, artifacts, "pp-ocr-cls@2.0")
+    decision = chosen.decision
     try:
         assert session.backend == decision.backend
         frame = demo_video_module().render_sign("EDGE CAMERA 42", False, np.random.default_rng(1))
@@ -220,7 +221,8 @@ def test_choose_and_load_benchmarks_once_then_reuses_the_cached_decision(
     assert benchmarked in caplog.text
 
     caplog.clear()
-    session, again, _ = choose_and_load(config, pipeline, artifacts, "pp-ocr-cls@2.0")
+    session, chosen = choose_and_load(config, pipeline, artifacts, "pp-ocr-cls@2.0")
+    again = chosen.decision
     session.close()
     assert again == decision
     assert f"pipeline signs: using the cached backend decision {cached.stem}" in caplog.text
@@ -230,7 +232,8 @@ def test_choose_and_load_benchmarks_once_then_reuses_the_cached_decision(
     # Another policy is another decision: the chosen backend denied, the next one wins.
     changed = _config(tmp_path / "state", str(sign_video), deny=(decision.backend,), sample_timeout_s=60.0)
     caplog.clear()
-    session, other, _ = choose_and_load(changed, changed.pipelines[0], artifacts, "pp-ocr-cls@2.0")
+    session, chosen = choose_and_load(changed, changed.pipelines[0], artifacts, "pp-ocr-cls@2.0")
+    other = chosen.decision
     session.close()
     assert "using the cached backend decision" not in caplog.text
     assert other.backend != decision.backend and other.checked is True
@@ -257,7 +260,8 @@ def test_a_first_start_serves_on_the_reference_at_once_without_screening_the_oth
     monkeypatch.setattr(ProbedBackend, "supports", counted)
     config = _config(tmp_path / "state", str(tmp_path / "unused.mp4"))
     pipeline = config.pipelines[0]
-    session, decision, _ = choose_and_load(config, pipeline, [artifact], "yolo@8", prove_later=True)
+    session, chosen = choose_and_load(config, pipeline, [artifact], "yolo@8", prove_later=True)
+    decision = chosen.decision
     session.close()
     assert session.backend == decision.backend == ORT_CPU and decision.checked is False
     assert [(c.backend, c.verdict) for c in decision.candidates] == [(ORT_CPU, "chosen")]
@@ -267,7 +271,8 @@ def test_a_first_start_serves_on_the_reference_at_once_without_screening_the_oth
 
     # Where the policy rules the reference out, the candidates are screened and ranked as before.
     denied = _config(tmp_path / "state", str(tmp_path / "unused.mp4"), deny=(ORT_CPU,))
-    session, by_rank, _ = choose_and_load(denied, denied.pipelines[0], [artifact], "yolo@8", prove_later=True)
+    session, chosen = choose_and_load(denied, denied.pipelines[0], [artifact], "yolo@8", prove_later=True)
+    by_rank = chosen.decision
     session.close()
     assert by_rank.backend != ORT_CPU and screened and by_rank.checked is False
     assert f"denied by policy ({ORT_CPU})" in by_rank.explain()
@@ -288,13 +293,14 @@ def test_a_source_that_cannot_be_opened_gives_an_unchecked_decision_that_is_not_
     caplog.set_level(logging.INFO, logger="agent.backend_choice")
     config = _config(tmp_path / "state", str(tmp_path / "missing.mp4"), sample_timeout_s=1.0)
     started = time.perf_counter()
-    session, decision, _ = choose_and_load(config, config.pipelines[0], [_artifact(cls_model_path)], "cls@2")
+    session, chosen = choose_and_load(config, config.pipelines[0], [_artifact(cls_model_path)], "cls@2")
+    decision = chosen.decision
     elapsed = time.perf_counter() - started
     session.close()
     assert decision.checked is False and decision.reference is None
     assert decision.note == (
         "outputs not checked: no sample input; serving on the full-precision reference until a sample "
-        "proves a candidate"
+        "proves a candidate (the others are screened then)"
     )
     # Not the top-ranked guess (OpenVINO here, bf16 on some CPUs): the full-precision reference.
     assert decision.backend == "onnxruntime/CPUExecutionProvider"
@@ -324,7 +330,8 @@ def test_choose_and_load_on_a_jetson_tree_explains_the_missing_runtime_and_cache
 ) -> None:
     monkeypatch.setenv(SYSROOT_ENV, str(SYSROOTS / "jetson-agx-orin"))
     config = _config(tmp_path / "state", str(tmp_path / "unused.mp4"), benchmark=False)
-    session, decision, _ = choose_and_load(config, config.pipelines[0], [_artifact(cls_model_path)], "cls@2")
+    session, chosen = choose_and_load(config, config.pipelines[0], [_artifact(cls_model_path)], "cls@2")
+    decision = chosen.decision
     session.close()
     assert decision.backend in CPU_BACKENDS and decision.note == "benchmark off"
     text = decision.explain()
@@ -398,7 +405,9 @@ def test_an_unchecked_decision_is_proven_on_the_first_frame_and_cached(
     artifacts = [_artifact(cls_model_path)]
     config = _config(tmp_path / "state", str(tmp_path / "missing.mp4"), sample_timeout_s=1.0)
     pipeline = config.pipelines[0]
-    session, decision, candidates = choose_and_load(config, pipeline, artifacts, "pp-ocr-cls@2.0")
+    session, chosen = choose_and_load(config, pipeline, artifacts, "pp-ocr-cls@2.0")
+    decision = chosen.decision
+    candidates = chosen.artifacts
     assert decision.checked is False and decision.backend == "onnxruntime/CPUExecutionProvider"
     feeder = build_feeder(pipeline, session.inputs, session.outputs)
     import cv2
@@ -413,8 +422,8 @@ def test_an_unchecked_decision_is_proven_on_the_first_frame_and_cached(
     switcher = DecisionSwitcher(
         decision,
         candidates,
-        policy_for(config, pipeline),
-        prove=make_prover(config, pipeline, candidates, "pp-ocr-cls@2.0"),
+        chosen.policy,
+        prove=make_prover(config, pipeline, chosen),
     )
     assert switcher.wants_sample
     switcher.offer_sample(feeds, current="a backend the proof will not pick")
@@ -435,7 +444,8 @@ def test_an_unchecked_decision_is_proven_on_the_first_frame_and_cached(
     finally:
         upgrade.close()
     # Cached: the next start uses the proven decision without waiting for a frame.
-    again, cached, _ = choose_and_load(config, pipeline, artifacts, "pp-ocr-cls@2.0")
+    again, chosen = choose_and_load(config, pipeline, artifacts, "pp-ocr-cls@2.0")
+    cached = chosen.decision
     again.close()
     assert cached.checked is True and cached.backend == switcher.decision.backend
 
@@ -502,7 +512,7 @@ def test_the_daemon_proves_its_choice_once_the_camera_delivers(
     shutil.copy(sign_video, camera)
     log = agent.run_until(lambda: bool(decisions()), "a decision proven on a frame and cached")
     assert "serving on the full-precision CPU reference" in log
-    assert "proving the candidates for pp-ocr-cls@2.0 on a frame from its source" in log
+    assert "proving the candidates for pp-ocr-cls@2.0 on a frame from the pipeline's source" in log
     assert "proved on a frame: chose" in log
     [stored] = decisions()
     assert (

@@ -110,7 +110,8 @@ def test_explain_says_where_a_pipeline_would_run_before_any_run(tmp_path: Path, 
     assert verdicts[decision["backend"]] == "chosen" and decision["checked"] is False
     assert "onnxruntime/CPUExecutionProvider" in verdicts  # every backend of this box is listed
     shown = edge_agent("explain", "door", "-c", str(config))
-    assert f"door ({cls_model_path}): would run on {decision['backend']}" in shown.stdout.replace("\n", "")
+    first = f"door ({cls_model_path}): would serve first on {decision['backend']}"
+    assert first in shown.stdout.replace("\n", "")
     unknown = edge_agent("explain", "gate", "-c", str(config))
     assert unknown.returncode == 1 and "no pipeline 'gate' in" in unknown.stderr
 

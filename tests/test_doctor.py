@@ -445,7 +445,7 @@ def test_a_port_the_running_agent_reads_is_not_opened_again(box: Box) -> None:
 def test_backends_a_model_not_pulled_yet_and_one_no_backend_can_run(box: Box) -> None:
     config = box.config
     check = check_backend_of(config, config.pipelines[0])
-    assert check.status == OK and "(not proven yet: the agent's pick" in check.detail
+    assert check.status == OK and "(not proven yet: what a first start serves" in check.detail
     box.settings["pipelines"][0]["model"]["version"] = "3.0"
     config = box.saved()
     check = check_backend_of(config, config.pipelines[0])

@@ -152,7 +152,9 @@ def test_yolo_finds_the_face_and_draws_its_box_in_the_right_place(
 
     # What a pipeline result's output would hold, plus the backend and the time of each step.
     assert data["kind"] == "image" and data["pipeline"] is None and data["model"] == str(yolo_path)
-    assert data["backend"] and data["precision"] and "not benchmarked" in data["backend_choice"]
+    # Benchmarking is off in this config: the best-ranked candidate, as the daemon would take it.
+    assert data["backend"] and data["precision"] and data["backend_choice"] == "not proven: benchmark off"
+    assert data["artifact"] == "320n.onnx" and data["proven"] is False
     assert set(data["latency_ms"]) == {"preprocess", "inference", "postprocess"}
     assert all(value > 0 for value in data["latency_ms"].values())
     assert list(data["output"]) == ["detections"] and data["held_back_by"] is None
@@ -202,7 +204,7 @@ def test_the_human_output_names_backend_latency_and_detections(
     result = infer(yolo_path, astronaut, "-c", config, "--backend", ORT)
     assert result.exit_code == 0, result.output
     out = result.stdout
-    assert f"backend: {ORT} (fp32): as asked (--backend)" in out
+    assert f"backend: {ORT} (fp32) on 320n.onnx: as asked (--backend)" in out
     assert "latency: preprocess " in out and " ms, inference " in out
     assert "boxes x1, y1, x2, y2 in source pixels" in out
     row = next(line for line in out.splitlines() if "FACE_FEMALE" in line)
@@ -307,12 +309,12 @@ def test_the_backend_is_the_one_the_agent_decided(config: Path, signs: dict[str,
     pipeline = agent.pipelines[0]
     installed = store_for(agent).import_file(CLS, pipeline.model.name, pipeline.model.version)
     hinted = with_model_hints(pipeline, installed.manifest, embedded_hints(installed.model_artifacts()))
-    session, decision, _ = choose_and_load(agent, hinted, installed.model_artifacts(), installed.ref)
+    session, choice = choose_and_load(agent, hinted, installed.model_artifacts(), installed.ref)
     session.close()
 
     data = infer_json(CLS, signs["upright"], "-c", config, "--pipeline", "signs")
-    assert data["backend"] == decision.backend
-    assert data["backend_choice"] == "the agent's decision for this model on this box (cached)"
+    assert (data["backend"], data["artifact"]) == (choice.backend, choice.artifact)
+    assert data["backend_choice"] == "the agent's decision for this model on this box (cached): benchmark off"
 
 
 def test_benchmark_proves_the_candidates_on_the_input(config: Path, signs: dict[str, Path]) -> None:

@@ -165,7 +165,7 @@ def test_explain_shows_refused_and_unchecked_decisions(tmp_path: Path) -> None:
     text = " ".join(result.stdout.split())
     assert "door (det@1): no backend serves it" in text
     assert "would pass with" in text and "full precision: it ran at bf16" in text
-    assert "gate (det@1): onnxruntime/CPUExecutionProvider on m.onnx" in text and "unchecked" in text
+    assert "gate (det@1): runs on onnxruntime/CPUExecutionProvider on m.onnx" in text and "unchecked" in text
     records = edge_agent("explain", "det", "--state-dir", str(tmp_path), "--json")
     assert {("refused" in r) for r in json.loads(records.stdout)} == {True, False}
     assert not list(tmp_path.glob("decisions/*.json"))  # neither is cached for reuse

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent import __version__
 from agent.backend_choice import DecisionStore
+from agent.errors import EdgeAgentError
 from agent.fleet.commands import CommandError, Handler, RecentLogs
 
 if TYPE_CHECKING:
@@ -42,7 +43,11 @@ def device_handlers(agent: Agent, logs: RecentLogs) -> dict[str, Handler]:
 
     def reselect_backend(args: dict[str, Any]) -> dict[str, Any]:
         name = _pipeline_arg(args)
-        forgotten = DecisionStore(agent.config.state_dir).forget(name)
+        try:  # the decision the serving stage follows; else the one recorded for the pipeline
+            key: str | None = agent.supervisor.pipeline(name).stage.model.key or None
+        except EdgeAgentError:
+            key = None
+        forgotten = DecisionStore(agent.config.state_dir).forget(name, key)
         agent.supervisor.restart(name)
         return {"pipeline": name, "forgot_cached_decision": forgotten, "restarting": True}
 
@@ -59,10 +64,14 @@ def device_handlers(agent: Agent, logs: RecentLogs) -> dict[str, Handler]:
             session.run(feeds)
             times.append((time.perf_counter() - start) * 1000)
         times.sort()
+        serving = pipeline.stage.serving()
         return {
             "pipeline": name,
             "model": pipeline.stage.ref,
             "backend": session.backend,
+            "artifact": serving.get("artifact"),
+            "precision": serving.get("precision"),
+            "proven": serving.get("proven"),
             "runs": runs,
             "median_ms": round(statistics.median(times), 3),
             "p90_ms": round(times[min(len(times) - 1, int(0.9 * len(times)))], 3),

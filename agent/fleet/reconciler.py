@@ -257,10 +257,17 @@ class Reconciler:
                 "generation": state["generation"],
                 "model": state.get("model"),
                 "desired_model": state.get("desired_model"),
+                "running_model": state.get("running_model"),
+                "running_layer": state.get("running_layer"),
+                "running_generation": state.get("running_generation"),
                 "backend": state.get("backend"),
+                "precision": state.get("precision"),
+                "artifact": state.get("artifact"),
+                "proven": state.get("proven"),
                 "backend_why": _clip(state.get("backend_why")),
                 "state": state["state"],
                 "last_error": _clip(state.get("last_error")),
+                "last_error_at": state.get("last_error_at"),
             }
         documents = self.documents()
         with self._lock:
@@ -299,6 +306,44 @@ class Reconciler:
         if self._publish_retained(self.topic, payload):
             with self._lock:
                 self._last_sent, self._sent_on_connect = fingerprint, connects
+
+
+def generation_outcomes(
+    documents: dict[str, dict[str, Any]], pipelines: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Each layer's document state (`Reconciler.documents`) with what became of its applied
+    generation here, from the pipelines' states (`Supervisor.states`): an accepted document is not
+    yet a serving one. `outcome`: `applied` (every pipeline it brought runs it), `applying` (one is
+    still being brought in), `failed` (one failed or was rolled back; `failed` lists them, each
+    with the version that serves instead), None when no generation of it is applied. `edge-agent
+    status` shows it; reported state keeps the documents as they are (the controller judges the
+    pipelines itself)."""
+    outcomes = {}
+    for layer, document in documents.items():
+        ours = {name: p for name, p in pipelines.items() if p.get("layer") == layer}
+        failed = [
+            {
+                "pipeline": name,
+                "phase": p.get("phase"),
+                "desired_model": p.get("desired_model"),
+                "reason": _clip(p.get("reason")),
+                "running_model": p.get("running_model"),
+                "running_layer": p.get("running_layer"),
+                "running_generation": p.get("running_generation"),
+            }
+            for name, p in sorted(ours.items())
+            if p.get("phase") in ("failed", "rolled-back")
+        ]
+        if document.get("applied_generation") is None:
+            outcome = None
+        elif failed:
+            outcome = "failed"
+        elif any(p.get("phase") in protocol.IN_FLIGHT_PHASES for p in ours.values()):
+            outcome = "applying"
+        else:
+            outcome = "applied"
+        outcomes[layer] = {**document, "outcome": outcome, "failed": failed}
+    return outcomes
 
 
 def _fit(document: dict[str, Any], limit: int) -> bytes:
