@@ -665,7 +665,7 @@ class DecisionSwitcher:
         # An unchecked decision (no sample at build time) is proven on the first frame offered.
         self._prove = prove
         self._proving = False
-        self._upgrade: Session | None = None
+        self._upgrade: tuple[Session, Decision] | None = None
         self._upgrade_lock = threading.Lock()
         self._prover_thread: threading.Thread | None = None
 
@@ -701,26 +701,36 @@ class DecisionSwitcher:
             log.warning("could not prove the candidates on a frame: %s; staying on %s", exc, current)
             self._prove = None
             return
-        self.decision, self.order = decision, decision.order()
         self._prove = None
         log.info("proved on a frame: %s", decision.explain())
         if decision.backend == current:
+            self.decision, self.order = decision, decision.order()
             return
         if self.warm_up_feeds is None:
             self.warm_up_feeds = feeds  # inputs the pipeline really makes
-        session = self._load(0)
-        if session is not None:
-            with self._upgrade_lock:
-                self._upgrade = session
+        session = self._load_report(decision.order()[0])
+        if session is None:  # the proven one does not load here: serve on, along the proven order
+            self.decision, self.order = decision, decision.order()
+            return
+        # The decision changes with the session it names, when the worker swaps it in: until then
+        # what is shown (Stage.serving) is the decision the running session follows.
+        with self._upgrade_lock:
+            self._upgrade = (session, decision)
 
     def take_upgrade(self) -> Session | None:
         """A session on the candidate a frame proved, once it is loaded (the worker swaps it in)."""
         with self._upgrade_lock:
-            session, self._upgrade = self._upgrade, None
+            upgrade, self._upgrade = self._upgrade, None
+        if upgrade is None:
+            return None
+        session, decision = upgrade
+        self.decision, self.order = decision, decision.order()
         return session
 
     def _load(self, index: int) -> Session | None:
-        report = self.order[index]
+        return self._load_report(self.order[index])
+
+    def _load_report(self, report: CandidateReport) -> Session | None:
         backend, artifact = self.backends.get(report.backend), self.artifacts.get(report.sha256)
         if backend is None or artifact is None:
             return None

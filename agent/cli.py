@@ -1092,7 +1092,11 @@ def explain(
     from agent.explain import explain as explain_records
 
     with _user_errors(as_json):
-        agent_config = _load(config) if config.is_file() or state_dir is None else None
+        from agent.infer import is_model_file_name
+
+        # A model file needs no config (the defaults rule it); a pipeline or stored model does.
+        needs_config = state_dir is None and not is_model_file_name(name)
+        agent_config = _load(config) if config.is_file() or needs_config else None
         records = explain_records(name, agent_config, config, state_dir)
     if as_json:
         _echo_json(records)

@@ -155,14 +155,14 @@ class PipelineSlot:
         if phase != self.phase or reason != self.reason:
             self.phase, self.reason, self.since = phase, reason, time.time()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, default_health: HealthWindowConfig | None = None) -> dict[str, Any]:
         """The pipeline's status: the running pipeline's own (counters, source) plus the change's.
         `running_model` is the version frames go through now (None: nothing serves), `desired_model`
         the one wanted; `running_layer`/`running_generation` say where the committed version came
         from when it is not the desired one (a change failed, rolled back or in flight)."""
         if self.pipeline is not None:
             # Its last error is cleared after the desired version's health window of clean running.
-            state = self.pipeline.status(self.desired.health)
+            state = self.pipeline.status(self.desired.health or default_health)
             state["running_model"] = state["model"]
         else:
             state = {
@@ -611,7 +611,7 @@ class Supervisor:
     def states(self) -> dict[str, dict[str, Any]]:
         with self._lock:
             slots = list(self._slots.values())
-        return {slot.name: slot.to_dict() for slot in slots}
+        return {slot.name: slot.to_dict(self.config.fleet.health) for slot in slots}
 
     def serving_records(self) -> list[dict[str, Any]]:
         """Per running pipeline, the decision its serving stage follows now and what serves it

@@ -101,6 +101,15 @@ def within(outputs: list[np.ndarray], expected: list[np.ndarray]) -> str:
     return ""
 
 
+def _error(done: subprocess.CompletedProcess[str]) -> str:
+    """What a failed command said: its JSON errors (with --json), else its stderr; clipped."""
+    try:
+        said = "; ".join(json.loads(done.stdout)["errors"])
+    except (ValueError, KeyError, TypeError):
+        said = done.stderr.strip()
+    return said[:400]
+
+
 def sweep_one(model_dir: Path, work: Path, config: Path, registry: Path) -> Outcome:
     started = time.monotonic()
     name = f"{model_dir.parent.name}.{model_dir.name}".replace("_", "-")[:64].lower()
@@ -112,19 +121,19 @@ def sweep_one(model_dir: Path, work: Path, config: Path, registry: Path) -> Outc
             "--registry", f"file://{registry}", "--test-data", str(set_dir), "--json", cwd=work,
         )  # fmt: skip
         if published.returncode != 0:
-            outcome.status, outcome.detail = "refused", published.stderr.strip()[-300:]
+            outcome.status, outcome.detail = "refused", _error(published)
             return outcome
         for step in (("models", "pull", f"{name}@1"),):
             done = run(*step, "-c", str(config), cwd=work)
             if done.returncode != 0:
-                outcome.detail = f"{step[1]}: {done.stderr.strip()[-300:]}"
+                outcome.detail = f"{step[1]}: {_error(done)}"
                 return outcome
         validated = run("models", "validate", f"{name}@1", "-c", str(config), "--json", cwd=work)
         report = json.loads(validated.stdout) if validated.stdout.strip() else {}
         outcome.validate = report.get("activated") or ""
         explained = run("explain", f"{name}@1", "-c", str(config), "--json", cwd=work)
         if explained.returncode != 0:
-            outcome.detail = f"explain: {explained.stderr.strip()[-300:]}"
+            outcome.detail = f"explain: {_error(explained)}"
             return outcome
         [record] = json.loads(explained.stdout)
         decision = record.get("decision") or {}
@@ -134,7 +143,7 @@ def sweep_one(model_dir: Path, work: Path, config: Path, registry: Path) -> Outc
         npz.write_bytes(model_zoo_testdata(set_dir, inputs, outputs))  # expected:* arrays are ignored
         inferred = run("infer", f"{name}@1", str(npz), "-c", str(config), "--json", "--raw", cwd=work)
         if inferred.returncode != 0:
-            outcome.detail = f"infer: {inferred.stderr.strip()[-300:]}"
+            outcome.detail = f"infer: {_error(inferred)}"
             return outcome
         result = json.loads(inferred.stdout)
         outcome.infer = f"{result['backend']} on {result['artifact']}"
@@ -193,6 +202,17 @@ def main() -> int:
     return 0 if bad == 0 and counts["correct"] >= args.min_correct else 1
 
 
+def _ran_on(outcomes: list[Outcome]) -> dict[str, int]:
+    """How many correct models ran on each backend, twins counted apart from the files they come from."""
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        if o.status == "correct":
+            backend, _, artifact = o.infer.partition(" on ")
+            key = f"{backend}, upgraded twin" if "(upgraded" in artifact else backend
+            counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: -item[1]))
+
+
 def write_report(
     path: Path, outcomes: list[Outcome], counts: dict[str, int], elapsed: float, jobs: int
 ) -> None:
@@ -212,6 +232,10 @@ def write_report(
         "| outcome | models |",
         "|---|---|",
         *(f"| {status} | {n} |" for status, n in counts.items()),
+        "",
+        "| ran on (validate, explain and infer alike) | models |",
+        "|---|---|",
+        *(f"| {ran} | {n} |" for ran, n in _ran_on(outcomes).items()),
         "",
         "| model | outcome | validate, explain and infer ran | detail |",
         "|---|---|---|---|",

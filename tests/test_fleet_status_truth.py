@@ -37,6 +37,7 @@ from tests.fleet_fixtures import (
 )
 from tests.mosquitto import Mosquitto, Subscriber
 from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
+from tests.test_fleet_controller import fleet
 from tests.waits import wait_until
 
 T0 = "2026-11-23T19:00:00.000Z"
@@ -46,15 +47,7 @@ T2 = "2026-11-23T19:02:00.000Z"
 
 def fleet_status(broker: Mosquitto, *args: str) -> tuple[int, dict[str, Any]]:
     """`edge-agent fleet status --json` in-process: (exit code, the printed JSON object)."""
-    result = CliRunner().invoke(
-        app, ["fleet", "status", "--json", *args, "--broker", f"{broker.host}:{broker.port}"]
-    )
-    try:
-        return result.exit_code, json.loads(result.stdout)
-    except ValueError:
-        raise AssertionError(
-            f"no JSON (exit {result.exit_code}): {result.output}\n{result.exception}"
-        ) from None
+    return fleet(broker, "status", *args)
 
 
 def fleet_table(broker: Mosquitto) -> tuple[int, str]:

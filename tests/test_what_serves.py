@@ -53,6 +53,7 @@ def _views(config: Path, state_dir: Path, reported: Reported, results: Subscribe
     cam = pipeline_in(reported.latest(), "cam")
     return {
         "result": (latest["backend"], f"{MODEL}@{latest['model']['version']}"),
+        "backend": latest["backend"],
         "status": (status["backend"], status["model"]),
         "status_text": text.stdout,
         "status_why": status["backend_why"] or "",
@@ -114,11 +115,24 @@ def test_status_reported_and_explain_name_what_produced_the_latest_results(
         first = json.loads(results.messages[0].payload)
         assert (first["backend"], first["model"]["version"]) == (REFERENCE, GOOD), first
 
-        # 2. The background proof on a frame: the views name the proven choice once it serves.
-        proven = _agree(config, state_dir, reported, results, "the proven choice in every view", proven=True)
-        decision = json.loads((state_dir / "decisions" / "pipelines" / "cam.json").read_text())["decision"]
-        assert decision["checked"] is True
+        # 2. The background proof on a frame: once its choice serves, every view names it.
+        record = state_dir / "decisions" / "pipelines" / "cam.json"
+        wait_until(
+            lambda: record.exists() and json.loads(record.read_text())["decision"]["checked"],
+            "the proof on a frame",
+            timeout=120,
+        )
+        decision = json.loads(record.read_text())["decision"]
         chosen = decision["backend"]
+        proven = _agree(
+            config,
+            state_dir,
+            reported,
+            results,
+            "the proven choice in every view",
+            proven=True,
+            backend=chosen,
+        )
         assert proven["result"] == (chosen, f"{MODEL}@{GOOD}"), proven
         assert f"chose {chosen} for {ARTIFACT}" in proven["status_why"]
         # The first-start note is gone: it described the reference before the proof.
@@ -170,7 +184,11 @@ def test_status_reported_and_explain_name_what_produced_the_latest_results(
             "the last error cleared after a clean window",
             last_error=None,
         )
-        assert pipeline_in(reported.latest(), "cam")["last_error"] is None
+        reported.wait(
+            lambda r: pipeline_in(r, "cam").get("last_error") is None,
+            "the reported state without it",
+            timeout=60,
+        )
         assert cleared["result"] == (chosen, f"{MODEL}@{NEWER}")
         agent.stop()
     finally:
