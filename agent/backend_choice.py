@@ -8,9 +8,13 @@ benchmark again, and a driver upgrade or a new accelerator does.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,7 +33,7 @@ from agent.processing.judge import Judge, report_judge
 from agent.retry import backoff_delay
 from agent.sources import Frame, open_source
 from agent.testdata import TestData, testdata_samples
-from agent.transform import upgraded_artifacts
+from agent.transform import with_upgraded_twins
 from providers import (
     Backend,
     BackendError,
@@ -44,7 +48,6 @@ from providers import (
 from providers.catalog import cached_backends
 from providers.select import (
     FULL_PRECISION_REFERENCES,
-    REFERENCE_BACKENDS,
     CandidateReport,
     Loader,
     NoBackendError,
@@ -276,6 +279,35 @@ def _deciding(key: str) -> threading.Lock:
         return _decision_locks.setdefault(key, threading.Lock())
 
 
+def owns_state_dir(config: AgentConfig) -> bool:
+    """Whether this process may write under the state dir: it is its owner (the daemon's user), or
+    the dir is not made yet. A tool run as another user (`sudo edge-agent ...`) writes nothing there:
+    files and folders it made would be in the daemon's way."""
+    path = config.state_dir.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if path != config.state_dir.absolute():
+        return os.access(path, os.W_OK)  # not made yet: whoever can make it owns it
+    try:
+        return path.stat().st_uid == os.geteuid()
+    except OSError:
+        return False
+
+
+_scratch: list[Path] = []  # this process's private folder for twins, removed when it exits
+
+
+def derived_dir_of(config: AgentConfig) -> Path:
+    """Where opset-upgraded twins are kept: the store's derived/ folder; for another user than the
+    state dir's owner, a private folder of this process's (made again by the next run)."""
+    if owns_state_dir(config):
+        return config.state_dir / "store" / "derived"
+    if not _scratch:
+        _scratch.append(Path(tempfile.mkdtemp(prefix="edge-agent-derived-")))
+        atexit.register(shutil.rmtree, _scratch[0], ignore_errors=True)
+    return _scratch[0]
+
+
 @dataclass(frozen=True)
 class Box:
     """This box as a decision sees it: its hardware and its backends (probed once, cached)."""
@@ -285,8 +317,11 @@ class Box:
 
     @classmethod
     def here(cls, config: AgentConfig) -> Box:
+        """The daemon's view: the probes cached under the state dir (probed in-process, and not
+        cached, for a user who does not own it)."""
         hardware = detect_hardware()
-        return cls(hardware, tuple(box_backends(config, hardware)))
+        backends = box_backends(config, hardware) if owns_state_dir(config) else all_backends()
+        return cls(hardware, tuple(backends))
 
 
 @dataclass
@@ -329,9 +364,6 @@ class Choice:
     def full_precision_reference(self) -> bool:
         return self.decision.backend in FULL_PRECISION_REFERENCES
 
-    def artifact_file(self) -> ModelArtifact:
-        return next(a for a in self.artifacts if a.sha256 == self.decision.artifact_sha256)
-
     def summary(self) -> dict[str, Any]:
         """What runs, for people and scripts: backend, artifact, precision, proven and on what."""
         return {
@@ -351,11 +383,7 @@ def model_candidates(
 ) -> list[ModelArtifact]:
     """The model's files plus an opset-upgraded twin of each the CPU reference refuses as it is
     (kept in the store's derived/ folder, made once)."""
-    reference = next((b for b in box.backends if b.name == REFERENCE_BACKENDS[0]), None)
-    if reference is None:
-        return list(artifacts)
-    derived = derived_dir or config.state_dir / "store" / "derived"
-    return [*artifacts, *upgraded_artifacts(artifacts, derived, reference)]
+    return with_upgraded_twins(artifacts, box.backends, derived_dir or derived_dir_of(config))
 
 
 def current_choice(
@@ -436,10 +464,11 @@ def choose_and_load(
         log.info("pipeline %s: using the cached backend decision %s", pipeline.name, choice.key)
     elif policy.benchmark and prove_later:
         log.info(
-            "pipeline %s: no proven decision for %s yet: serving on the CPU reference while the "
-            "candidates are proven on its first frame",
+            "pipeline %s: no proven decision for %s yet: serving on %s while the candidates are "
+            "proven on its first frame",
             pipeline.name,
             model_ref,
+            "the CPU reference" if choice.full_precision_reference else f"{choice.backend}, unproven,",
         )
     elif not policy.benchmark:
         log.info(
@@ -520,7 +549,7 @@ def load_choice(
     decision's note says so). The reference taken at once (an unscreened choice) that cannot load
     the model after all: every candidate is screened for another. NoBackendError when none can."""
     try:
-        session, used, failures = _load(choice, progress, load)
+        session, _used, failures = _load(choice, progress, load)
     except BackendError as exc:
         if choice.screened:
             raise
@@ -528,12 +557,10 @@ def load_choice(
         notes = hardware_notes(choice.box.hardware)
         decision = decide(choice.artifacts, choice.policy, None, choice.box.backends, hardware=notes)
         choice = replace(choice, decision=decision, screened=True)
-        session, used, failures = _load(choice, progress, load)
+        session, _used, failures = _load(choice, progress, load)
     for failure in failures:
         log.warning("%s: %s; falling back to the next backend", who, failure)
-    if used.backend != choice.backend:
-        note = choice.decision.note
-        choice.decision.note = (note + "; " if note else "") + f"running on fallback {used.backend}"
+    # The decision stays as it was made (it is cached): what serves instead shows from the session.
     return session, replace(choice, load_failures=tuple(failures))
 
 
@@ -601,10 +628,11 @@ def prove_on(
     testdata: Sequence[TestData] = (),
     origin: str = "a frame from the pipeline's source",
     record: bool = True,
+    cache: bool = True,
 ) -> Choice:
     """Decide again with the candidates proven on `feeds` (plus the model's test data); a proven
-    decision is cached under the choice's key, for every later start and tool to find (and, with
-    `record`, recorded as the pipeline's for `explain`)."""
+    decision is cached under the choice's key (with `cache`), for every later start and tool to
+    find, and with `record` recorded as the pipeline's for `explain`."""
     backends = choice.box.backends
     samples = [*testdata_samples(testdata, choice.artifacts, backends), Sample(feeds, origin)]
     log.info("pipeline %s: proving the candidates for %s on %s", pipeline.name, choice.model, origin)
@@ -617,9 +645,9 @@ def prove_on(
         hardware=hardware_notes(choice.box.hardware),
         judge=judge,
     )
-    if decision.checked:
+    if decision.checked and (cache or record) and owns_state_dir(config):
         store = DecisionStore(config.state_dir)
-        store.put(choice.key, decision, pipeline.name if record else None, choice.model)
+        store.put(choice.key, decision, pipeline.name if record else None, choice.model, cache=cache)
     return replace(choice, decision=decision, cached=False, screened=True)
 
 
@@ -703,7 +731,7 @@ class DecisionSwitcher:
             return
         self._prove = None
         log.info("proved on a frame: %s", decision.explain())
-        if decision.backend == current:
+        if decision.backend == current and decision.artifact_sha256 == self.decision.artifact_sha256:
             self.decision, self.order = decision, decision.order()
             return
         if self.warm_up_feeds is None:
@@ -727,9 +755,6 @@ class DecisionSwitcher:
         self.decision, self.order = decision, decision.order()
         return session
 
-    def _load(self, index: int) -> Session | None:
-        return self._load_report(self.order[index])
-
     def _load_report(self, report: CandidateReport) -> Session | None:
         backend, artifact = self.backends.get(report.backend), self.artifacts.get(report.sha256)
         if backend is None or artifact is None:
@@ -751,26 +776,31 @@ class DecisionSwitcher:
         delay = backoff_delay(failures, self.retry_first_s, self.retry_max_s)
         self._demoted[name] = (failures, time.monotonic() + delay)
 
-    def _index(self, name: str) -> int:
-        return next((i for i, c in enumerate(self.order) if c.backend == name), len(self.order))
+    @staticmethod
+    def _index(name: str, order: Sequence[CandidateReport]) -> int:
+        return next((i for i, c in enumerate(order) if c.backend == name), len(order))
+
+    # The worker asks these while a proof in the background may replace `order`: each walks the
+    # order it started with.
 
     def fallback(self, failed: str) -> Session | None:
         self._demote(failed)
-        for i in range(len(self.order)):
-            if self.order[i].backend in self._demoted:
+        for report in list(self.order):
+            if report.backend in self._demoted:
                 continue
-            session = self._load(i)
+            session = self._load_report(report)
             if session is not None:
                 return session
         return None
 
     def retry_preferred(self, current: str) -> Session | None:
         now = time.monotonic()
-        for i in range(self._index(current)):
-            name = self.order[i].backend
+        order = list(self.order)
+        for report in order[: self._index(current, order)]:
+            name = report.backend
             if name in self._demoted and self._demoted[name][1] > now:
                 continue
-            session = self._load(i)
+            session = self._load_report(report)
             if session is not None:
                 self._demoted.pop(name, None)
                 return session

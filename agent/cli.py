@@ -825,7 +825,7 @@ def _validate(
 ) -> Validation:
     import tempfile
 
-    from agent.backend_choice import Box, DecisionStore, current_choice, model_candidates
+    from agent.backend_choice import Box, DecisionStore, current_choice, model_candidates, owns_state_dir
     from agent.infer import settings_for
     from agent.inventory import resolve_model
     from agent.store import ModelStore
@@ -862,8 +862,10 @@ def _validate(
             choice.policy if choice else SelectionPolicy(), warmup=2, runs=10, min_time_s=0.2, max_trials=99
         )
         result = validate(resolved.ref, artifacts, tests, policy, None, list(box.backends))
-        if choice is not None and result.usable and result.proven is not None and states is not None:
-            DecisionStore(states).put(choice.key, result.proven, None, resolved.ref)
+        keep = choice is not None and result.usable and result.proven is not None and states is not None
+        if keep and owns_state_dir(settings):  # as another user (root): nothing written in its way
+            assert choice is not None and result.proven is not None
+            DecisionStore(settings.state_dir).put(choice.key, result.proven, None, resolved.ref)
             result.cached = True
     return result
 
@@ -1094,9 +1096,14 @@ def explain(
     with _user_errors(as_json):
         from agent.infer import is_model_file_name
 
-        # A model file needs no config (the defaults rule it); a pipeline or stored model does.
-        needs_config = state_dir is None and not is_model_file_name(name)
-        agent_config = _load(config) if config.is_file() or needs_config else None
+        # A model file needs no config (its backend settings are used when it is valid); a pipeline
+        # or a stored model does.
+        agent_config = None
+        if not is_model_file_name(name) and (config.is_file() or state_dir is None):
+            agent_config = _load(config)
+        elif config.is_file():
+            with contextlib.suppress(EdgeAgentError):
+                agent_config = _load(config)
         records = explain_records(name, agent_config, config, state_dir)
     if as_json:
         _echo_json(records)
@@ -1234,7 +1241,7 @@ def bench(
 
             shaped = pipeline_shaped_feeds(model, store, agent, pipeline, config)
         feeds, fed = shaped if shaped is not None else bench_feeds(resolved, shape or [], inputs)
-        with state_or_scratch(store_root) as states:
+        with state_or_scratch(store_root or (agent.state_dir if agent is not None else None)) as states:
             # What this box serves the model on (marked in the table), and the artifacts it chooses
             # among: an upgraded twin is timed too.
             try:

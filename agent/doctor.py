@@ -645,10 +645,9 @@ def check_backend_of(config: AgentConfig, pipeline: PipelineConfig) -> Check:
     """Does the backend the agent would serve the pipeline's model on (`current_choice`: its cached
     decision for this box, model and policy, else what a first start serves) load here? Nothing is
     run on the model, no decision is recorded."""
-    from agent.backend_choice import Box, box_backends, current_choice, load_choice
-    from agent.hardware import detect_hardware
+    from agent.backend_choice import current_choice, load_choice
     from agent.store import store_for
-    from providers import BackendError, all_backends
+    from providers import BackendError
     from providers.select import NoBackendError
 
     name = f"backend:{pipeline.name}"
@@ -665,20 +664,12 @@ def check_backend_of(config: AgentConfig, pipeline: PipelineConfig) -> Check:
         installed = store.get(pipeline.model.name, pipeline.model.version)
     except EdgeAgentError as exc:
         return Check(name, FAIL, exc.message, exc.hint or "see the store row")
+    # As another user (root), nothing is written where the agent keeps its files (Box.here and the
+    # upgraded twins see to that; compiled engines go to a scratch dir).
     with _writable_state(config.state_dir) as scratch:
-        hardware = detect_hardware()
-        # As another user (root), nothing is written where the agent keeps its files.
-        backends = box_backends(config, hardware) if scratch is None else all_backends()
-        box = Box(hardware, tuple(backends))
         try:
             choice = current_choice(
-                config,
-                pipeline,
-                installed.model_artifacts(),
-                ref,
-                installed.testdata_artifacts(),
-                box,
-                derived_dir=scratch / "derived" if scratch is not None else None,
+                config, pipeline, installed.model_artifacts(), ref, installed.testdata_artifacts()
             )
         except NoBackendError as exc:
             return Check(

@@ -17,9 +17,9 @@ both): an output shaped like YOLOv8 detections or class scores for those labels 
 Otherwise the image defaults apply (the model's input size, layout and dtype; RGB scaled to 0..1)
 and each output is summarised (shape, dtype, min, max, mean, argmax of a vector).
 
-The backend: the one asked for; else the agent's decision for this model on this box, cached in
-the state dir; else the best-ranked candidate without trials (`benchmark`: the candidates proven on
-this input first, as the daemon proves them on a frame from its source).
+The backend: the one asked for; else where this box runs the model (`current_choice`: the agent's
+cached decision, else the full-precision reference a first start serves); the candidates are proven
+on this input first with `benchmark`, or where that choice would be an unchecked guess.
 """
 
 from __future__ import annotations
@@ -373,7 +373,11 @@ def state_or_scratch(state_dir: Path | None) -> Iterator[Path]:
 def _pipeline_on(agent: AgentConfig | None, model: ResolvedModel) -> PipelineConfig | None:
     """The config's first pipeline on this model version (its backend settings rule where it runs)."""
     for candidate in agent.pipelines if agent is not None else []:
-        if (candidate.model.name, candidate.model.version) == (model.name, model.version):
+        path = candidate.model.path
+        if model.manifest is None:  # a model file: the pipeline that names it by path
+            if path is not None and model.artifacts and Path(path).resolve() == model.artifacts[0].path:
+                return candidate
+        elif (candidate.model.name, candidate.model.version) == (model.name, model.version):
             return candidate
     return None
 
@@ -530,12 +534,16 @@ def infer(
                 # first, as the daemon proves them on its first frame.
                 sample = _first_feeds(config, session, kind, input_path, picture)
                 proving = replace(choice, policy=replace(choice.policy, benchmark=True))
-                proven = prove_on(
-                    settings, config, proving, sample, model.testdata, origin="this input", record=False
-                )
+                try:  # cached only under the policy it was proven by (not one with benchmarking off)
+                    proven = prove_on(
+                        settings, config, proving, sample, model.testdata, "this input", False,
+                        cache=choice.policy.benchmark,
+                    )  # fmt: skip
+                    replacement, proven = load_choice(proven, f"infer {model.ref}")
+                except BackendError as exc:
+                    raise ModelError(f"{model.ref}: proving the candidates on this input: {exc}") from None
                 session.close()
-                session, proven = load_choice(proven, f"infer {model.ref}")
-                loaded = Loaded(session, proven, _how(proven))
+                loaded = Loaded(replacement, proven, _how(proven))
             defaults = pipeline is None
             result = _run(config, model, loaded, kind, input_path, picture, defaults=defaults, raw=raw)
         finally:

@@ -22,6 +22,7 @@ from agent.hardware import HardwareInfo, detect_hardware
 from agent.registry.file_registry import SUFFIX_FORMATS, version_sort_key
 from agent.store import ModelStore
 from agent.testdata import TestData, load_testdata
+from agent.transform import with_upgraded_twins
 from providers import (
     Backend,
     ModelArtifact,
@@ -116,7 +117,7 @@ def check_model(
     with contextlib.ExitStack() as stack:
         if derived_dir is None:
             derived_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="edge-agent-check-")))
-        candidates = [*artifacts, *_upgraded_twins(artifacts, backends, derived_dir)]
+        candidates = with_upgraded_twins(artifacts, backends, derived_dir)
         rows = [_support_row(backend, artifact) for backend in backends for artifact in candidates]
     for row in rows:
         refuses_the_model = row.pop("_read")  # the backend is here and reads the format, but not this file
@@ -131,16 +132,6 @@ def check_model(
             row["reason"] += f" (an old opset: selection uses a copy {upgrade}, {fixed})"
             row["upgrade_fixes"] = bool(twin["supported"])
     return rows
-
-
-def _upgraded_twins(
-    artifacts: Sequence[ModelArtifact], backends: Sequence[Backend], derived_dir: Path
-) -> list[ModelArtifact]:
-    from agent.transform import upgraded_artifacts
-    from providers.select import REFERENCE_BACKENDS
-
-    reference = next((b for b in backends if b.name == REFERENCE_BACKENDS[0] and b.probe().available), None)
-    return upgraded_artifacts(artifacts, derived_dir, reference) if reference is not None else []
 
 
 def _support_row(backend: Backend, artifact: ModelArtifact) -> dict[str, Any]:

@@ -433,6 +433,7 @@ class Pipeline:
         """Counters, rates and state. `health`: the window a clean run must last for the last error
         to be cleared (window_s without a failed frame and min_frames good ones since); None: the
         default health window (fleet.health's defaults)."""
+        stage = self.stage  # once: a swap between two reads would pair one version with another's backend
         with self._lock:
             self._clear_resolved_error(health or _DEFAULT_HEALTH)
             results, errors, last_error = self.results, self.errors, self.last_error
@@ -453,8 +454,8 @@ class Pipeline:
         return {
             "state": state,
             "error": last_error if degraded else source["error"],
-            "model": self.stage.ref,
-            **self.stage.serving(),
+            "model": stage.ref,
+            **stage.serving(),
             "stage_swaps": self.stage_swaps,
             "backend_switches": list(self.backend_switches[-5:]),
             "results": results,

@@ -30,6 +30,19 @@ def onnx_opset(path: Path) -> int | None:
         return None
 
 
+def with_upgraded_twins(
+    artifacts: Sequence[ModelArtifact], backends: Sequence[Backend], derived_dir: Path
+) -> list[ModelArtifact]:
+    """`artifacts` plus an opset-upgraded twin of each the CPU reference (onnxruntime CPU, when this
+    box has it) refuses as it is: the candidates every selection chooses among."""
+    from providers.select import REFERENCE_BACKENDS
+
+    reference = next((b for b in backends if b.name == REFERENCE_BACKENDS[0] and b.probe().available), None)
+    if reference is None:
+        return list(artifacts)
+    return [*artifacts, *upgraded_artifacts(artifacts, derived_dir, reference)]
+
+
 def upgraded_artifacts(
     artifacts: Sequence[ModelArtifact], derived_dir: Path, reference: Backend
 ) -> list[ModelArtifact]:

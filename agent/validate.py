@@ -17,10 +17,9 @@ from typing import Any
 import numpy as np
 
 from agent.testdata import TestData, testdata_fits
-from agent.transform import upgraded_artifacts
+from agent.transform import with_upgraded_twins
 from providers import Backend, ModelArtifact, TrialRequest, TrialResult, all_backends, run_trial_isolated
 from providers.select import (
-    REFERENCE_BACKENDS,
     Decision,
     NoBackendError,
     Sample,
@@ -107,9 +106,8 @@ def validate(
 ) -> Validation:
     """Run every candidate of this box on every test set (see the module docstring)."""
     backends = list(backends if backends is not None else all_backends())
-    reference = next((b for b in backends if b.name == REFERENCE_BACKENDS[0]), None)
-    if reference is not None and derived_dir is not None:  # None: `artifacts` has the twins already
-        artifacts = [*artifacts, *upgraded_artifacts(artifacts, derived_dir, reference)]
+    if derived_dir is not None:  # None: `artifacts` has the twins already (model_candidates)
+        artifacts = with_upgraded_twins(artifacts, backends, derived_dir)
     fits = testdata_fits(testdata, artifacts, backends)
     samples = [sample for _data, sample, _why in fits if sample is not None]
     unfit = [(data.artifact.label, why) for data, sample, why in fits if sample is None]

@@ -5,12 +5,14 @@ run through the `edge-agent` CLI as a user would:
 
     edge-agent registry publish model.onnx --name N --version 1 --test-data test_data_set_0/
     edge-agent models pull N@1 -c agent.yaml
+    edge-agent infer N@1 inputs.npz -c agent.yaml --json --raw
     edge-agent models validate N@1 -c agent.yaml --json
     edge-agent explain N@1 -c agent.yaml --json
     edge-agent infer N@1 inputs.npz -c agent.yaml --json --raw
 
 For each model it checks that infer's outputs are within rtol 1e-3 / atol 1e-5 of the expected
-outputs, and that validate, explain and infer name the same backend and artifact. A model that no
+outputs, both before validation (nothing proven: what a first start serves) and after it, and that
+validate, explain and infer name the same backend and artifact. A model that no
 backend of this box runs right is refused at publish: that is counted, not an error.
 
     scripts/sweep_backend_test_models.py [--jobs 2] [--only GLOB] [--report docs/sweep-backend-test-models.md]
@@ -64,7 +66,7 @@ def model_dirs(only: str | None) -> list[Path]:
     return [d for d in found if only is None or fnmatch.fnmatch(f"{d.parent.name}/{d.name}", only)]
 
 
-def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*EDGE_AGENT, *args], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False
     )
@@ -110,6 +112,18 @@ def _error(done: subprocess.CompletedProcess[str]) -> str:
     return said[:400]
 
 
+def infer_once(name: str, npz: Path, config: Path, expected: list[np.ndarray]) -> tuple[str | None, str]:
+    """(what ran: "backend on artifact", or None when infer failed; "" or what is wrong)."""
+    inferred = run("infer", f"{name}@1", str(npz), "-c", str(config), "--json", "--raw")
+    if inferred.returncode != 0:
+        return None, _error(inferred)
+    result = json.loads(inferred.stdout)
+    ran = f"{result['backend']} on {result['artifact']}"
+    got = [from_raw(entry) for entry in result["raw_outputs"].values()]
+    problem = within(got, expected)
+    return ran, f"{ran}: {problem}" if problem else ""
+
+
 def sweep_one(model_dir: Path, work: Path, config: Path, registry: Path) -> Outcome:
     started = time.monotonic()
     name = f"{model_dir.parent.name}.{model_dir.name}".replace("_", "-")[:64].lower()
@@ -118,39 +132,42 @@ def sweep_one(model_dir: Path, work: Path, config: Path, registry: Path) -> Outc
     try:
         published = run(
             "registry", "publish", str(model_dir / "model.onnx"), "--name", name, "--version", "1",
-            "--registry", f"file://{registry}", "--test-data", str(set_dir), "--json", cwd=work,
+            "--registry", f"file://{registry}", "--test-data", str(set_dir), "--json",
         )  # fmt: skip
         if published.returncode != 0:
             outcome.status, outcome.detail = "refused", _error(published)
             return outcome
-        for step in (("models", "pull", f"{name}@1"),):
-            done = run(*step, "-c", str(config), cwd=work)
-            if done.returncode != 0:
-                outcome.detail = f"{step[1]}: {_error(done)}"
-                return outcome
-        validated = run("models", "validate", f"{name}@1", "-c", str(config), "--json", cwd=work)
+        pulled = run("models", "pull", f"{name}@1", "-c", str(config))
+        if pulled.returncode != 0:
+            outcome.detail = f"pull: {_error(pulled)}"
+            return outcome
+        inputs, outputs = onnx_io_names(model_dir / "model.onnx")
+        npz = work / f"{name}.npz"
+        npz.write_bytes(model_zoo_testdata(set_dir, inputs, outputs))  # expected:* arrays are ignored
+        expected = expected_outputs(set_dir)
+        # Before anything is proven: what a first start serves (the full-precision reference).
+        first, problem = infer_once(name, npz, config, expected)
+        if problem:
+            outcome.status, outcome.detail = (
+                ("failed" if first is None else "wrong"),
+                f"first infer: {problem}",
+            )
+            return outcome
+        validated = run("models", "validate", f"{name}@1", "-c", str(config), "--json")
         report = json.loads(validated.stdout) if validated.stdout.strip() else {}
         outcome.validate = report.get("activated") or ""
-        explained = run("explain", f"{name}@1", "-c", str(config), "--json", cwd=work)
+        explained = run("explain", f"{name}@1", "-c", str(config), "--json")
         if explained.returncode != 0:
             outcome.detail = f"explain: {_error(explained)}"
             return outcome
         [record] = json.loads(explained.stdout)
         decision = record.get("decision") or {}
         outcome.explain = f"{decision.get('backend')} on {decision.get('artifact')}"
-        inputs, outputs = onnx_io_names(model_dir / "model.onnx")
-        npz = work / f"{name}.npz"
-        npz.write_bytes(model_zoo_testdata(set_dir, inputs, outputs))  # expected:* arrays are ignored
-        inferred = run("infer", f"{name}@1", str(npz), "-c", str(config), "--json", "--raw", cwd=work)
-        if inferred.returncode != 0:
-            outcome.detail = f"infer: {_error(inferred)}"
-            return outcome
-        result = json.loads(inferred.stdout)
-        outcome.infer = f"{result['backend']} on {result['artifact']}"
-        got = [from_raw(entry) for entry in result["raw_outputs"].values()]
-        problem = within(got, expected_outputs(set_dir))
+        # After validation: the decision it kept.
+        ran, problem = infer_once(name, npz, config, expected)
+        outcome.infer = ran or ""
         if problem:
-            outcome.status, outcome.detail = "wrong", f"{outcome.infer}: {problem}"
+            outcome.status, outcome.detail = ("failed" if ran is None else "wrong"), f"infer: {problem}"
         elif len({outcome.validate, outcome.explain, outcome.infer}) != 1:
             outcome.status = "disagree"
         else:

@@ -1,6 +1,7 @@
 """What is shown is what runs: through a pipeline's life on a real agent (a first start on the CPU
 reference, the background proof that may switch it, a fleet swap to another version, a version that
-fails its health window and is rolled back), `edge-agent status` (text and --json), the retained
+fails its health window and is rolled back, one that cannot be pulled), `edge-agent status` (text
+and --json), the retained
 reported state and `edge-agent explain` always name the backend and the version that produced the
 latest results, and the last error goes once the pipeline has run cleanly for a health window.
 
@@ -22,6 +23,7 @@ from agent.control import ask, socket_path
 from tests.agent_process import StartAgent
 from tests.fleet_fixtures import (
     GOOD,
+    MISSING,
     MODEL,
     NAN_LIVE,
     NEWER,
@@ -51,6 +53,7 @@ def _views(config: Path, state_dir: Path, reported: Reported, results: Subscribe
     explained = CliRunner().invoke(app, ["explain", "cam", "-c", str(config), "--json"])
     [record] = json.loads(explained.stdout)
     cam = pipeline_in(reported.latest(), "cam")
+    serving = record["serving"]
     return {
         "result": (latest["backend"], f"{MODEL}@{latest['model']['version']}"),
         "backend": latest["backend"],
@@ -58,7 +61,13 @@ def _views(config: Path, state_dir: Path, reported: Reported, results: Subscribe
         "status_text": text.stdout,
         "status_why": status["backend_why"] or "",
         "reported": (cam.get("backend"), cam.get("model")),
-        "explain": (record["serving"]["backend"], record["model"]),
+        "explain": (serving["backend"], record["model"]),
+        # Beyond backend and version: the artifact, precision and proof, alike in each view.
+        "details": {
+            (status.get("artifact"), status.get("precision"), status.get("proven")),
+            (cam.get("artifact"), cam.get("precision"), cam.get("proven")),
+            (serving.get("artifact"), serving.get("precision"), serving.get("proven")),
+        },
         "live": record.get("live"),
         "proven": status.get("proven"),
         "last_error": status.get("last_error"),
@@ -83,6 +92,7 @@ def _agree(
             and model in seen["status_text"]
             and backend in seen["status_why"]
             and seen["live"] is True
+            and len(seen["details"]) == 1
             and all(seen.get(key) == value for key, value in want.items())
         )
 
@@ -102,8 +112,9 @@ def test_status_reported_and_explain_name_what_produced_the_latest_results(
     registry = publish_fleet_versions(tmp_path / "registry", cls_model_path, monkeypatch)
     config = agent_config(tmp_path, DEVICE, mosquitto.port, registry, {"cam": pipeline_body(GOOD, path, FPS)})
     settings = yaml.safe_load(config.read_text())
-    # Benchmarking on, proven beside the serving reference (backends.prove_in_background, the default).
-    settings["backends"] = {"benchmark": True, "max_trials": 2, "runs": 3, "warmup": 1, "min_time_s": 0.0}
+    # Benchmarking on, proven beside the serving reference (backends.prove_in_background, the default);
+    # trials of 2 s each, so the first start's views can be read before the proof ends.
+    settings["backends"] = {"benchmark": True, "max_trials": 2, "runs": 3, "warmup": 1, "min_time_s": 2.0}
     config.write_text(yaml.safe_dump(settings, sort_keys=False))
     state_dir = Path(settings["state_dir"])
     reported = Reported(mosquitto, DEVICE)
@@ -114,6 +125,17 @@ def test_status_reported_and_explain_name_what_produced_the_latest_results(
         results.wait_until(lambda ms: len(ms) >= 1, timeout=120)
         first = json.loads(results.messages[0].payload)
         assert (first["backend"], first["model"]["version"]) == (REFERENCE, GOOD), first
+        start = _agree(
+            config,
+            state_dir,
+            reported,
+            results,
+            "the first start in every view",
+            proven=False,
+            backend=REFERENCE,
+        )
+        assert "serving on the full-precision reference until a sample proves" in start["status_why"]
+        assert (REFERENCE, f"{MODEL}@{GOOD}") == start["result"]
 
         # 2. The background proof on a frame: once its choice serves, every view names it.
         record = state_dir / "decisions" / "pipelines" / "cam.json"
@@ -190,6 +212,22 @@ def test_status_reported_and_explain_name_what_produced_the_latest_results(
             timeout=60,
         )
         assert cleared["result"] == (chosen, f"{MODEL}@{NEWER}")
+
+        # 5. A version missing from the registry never builds: 2.0 serves on, and every view says so.
+        publish(
+            mosquitto,
+            f"edge/{DEVICE}/desired",
+            document(layer, 3, {"cam": pipeline_body(MISSING, path, FPS)}),
+        )
+        reported.wait(
+            lambda r: (p := pipeline_in(r, "cam")).get("generation") == 3 and p.get("phase") == "failed",
+            "generation 3 failed",
+            timeout=150,
+        )
+        served = len(results.messages)
+        results.wait_until(lambda ms: len(ms) >= served + 2, timeout=60)
+        kept = _agree(config, state_dir, reported, results, "2.0 in every view after a failed pull")
+        assert kept["result"] == (chosen, f"{MODEL}@{NEWER}"), kept
         agent.stop()
     finally:
         results.close()
