@@ -25,6 +25,7 @@ on this input first with `benchmark`, or where that choice would be an unchecked
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import tempfile
 import time
@@ -70,6 +71,8 @@ from providers import (
     get_backend,
 )
 from providers.select import feeds_problem, reference_session
+
+log = logging.getLogger(__name__)
 
 INPUT_KINDS: dict[str, tuple[str, ...]] = {
     "image": (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".pgm", ".ppm", ".pnm"),
@@ -370,6 +373,39 @@ def state_or_scratch(state_dir: Path | None) -> Iterator[Path]:
         yield Path(scratch)
 
 
+def _proven_here(
+    loaded: Loaded,
+    settings: AgentConfig,
+    config: PipelineConfig,
+    model: ResolvedModel,
+    kind: str,
+    input_path: Path,
+    picture: np.ndarray | None,
+) -> Loaded:
+    """The candidates proven on this input (and the version's test data), the fastest correct one
+    loaded in place of `loaded` (closed). The proof is cached only under the policy it was made by
+    (not one with benchmarking off)."""
+    choice = loaded.choice
+    sample = _first_feeds(config, loaded.session, kind, input_path, picture)
+    proving = replace(choice, policy=replace(choice.policy, benchmark=True))
+    try:
+        proven = prove_on(
+            settings,
+            config,
+            proving,
+            sample,
+            model.testdata,
+            "this input",
+            False,
+            cache=choice.policy.benchmark,
+        )
+        session, proven = load_choice(proven, f"infer {model.ref}")
+    except BackendError as exc:
+        raise ModelError(f"{model.ref}: proving the candidates on this input: {exc}") from None
+    loaded.session.close()
+    return Loaded(session, proven, _how(proven))
+
+
 def _pipeline_on(agent: AgentConfig | None, model: ResolvedModel) -> PipelineConfig | None:
     """The config's first pipeline on this model version (its backend settings rule where it runs)."""
     for candidate in agent.pipelines if agent is not None else []:
@@ -532,20 +568,24 @@ def infer(
             if backend is None and (benchmark or guess):
                 # Never an unchecked reduced-precision guess: prove the candidates on this input
                 # first, as the daemon proves them on its first frame.
-                sample = _first_feeds(config, session, kind, input_path, picture)
-                proving = replace(choice, policy=replace(choice.policy, benchmark=True))
-                try:  # cached only under the policy it was proven by (not one with benchmarking off)
-                    proven = prove_on(
-                        settings, config, proving, sample, model.testdata, "this input", False,
-                        cache=choice.policy.benchmark,
-                    )  # fmt: skip
-                    replacement, proven = load_choice(proven, f"infer {model.ref}")
-                except BackendError as exc:
-                    raise ModelError(f"{model.ref}: proving the candidates on this input: {exc}") from None
-                session.close()
-                loaded = Loaded(replacement, proven, _how(proven))
+                loaded = _proven_here(loaded, settings, config, model, kind, input_path, picture)
             defaults = pipeline is None
-            result = _run(config, model, loaded, kind, input_path, picture, defaults=defaults, raw=raw)
+            try:
+                result = _run(config, model, loaded, kind, input_path, picture, defaults=defaults, raw=raw)
+            except BackendError as exc:
+                if backend is not None or loaded.choice.proven:
+                    raise ModelError(f"{model.ref}: {exc}") from None
+                # What a first start serves cannot run this input (onnxruntime's PReLU on some
+                # shapes): the candidates are proven on it, as the daemon proves them on a frame
+                # its first choice fails.
+                log.info("%s; proving the candidates on this input", exc)
+                loaded = _proven_here(loaded, settings, config, model, kind, input_path, picture)
+                try:
+                    result = _run(
+                        config, model, loaded, kind, input_path, picture, defaults=defaults, raw=raw
+                    )
+                except BackendError as again:
+                    raise ModelError(f"{model.ref}: {again}") from None
         finally:
             loaded.session.close()
     result.pipeline = pipeline

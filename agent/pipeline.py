@@ -208,8 +208,14 @@ class Stage:
         self, feeds: Mapping[str, np.ndarray], offer: Callable[[Mapping[str, np.ndarray]], None] | None = None
     ) -> dict[str, np.ndarray]:
         """One run of the model; `offer` sees its inputs after the run (a switcher proving its decision
-        on real frames)."""
-        outputs = self.model.session.run(feeds)
+        on real frames), also when the run failed: a first choice that cannot run the model's real
+        inputs is just what the proof must replace."""
+        try:
+            outputs = self.model.session.run(feeds)
+        except Exception:
+            if offer is not None:
+                offer(feeds)
+            raise
         # Counted as the model returns, before its outputs are looked at: postprocessing may refuse
         # NaN (the frame then fails), and a NaN inference is one of the inferences all the same.
         self.stats.inferences += 1

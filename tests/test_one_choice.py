@@ -142,3 +142,50 @@ def test_inputs_that_do_not_match_the_graph_get_an_error_naming_its_inputs(
     assert done.returncode == 1
     [error] = json.loads(done.stdout)["errors"]
     assert "missing input 'X', 'Y', 'Z'" in error and "(the model's inputs: X, Y, Z)" in error, error
+
+
+def test_a_first_choice_that_cannot_run_the_input_is_proven_on_it(workspace: tuple[Path, Path, Path]) -> None:
+    """onnxruntime loads test_PReLU_1d_multiparam (upgraded) but fails to run it (a broadcast it does
+    not implement): a plain infer proves the candidates on the input and runs the one that is right,
+    instead of failing with the runtime's traceback."""
+    work, _config, _registry = workspace
+    model_dir = _model_dir("pytorch-converted/test_PReLU_1d_multiparam")
+    inputs, outputs = sweep.onnx_io_names(model_dir / "model.onnx")
+    npz = work / "prelu.npz"
+    npz.write_bytes(sweep.model_zoo_testdata(model_dir / "test_data_set_0", inputs, outputs))
+    done = edge_agent("infer", str(model_dir / "model.onnx"), str(npz), "--json", "--raw")
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["backend"] != ORT_CPU and result["proven"] is True, result
+    assert result["backend_choice"].startswith("benchmarked on this input: "), result
+    got = [sweep.from_raw(entry) for entry in result["raw_outputs"].values()]
+    assert sweep.within(got, sweep.expected_outputs(model_dir / "test_data_set_0")) == ""
+
+
+def test_a_frame_the_model_fails_on_is_still_offered_to_the_proof(cls_model_path: Path) -> None:
+    """A pipeline's first choice that fails on its frames never gets a frame through to the proof
+    that would replace it, unless a failed run offers its inputs too (agent/pipeline.py Stage.infer)."""
+    from agent.config import ClassificationPostprocess, ModelRef, PipelineConfig, VideoSourceConfig
+    from agent.pipeline import LoadedModel, Stage
+    from providers import BackendError
+    from providers.onnxruntime_backend import OnnxRuntimeBackend
+    from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, cls_artifact
+
+    session = OnnxRuntimeBackend().load(cls_artifact(cls_model_path))
+    config = PipelineConfig(
+        name="orientation",
+        model=ModelRef(name="pp-ocr-cls", version="2.0"),
+        source=VideoSourceConfig(type="video", uri="unused.mp4"),
+        preprocess=CLS_PREPROCESS,
+        postprocess=ClassificationPostprocess(type="classification", softmax=False, labels=CLS_LABELS),
+    )
+    stage = Stage(config, LoadedModel("pp-ocr-cls", "2.0", "ab" * 32, session))
+    offered: list[object] = []
+    good = stage.feeder.warm_up_feeds()
+    stage.infer(good, offer=offered.append)
+    # Five channels where its convolutions take three: the runtime refuses the run.
+    wrong = {name: np.zeros((1, 5, 48, 192), np.float32) for name in good}
+    with pytest.raises(BackendError, match="run failed"):
+        stage.infer(wrong, offer=offered.append)
+    assert offered == [good, wrong]
+    stage.close()
