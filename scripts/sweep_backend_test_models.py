@@ -244,8 +244,9 @@ def write_report(
         f"Written by `scripts/sweep_backend_test_models.py` on {time.strftime('%Y-%m-%d %H:%M')} "
         f"({', '.join(versions)}); {len(outcomes)} models in {elapsed / 60:.1f} min with {jobs} at once.",
         "Each model is published with its test_data_set_0, pulled, run with `edge-agent infer NAME@1 "
-        "inputs.npz --json` (nothing proven yet: what a first start serves), validated, explained and run "
-        f"again (the decision validation kept); outputs compared at rtol {RTOL:g} / atol {ATOL:g}, both times.",
+        "inputs.npz --json` (nothing proven yet: what a first start serves), validated, explained and "
+        "run again (the decision validation kept); outputs compared at "
+        f"rtol {RTOL:g} / atol {ATOL:g}, both times.",
         "",
         "| outcome | models |",
         "|---|---|",
