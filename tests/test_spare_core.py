@@ -153,7 +153,7 @@ def test_the_thread_count_is_kept_with_the_cached_decision_and_used_to_load(
     finally:
         session.close()
     switcher = DecisionSwitcher(cached, [artifact], policy)  # fallback and retries load the same way
-    fallback = switcher._load(0)
+    fallback = switcher._load_report(switcher.order[0])
     assert fallback is not None
     try:
         assert fallback._session.get_session_options().intra_op_num_threads == 3  # type: ignore[attr-defined]
