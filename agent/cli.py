@@ -1014,7 +1014,7 @@ def _say(console: Any, text: str) -> None:
 
 
 def _print_model_file(console: Any, m: dict[str, Any]) -> None:
-    from agent.model_info import format_shape
+    from agent.model_formats import format_shape
 
     _say(console, "")
     _say(console, f"{m['file']}: {m['format']}, {m['size']:,} bytes, sha256 {m['sha256'][:16]}")
@@ -1063,7 +1063,7 @@ def _print_model_file(console: Any, m: dict[str, Any]) -> None:
 
 
 def _print_test_set(console: Any, test: dict[str, Any]) -> None:
-    from agent.model_info import format_shape
+    from agent.model_formats import format_shape
 
     _say(console, "")
     tolerances = "".join(f", {key} {test[key]}" for key in ("rtol", "atol") if test[key] is not None)

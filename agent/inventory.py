@@ -86,7 +86,7 @@ def resolve_model(spec: str, store: ModelStore) -> ResolvedModel:
         artifact = ModelArtifact(path.resolve(), fmt, digest, name=path.name)
         # A file that is not what its name says: one clear error (ModelError), not a table of every
         # backend failing to read it with the runtimes' own parse errors on stderr.
-        from agent.model_info import format_details  # (model_info imports this module)
+        from agent.model_formats import format_details  # (imports onnx: only for a file)
 
         format_details(artifact, path.with_suffix(".bin") if fmt == "openvino-ir" else None)
         return ResolvedModel(str(path), [artifact], [])

@@ -40,8 +40,8 @@ from pydantic import ValidationError
 from agent.backend_choice import DecisionSwitcher, check_on_testdata, choose_and_load, make_prover
 from agent.clock import iso_utc
 from agent.config import REVEAL_SECRETS, AgentConfig, HealthWindowConfig, PipelineConfig
+from agent.desired_pipeline import DesiredPipeline
 from agent.errors import EdgeAgentError, RegistryError
-from agent.fleet.desired import DesiredPipeline
 from agent.fsutil import atomic_write_bytes
 from agent.model_hints import embedded_hints, with_model_hints
 from agent.pipeline import LoadedModel, Pipeline, ResultSink, Stage

@@ -192,7 +192,7 @@ def run_trial_isolated(request: TrialRequest, timeout_s: float) -> TrialResult:
 def _main(argv: list[str]) -> int:
     # Run as __main__, this file's classes would pickle as "__main__.TrialResult": use the
     # importable module's, which the parent can unpickle.
-    from providers import trial
+    import providers.trial as trial
 
     request: TrialRequest = pickle.loads(Path(argv[0]).read_bytes())
     Path(argv[1]).write_bytes(pickle.dumps(trial.run_trial(request)))

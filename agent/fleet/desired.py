@@ -29,6 +29,7 @@ from agent.config import (
     is_gst_pipeline,
 )
 from agent.config_loader import PathKey, validation_problems
+from agent.desired_pipeline import DesiredPipeline
 from agent.errors import DesiredStateError
 from agent.fleet import protocol
 from agent.fsutil import atomic_write_bytes
@@ -102,19 +103,6 @@ class DesiredDocument:
             return self.pipelines
         canary = protocol.in_canary(device_id, rollout.seed, rollout.canary_percent)
         return self.pipelines if canary else rollout.baseline
-
-
-@dataclass(frozen=True)
-class DesiredPipeline:
-    """A pipeline the device should run, with where it came from (reported state names both).
-    This is what `Supervisor.apply` takes."""
-
-    config: PipelineConfig
-    layer: str = "yaml"  # "yaml", or the document's layer
-    generation: int | None = None  # the document's generation; None for yaml
-    # The window a new version must pass before it is kept: the document's, else fleet.health;
-    # None for agent.yaml's pipelines (kept as soon as they run).
-    health: HealthWindowConfig | None = None
 
 
 # --- parsing --------------------------------------------------------------------------------------

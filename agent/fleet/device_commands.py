@@ -5,21 +5,47 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from agent import __version__
 from agent.backend_choice import DecisionStore
+from agent.config import AgentConfig
 from agent.errors import EdgeAgentError
 from agent.fleet.commands import CommandError, Handler, RecentLogs
+from agent.supervisor import Supervisor
 
-if TYPE_CHECKING:
-    from agent.daemon import Agent
+
+class _Stats(Protocol):
+    def stats(self) -> dict[str, Any]: ...
+
+
+class DeviceAgent(Protocol):
+    """What the commands need of the running agent (agent/daemon.py Agent): its settings, its
+    pipelines, its status and its links' counters."""
+
+    @property
+    def config(self) -> AgentConfig: ...
+
+    @property
+    def started_at(self) -> float: ...
+
+    @property
+    def supervisor(self) -> Supervisor: ...
+
+    @property
+    def mqtt(self) -> _Stats: ...
+
+    @property
+    def outbox(self) -> _Stats: ...
+
+    def status(self) -> dict[str, Any]: ...
+
 
 _MAX_BENCH_RUNS = 200
 _MAX_LOG_LINES = 1000
 
 
-def device_handlers(agent: Agent, logs: RecentLogs) -> dict[str, Handler]:
+def device_handlers(agent: DeviceAgent, logs: RecentLogs) -> dict[str, Handler]:
     def ping(_args: dict[str, Any]) -> dict[str, Any]:
         return {
             "pong": True,

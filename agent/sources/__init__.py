@@ -14,7 +14,8 @@ from agent.sources.frames import Frame, FrameQueue, LatestFrameSlot
 from agent.sources.replay import ReplaySource
 from agent.sources.sensors import BrokerLink, MqttSource, parse_values
 from agent.sources.serial import SerialSource
-from agent.sources.video import VideoSource, redact_uri, source_kind
+from agent.sources.uri import redact_uri
+from agent.sources.video import VideoSource, source_kind
 
 Source = VideoSource | AudioSource | MqttSource | ReplaySource | SerialSource
 Slot = LatestFrameSlot | FrameQueue

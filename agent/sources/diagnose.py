@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from agent.fsutil import group_name, user_name
-from agent.sources.video import redact_uri
+from agent.sources.uri import redact_uri
 
 
 def diagnose_open_failure(uri: str, kind: str) -> str | None:

@@ -9,11 +9,9 @@ never stalls on one dead camera.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
 
 import cv2
 
@@ -22,24 +20,13 @@ from agent.retry import backoff_delay
 from agent.sources.base import ThreadedSource
 from agent.sources.frames import Frame, LatestFrameSlot
 from agent.sources.gstreamer import GstLaunchCapture
+from agent.sources.uri import URL, redact_uri
 
 log = logging.getLogger(__name__)
 
-_URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
 # Bound how long OpenCV's FFmpeg backend may block opening or reading a network stream.
 _NETWORK_TIMEOUT_MS = 5000
-
-
-def redact_uri(uri: str) -> str:
-    """The URI with any password replaced, safe for logs, status and results."""
-    if not _URL.match(uri):
-        return uri
-    parts = urlsplit(uri)
-    if parts.password is None:
-        return uri
-    host = parts.netloc.rpartition("@")[2]  # as written: keeps [IPv6] brackets, never parses the port
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 
 class Capture(Protocol):
@@ -263,7 +250,7 @@ def source_kind(uri: str) -> str:
     """gstreamer, url, device, folder or file: what a video uri names."""
     if is_gst_pipeline(uri):
         return "gstreamer"
-    if _URL.match(uri):
+    if URL.match(uri):
         return "url"
     if uri.isdigit() or uri.startswith("/dev/video"):
         return "device"
