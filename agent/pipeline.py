@@ -54,7 +54,26 @@ class ResultSink(Protocol):
 
 
 class BackendSwitcher(Protocol):
-    """Supplies other sessions for the same model when the current backend keeps failing."""
+    """What a stage asks of its backend choice (agent/backend_choice.py DecisionSwitcher): the
+    decision it follows, other sessions for the same model when the current backend keeps failing,
+    and the proof on a frame of a decision no sample proved yet."""
+
+    @property
+    def decision(self) -> Decision:
+        """The decision the stage follows now (the proven one, once its session is swapped in)."""
+
+    @property
+    def wants_sample(self) -> bool:
+        """Whether a frame's inputs would start a proof (offer_sample)."""
+
+    def offer_sample(self, feeds: Mapping[str, np.ndarray], current: str) -> None:
+        """Prove the candidates on these inputs, in the background (`current`: what serves now)."""
+
+    def take_upgrade(self) -> Session | None:
+        """A session on the candidate a proof chose, once loaded (the worker swaps it in)."""
+
+    def join(self, timeout: float) -> None:
+        """Wait (at most `timeout`) for a proof in the background."""
 
     def fallback(self, failed: str) -> Session | None:
         """Demote `failed`; load and return the next candidate (None when there is none)."""
@@ -173,8 +192,7 @@ class Stage:
     def decision(self) -> Decision | None:
         """The decision this stage follows now: its switcher's latest (after a proof on a frame),
         else the one it was built with (None: a session given, not chosen)."""
-        latest: Decision | None = getattr(self.switcher, "decision", None)
-        return latest or self.model.decision
+        return self.switcher.decision if self.switcher is not None else self.model.decision
 
     def serving(self) -> dict[str, Any]:
         """What serves this stage now and why, read from the session it runs and the decision it
@@ -631,13 +649,11 @@ class Pipeline:
 
     def _offer_sample(self, feeds: Mapping[str, np.ndarray]) -> None:
         """Hand a frame's inputs to a switcher whose decision still needs proving (cheap otherwise)."""
-        offer = getattr(self.switcher, "offer_sample", None)
-        if offer is not None and getattr(self.switcher, "wants_sample", False):
-            offer(feeds, self.model.session.backend)
+        if self.switcher is not None and self.switcher.wants_sample:
+            self.switcher.offer_sample(feeds, self.model.session.backend)
 
     def _maybe_take_upgrade(self) -> None:
-        take = getattr(self.switcher, "take_upgrade", None)
-        session = take() if take is not None else None
+        session = self.switcher.take_upgrade() if self.switcher is not None else None
         if session is not None:
             self._swap(session, "a frame from the source proved it the best candidate")
 

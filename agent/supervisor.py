@@ -734,9 +734,8 @@ class Supervisor:
         for thread in builds:
             thread.join(max(0.0, build_deadline - time.monotonic()))
         for pipeline in running:  # the same for a backend being proven on a frame
-            join = getattr(pipeline.switcher, "join", None)
-            if join is not None:
-                join(max(0.0, build_deadline - time.monotonic()))
+            if pipeline.switcher is not None:
+                pipeline.switcher.join(max(0.0, build_deadline - time.monotonic()))
         for pipeline in running:
             pipeline.request_stop()
         deadline = time.monotonic() + timeout
