@@ -169,6 +169,37 @@ def hardware_notes(hardware: HardwareInfo) -> dict[str, str]:
     return notes
 
 
+def providers_report(
+    hardware: HardwareInfo | None = None, backends: Sequence[Backend] | None = None
+) -> dict[str, Any]:
+    """Hardware found and every backend with available/why, naming hardware left unused."""
+    hardware = hardware or detect_hardware()
+    notes = hardware_notes(hardware)
+    rows = []
+    for backend in backends if backends is not None else all_backends():
+        probe = backend.probe()
+        reason = probe.reason
+        if not probe.available and backend.name in notes:
+            reason = f"{notes[backend.name]}, but {reason}"
+        rows.append(
+            {
+                "backend": backend.name,
+                "available": probe.available,
+                "reason": reason,
+                "versions": dict(probe.versions),
+                "devices": list(probe.devices),
+            }
+        )
+    known = {row["backend"] for row in rows}
+    for name, found in notes.items():
+        if name not in known:
+            reason = f"{found}, but edge-agent has no {name} backend"
+            rows.append(
+                {"backend": name, "available": False, "reason": reason, "versions": {}, "devices": []}
+            )
+    return {"hardware": hardware.to_dict(), "backends": rows}
+
+
 def decision_key(
     artifacts: Sequence[ModelArtifact],
     testdata: Sequence[TestData],

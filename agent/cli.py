@@ -751,7 +751,7 @@ def _download_bar(enabled: bool) -> Iterator[Progress | None]:
 @app.command()
 def providers(as_json: JsonOption = False) -> None:
     """The hardware found and every backend: available or not, why, and versions."""
-    from agent.inventory import providers_report
+    from agent.backend_choice import providers_report
 
     report = providers_report()
     if as_json:

@@ -16,9 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.backend_choice import hardware_notes
 from agent.errors import EdgeAgentError, StoreError
-from agent.hardware import HardwareInfo, detect_hardware
 from agent.registry.file_registry import SUFFIX_FORMATS, version_sort_key
 from agent.store import ModelStore
 from agent.testdata import TestData, load_testdata
@@ -33,37 +31,6 @@ from providers import (
     run_trial_isolated,
 )
 from providers.select import feeds_problem, reference_session
-
-
-def providers_report(
-    hardware: HardwareInfo | None = None, backends: Sequence[Backend] | None = None
-) -> dict[str, Any]:
-    """Hardware found and every backend with available/why, naming hardware left unused."""
-    hardware = hardware or detect_hardware()
-    notes = hardware_notes(hardware)
-    rows = []
-    for backend in backends if backends is not None else all_backends():
-        probe = backend.probe()
-        reason = probe.reason
-        if not probe.available and backend.name in notes:
-            reason = f"{notes[backend.name]}, but {reason}"
-        rows.append(
-            {
-                "backend": backend.name,
-                "available": probe.available,
-                "reason": reason,
-                "versions": dict(probe.versions),
-                "devices": list(probe.devices),
-            }
-        )
-    known = {row["backend"] for row in rows}
-    for name, found in notes.items():
-        if name not in known:
-            reason = f"{found}, but edge-agent has no {name} backend"
-            rows.append(
-                {"backend": name, "available": False, "reason": reason, "versions": {}, "devices": []}
-            )
-    return {"hardware": hardware.to_dict(), "backends": rows}
 
 
 @dataclass(frozen=True)

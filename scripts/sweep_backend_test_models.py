@@ -233,7 +233,7 @@ def _ran_on(outcomes: list[Outcome]) -> dict[str, int]:
 def write_report(
     path: Path, outcomes: list[Outcome], counts: dict[str, int], elapsed: float, jobs: int
 ) -> None:
-    from agent.inventory import providers_report
+    from agent.backend_choice import providers_report
 
     versions = sorted(
         {f"{k} {v}" for row in providers_report()["backends"] for k, v in row["versions"].items()}

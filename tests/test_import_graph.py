@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("agent", "providers")
 # The operator's side: what only the `edge-agent` commands use.
 OPERATOR = ("agent.cli", "agent.cli_fleet", "agent.cli_options", "agent.cli_status", "agent.doctor",
-            "agent.explain", "agent.infer", "agent.model_info", "agent.fleet.controller")  # fmt: skip
+            "agent.explain", "agent.infer", "agent.inventory", "agent.model_info",
+            "agent.fleet.controller")  # fmt: skip
 
 
 def _modules() -> dict[str, Path]:

@@ -58,7 +58,7 @@ def device_handlers(agent: DeviceAgent, logs: RecentLogs) -> dict[str, Handler]:
         return agent.status()
 
     def diagnostics(_args: dict[str, Any]) -> dict[str, Any]:
-        from agent.inventory import providers_report  # probes every runtime: only when asked
+        from agent.backend_choice import providers_report  # probes every runtime: only when asked
 
         return {**providers_report(), "mqtt": agent.mqtt.stats(), "outbox": agent.outbox.stats()}
 
