@@ -305,7 +305,7 @@ def tcp_problem(host: str, port: int, timeout_s: float, keys: str, what: str) ->
 
 
 def _tls_context(tls: TlsConfig) -> ssl.SSLContext:
-    """The checks paho makes with mqtt.tls (agent/mqtt/connection.py use_credentials)."""
+    """The checks paho makes with mqtt.tls (agent/mqtt/client.py use_credentials)."""
     context = ssl.create_default_context(cafile=str(tls.ca_file) if tls.ca_file else None)
     if tls.cert_file is not None and tls.key_file is not None:
         context.load_cert_chain(str(tls.cert_file), str(tls.key_file))
@@ -361,7 +361,7 @@ def _mqtt_login(config: AgentConfig, timeout_s: float) -> Check:
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 
-    from agent.mqtt.connection import use_credentials
+    from agent.mqtt.client import use_credentials
 
     cfg = config.mqtt
     where = f"{cfg.host}:{cfg.port}"

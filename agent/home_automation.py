@@ -45,7 +45,7 @@ import numpy as np
 from agent import __version__
 from agent.config import AgentConfig, ClassificationPostprocess, DetectionPostprocess, PipelineConfig
 from agent.fsutil import atomic_write_bytes
-from agent.mqtt.connection import Message
+from agent.mqtt.message import Message
 from agent.mqtt.topics import ha_device_config_topic, ha_status_topic, state_topic, status_topic
 
 log = logging.getLogger(__name__)

@@ -43,7 +43,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from agent.config import MqttConfig, OutboxConfig
 from agent.fleet.acl import parse_home_assistant, parse_inventory, render_acl
 from agent.mqtt import MqttConnection, Outbox, results_topic
-from agent.mqtt.connection import Message
+from agent.mqtt.message import Message
 from agent.mqtt.router import Router
 from tests.mosquitto import Mosquitto
 from tests.pki import Pki, run_tool, tool

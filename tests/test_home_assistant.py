@@ -45,7 +45,7 @@ from agent.home_automation import (
     discovery_payload,
     identity_of,
 )
-from agent.mqtt.connection import Message
+from agent.mqtt.message import Message
 from tests.agent_process import StartAgent, read_status
 from tests.fleet_fixtures import GOOD, agent_config, pipeline_body, publish_fleet_versions
 from tests.ha_schema import check_device_discovery, entity_topics, unique_ids

@@ -15,7 +15,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from agent.mqtt.connection import Message
+from agent.mqtt.message import Message
 from agent.mqtt.router import Router
 from tests.mosquitto import Mosquitto
 from tests.test_mqtt_connection import DEVICE, ConnectionFactory

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agent.mqtt.connection import Message
+from agent.mqtt.message import Message
 from agent.mqtt.router import Router
 from tests.agent_process import StartAgent, read_status
 from tests.fleet_fixtures import GOOD, agent_config, pipeline_body, publish_fleet_versions

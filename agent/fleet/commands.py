@@ -25,7 +25,7 @@ from typing import Any
 
 from agent.config import CommandsConfig
 from agent.errors import EdgeAgentError
-from agent.mqtt.connection import Message
+from agent.mqtt.message import Message
 from agent.mqtt.router import Router
 
 log = logging.getLogger(__name__)

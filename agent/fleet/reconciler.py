@@ -32,7 +32,7 @@ from agent.fleet.desired import (
     layer_pipelines,
     parse_document,
 )
-from agent.mqtt.connection import Message
+from agent.mqtt.message import Message
 from agent.mqtt.router import Router
 from agent.mqtt.topics import desired_topic, group_desired_topic, reported_topic
 from agent.registry.signing import TrustPolicy

@@ -4,7 +4,8 @@ Results leave the box only through the `Outbox` (SQLite); `MqttConnection` publi
 and deletes a row on its PUBACK, so nothing is lost while the broker is away.
 """
 
-from agent.mqtt.connection import Handler, MqttConnection
+from agent.mqtt.connection import MqttConnection
+from agent.mqtt.message import Handler
 from agent.mqtt.outbox import Outbox, OutboxMessage
 from agent.mqtt.topics import (
     command_topic,

@@ -57,7 +57,8 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.config import MqttConfig
-from agent.errors import ConfigError
+from agent.mqtt.client import use_credentials
+from agent.mqtt.message import Handler, Message, MessageHandler, check_topic_filter
 from agent.mqtt.outbox import Outbox, OutboxFull, OutboxMessage
 from agent.mqtt.topics import status_topic
 
@@ -72,24 +73,6 @@ _RECONNECT_SPREAD_S = 3.0
 # Bytes of an MQTT PUBLISH besides topic and payload: fixed header, packet id, properties.
 _PACKET_OVERHEAD = 64
 
-Handler = Callable[[str, bytes], None]
-
-
-@dataclass(frozen=True)
-class Message:
-    """An incoming message with what MQTT 5 says about it (None/empty under MQTT 3.1.1)."""
-
-    topic: str
-    payload: bytes
-    retain: bool = False
-    response_topic: str | None = None  # request/response: where the requester waits for the answer
-    correlation_data: bytes | None = None  # ... and what it matches the answer by
-    user_properties: tuple[tuple[str, str], ...] = ()
-    content_type: str | None = None
-    expiry_s: int | None = None  # what is left of its message expiry interval
-
-
-MessageHandler = Callable[[Message], None]
 # the message, MQTT 5 subscription identifiers of the copy (None: match by filter)
 _Incoming = tuple[Message, frozenset[int] | None]
 
@@ -120,39 +103,8 @@ class _Subscription:
     whole: bool = False  # the handler takes the Message (with its properties), not (topic, payload)
 
 
-def check_topic_filter(topic_filter: str) -> None:
-    """ValueError unless `topic_filter` is a valid MQTT filter ('+' a whole level, '#' a whole last level)."""
-    if not isinstance(topic_filter, str) or not topic_filter or "\x00" in topic_filter:
-        raise ValueError(f"invalid MQTT topic filter {topic_filter!r}")
-    levels = topic_filter.split("/")
-    for i, level in enumerate(levels):
-        if ("+" in level and level != "+") or ("#" in level and (level != "#" or i != len(levels) - 1)):
-            raise ValueError(f"invalid MQTT topic filter {topic_filter!r}: bad wildcard in level {level!r}")
-
-
 def _reason_value(reason: ReasonCode | int) -> int:
     return reason.value if isinstance(reason, ReasonCode) else int(reason)
-
-
-def use_credentials(client: mqtt.Client, cfg: MqttConfig) -> None:
-    """The broker login and TLS of `mqtt:` on a paho client (the agent's, and its MQTT sensor sources').
-    mqtt.password_file is read here: ConfigError when it cannot be."""
-    if cfg.username is not None:
-        client.username_pw_set(cfg.username, cfg.login_password())
-    if cfg.tls is not None:
-        tls = cfg.tls
-        try:
-            client.tls_set(
-                ca_certs=str(tls.ca_file) if tls.ca_file else None,
-                certfile=str(tls.cert_file) if tls.cert_file else None,
-                keyfile=str(tls.key_file) if tls.key_file else None,
-            )
-        except (OSError, ValueError) as exc:
-            raise ConfigError(
-                [f"mqtt.tls: cannot load the TLS files: {exc}"],
-                hint="check mqtt.tls.ca_file, cert_file and key_file exist and are readable PEM files",
-            ) from exc
-        client.tls_insecure_set(tls.insecure)
 
 
 class MqttConnection:

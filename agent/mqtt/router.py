@@ -16,7 +16,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from agent.mqtt.connection import Message, MessageHandler, MqttConnection, check_topic_filter
+from agent.mqtt.connection import MqttConnection
+from agent.mqtt.message import Message, MessageHandler, check_topic_filter
 
 log = logging.getLogger(__name__)
 

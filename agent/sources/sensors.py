@@ -21,7 +21,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 
 from agent.config import MqttConfig, MqttSourceConfig
-from agent.mqtt.connection import use_credentials
+from agent.mqtt.client import use_credentials
 from agent.sources.base import SourceBase
 from agent.sources.frames import FrameQueue, Windower
 
