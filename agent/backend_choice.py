@@ -556,17 +556,8 @@ def _prove_now(
             choice.model,
             ", ".join(s.origin for s in samples),
         )
-        judge = pipeline_judge(config, pipeline, choice.artifacts, choice.box.backends)
         try:
-            decision = decide(
-                choice.artifacts,
-                choice.policy,
-                samples,
-                choice.box.backends,
-                hardware=hardware_notes(choice.box.hardware),
-                progress=progress,
-                judge=judge,
-            )
+            decision = _decide_on(config, pipeline, choice, samples, progress)
         except NoBackendError as exc:
             store.put_refusal(exc, pipeline.name, choice.model)
             raise
@@ -577,16 +568,18 @@ def load_choice(
     choice: Choice, who: str, progress: Progress | None = None, load: Loader | None = None
 ) -> tuple[Session, Choice]:
     """Load the choice in this process; where it fails, the next candidate of its order (the
-    decision's note says so). The reference taken at once (an unscreened choice) that cannot load
-    the model after all: every candidate is screened for another. NoBackendError when none can."""
+    returned choice's `load_failures` say which did not). The reference taken at once (an
+    unscreened choice) that cannot load the model after all: every candidate is screened for
+    another. NoBackendError when none can."""
     try:
         session, _used, failures = _load(choice, progress, load)
     except BackendError as exc:
         if choice.screened:
             raise
         log.info("%s: %s; screening every candidate", who, exc)
-        notes = hardware_notes(choice.box.hardware)
-        decision = decide(choice.artifacts, choice.policy, None, choice.box.backends, hardware=notes)
+        decision, _screened = first_start_decision(
+            choice.artifacts, choice.policy, choice.box, screen_all=True
+        )
         choice = replace(choice, decision=decision, screened=True)
         session, _used, failures = _load(choice, progress, load)
     for failure in failures:
@@ -667,19 +660,33 @@ def prove_on(
     backends = choice.box.backends
     samples = [*testdata_samples(testdata, choice.artifacts, backends), Sample(feeds, origin)]
     log.info("pipeline %s: proving the candidates for %s on %s", pipeline.name, choice.model, origin)
-    judge = pipeline_judge(config, pipeline, choice.artifacts, backends)
-    decision = decide(
-        choice.artifacts,
-        choice.policy,
-        samples,
-        backends,
-        hardware=hardware_notes(choice.box.hardware),
-        judge=judge,
-    )
+    decision = _decide_on(config, pipeline, choice, samples)
     if decision.checked and (cache or record) and owns_state_dir(config):
         store = DecisionStore(config.state_dir)
         store.put(choice.key, decision, pipeline.name if record else None, choice.model, cache=cache)
     return replace(choice, decision=decision, cached=False, screened=True)
+
+
+def _decide_on(
+    config: AgentConfig,
+    pipeline: PipelineConfig,
+    choice: Choice,
+    samples: Sequence[Sample],
+    progress: Progress | None = None,
+) -> Decision:
+    """`decide` among the choice's candidates under its policy, proven on `samples` and judged as
+    the pipeline reports (pipeline_judge)."""
+    judge = pipeline_judge(config, pipeline, choice.artifacts, choice.box.backends)
+    notes = hardware_notes(choice.box.hardware)
+    return decide(
+        choice.artifacts,
+        choice.policy,
+        samples,
+        choice.box.backends,
+        hardware=notes,
+        progress=progress,
+        judge=judge,
+    )
 
 
 def make_prover(

@@ -698,7 +698,7 @@ def check_backend_of(config: AgentConfig, pipeline: PipelineConfig) -> Check:
         if choice.cached
         else "not proven yet: what a first start serves until a frame proves the candidates"
     )
-    artifact = next((c.artifact for c in choice.decision.order() if c.backend == serving), choice.artifact)
+    artifact = choice.decision.artifact_on(serving) or choice.artifact
     detail = f"{ref}: {serving} loads {artifact} ({how})"
     if choice.load_failures:
         return Check(

@@ -12,7 +12,6 @@ The answer comes from where the truth is:
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -46,7 +45,8 @@ def explain(name: str, config: AgentConfig | None, config_path: Path, state_dir:
     pipelines = {p.name: p for p in config.pipelines} if config is not None else {}
     named = [p for p in pipelines.values() if name in (p.name, _spec(p), p.model.name)]
     if config is not None and named:
-        return [_prospective(_at(config, states), p, _spec(p), p.name) for p in named]
+        with _settings(config, states) as settings:
+            return [_prospective(settings, p, _spec(p), p.name) for p in named]
     recorded = [r for r in DecisionStore(states).all_pipelines() if _names(r, name)]
     if recorded:
         return recorded
@@ -93,21 +93,14 @@ def _live(state_dir: Path) -> list[Record] | None:
     return records if isinstance(records, list) else None
 
 
-def _at(config: AgentConfig, state_dir: Path) -> AgentConfig:
-    return config if config.state_dir == state_dir else config.model_copy(update={"state_dir": state_dir})
-
-
 @contextlib.contextmanager
 def _settings(config: AgentConfig | None, state_dir: Path | None) -> Iterator[AgentConfig]:
-    """The agent's settings at `state_dir`; the defaults in a scratch dir when there is neither."""
-    from agent.infer import settings_for
+    """The agent's settings at `state_dir` (else the config's); the defaults in a scratch dir when
+    there is neither."""
+    from agent.infer import settings_for, state_or_scratch
 
-    if config is not None or state_dir is not None:
-        states = state_dir or (config.state_dir if config is not None else Path("."))
+    with state_or_scratch(state_dir or (config.state_dir if config is not None else None)) as states:
         yield settings_for(config, states)
-        return
-    with tempfile.TemporaryDirectory(prefix="edge-agent-explain-") as scratch:
-        yield settings_for(None, Path(scratch))
 
 
 def _prospective(settings: AgentConfig, pipeline: PipelineConfig | None, spec: str, label: str) -> Record:

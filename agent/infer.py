@@ -369,7 +369,7 @@ def state_or_scratch(state_dir: Path | None) -> Iterator[Path]:
     if state_dir is not None:
         yield state_dir
         return
-    with tempfile.TemporaryDirectory(prefix="edge-agent-infer-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="edge-agent-state-") as scratch:
         yield Path(scratch)
 
 
@@ -481,9 +481,7 @@ def _load_forced(
 
 def _artifact_run(loaded: Loaded, backend: str) -> str:
     """The artifact the session runs: the decision's, or its fallback's when another backend loaded."""
-    decision = loaded.decision
-    used = next((c for c in decision.order() if c.backend == backend), None)
-    return used.artifact if used is not None and backend != decision.backend else decision.artifact
+    return loaded.decision.artifact_on(backend) or loaded.decision.artifact
 
 
 def _how(choice: Choice) -> str:

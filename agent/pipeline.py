@@ -202,14 +202,13 @@ class Stage:
         decision = self.decision()
         if decision is None:  # a session given, not chosen (tests, tools)
             return {"backend": session.backend, "precision": session.precision, "backend_why": None}
-        used = next((c for c in decision.order() if c.backend == session.backend), None)
         why = decision.explain()
         if session.backend != decision.backend:
             why = f"running on {session.backend}, the fallback of the decision: {why}"
         return {
             "backend": session.backend,
             "precision": session.precision,
-            "artifact": used.artifact if used is not None else None,
+            "artifact": decision.artifact_on(session.backend),
             "proven": decision.checked,
             "backend_why": why,
         }

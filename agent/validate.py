@@ -31,6 +31,7 @@ from providers.select import (
     judged_by,
     non_finite_reference,
     output_pairs,
+    published_non_finite_met,
     screen,
     trial_request,
 )
@@ -208,7 +209,7 @@ def _output_error(
     # tests), met only by the same value at the same place; a NaN or infinite output where a number
     # is expected (or the other way round) is infinitely off. An expected output with no finite
     # value proves nothing: never within.
-    same = ~ref_finite & ((np.isnan(out64) & np.isnan(ref64)) | (out64 == ref64))
+    same = published_non_finite_met(out64, ref64)
     both = out_finite & ref_finite
     with np.errstate(divide="ignore", invalid="ignore"):
         diff = np.where(both, np.abs(out64 - ref64), np.where(same, 0.0, np.inf))
