@@ -23,8 +23,6 @@ import sqlite3
 import stat
 import threading
 import time
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +30,17 @@ from agent import __version__
 from agent.clock import iso_utc
 from agent.config import AgentConfig
 from agent.control import ControlServer, socket_path
-from agent.errors import ConfigError, EdgeAgentError, ModelError
+from agent.errors import ConfigError, EdgeAgentError
 from agent.fleet.commands import CommandServer, RecentLogs
 from agent.fleet.device_commands import device_handlers
 from agent.fleet.reconciler import Reconciler, generation_outcomes
 from agent.fsutil import InstanceLock, atomic_write_bytes
 from agent.home_automation import HomeAutomation
-from agent.mqtt import MqttConnection, Outbox, OutboxMessage, results_topic, telemetry_topic
-from agent.mqtt.outbox import OutboxFull
+from agent.mqtt import MqttConnection, Outbox, telemetry_topic
 from agent.mqtt.router import Router
 from agent.processing.preprocess import keep_opencv_serial
 from agent.reload import LastGoodConfig, LoadedConfig, plan_reload, sha256_text, with_hot_settings
+from agent.results import ResultWriter, stamp_published_at
 from agent.sd_notify import notify, watchdog_interval_s
 from agent.self_update import RESTART_EXIT_CODE, Updater, releases_dir
 from agent.session_pool import SessionPool
@@ -56,80 +54,6 @@ log = logging.getLogger(__name__)
 
 _STATUS_FILE_EVERY_S = 5.0
 _STOP_PIPELINES_S = 10.0
-
-
-# Results are serialised with this placeholder; the publisher swaps in the real send time.
-# JSON escapes quotes inside strings, so these exact bytes can only be our key.
-_PUBLISHED_AT_PLACEHOLDER = b'"published_at":null'
-
-
-def stamp_published_at(message: OutboxMessage) -> bytes:
-    """The payload as sent: `published_at` set to now (results only; other messages unchanged)."""
-    stamp = b'"published_at":"' + iso_utc(time.time()).encode() + b'"'
-    return message.payload.replace(_PUBLISHED_AT_PLACEHOLDER, stamp, 1)
-
-
-# A published result's pipeline, its `output` and the capture time of its frame.
-ResultObserver = Callable[[str, dict[str, Any], float], None]
-
-
-class ResultWriter:
-    """The pipelines' sink: completes each result and writes it to the outbox."""
-
-    def __init__(
-        self,
-        config: AgentConfig,
-        outbox: Outbox,
-        on_written: Callable[[], None],
-        observer: ResultObserver | None = None,
-    ) -> None:
-        self.config = config
-        self.outbox = outbox
-        self.on_written = on_written
-        self.observer = observer  # sees every result handed to the outbox (the state topics)
-
-    def submit(self, pipeline: str, result: dict[str, Any]) -> None:
-        produced = time.time()
-        captured_at = result["captured_at"]
-        base = {
-            "id": str(uuid.uuid4()),
-            "device": self.config.device.id,
-            "pipeline": pipeline,
-        }
-        rest = {
-            "captured_at": iso_utc(result.pop("captured_at")),
-            "produced_at": iso_utc(produced),
-            "published_at": None,  # set when sent: see stamp_published_at
-            **result,
-        }
-        topic = results_topic(self.config.mqtt.topic_prefix, self.config.device.id, pipeline)
-        limit = self.config.mqtt.max_payload_bytes
-
-        def payload(seq: int) -> bytes:
-            # allow_nan=False: NaN is not JSON; a model emitting it fails the frame (counted), not the reader.
-            data = json.dumps({**base, "seq": seq, **rest}, separators=(",", ":"), allow_nan=False).encode()
-            if len(data) > limit:
-                raise ModelError(
-                    f"result of {len(data)} bytes is over mqtt.max_payload_bytes ({limit}); "
-                    "lower postprocess.max_values or raise the limit"
-                )
-            return data
-
-        try:
-            # The sequence number is taken in the transaction that stores the result: a gap is a loss.
-            self.outbox.put_numbered(topic, payload, qos=1, stream=f"results/{pipeline}")
-        except OutboxFull:
-            # when_full: drop-newest; counted per pipeline by the outbox (status, telemetry, log)
-            written = False
-        else:
-            written = True
-        if self.observer is not None:
-            try:
-                self.observer(pipeline, rest.get("output") or {}, captured_at)
-            except Exception:  # the state topics must never cost a result
-                log.exception("pipeline %s: the result observer failed", pipeline)
-        if written:
-            self.on_written()
 
 
 def hold_state_dir(state_dir: Path) -> InstanceLock:
@@ -280,7 +204,13 @@ class Agent:
             offline_payload=lambda: self._status_payload("offline"),
             prepare_payload=stamp_published_at,
         )
-        self.writer = ResultWriter(config, self.outbox, self.mqtt.notify_new_message)
+        self.writer = ResultWriter(
+            config.device.id,
+            config.mqtt.topic_prefix,
+            config.mqtt.max_payload_bytes,
+            self.outbox,
+            self.mqtt.notify_new_message,
+        )
         self.supervisor = Supervisor(
             config,
             self.store,
@@ -530,7 +460,7 @@ class Agent:
         self.config = config
         self.reconciler.config = config
         self.supervisor.config = config
-        self.writer.config = config
+        self.writer.configure(config.device.id, config.mqtt.topic_prefix, config.mqtt.max_payload_bytes)
         self.home.use_config(config)
         if "log_level" in settings and self.log_level_from_cli is None:
             logging.getLogger().setLevel(config.log_level.upper())

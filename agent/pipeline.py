@@ -2,10 +2,10 @@
 
 The source decodes in its own thread into a newest-frame slot. Three threads here overlap the rest,
 so that only inference sets the pace: one prepares frame N+1 (resize, normalise) while another runs
-the model on frame N and a third postprocesses frame N-1, applies the report rules and hands the
-result to a `ResultSink` (the daemon's outbox writer). Between them are one-place hand-overs, so a
-slow model still drops frames at the source instead of queueing them. A recurrent model (state
-links) prepares each frame on the inference thread, after the run before it.
+the model on frame N and a third postprocesses frame N-1, applies the report rules and hands its
+`Result` to a `ResultSink` (the daemon's: agent/results.py, to the outbox). Between them are
+one-place hand-overs, so a slow model still drops frames at the source instead of queueing them. A
+recurrent model (state links) prepares each frame on the inference thread, after the run before it.
 Pipelines know nothing about MQTT.
 
 The source outlives the stage: a new model version (or a changed pipeline) is built and warmed as a
@@ -31,6 +31,7 @@ from agent.clock import iso_utc
 from agent.config import HealthWindowConfig, PipelineConfig
 from agent.processing import Geometry, Postprocessor, Preprocessor, build_postprocessor
 from agent.processing.feed import Feeder, ImageFeeder, build_feeder
+from agent.results import Result
 from agent.rules import ReportRules
 from agent.sources import Frame, Slot, Source, open_source
 from providers import BackendError, Decision, Session
@@ -50,7 +51,9 @@ _DEFAULT_HEALTH = HealthWindowConfig()
 
 
 class ResultSink(Protocol):
-    def submit(self, pipeline: str, result: dict[str, Any]) -> None: ...
+    """Where a pipeline's results go (the daemon's: agent/results.py ResultWriter, to the outbox)."""
+
+    def submit(self, result: Result) -> None: ...
 
 
 class BackendSwitcher(Protocol):
@@ -701,18 +704,19 @@ class Pipeline:
                 return
             held_back = stage.rules.take_held_count()
         model = stage.model
-        result = {
-            "captured_at": frame.captured_at,
-            "model": {"name": model.name, "version": model.version, "sha256": model.sha256},
-            "backend": item.backend,
-            "precision": item.precision,
-            "latency_ms": {
+        result = Result(
+            pipeline=self.name,
+            captured_at=frame.captured_at,
+            model={"name": model.name, "version": model.version, "sha256": model.sha256},
+            backend=item.backend,
+            precision=item.precision,
+            latency_ms={
                 "preprocess": round(job.preprocess_ms, 3),
                 "inference": round(inference_ms, 3),
                 "postprocess": round(postprocess_ms, 3),
                 "capture_to_result": round(capture_to_result_ms, 3),
             },
-            "source": {
+            source={
                 "uri": self.source.display_uri,
                 "frame": frame.index,
                 "position_s": None if frame.position_s is None else round(frame.position_s, 3),
@@ -720,11 +724,11 @@ class Pipeline:
                 "outages": self.source.outages,
                 "last_outage_s": self.source.last_outage_s,
             },
-            "output": output,
-            "held_back": held_back,
-        }
+            output=output,
+            held_back=held_back,
+        )
         try:
-            self.sink.submit(self.name, result)
+            self.sink.submit(result)
         except Exception as exc:  # e.g. the outbox's disk is full: count it, keep the pipeline alive
             self._failed(frame, "cannot store the result", exc, stage)
             return

@@ -53,11 +53,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agent.config import AgentConfig, PipelineConfig  # noqa: E402
-from agent.daemon import ResultWriter  # noqa: E402
 from agent.mqtt.outbox import Outbox  # noqa: E402
 from agent.pipeline import LoadedModel, Pipeline, Stage  # noqa: E402
 from agent.processing.judge import report_judge  # noqa: E402
 from agent.processing.preprocess import keep_opencv_serial  # noqa: E402
+from agent.results import ResultWriter  # noqa: E402
 from agent.sources import Frame  # noqa: E402
 from providers import ModelArtifact, SelectionPolicy, Session, decide, get_backend  # noqa: E402
 from providers.select import serving_options  # noqa: E402
@@ -305,9 +305,10 @@ class Bench:
     def _writer(self, name: str) -> tuple[ResultWriter, Outbox]:
         state = self.work / f"state-{name}-{time.monotonic_ns()}"
         state.mkdir()
-        config = AgentConfig.model_validate({"device": {"id": "bench"}, "state_dir": str(state)})
+        mqtt = AgentConfig.model_validate({"device": {"id": "bench"}, "state_dir": str(state)}).mqtt
         outbox = Outbox(state / "outbox.sqlite")
-        return ResultWriter(config, outbox, on_written=lambda: None), outbox
+        writer = ResultWriter("bench", mqtt.topic_prefix, mqtt.max_payload_bytes, outbox, lambda: None)
+        return writer, outbox
 
     def pipeline(self, fps: float | None = None, video: bool = False, swap_at: float | None = None) -> Run:
         writer, outbox = self._writer("pipeline")

@@ -25,6 +25,7 @@ import pytest
 from skimage import data as skimage_data
 
 from agent.config import PreprocessConfig, ResizeConfig
+from agent.results import Result
 from providers import BackendError, ModelArtifact, Session, TensorSpec
 
 SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "scripts"
@@ -91,9 +92,9 @@ class ListSink:
         self.results: list[tuple[str, dict[str, Any]]] = []
         self._lock = threading.Lock()
 
-    def submit(self, pipeline: str, result: dict[str, Any]) -> None:
+    def submit(self, result: Result) -> None:
         with self._lock:
-            self.results.append((pipeline, result))
+            self.results.append((result.pipeline, {"captured_at": result.captured_at, **result.fields()}))
 
     def count(self) -> int:
         with self._lock:

@@ -20,6 +20,7 @@ from agent import pipeline as pipeline_module
 from agent.backend_choice import DecisionSwitcher
 from agent.config import ClassificationPostprocess, ModelRef, PipelineConfig, VideoSourceConfig
 from agent.pipeline import LoadedModel, Pipeline
+from agent.results import Result
 from providers import (
     CandidateReport,
     Decision,
@@ -39,9 +40,9 @@ class Sink:
         self.results: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
-    def submit(self, pipeline: str, result: dict[str, Any]) -> None:
+    def submit(self, result: Result) -> None:
         with self.lock:
-            self.results.append(result)
+            self.results.append(result.fields())
 
     def backends(self) -> list[str]:
         with self.lock:

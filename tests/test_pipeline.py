@@ -14,6 +14,7 @@ import pytest
 
 from agent.config import ClassificationPostprocess, ModelRef, PipelineConfig, VideoSourceConfig
 from agent.pipeline import LoadedModel, Pipeline
+from agent.results import Result
 from providers import Session
 from providers.onnxruntime_backend import OnnxRuntimeBackend
 from tests.media_fixtures import (
@@ -172,11 +173,11 @@ class FailingSink(ListSink):
         super().__init__()
         self.calls = 0
 
-    def submit(self, pipeline: str, result: dict[str, Any]) -> None:
+    def submit(self, result: Result) -> None:
         self.calls += 1
         if self.calls % 2 == 0:
             raise OSError(28, "No space left on device")
-        super().submit(pipeline, result)
+        super().submit(result)
 
 
 def test_pipeline_counts_sink_failures_and_keeps_going(
@@ -312,12 +313,12 @@ class HandshakeSink(ListSink):
         self.session = session
         self.overlapped: list[bool] = []
 
-    def submit(self, pipeline: str, result: dict[str, Any]) -> None:
+    def submit(self, result: Result) -> None:
         runs_before = self.session.calls
         self.overlapped.append(
             wait_until(lambda: self.session.calls > runs_before or len(self.overlapped) >= 5, timeout=5)
         )
-        super().submit(pipeline, result)
+        super().submit(result)
 
 
 def test_preparing_inference_and_reporting_overlap_on_three_frames(
@@ -362,10 +363,10 @@ class HeldSink(ListSink):
         super().__init__()
         self.holding, self.let_go = threading.Event(), threading.Event()
 
-    def submit(self, pipeline: str, result: dict[str, Any]) -> None:
+    def submit(self, result: Result) -> None:
         self.holding.set()
         assert self.let_go.wait(timeout=60)
-        super().submit(pipeline, result)
+        super().submit(result)
 
 
 def test_frames_waiting_for_their_result_hold_no_pixels_or_model_inputs(

@@ -1,17 +1,18 @@
-"""The daemon's ResultWriter: what a result message looks like on its way into the outbox."""
+"""agent/results.py ResultWriter: what a result message looks like on its way into the outbox."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.config import AgentConfig
 from agent.config_loader import parse_config
-from agent.daemon import ResultWriter, stamp_published_at
 from agent.errors import ConfigError, ModelError
 from agent.mqtt import Outbox
+from agent.results import Result, ResultWriter, stamp_published_at
 
 
 def _writer(tmp_path: Path, max_payload_bytes: int = 262_144) -> tuple[ResultWriter, Outbox, list[int]]:
@@ -24,18 +25,32 @@ def _writer(tmp_path: Path, max_payload_bytes: int = 262_144) -> tuple[ResultWri
     )
     outbox = Outbox(tmp_path / "outbox.sqlite")
     written: list[int] = []
-    return ResultWriter(config, outbox, lambda: written.append(1)), outbox, written
+    mqtt = config.mqtt
+    writer = ResultWriter(
+        config.device.id, mqtt.topic_prefix, mqtt.max_payload_bytes, outbox, lambda: written.append(1)
+    )
+    return writer, outbox, written
 
 
-def _result(**extra: object) -> dict[str, object]:
-    return {"captured_at": 1_763_800_000.25, "output": {"top": []}, **extra}
+def _result(pipeline: str, output: dict[str, Any] | None = None) -> Result:
+    return Result(
+        pipeline=pipeline,
+        captured_at=1_763_800_000.25,
+        model={"name": "m", "version": "1", "sha256": "0" * 64},
+        backend="onnxruntime:CPUExecutionProvider",
+        precision="fp32",
+        latency_ms={"inference": 1.0},
+        source={"uri": "file:clip.mp4", "frame": 1},
+        output={"top": []} if output is None else output,
+        held_back=0,
+    )
 
 
 def test_results_get_id_seq_and_times_and_published_at_is_stamped_at_send(tmp_path: Path) -> None:
     writer, outbox, written = _writer(tmp_path)
-    writer.submit("door", _result())
-    writer.submit("door", _result())
-    writer.submit("yard", _result())
+    writer.submit(_result("door"))
+    writer.submit(_result("door"))
+    writer.submit(_result("yard"))
     rows = outbox.peek(10)
     assert [r.topic for r in rows] == ["edge/box-7/results/door"] * 2 + ["edge/box-7/results/yard"]
     stored = [json.loads(r.payload) for r in rows]
@@ -54,7 +69,7 @@ def test_results_get_id_seq_and_times_and_published_at_is_stamped_at_send(tmp_pa
 
 def test_a_label_that_looks_like_the_placeholder_is_left_alone(tmp_path: Path) -> None:
     writer, outbox, _ = _writer(tmp_path)
-    writer.submit("door", _result(output={"top": [{"label": '"published_at":null'}]}))
+    writer.submit(_result("door", output={"top": [{"label": '"published_at":null'}]}))
     sent = json.loads(stamp_published_at(outbox.peek(1)[0]))
     assert sent["output"]["top"][0]["label"] == '"published_at":null'
     assert sent["published_at"] is not None
@@ -66,7 +81,7 @@ def test_a_result_over_max_payload_bytes_is_refused_before_the_outbox(tmp_path: 
     with pytest.raises(
         ModelError, match=r"over mqtt.max_payload_bytes \(1024\); lower postprocess.max_values"
     ):
-        writer.submit("raw", _result(output={"values": list(range(1000))}))
+        writer.submit(_result("raw", output={"values": list(range(1000))}))
     assert outbox.pending() == 0 and written == []
     outbox.close()
 
@@ -74,7 +89,7 @@ def test_a_result_over_max_payload_bytes_is_refused_before_the_outbox(tmp_path: 
 def test_nan_never_reaches_the_outbox(tmp_path: Path) -> None:
     writer, outbox, _ = _writer(tmp_path)
     with pytest.raises(ValueError, match="not JSON compliant"):
-        writer.submit("raw", _result(output={"score": float("nan")}))
+        writer.submit(_result("raw", output={"score": float("nan")}))
     assert outbox.pending() == 0
     outbox.close()
 
