@@ -429,8 +429,8 @@ def test_handlers_run_off_the_network_thread_and_failures_are_contained(
 
 def _puback(conn: MqttConnection, mid: int, reason: ReasonCode) -> None:
     """A PUBACK as paho's network thread hands it over; the publisher thread's handling of it."""
-    conn._events.put(("ack", mid, reason))
-    conn._drain_events()
+    conn.publisher._events.put(("ack", mid, reason))
+    conn.publisher._drain_events()
 
 
 def test_puback_refusals_retry_transient_and_drop_permanent(tmp_path: Path) -> None:
@@ -441,20 +441,20 @@ def test_puback_refusals_retry_transient_and_drop_permanent(tmp_path: Path) -> N
     )
     row = outbox.put("edge/dev1/results/p", b"{}")
 
-    conn._inflight[7] = (row, 1)
-    conn._inflight_rows.add(row)
+    conn.publisher._inflight[7] = (row, 1)
+    conn.publisher._inflight_rows.add(row)
     _puback(conn, 7, ReasonCode(PacketTypes.PUBACK, identifier=0x97))  # quota exceeded: transient
-    assert len(outbox) == 1 and row not in conn._inflight_rows
-    not_before, delay = conn._retry[row]
+    assert len(outbox) == 1 and row not in conn.publisher._inflight_rows
+    not_before, delay = conn.publisher._retry[row]
     assert delay == 1.0 and not_before > time.monotonic()
 
-    conn._inflight[8] = (row, 1)
+    conn.publisher._inflight[8] = (row, 1)
     _puback(conn, 8, ReasonCode(PacketTypes.PUBACK, identifier=0x97))
-    assert conn._retry[row][1] == 2.0  # backoff doubles
+    assert conn.publisher._retry[row][1] == 2.0  # backoff doubles
 
-    conn._inflight[9] = (row, 1)
+    conn.publisher._inflight[9] = (row, 1)
     _puback(conn, 9, ReasonCode(PacketTypes.PUBACK, identifier=0x90))  # topic name invalid: never works
-    assert len(outbox) == 0 and row not in conn._retry
+    assert len(outbox) == 0 and row not in conn.publisher._retry
     assert conn.stats()["rejected"] == 1 and "0x90" in conn.stats()["last_error"]
 
     _puback(conn, 10, ReasonCode(PacketTypes.PUBACK, identifier=0))  # unknown mid: ignored
@@ -597,8 +597,8 @@ def test_results_sent_again_never_wait_for_room_in_a_full_outbox(
         for i in range(100):
             outbox.put(topic, json.dumps({"id": f"q{i}"}).encode())
         for message in outbox.peek(3):
-            conn._remember_delivered(message)
-        resend = threading.Thread(target=conn._resend_recent)
+            conn.publisher._remember_delivered(message)
+        resend = threading.Thread(target=conn.publisher._resend_recent)
         resend.start()
         resend.join(10)
         assert not resend.is_alive(), "sending again waited for room"

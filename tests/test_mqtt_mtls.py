@@ -55,9 +55,9 @@ def _warnings(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
 
 def _stops_cleanly(conn: MqttConnection) -> None:
     # Still running while refused (it did not crash), then gone on stop.
-    assert conn._publisher.is_alive() and conn._dispatcher.is_alive()
+    assert conn.publisher.is_alive() and conn.subscriptions.is_alive()
     conn.stop()
-    assert not conn._publisher.is_alive() and not conn._dispatcher.is_alive()
+    assert not conn.publisher.is_alive() and not conn.subscriptions.is_alive()
 
 
 def test_a_client_certificate_from_an_untrusted_ca_is_refused_and_the_results_wait(

@@ -337,7 +337,7 @@ def test_tls_with_the_wrong_ca_never_connects_and_keeps_the_results(
     bad.stop()
     # Cleanly: its threads are gone (one stuck would outlive stop's 5 s joins), and it did not hang on
     # the reconnect loop (15 s: generous for a busy machine, where a clean stop takes well under 1 s).
-    assert not bad._publisher.is_alive() and not bad._dispatcher.is_alive()
+    assert not bad.publisher.is_alive() and not bad.subscriptions.is_alive()
     assert time.monotonic() - started < 15.0
     assert watcher.statuses() == [] and watcher.result_ids() == []
     no_tracebacks(caplog)
