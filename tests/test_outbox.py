@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.mqtt.outbox import Outbox, OutboxLocked
+from agent.mqtt.outbox import Outbox
+from agent.mqtt.outbox_file import OutboxLocked
 
 
 def test_put_peek_ack_in_order(tmp_path: Path) -> None:

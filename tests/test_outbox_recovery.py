@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 from agent.mqtt import outbox as outbox_module
-from agent.mqtt.outbox import Outbox, OutboxLocked
+from agent.mqtt.outbox import Outbox
+from agent.mqtt.outbox_file import OutboxLocked
 from tests.agent_process import EDGE_AGENT, StartAgent, read_status
 from tests.mosquitto import Mosquitto
 from tests.mqtt_fixtures import SubscriberFactory
