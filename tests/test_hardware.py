@@ -726,7 +726,7 @@ def test_permission_error_on_one_file(monkeypatch: pytest.MonkeyPatch) -> None:
             raise PermissionError(13, "Permission denied", str(path))
         return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(hardware.os, "open", refusing_open)
+    monkeypatch.setattr(hardware.files.os, "open", refusing_open)
     gpu = only(detect_hardware(root=H100), NVIDIA_GPU)
     assert gpu.model == "NVIDIA GPU (PCI 10de:2330)"
     assert gpu.driver_version == "580.159.04"

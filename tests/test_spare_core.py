@@ -19,7 +19,7 @@ import pytest
 from agent.backend_choice import DecisionSwitcher, policy_for
 from agent.config import AgentConfig
 from providers import Decision, SelectionPolicy, Session, decide, get_backend, load_decided
-from providers import select as select_module
+from providers.select import policy as select_module
 from providers.select import serving_options, spare_core_variant
 from providers.trial import TrialRequest, TrialResult, _timed, run_trial
 from tests import test_select

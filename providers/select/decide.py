@@ -1,0 +1,315 @@
+"""The decision: the top candidates proven in trials against a reference on a real sample, the
+fastest correct one chosen (with one core fewer where that costs nothing)."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from providers.base import Backend, ModelArtifact
+from providers.registry import all_backends
+from providers.select.candidates import _report, screen
+from providers.select.compare import compare_outputs, judged_by, reference_problem, what_would_pass
+from providers.select.policy import (
+    FULL_PRECISION_REFERENCES,
+    REFERENCE_BACKENDS,
+    SPARE_CORE_MAX_MS,
+    SPARE_CORE_SLOWDOWN,
+    Progress,
+    Sample,
+    Samples,
+    SelectionPolicy,
+    as_samples,
+    spare_core_variant,
+)
+from providers.select.reports import CandidateReport, Decision, NoBackendError
+from providers.trial import TrialRequest, TrialResult, run_trial_isolated
+
+log = logging.getLogger(__package__)  # the package's logger, as before it was split
+
+
+Trial = Callable[[TrialRequest, float], TrialResult]
+# (candidate outputs, reference outputs) -> (largest difference, "" or what differs in the reports),
+# or None when the reference makes no report (then the tensors are compared)
+ReportJudge = Callable[[Mapping[str, np.ndarray], Mapping[str, np.ndarray]], tuple[float | None, str] | None]
+
+
+def trial_request(
+    backend: str, artifact: ModelArtifact, sample: Sample, policy: SelectionPolicy
+) -> TrialRequest:
+    """How a candidate is tried on a sample under `policy` (validation asks for the same trials)."""
+    return TrialRequest(
+        backend,
+        artifact,
+        sample.feeds,
+        policy.options_for(backend),
+        warmup=policy.warmup,
+        runs=policy.runs,
+        min_time_s=policy.min_time_s,
+        budget_s=policy.budget_s,
+        variant=spare_core_variant(backend, policy),
+    )
+
+
+def decide(
+    artifacts: Sequence[ModelArtifact],
+    policy: SelectionPolicy,
+    samples: Samples,
+    backends: Sequence[Backend] | None = None,
+    trial: Trial = run_trial_isolated,
+    hardware: Mapping[str, str] | None = None,
+    progress: Progress | None = None,
+    judge: ReportJudge | None = None,
+) -> Decision:
+    """Choose a backend. With samples and benchmarking on, the top candidates are proven.
+
+    `judge` compares a candidate's outputs with the reference's as the pipeline would report them
+    (agent/processing/judge.py); without one, or against test data that declares its tolerances
+    (the publisher's own contract), outputs are compared as tensors.
+
+    Each candidate is proven on the first sample that fits its artifact; a candidate no sample
+    fits is not tried. `progress` hears of each trial before it starts (a trial includes building
+    the candidate's compiled engine, which can take minutes). Raises NoBackendError (every
+    candidate's reason) when nothing can run the model.
+    """
+    say = progress or (lambda _text: None)
+    backends = list(backends if backends is not None else all_backends())
+    inputs = as_samples(samples)
+    ranked, rejected = screen(artifacts, policy, backends, hardware)
+    if not ranked:
+        raise NoBackendError(rejected)
+    reports = [_report(b.name, a, "untried") for b, a in ranked]
+    for i, report in enumerate(reports):
+        report.rank = i + 1
+    # The explanation names what this box has hardware for (and what it lacks) before the fallbacks.
+    found = [r for r in rejected if r.backend in (hardware or {})]
+    others = [r for r in rejected if r.backend not in (hardware or {})]
+    sample_of = [next((s for s, x in enumerate(inputs) if x.fits_artifact(a)), None) for _, a in ranked]
+    triable = [i for i in range(len(ranked)) if sample_of[i] is not None]
+    if not policy.benchmark or not triable:
+        pick = 0
+        if not policy.benchmark:
+            note = "benchmark off"
+        else:
+            # Nothing to prove a faster guess on: serve on the full-precision CPU reference until a
+            # sample proves another candidate (never a reduced-precision guess that may be wrong).
+            missing = "no sample input fits any artifact" if inputs else "no sample input"
+            pick = next(
+                (
+                    i
+                    for name in FULL_PRECISION_REFERENCES
+                    for i, (b, _a) in enumerate(ranked)
+                    if b.name == name
+                ),
+                0,
+            )
+            verdict = (
+                "serving on the full-precision reference"
+                if ranked[pick][0].name in FULL_PRECISION_REFERENCES
+                else "by rank"
+            )
+            note = f"outputs not checked: {missing}; {verdict} until a sample proves a candidate"
+        reports[pick].verdict = "chosen"
+        return Decision(
+            ranked[pick][0].name,
+            ranked[pick][1].sha256,
+            ranked[pick][1].label,
+            None,
+            found + reports + others,
+            note=note,
+        )
+    for i in range(len(ranked)):
+        if sample_of[i] is None:
+            reports[i].reason = "not tried: no test input fits this artifact"
+
+    results: dict[int, TrialResult] = {}
+
+    def run(i: int) -> None:
+        backend, artifact = ranked[i]
+        say(f"trial {len(results) + 1}: {backend.name} on {artifact.label} (load, compile, time, check)")
+        results[i] = trial(
+            trial_request(backend.name, artifact, inputs[sample_of[i] or 0], policy), policy.timeout_s
+        )
+
+    # Per sample: what the reference is, its outputs, and "" or why they are no reference (NaN).
+    references: dict[int, tuple[str | None, Mapping[str, np.ndarray] | None, str]] = {}
+
+    def reference_for(s: int) -> tuple[str | None, Mapping[str, np.ndarray] | None, str]:
+        if s not in references:
+            tried = {ranked[i][0].name: results[i] for i in results if sample_of[i] == s}
+            name, outputs = _reference(inputs[s], tried, policy, trial, artifacts, backends, say)
+            problem = reference_problem(name, outputs, inputs[s]) if name and outputs is not None else ""
+            references[s] = (name, outputs, problem)
+        return references[s]
+
+    wrong_backends: set[str] = set()  # computed wrong outputs on this model
+
+    def accept(i: int) -> bool:
+        report, result = reports[i], results[i]
+        if not result.ok:
+            report.verdict, report.reason = "rejected", result.error
+            return False
+        report.precision = result.precision
+        report.median_ms, report.p90_ms = result.median_ms, result.percentile(90)
+        _take_spare_core(report, result, policy)
+        report.peak_rss_mb = round(result.peak_rss_mb, 1)
+        _name, reference, unusable = reference_for(sample_of[i] or 0)
+        if reference is None:
+            report.verdict = "passed"
+            return True
+        if unusable:  # not finite: a candidate matching it would be checked against nothing
+            report.verdict, report.reason = "rejected", unusable
+            return False
+        sample = inputs[sample_of[i] or 0]
+        rules = judged_by(sample, policy)
+        # Judged on the reports unless the sample declares tensor tolerances (or makes no report).
+        verdict = judge(result.outputs, reference) if judge is not None and rules is policy else None
+        by_report = verdict is not None
+        diff, problem = (
+            verdict
+            if verdict is not None
+            else compare_outputs(result.outputs, reference, rules, computed=not sample.expected)
+        )
+        report.max_abs_diff = diff
+        if problem:
+            report.verdict, report.reason = "rejected", problem
+            report.unlock = what_would_pass(report.backend, result, reference, rules, tolerance=not by_report)
+            wrong_backends.add(report.backend)
+            return False
+        report.verdict = "passed"
+        return True
+
+    first = triable[: policy.max_trials]
+    for i in first:
+        run(i)
+    passed = [i for i in first if accept(i)]
+    # None of the top candidates is right: keep going down the ranking until one is.
+    for i in triable[len(first) :]:
+        if passed:
+            break
+        unusable = references.get(sample_of[i] or 0, (None, None, ""))[2]
+        if unusable:  # its sample has no reference to prove it against: not worth a trial
+            reports[i].verdict, reports[i].reason = "rejected", unusable
+            continue
+        run(i)
+        if accept(i):
+            passed.append(i)
+    if not passed:
+        raise NoBackendError([r for r in reports if r.verdict == "rejected"] + rejected)
+    # A backend shown wrong on this model is no fallback, not even on another artifact.
+    for report in reports:
+        if report.verdict == "untried" and report.backend in wrong_backends:
+            report.verdict = "rejected"
+            report.reason = "not tried: this backend computed wrong outputs on another artifact of this model"
+    best = _fastest(passed, ranked, reports)
+    reports[best].verdict = "chosen"
+    backend, artifact = ranked[best]
+    sample = sample_of[best] or 0
+    reference_name, reference, _unusable = reference_for(sample)
+    return Decision(
+        backend.name,
+        artifact.sha256,
+        artifact.label,
+        reports[best].precision,
+        found + reports + others,
+        reference=reference_name,
+        checked=reference is not None,
+        inputs=inputs[sample].origin,
+    )
+
+
+# Candidates this close to the fastest count as equally fast: one short trial each cannot tell them
+# apart on a busy box, so the better-ranked one is taken (fewer flip-flops between restarts).
+TIE_MARGIN = 0.05
+
+
+def _take_spare_core(report: CandidateReport, result: TrialResult, policy: SelectionPolicy) -> None:
+    """Run the candidate with one core fewer when its trial timed that at most SPARE_CORE_SLOWDOWN
+    slower than on the runtime's default threads (for a small model, often faster); its median and
+    p90 are then those with one core fewer."""
+    variant = spare_core_variant(report.backend, policy)
+    if not variant or not result.variant_ms or result.median_ms is None:
+        if result.variant_error:
+            log.debug("%s: one core fewer was not timed: %s", report.backend, result.variant_error)
+        return
+    # Compared on the faster tenth of each's runs (timed in turn): a neighbour stealing a core for a
+    # moment slows two threads more than one, and must not cost a large model half its speed for good.
+    fast, fast_fewer = result.percentile(10), result.percentile(10, result.variant_ms)
+    if fast is None or fast_fewer is None or fast >= SPARE_CORE_MAX_MS:
+        return
+    if fast_fewer > SPARE_CORE_SLOWDOWN * fast:
+        return
+    fewer = statistics.median(result.variant_ms)
+    report.threads = next(iter(variant.values()))
+    report.default_threads_ms = result.median_ms
+    report.median_ms, report.p90_ms = fewer, result.percentile(90, result.variant_ms)
+
+
+def _fastest(
+    passed: list[int], ranked: list[tuple[Backend, ModelArtifact]], reports: list[CandidateReport]
+) -> int:
+    """The fastest correct candidate: native formats first (a .tflite model goes to LiteRT when it
+    works), near-ties to the better rank."""
+
+    def foreign(i: int) -> bool:
+        return not ranked[i][0].is_native(ranked[i][1].format)
+
+    tier = min(foreign(i) for i in passed)
+    pool = [i for i in passed if foreign(i) == tier]
+    fastest = min(reports[i].median_ms or float("inf") for i in pool)
+    return min(i for i in pool if (reports[i].median_ms or float("inf")) <= fastest * (1 + TIE_MARGIN))
+
+
+def _reference(
+    sample: Sample,
+    tried: Mapping[str, TrialResult],
+    policy: SelectionPolicy,
+    trial: Trial,
+    artifacts: Sequence[ModelArtifact],
+    backends: Sequence[Backend],
+    say: Progress,
+) -> tuple[str | None, Mapping[str, np.ndarray] | None]:
+    """(what the reference is, its outputs) for one sample, or (None, None) when none can be had.
+
+    The outputs shipped with the test data come first, else `computed_reference`.
+    """
+    if sample.expected:
+        return f"the expected outputs in {sample.origin}", sample.expected
+    return computed_reference(sample, policy, trial, artifacts, backends, tried, say)
+
+
+def computed_reference(
+    sample: Sample,
+    policy: SelectionPolicy,
+    trial: Trial,
+    artifacts: Sequence[ModelArtifact],
+    backends: Sequence[Backend],
+    tried: Mapping[str, TrialResult] | None = None,
+    say: Progress | None = None,
+) -> tuple[str | None, Mapping[str, np.ndarray] | None]:
+    """(backend, its outputs) of the plainest CPU backend that runs an artifact this sample fits, or
+    (None, None) when none does. When it was among the trials (`tried`, by backend name), its run
+    is the reference (no second run). The policy's deny and fixed do not apply: they say where
+    the model may run, not what is right, and a candidate checked only against itself would not
+    be checked at all. Outputs with NaN or infinities are still returned: `reference_problem` says
+    whether they can be a reference (the next CPU backend is not asked instead: the plainest one's
+    NaN says the model is broken, not the backend)."""
+    fitting = [a for a in artifacts if sample.fits_artifact(a)]
+    for name in REFERENCE_BACKENDS:
+        result = (tried or {}).get(name)
+        if result is None:
+            usable, _ = screen(fitting, SelectionPolicy(), [b for b in backends if b.name == name])
+            if not usable:
+                continue
+            if say is not None:
+                say(f"reference outputs: {name} on {usable[0][1].label}")
+            request = TrialRequest(
+                name, usable[0][1], sample.feeds, {}, warmup=1, runs=1, budget_s=policy.budget_s
+            )
+            result = trial(request, policy.timeout_s)
+        if result.ok:
+            return name, result.outputs
+    return None, None
