@@ -1,6 +1,7 @@
 """`edge-agent fleet ...`: deploy desired state to groups and devices, watch them converge, roll
-back, and send commands, over the fleet's MQTT broker (docs/fleet.md). A thin layer over
-agent/fleet/controller.py: its typed errors become one-line messages and the exit codes below.
+back, and send commands, over the fleet's MQTT broker (docs/fleet.md). A thin layer over the
+controller (agent/fleetctl/): its typed errors and results become one-line messages (or JSON) and
+the exit codes below, which live here.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from enum import IntEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -16,7 +18,10 @@ import typer
 from agent.errors import ConfigError, EdgeAgentError
 
 if TYPE_CHECKING:
-    from agent.fleet.controller import BrokerOptions, DeployResult, DeviceStatus, Target
+    from agent.fleetctl.connection import BrokerOptions
+    from agent.fleetctl.results import DeployResult
+    from agent.fleetctl.status import DeviceStatus
+    from agent.fleetctl.targets import Target
 
 EXIT_CODES = """Exit codes:
 
@@ -29,6 +34,28 @@ EXIT_CODES = """Exit codes:
 - 6: timed out: devices still in flight (status: some in flight), or no answer to a command
 - 7: some target devices are offline (every online one converged)
 """
+
+
+class ExitCode(IntEnum):
+    """Exit statuses of `edge-agent fleet ...` (EXIT_CODES above, in its help)."""
+
+    OK = 0  # every target device converged; a command answered ok
+    ERROR = 1  # invalid spec, key or option files: nothing was published
+    USAGE = 2  # command-line usage (Typer's own)
+    BROKER = 3  # the broker cannot be reached, refused us, or the connection was lost
+    FAILED = 4  # a target device refused the document, or a pipeline failed or rolled back
+    ROLLED_BACK = 5  # the rollout was stopped and the target rolled back to the baseline
+    TIMED_OUT = 6  # devices still in flight at the timeout; a command got no answer
+    OFFLINE = 7  # every online target converged, but some are offline
+
+
+# A deploy's or rollback's `status` (agent/fleetctl/results.py) -> its exit code; any other: OK.
+DEPLOY_EXIT_CODES = {
+    "failed": ExitCode.FAILED,
+    "rolled-back": ExitCode.ROLLED_BACK,
+    "timed-out": ExitCode.TIMED_OUT,
+    "offline": ExitCode.OFFLINE,
+}
 
 fleet_app = typer.Typer(
     help="Drive a fleet over MQTT: deploy desired state, watch it converge, roll back, send commands.\n\n"
@@ -72,12 +99,10 @@ def _echo_json(data: Any) -> None:
 @contextmanager
 def _fleet_errors(as_json: bool) -> Iterator[None]:
     """The controller's errors as a message (or JSON) and their exit code, never a traceback."""
-    from agent.fleet.controller import ExitCode, FleetError
-
     try:
         yield
     except EdgeAgentError as exc:
-        code = exc.exit_code if isinstance(exc, FleetError) else ExitCode.ERROR
+        code = _error_exit_code(exc)
         problems = exc.problems if isinstance(exc, ConfigError) else [exc.message]
         if as_json:
             _echo_json({"ok": False, "errors": problems, "hint": exc.hint, "exit_code": int(code)})
@@ -89,10 +114,22 @@ def _fleet_errors(as_json: bool) -> Iterator[None]:
         raise typer.Exit(int(code)) from None
 
 
+def _error_exit_code(exc: EdgeAgentError) -> ExitCode:
+    """The broker's trouble (agent/fleetctl/connection.py: BrokerError), no answer in time
+    (FleetTimeout), or anything else the operator must fix."""
+    from agent.fleetctl.connection import BrokerError, FleetTimeout
+
+    if isinstance(exc, BrokerError):
+        return ExitCode.BROKER
+    if isinstance(exc, FleetTimeout):
+        return ExitCode.TIMED_OUT
+    return ExitCode.ERROR
+
+
 def _broker(
     broker: str, username: str | None, password_file: Path | None, ca_file: Path | None, prefix: str
 ) -> BrokerOptions:
-    from agent.fleet.controller import BrokerOptions
+    from agent.fleetctl.connection import BrokerOptions
 
     host, sep, port_text = broker.rpartition(":")
     if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
@@ -131,8 +168,11 @@ def _progress(phase: str, generation: int, counts: Mapping[str, int], devices: i
 
 
 def _print_result(result: DeployResult, as_json: bool) -> None:
+    code = DEPLOY_EXIT_CODES.get(result.status, ExitCode.OK)
     if as_json:
-        _echo_json(result.to_dict())
+        # The outcome leads: ok, status (keeping its place), exit_code, then the rest of the result.
+        verdict = {"ok": code == ExitCode.OK, "status": result.status, "exit_code": int(code)}
+        _echo_json({**verdict, **result.to_dict()})
     else:
         signed = f", signed by key {result.signed_by}" if result.signed_by else ""
         typer.echo(f"published {result.target} generation(s) {', '.join(map(str, result.published))}{signed}")
@@ -148,7 +188,7 @@ def _print_result(result: DeployResult, as_json: bool) -> None:
             if len(problems) > PROBLEMS_SHOWN:
                 typer.echo(f"  ... and {len(problems) - PROBLEMS_SHOWN} more (--json lists every device)")
         typer.echo(result.message)
-    raise typer.Exit(int(result.exit_code))
+    raise typer.Exit(int(code))
 
 
 @fleet_app.command("deploy")
@@ -186,8 +226,9 @@ def deploy(
     failed. --canary deploys to that share of the group first; when more than --max-failed % of
     the canaries (or later of all) fail, the baseline goes back and the rollout stops.
     """
-    from agent.fleet.controller import FleetClient, target_layer
-    from agent.fleet.spec import check_spec, load_spec
+    from agent.fleetctl.client import FleetClient
+    from agent.fleetctl.spec import check_spec, load_spec
+    from agent.fleetctl.targets import target_layer
     from agent.registry.signing import load_private_key
 
     chosen = _target(group, device)
@@ -228,7 +269,7 @@ def rollback(
     Publishes the next generation with the current document's rollout.baseline as its pipelines,
     then (--wait) waits for the target devices.
     """
-    from agent.fleet.controller import FleetClient
+    from agent.fleetctl.client import FleetClient
     from agent.registry.signing import load_private_key
 
     chosen = _target(group, device)
@@ -261,7 +302,7 @@ def status(
     what it last reported; one that restarted and has not reported since, in flight. Exits 0 when
     all converged, 4 if any failed, 6 if any is still in flight, 7 if any is offline.
     """
-    from agent.fleet.controller import ExitCode, FleetClient
+    from agent.fleetctl.client import FleetClient
 
     with (
         _fleet_errors(as_json),
@@ -367,7 +408,7 @@ def cmd(
     MQTT 5 request/response: the answer comes back on <prefix>/<device>/cmd/<name>/reply with the
     request's correlation data.
     """
-    from agent.fleet.controller import ExitCode, FleetClient
+    from agent.fleetctl.client import FleetClient
 
     arguments = _command_args(args or [])
     with (

@@ -19,7 +19,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.fleet.acl import parse_home_assistant, parse_inventory, render_acl
+from agent.fleetctl.acl import parse_home_assistant, parse_inventory, render_acl
 from agent.fsutil import atomic_write_bytes
 
 

@@ -6,7 +6,7 @@ Each simulated device:
 - publishes a retained `online` status (and has an `offline` last will), and a retained reported
   state at connect and on every transition;
 - subscribes to its own desired topic, its groups' desired topics and its command topics;
-- checks each document with the agent's own code (agent/fleet/desired.py: parse_document, with
+- checks each document with the agent's own code (agent/fleet/document.py: parse_document, with
   signatures checked against --trusted-key when given) and its replay rule, reports refusals, and
   layers what it accepted with the agent's layer_pipelines (canary or baseline included);
 - "runs" each pipeline that changed: pending -> pulling -> health-check -> running, each step
@@ -60,9 +60,10 @@ if str(ROOT) not in sys.path:
 from agent.clock import iso_utc  # noqa: E402
 from agent.config import HealthWindowConfig, PipelineConfig, TrustedKey  # noqa: E402
 from agent.errors import DesiredStateError  # noqa: E402
-from agent.fleet.desired import DesiredDocument, admit_after, layer_pipelines, parse_document  # noqa: E402
+from agent.fleet.desired import admit_after, layer_pipelines  # noqa: E402
+from agent.fleet.document import DesiredDocument, parse_document  # noqa: E402
 from agent.fleet.protocol import MAX_DOCUMENT_BYTES, SCHEMA_VERSION, device_layer, group_layer  # noqa: E402
-from agent.fleet.records import read_document  # noqa: E402
+from agent.fleetctl.records import read_document  # noqa: E402
 from agent.mqtt.router import REPLY_SUFFIX  # noqa: E402
 from agent.mqtt.topics import (  # noqa: E402
     command_topic,
@@ -386,7 +387,7 @@ class Simulator:
             self._on_command(device, message)
 
     def _document(self, layer: str, payload: bytes) -> DesiredDocument | _Refusal:
-        """The device side's own check of `payload` (agent/fleet/desired.py), done once per payload
+        """The device side's own check of `payload` (agent/fleet/document.py), done once per payload
         for all the devices that share the topic (a group's 10,000 members)."""
         cached = self._documents.get(layer)
         if cached is not None and cached[0] == payload:

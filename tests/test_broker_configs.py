@@ -41,7 +41,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.config import MqttConfig, OutboxConfig
-from agent.fleet.acl import parse_home_assistant, parse_inventory, render_acl
+from agent.fleetctl.acl import parse_home_assistant, parse_inventory, render_acl
 from agent.mqtt import MqttConnection, Outbox, results_topic
 from agent.mqtt.message import Message
 from agent.mqtt.router import Router

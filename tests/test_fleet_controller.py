@@ -1,4 +1,4 @@
-"""The fleet controller (`edge-agent fleet ...`, agent/fleet/controller.py) against a real mosquitto
+"""The fleet controller (`edge-agent fleet ...`, agent/fleetctl/client.py) against a real mosquitto
 and 50 simulated devices (scripts/fleet_sim.py): deploys converge, failures and canary waves roll
 back, status lists every device, commands round-trip, and nothing is published that should not be.
 The CLI runs in-process (Typer's CliRunner); every wait is bounded and waits on a condition."""
@@ -21,8 +21,9 @@ from typer.testing import CliRunner
 
 from agent.cli import app
 from agent.config import TrustedKey
-from agent.fleet.controller import BrokerOptions, FleetClient
 from agent.fleet.protocol import in_canary, open_envelope
+from agent.fleetctl.client import FleetClient
+from agent.fleetctl.connection import BrokerOptions
 from agent.registry.signing import TrustPolicy, generate_key
 from tests.mosquitto import Mosquitto
 from tests.mqtt_fixtures import SubscriberFactory
@@ -360,7 +361,7 @@ prority: 1
     code, out = fleet(mosquitto, "deploy", str(spec), "--group", GROUP)
     assert code == 1 and out["ok"] is False, out
     errors = "\n".join(out["errors"])
-    # The devices' own check (agent/fleet/desired.py), with what it would refuse on group:lobby.
+    # The devices' own check (agent/fleet/document.py), with what it would refuse on group:lobby.
     assert f"{spec}: group:lobby: $.pipelines.door-cam.model.version: expected a string, got 2.0" in errors
     assert f"{spec}: group:lobby: $.pipelines.door-cam.source.uri: required key is missing" in errors
     assert "$.pipelines.door-cam.postprocess.top_kk: unknown key; did you mean 'top_k'?" in errors

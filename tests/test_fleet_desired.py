@@ -1,4 +1,4 @@
-"""Desired state on the device (agent/fleet/desired.py): parsing and every refusal with its message,
+"""Desired state on the device (agent/fleet/document.py, desired.py): checks and refusals with their message,
 signed envelopes with real ed25519 keys, the replay rule, layering and canaries, the store on disk,
 and a seeded fuzz run that holds parse_document to "a document or DesiredStateError, nothing else".
 """
@@ -19,17 +19,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from agent.config import HealthWindowConfig, PipelineConfig, TrustedKey
 from agent.errors import DesiredStateError
 from agent.fleet import protocol
-from agent.fleet.desired import (
-    MAX_NESTING,
-    UNCHANGED,
-    DesiredDocument,
-    DesiredStore,
-    admit,
-    json_path,
-    layer_order,
-    layer_pipelines,
-    parse_document,
-)
+from agent.fleet.desired import UNCHANGED, DesiredStore, admit, layer_order, layer_pipelines
+from agent.fleet.document import MAX_NESTING, DesiredDocument, json_path, parse_document
 from agent.registry.signing import TrustPolicy, generate_key, load_private_key
 
 LAYER = "group:lobby"

@@ -28,7 +28,8 @@ import pytest
 from agent import __version__, self_update
 from agent.errors import DesiredStateError, ModelError, RegistryError
 from agent.fleet import protocol
-from agent.fleet.desired import layer_agent, parse_document
+from agent.fleet.desired import layer_agent
+from agent.fleet.document import parse_document
 from agent.registry.file_registry import FileRegistry
 from agent.registry.manifest import Manifest
 from agent.registry.signing import TrustPolicy, generate_key, load_private_key
@@ -83,7 +84,7 @@ def test_the_agent_field_is_validated_and_the_device_layer_wins() -> None:
 
 def test_a_deploy_spec_carries_the_agent_field_checked_as_the_devices_check_it() -> None:
     from agent.errors import ConfigError
-    from agent.fleet.spec import build_document, check_spec, parse_spec
+    from agent.fleetctl.spec import build_document, check_spec, parse_spec
 
     spec = parse_spec({"pipelines": {}, "agent": {"version": "0.2.0", "health_s": 30}})
     check_spec(spec, "group:lobby")

@@ -1,4 +1,6 @@
-"""The fleet protocol's pure pieces, shared by the agent (device side) and the controller CLI.
+"""The fleet protocol's pure pieces, shared by the agent (device side, agent/fleet/) and the controller
+(agent/fleetctl/): layers, cohorts, a document's canonical bytes and its signed envelope. What a
+document may say and its check are the other shared module, agent/fleet/document.py.
 
 Documents, envelopes and cohorts are described in docs/fleet.md. Nothing here talks to a broker.
 """

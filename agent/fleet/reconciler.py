@@ -1,11 +1,12 @@
 """Desired state in, reported state out: the device side of docs/fleet.md.
 
 Documents arrive on the device's and its groups' desired topics (through the router), are checked
-(agent/fleet/desired.py: size, JSON, signature, schema, generation, expiry), persisted, layered over
-agent.yaml and handed to `Supervisor.apply`, which brings each changed pipeline in with its health
-window and rolls it back by itself. A refused document changes nothing that runs; the reason goes
-into reported state. Reported state is retained on `<prefix>/<device>/reported`, republished on every
-transition and after every reconnect, and kept small (reasons clipped, the last few refusals).
+(agent/fleet/document.py: size, JSON, signature, schema, expiry; agent/fleet/desired.py: generation),
+persisted, layered over agent.yaml and handed to `Supervisor.apply`, which brings each changed
+pipeline in with its health window and rolls it back by itself. A refused document changes nothing
+that runs; the reason goes into reported state. Reported state is retained on
+`<prefix>/<device>/reported`, republished on every transition and after every reconnect, and kept
+small (reasons clipped, the last few refusals).
 """
 
 from __future__ import annotations
@@ -20,18 +21,11 @@ from typing import TYPE_CHECKING, Any
 from agent import __version__
 from agent.clock import iso_utc
 from agent.config import AgentConfig
+from agent.desired_pipeline import DesiredPipeline
+from agent.errors import DesiredStateError
 from agent.fleet import protocol
-from agent.fleet.desired import (
-    UNCHANGED,
-    DesiredDocument,
-    DesiredPipeline,
-    DesiredStateError,
-    DesiredStore,
-    admit,
-    layer_agent,
-    layer_pipelines,
-    parse_document,
-)
+from agent.fleet.desired import UNCHANGED, DesiredStore, admit, layer_agent, layer_pipelines
+from agent.fleet.document import DesiredDocument, parse_document
 from agent.mqtt.message import Message
 from agent.mqtt.router import Router
 from agent.mqtt.topics import desired_topic, group_desired_topic, reported_topic

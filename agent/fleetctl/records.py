@@ -254,7 +254,7 @@ def with_desired(record: DeviceRecord, desired: Mapping[str, int]) -> DeviceReco
 def read_document(payload: bytes, source: str) -> dict[str, Any]:
     """The desired-state document in a retained payload, a signed envelope unwrapped, read only as
     far as the controller needs (its generation, pipelines and rollout): checking it whole and its
-    signatures is the devices' business (agent/fleet/desired.py). ValueError saying why not."""
+    signatures is the devices' business (agent/fleet/document.py). ValueError saying why not."""
     if len(payload) > 2 * MAX_DOCUMENT_BYTES:  # an envelope adds base64 signatures and escaping
         raise ValueError(f"{source}: {len(payload)} bytes, far over the document limit")
     data = json.loads(payload)

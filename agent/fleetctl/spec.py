@@ -11,7 +11,7 @@ A spec is YAML or JSON::
     expires_in_s: 604800
     agent: {version: 0.2.0}   # optional: the edge-agent release to run (docs/fleet.md)
 
-Every document is checked with the devices' own parser (agent/fleet/desired.py: the pipelines by
+Every document is checked with the devices' own parser (agent/fleet/document.py: the pipelines by
 agent.yaml's models, plus what a document may not do, such as local model files) before it is
 published, so the controller refuses what the devices would refuse, with the same messages
 (`group:lobby: $.pipelines.door-cam.source.uri: ...`). Signatures are the devices' business.
@@ -30,7 +30,7 @@ import yaml
 
 from agent.clock import iso_utc
 from agent.errors import ConfigError, DesiredStateError
-from agent.fleet.desired import parse_document
+from agent.fleet.document import parse_document
 from agent.fleet.protocol import MAX_DOCUMENT_BYTES, SCHEMA_VERSION, encode
 from agent.registry.signing import TrustPolicy
 
