@@ -14,7 +14,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -310,17 +310,22 @@ def _annotation_at(path: PathKey, data: Any, root: type[BaseModel]) -> tuple[Any
     """Walk the config models from `root` and the data together; return (annotation, data) at `path`."""
     annotation: Any = root
     node = data
+    keyed: Callable[[str], Any] | None = None  # a mapping whose values' model depends on their key
     for part in path:
         if isinstance(part, int):
             args = typing.get_args(_strip_optional(annotation))
             annotation = args[0] if args else None
             node = node[part] if isinstance(node, list) and part < len(node) else None
             continue
-        model = _model_in(annotation, node)
-        field = model.model_fields.get(part) if model else None
-        if field is None:
-            return None, None
-        annotation = field.annotation
+        if keyed is not None:  # e.g. backends.options.<backend name>
+            annotation, keyed = keyed(part), None
+        else:
+            model = _model_in(annotation, node)
+            field = model.model_fields.get(part) if model else None
+            if field is None:
+                return None, None
+            annotation = field.annotation
+            keyed = next((m.model_for_key for m in field.metadata if hasattr(m, "model_for_key")), None)
         node = node.get(part) if isinstance(node, dict) else None
     return annotation, node
 

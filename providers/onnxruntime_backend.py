@@ -14,12 +14,10 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from pydantic import Field
 
 from providers.base import (
     Backend,
     BackendError,
-    BackendOptions,
     ModelArtifact,
     ProbeResult,
     Session,
@@ -28,6 +26,7 @@ from providers.base import (
     one_line,
     parse_options,
 )
+from providers.options import CpuOptions, CudaOptions, OpenVinoEpOptions, TensorRtOptions
 
 # onnxruntime reports element types as "tensor(float)"; map them to numpy dtype names.
 _ORT_TYPES = {
@@ -44,32 +43,6 @@ _ORT_TYPES = {
 }
 
 CPU_EP = "CPUExecutionProvider"
-
-
-class CpuOptions(BackendOptions):
-    intra_op_threads: int | None = Field(None, ge=1, description="Threads inside one operator.")
-    inter_op_threads: int | None = Field(None, ge=1, description="Operators run in parallel.")
-    allow_spinning: bool = Field(
-        False,
-        description="Let idle worker threads spin for the next run. Off: at a camera's pace spinning "
-        "burns the CPU between frames (PP-OCR cls at 30 fps here: 34 ms of CPU per result spinning, "
-        "1.3 ms not: scripts/bench_spinning.py); on only for a saturated source where latency counts most.",
-    )
-
-
-class CudaOptions(CpuOptions):
-    device_id: int = Field(0, ge=0)
-
-
-class TensorRtOptions(CudaOptions):
-    fp16: bool = Field(False, description="Let TensorRT build FP16 kernels (checked against CPU outputs).")
-    engine_cache_dir: str | None = Field(None, description="Keep built engines here (builds take minutes).")
-    timing_cache_dir: str | None = Field(None, description="Keep TensorRT's timing cache here.")
-
-
-class OpenVinoEpOptions(CpuOptions):
-    device_type: str = Field("CPU", description="OpenVINO device: CPU, GPU, NPU, AUTO:GPU,CPU ...")
-    cache_dir: str | None = Field(None, description="Keep compiled blobs here.")
 
 
 @dataclass(frozen=True)

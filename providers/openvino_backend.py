@@ -31,16 +31,14 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import openvino as ov
-from pydantic import Field
 
 from providers.base import (
     Backend,
     BackendError,
-    BackendOptions,
     ModelArtifact,
     ProbeResult,
     Session,
@@ -49,6 +47,7 @@ from providers.base import (
     parse_options,
     sysroot,
 )
+from providers.options import OpenVinoOptions
 
 RUNTIME = "openvino"
 FORMATS = frozenset({"onnx", "openvino-ir", "tflite"})
@@ -89,17 +88,6 @@ _MISSING_DEVICE = {
 # Operators named in OpenVINO's conversion errors (TFLite/TF: one op; ONNX: a list with domains).
 _NO_TRANSLATOR = re.compile(r"No translator found for (\S+) node")
 _NO_CONVERSION_RULE = re.compile(r"No conversion rule found for operations: ([^\n]+)")
-
-
-class OpenVinoOptions(BackendOptions):
-    """Options for an OpenVINO backend (YAML `options:` of a candidate)."""
-
-    cache_dir: str | None = None  # CACHE_DIR: OpenVINO caches compiled blobs there, keyed itself
-    hint: Literal["latency", "throughput"] = "latency"  # PERFORMANCE_HINT
-    precision: Literal["auto", "f32", "bf16", "f16"] = "auto"  # INFERENCE_PRECISION_HINT; auto: default
-    num_streams: int | None = Field(default=None, ge=1)  # NUM_STREAMS
-    threads: int | None = Field(default=None, ge=1)  # INFERENCE_NUM_THREADS, CPU only
-    weights: str | None = None  # IR only: the .bin file, when it is not next to the .xml
 
 
 @functools.lru_cache(maxsize=1)

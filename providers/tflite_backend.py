@@ -28,12 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import Field
 
 from providers.base import (
     Backend,
     BackendError,
-    BackendOptions,
     ModelArtifact,
     ProbeResult,
     Session,
@@ -43,6 +41,7 @@ from providers.base import (
     parse_options,
 )
 from providers.native_stderr import filtered_stderr
+from providers.options import EdgeTpuOptions, TfliteOptions
 
 # (interpreter module, distribution that ships it), in order of preference.
 _SOURCES = (
@@ -63,18 +62,6 @@ _UNSUPPORTED_OP_PATTERNS = (
     re.compile(r"Didn't find op for builtin opcode '([^']+)'"),
     re.compile(r"Node number \d+ \((Flex\w+)\) failed to prepare"),
 )
-
-
-class TfliteOptions(BackendOptions):
-    threads: int | None = Field(
-        None, ge=1, description="CPU threads (num_threads); unset: the runtime's default (1 in LiteRT 2.x)"
-    )
-
-
-class EdgeTpuOptions(TfliteOptions):
-    device: str | None = Field(
-        None, min_length=1, description='which Edge TPU: "usb", "usb:0", "pci:0"; unset: the first found'
-    )
 
 
 # --- the probe model ---------------------------------------------------------------------------------

@@ -1,0 +1,127 @@
+"""agent.yaml -> typed, validated config objects, one module per section.
+
+Every model forbids unknown keys so a typo is an error, not a silently ignored setting.
+Validators do no I/O: whether a file exists or a broker answers is checked when it is used,
+so a config can be validated on a laptop for a box it will run on (password files too: they are
+read when the connection is made, `read_password`).
+Passwords are held as `SecretStr`: repr, logs and JSON dumps show `**********`, never the secret.
+Loading (YAML with line numbers, ${ENV} interpolation, error formatting) lives in
+`agent/config_loader.py`.
+
+Sections: `base` (StrictModel, names, secrets, logins), `mqtt`, `registry` (and a pipeline's
+model), `sources`, `processing` (pre/postprocess), `backends` (selection and each backend's
+options), `pipeline`, `fleet`, `agent` (the whole file: AgentConfig). Import from here.
+"""
+
+from agent.config.agent import (
+    HA_OBJECT_ID_PATTERN,
+    AgentConfig,
+    DeviceConfig,
+    HomeAssistantConfig,
+    StateTopicsConfig,
+    StoreConfig,
+    TelemetryConfig,
+)
+from agent.config.backends import (
+    BackendChoiceConfig,
+    SelectionConfig,
+)
+from agent.config.base import (
+    NAME_PATTERN,
+    REVEAL_SECRETS,
+    Name,
+    Secret,
+    StrictModel,
+    check_name,
+    read_password,
+)
+from agent.config.fleet import CommandsConfig, FleetConfig, HealthWindowConfig
+from agent.config.mqtt import CLIENT_ID_MAX, MqttConfig, OutboxConfig, TlsConfig, check_client_id
+from agent.config.pipeline import HomeAutomationConfig, PipelineConfig, ReportConfig, check_watch_label
+from agent.config.processing import (
+    AnyPreprocessConfig,
+    AudioPreprocessConfig,
+    ClassificationPostprocess,
+    DetectionPostprocess,
+    PluginPostprocess,
+    PostprocessConfig,
+    PreprocessConfig,
+    QuantizationConfig,
+    RawPostprocess,
+    RegionsPostprocess,
+    ResizeConfig,
+    StateLink,
+    ThresholdPostprocess,
+)
+from agent.config.registry import LOCAL_VERSION, ModelRef, RegistryConfig, RegistryConnection, TrustedKey
+from agent.config.sources import (
+    GST_PREFIX,
+    MAX_FPS,
+    AudioSourceConfig,
+    MqttSourceConfig,
+    ReplaySourceConfig,
+    SerialSourceConfig,
+    SourceConfig,
+    SourceUri,
+    VideoSourceConfig,
+    is_gst_pipeline,
+)
+
+__all__ = [
+    "CLIENT_ID_MAX",
+    "GST_PREFIX",
+    "HA_OBJECT_ID_PATTERN",
+    "LOCAL_VERSION",
+    "MAX_FPS",
+    "NAME_PATTERN",
+    "REVEAL_SECRETS",
+    "AgentConfig",
+    "AnyPreprocessConfig",
+    "AudioPreprocessConfig",
+    "AudioSourceConfig",
+    "BackendChoiceConfig",
+    "ClassificationPostprocess",
+    "CommandsConfig",
+    "DetectionPostprocess",
+    "DeviceConfig",
+    "FleetConfig",
+    "HealthWindowConfig",
+    "HomeAssistantConfig",
+    "HomeAutomationConfig",
+    "ModelRef",
+    "MqttConfig",
+    "MqttSourceConfig",
+    "Name",
+    "OutboxConfig",
+    "PipelineConfig",
+    "PluginPostprocess",
+    "PostprocessConfig",
+    "PreprocessConfig",
+    "QuantizationConfig",
+    "RawPostprocess",
+    "RegionsPostprocess",
+    "RegistryConfig",
+    "RegistryConnection",
+    "ReplaySourceConfig",
+    "ReportConfig",
+    "ResizeConfig",
+    "Secret",
+    "SelectionConfig",
+    "SerialSourceConfig",
+    "SourceConfig",
+    "SourceUri",
+    "StateLink",
+    "StateTopicsConfig",
+    "StoreConfig",
+    "StrictModel",
+    "TelemetryConfig",
+    "ThresholdPostprocess",
+    "TlsConfig",
+    "TrustedKey",
+    "VideoSourceConfig",
+    "check_client_id",
+    "check_name",
+    "check_watch_label",
+    "is_gst_pipeline",
+    "read_password",
+]

@@ -1,0 +1,165 @@
+"""A pipeline: its model, backend choice, source, processing, what it reports and what it shows
+Home Assistant."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, Field, field_validator, model_validator
+
+from agent.config.backends import BackendChoiceConfig
+from agent.config.base import TOPIC_SPECIALS, Name, StrictModel
+from agent.config.processing import (
+    AnyPreprocessConfig,
+    AudioPreprocessConfig,
+    ClassificationPostprocess,
+    DetectionPostprocess,
+    PostprocessConfig,
+    PreprocessConfig,
+    RawPostprocess,
+    StateLink,
+)
+from agent.config.registry import ModelRef
+from agent.config.sources import SourceConfig, VideoSourceConfig
+
+
+class ReportConfig(StrictModel):
+    """Which results are worth publishing: every one by default. A box on a thin uplink sends
+    events, not a firehose. The rules apply in this order; a result one of them holds back is
+    counted, not sent."""
+
+    min_score: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Only results whose best score reaches this (classification: the top class; "
+        "detection: at least one box).",
+    )
+    on_change: bool = Field(
+        False,
+        description="Only when the outcome differs from the last one published (classification: the top "
+        "label; detection: the set of labels found, so 'nothing any more' is a change too).",
+    )
+    min_interval_s: float = Field(0.0, ge=0, description="At most one result per this many seconds.")
+    every_n: int = Field(1, ge=1, description="Of the results the rules above let through, every Nth.")
+
+
+def check_watch_label(value: str) -> str:
+    if not value.strip():
+        raise ValueError("a watched label must not be empty")
+    bad = [c for c in TOPIC_SPECIALS if c in value]
+    if bad:
+        raise ValueError(
+            f"watched label {value!r} holds {', '.join(repr(c) for c in bad)}: labels become MQTT topic "
+            "levels (state/<pipeline>/seen/<label>)"
+        )
+    return value
+
+
+class HomeAutomationConfig(StrictModel):
+    """What a pipeline shows on its state topics and in Home Assistant (docs/integrations.md): used when
+    `state_topics` or `home_assistant` is enabled."""
+
+    watch: list[Annotated[str, AfterValidator(check_watch_label)]] = Field(
+        default_factory=list,
+        description="Labels (classes) to watch: each gets an ON/OFF state (on while the last published "
+        "result has it: classification's top label, any detection of it) and, for detection, a count; "
+        "in Home Assistant a binary sensor and a count sensor.",
+    )
+    off_delay_s: float = Field(
+        0.0,
+        ge=0,
+        le=86_400,
+        description="A watched label's state turns OFF only once it has been missing this long (a person "
+        "who turns away for a frame does not switch a light off).",
+    )
+    image: bool = Field(
+        False,
+        description="Detection pipelines on a video source: publish the last frame with its boxes drawn "
+        "(JPEG, retained) on state/<pipeline>/image, at most every image_interval_s; in Home Assistant "
+        "an image entity. Off by default: images are large.",
+    )
+    image_interval_s: float = Field(
+        10.0, ge=1, le=86_400, description="At most one image per this many seconds."
+    )
+
+    @field_validator("watch")
+    @classmethod
+    def _unique(cls, labels: list[str]) -> list[str]:
+        seen = [label for i, label in enumerate(labels) if label in labels[:i]]
+        if seen:
+            raise ValueError(f"label {seen[0]!r} is watched twice")
+        return labels
+
+
+class PipelineConfig(StrictModel):
+    name: Name
+    model: ModelRef
+    backend: BackendChoiceConfig = Field(
+        default_factory=BackendChoiceConfig, description="Adds to (and fixed overrides) the agent's backends."
+    )
+    source: SourceConfig
+    preprocess: AnyPreprocessConfig = Field(default_factory=PreprocessConfig)
+    postprocess: PostprocessConfig
+    state: list[StateLink] = Field(
+        default_factory=list,
+        description="Recurrent state fed back run to run; reset when the stream restarts.",
+    )
+    report: ReportConfig = Field(default_factory=ReportConfig, description="Which results are published.")
+    enabled: bool = True
+    stall_s: float = Field(
+        120.0,
+        ge=1,
+        le=86_400,
+        description="A frame in the works longer than this is a hang (a stuck driver, a blocked call): "
+        "the daemon stops its systemd watchdog pings, and systemd restarts it.",
+    )
+    home_automation: HomeAutomationConfig = Field(
+        default_factory=HomeAutomationConfig,
+        description="Watched labels, their off delay and the annotated image, for the state topics and "
+        "Home Assistant (docs/integrations.md).",
+    )
+
+    @model_validator(mode="after")
+    def _preprocess_fits_source(self) -> PipelineConfig:
+        signal_source = not isinstance(self.source, VideoSourceConfig)
+        kind = self.preprocess.type if isinstance(self.preprocess, AudioPreprocessConfig) else "image"
+        if signal_source != isinstance(self.preprocess, AudioPreprocessConfig):
+            raise ValueError(
+                f"an {self.source.type} source needs preprocess.type: audio or series"
+                if signal_source
+                else f"preprocess.type: {kind} needs an audio, mqtt, replay or serial source"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _home_automation_fits(self) -> PipelineConfig:
+        home = self.home_automation
+        post = self.postprocess
+        if home.watch and not isinstance(post, ClassificationPostprocess | DetectionPostprocess):
+            raise ValueError(
+                "home_automation.watch needs labels: use a classification or detection postprocess"
+            )
+        labels: list[str] = getattr(post, "labels", None) or []
+        unknown = [label for label in home.watch if labels and label not in labels]
+        if unknown:
+            raise ValueError(
+                f"home_automation.watch: {unknown[0]!r} is not one of postprocess.labels "
+                f"({', '.join(labels)})"
+            )
+        if home.image and not (
+            isinstance(post, DetectionPostprocess) and isinstance(self.source, VideoSourceConfig)
+        ):
+            raise ValueError("home_automation.image needs a detection postprocess on a video source")
+        return self
+
+    @model_validator(mode="after")
+    def _report_needs_scores(self) -> PipelineConfig:
+        if isinstance(self.postprocess, RawPostprocess):
+            for key in ("min_score", "on_change"):
+                if getattr(self.report, key) not in (None, False):
+                    raise ValueError(
+                        f"report.{key} needs scores and labels: use a classification or detection "
+                        "postprocess (raw outputs have neither)"
+                    )
+        return self
