@@ -33,7 +33,7 @@ from agent.errors import RegistryError
 from agent.pipeline import LoadedModel, Pipeline
 from agent.processing import Preprocessor
 from agent.registry import FileRegistry
-from agent.supervisor import _unhealthy
+from agent.supervisor.health import _unhealthy
 from agent.testdata import MODEL_ZOO_ATOL, MODEL_ZOO_RTOL, TestData
 from agent.validate import Validation, validate
 from providers import ModelArtifact, NoBackendError, SelectionPolicy, decide, run_trial

@@ -23,11 +23,7 @@ tolerances), `candidates` (screening and ranking), `decide` (trials and the choi
 
 from __future__ import annotations
 
-from providers.select.candidates import (
-    preference_index,
-    reference_first,
-    screen,
-)
+from providers.select.candidates import preference_index, reference_first, screen
 from providers.select.compare import (
     FULL_PRECISION,
     compare_outputs,
@@ -38,20 +34,8 @@ from providers.select.compare import (
     reference_problem,
     what_would_pass,
 )
-from providers.select.decide import (
-    TIE_MARGIN,
-    ReportJudge,
-    Trial,
-    computed_reference,
-    decide,
-    trial_request,
-)
-from providers.select.load import (
-    Loader,
-    feeds_problem,
-    load_decided,
-    reference_session,
-)
+from providers.select.decide import TIE_MARGIN, ReportJudge, Trial, computed_reference, decide, trial_request
+from providers.select.load import Loader, feeds_problem, load_decided, reference_session
 from providers.select.policy import (
     CPU_THREAD_OPTIONS,
     DEFAULT_PREFERENCE,
@@ -68,12 +52,7 @@ from providers.select.policy import (
     spare_core_variant,
     usable_cores,
 )
-from providers.select.reports import (
-    CandidateReport,
-    Decision,
-    NoBackendError,
-    spare_core_note,
-)
+from providers.select.reports import CandidateReport, Decision, NoBackendError, spare_core_note
 
 __all__ = [
     "CPU_THREAD_OPTIONS",

@@ -21,35 +21,40 @@ Every in-flight phase has a deadline (`fleet.phase_timeout_s`): a build that ove
 and the pipeline ends `failed`, never "in progress" for ever. A newer `apply` pre-empts a change still
 in flight. A pipeline that never started is retried with backoff; a failed upgrade is not retried
 (the old version serves) until the desired state changes.
+
+The package: `state` (ApplyReport, PipelineSlot, RegistryLink), `building` (a stage built through its
+phases), `health` (the health window's verdict), `memory` (versions known good or failed here);
+the `Supervisor` here brings changes in, rolls back, ticks, reports and stops.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from agent.backend_choice import DecisionSwitcher, check_on_testdata, choose_and_load, make_prover
-from agent.clock import iso_utc
-from agent.config import REVEAL_SECRETS, AgentConfig, HealthWindowConfig, PipelineConfig
+from agent.config import AgentConfig, HealthWindowConfig
 from agent.desired_pipeline import DesiredPipeline
-from agent.errors import EdgeAgentError, RegistryError
-from agent.fsutil import atomic_write_bytes
-from agent.model_hints import embedded_hints, with_model_hints
-from agent.pipeline import LoadedModel, Pipeline, ResultSink, Stage
-from agent.registry import open_registry, public_url
+from agent.errors import EdgeAgentError
+from agent.pipeline import Pipeline, ResultSink, Stage
 from agent.retry import backoff_delay
 from agent.session_pool import SessionPool
-from agent.sources import BrokerLink, Frame, Slot, Source, is_live, open_source
-from agent.store import ModelStore, Progress
+from agent.sources import BrokerLink, Slot, Source, is_live, open_source
+from agent.store import ModelStore
+from agent.supervisor.building import StageBuilder
+from agent.supervisor.health import _unhealthy
+from agent.supervisor.memory import VersionMemory
+from agent.supervisor.state import (
+    IN_FLIGHT,
+    ApplyReport,
+    Cancelled,
+    PipelineSlot,
+    RegistryLink,
+    _Change,
+    _ref,
+)
 from providers import BackendError
 
 log = logging.getLogger(__name__)
@@ -62,137 +67,21 @@ _BUILD_JOIN_S = 5.0  # a build stuck in a download must not eat the stop budget
 # A build step this long (a TensorRT engine build can take many minutes) is logged again meanwhile.
 _PHASE_LOG_EVERY_S = 30.0
 
-_MIN_INFERENCES_FOR_LATENCY = 5  # the health window judges latency on at least this many frames
-IN_FLIGHT = ("pending", "pulling", "validating", "building", "health-check")
+
+__all__ = [
+    "IN_FLIGHT",
+    "REBUILD_MAX_S",
+    "REBUILD_MIN_S",
+    "ApplyReport",
+    "Cancelled",
+    "PipelineSlot",
+    "RegistryLink",
+    "Supervisor",
+    "VersionMemory",
+]
 
 
-@dataclass
-class ApplyReport:
-    """What one `apply` set in motion (the outcomes come later, in `states()`)."""
-
-    added: list[str] = field(default_factory=list)
-    changed: list[str] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
-    unchanged: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, list[str]]:
-        return {
-            "added": self.added,
-            "changed": self.changed,
-            "removed": self.removed,
-            "unchanged": self.unchanged,
-        }
-
-
-class Cancelled(Exception):
-    """A change was pre-empted by a newer one (or the agent is stopping)."""
-
-
-class RegistryLink:
-    """Whether the registry answered when the agent last needed it (a version not in the store yet).
-    Installed versions are served without asking it: offline, the box runs what its store has."""
-
-    def __init__(self, url: str | None) -> None:
-        self.url = public_url(url) if url else None
-        self.state = "not asked yet" if url else "none configured"
-        self.error: str | None = None
-        self.since = time.time()
-
-    def reached(self, url: str) -> None:
-        if self.state != "reachable":
-            if self.state == "unreachable":
-                log.info("registry %s reachable again", url)
-            self.state, self.error, self.since = "reachable", None, time.time()
-
-    def failed(self, url: str, exc: RegistryError, store: ModelStore) -> None:
-        if "cannot reach registry" not in exc.message:
-            return  # it answered (with an error of its own): reachable, the version is the problem
-        if self.state != "unreachable":
-            installed = ", ".join(m.ref for m in store.list()) or "nothing"
-            log.warning(
-                "registry %s unreachable (%s); serving what the store has: %s", url, exc.message, installed
-            )
-            self.state, self.since = "unreachable", time.time()
-        self.error = exc.message
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"url": self.url, "state": self.state, "error": self.error, "since": iso_utc(self.since)}
-
-
-@dataclass
-class _Change:
-    """One version being brought in: its thread, its cancel flag, its deadline."""
-
-    desired: DesiredPipeline
-    cancel: threading.Event = field(default_factory=threading.Event)
-    deadline: float = 0.0  # monotonic: the current phase must end by then
-    thread: threading.Thread | None = None
-    new_pipeline: bool = False  # a new source: a new Pipeline replaced the old one (not a stage swap)
-    note: str | None = None  # set: a rollback brought in at start (see Supervisor._begin)
-    swapped_in: Stage | None = None  # the stage it swapped into a running pipeline (not yet committed)
-
-
-class PipelineSlot:
-    """A named pipeline: what runs, what is wanted, and where the change between them stands."""
-
-    def __init__(self, desired: DesiredPipeline) -> None:
-        self.name = desired.config.name
-        self.desired = desired
-        self.running: DesiredPipeline | None = None  # the version the pipeline serves
-        self.pipeline: Pipeline | None = None
-        self.change: _Change | None = None
-        self.phase = "pending"
-        self.reason: str | None = None
-        self.since = time.time()
-        self.step = ""  # what the phase is doing now (pulling x, a backend trial, compiling an engine)
-        self.step_started = time.monotonic()
-        self.step_logged = self.step_started
-        self.download: dict[str, Any] | None = None  # {"artifact", "bytes", "total", "rate_bps"}
-        self.attempts = 0
-        self.retry_at: float | None = None  # monotonic: when a pipeline that never ran is tried again
-
-    def set_phase(self, phase: str, reason: str | None = None) -> None:
-        if phase != self.phase or reason != self.reason:
-            self.phase, self.reason, self.since = phase, reason, time.time()
-
-    def to_dict(self, default_health: HealthWindowConfig | None = None) -> dict[str, Any]:
-        """The pipeline's status: the running pipeline's own (counters, source) plus the change's.
-        `running_model` is the version frames go through now (None: nothing serves), `desired_model`
-        the one wanted; `running_layer`/`running_generation` say where the committed version came
-        from when it is not the desired one (a change failed, rolled back or in flight)."""
-        if self.pipeline is not None:
-            # Its last error is cleared after the desired version's health window of clean running.
-            state = self.pipeline.status(self.desired.health or default_health)
-            state["running_model"] = state["model"]
-        else:
-            state = {
-                "state": "error" if self.phase == "failed" else "starting",
-                "error": self.reason,
-                "backend_why": None,
-                "running_model": None,
-            }
-        state.update(
-            {
-                "phase": self.phase,
-                "reason": self.reason,
-                "since": iso_utc(self.since),
-                "layer": self.desired.layer,
-                "generation": self.desired.generation,
-                "attempts": self.attempts,
-            }
-        )
-        state["desired_model"] = _ref(self.desired.config)
-        if self.running is not None and self.running.config != self.desired.config:
-            state["running_layer"], state["running_generation"] = self.running.layer, self.running.generation
-        if self.phase in IN_FLIGHT and self.step:
-            state["step"] = self.step
-            state["step_s"] = round(time.monotonic() - self.step_started, 1)
-        if self.download is not None:
-            state["download"] = dict(self.download)
-        return state
-
-
-class Supervisor:
+class Supervisor(StageBuilder):
     def __init__(
         self,
         config: AgentConfig,
@@ -352,105 +241,6 @@ class Supervisor:
                 source[0].stop(timeout=5)
             self._on_change()
 
-    def _peek_for(
-        self, running: Pipeline | None, source: tuple[Source, Slot] | None
-    ) -> Callable[[float], Frame | None] | None:
-        """Where a frame to prove backends on comes from without costing the pipeline one: the running
-        pipeline's last frame, or the source opened early; None: open the source a second time."""
-        if running is not None:
-            last = running.last_frame
-            if last is not None:
-                return lambda _timeout: last
-            return running.slot.peek
-        if source is not None:
-            return source[1].peek
-        return None
-
-    def _build_stage(
-        self,
-        slot: PipelineSlot,
-        change: _Change,
-        peek: Callable[[float], Frame | None] | None,
-        first: bool = False,
-    ) -> Stage:
-        """The new version's stage, built and warmed. `first`: nothing serves in this slot yet, so an
-        unproven model starts on the CPU reference at once (backends.prove_in_background); a new version
-        beside a serving one takes the time to be proven first."""
-        config = change.desired.config
-        model = config.model
-        self._phase(slot, change, "pulling", f"pulling {model.name}@{model.version}")
-        download: Progress = lambda what, done, total, rate: self._set_download(slot, what, done, total, rate)  # noqa: E731
-        if model.path is not None:
-            installed = self.store.import_file(model.path, model.name, model.version)
-        else:
-            assert self.config.registry is not None  # the config model requires it for registry models
-            asks_registry = not self.store.is_installed(model.name, model.version)
-            registry = open_registry(self.config.registry.url, self.config.registry)
-            try:
-                # After a failure, re-hash the installed blobs: a bit-rotted file of the right size
-                # would otherwise fail to load for ever. The first attempt trusts sizes (fast start).
-                installed = self.store.pull(
-                    registry,
-                    model.name,
-                    model.version,
-                    verify=slot.attempts > 1,
-                    progress=download,
-                    digest=model.digest,
-                )
-            except RegistryError as exc:
-                self.registry_link.failed(registry.url, exc, self.store)
-                raise
-            finally:
-                registry.close()
-            if asks_registry:
-                self.registry_link.reached(registry.url)
-        self._check(change)
-        # Preprocessing, state and labels the version ships (manifest), then the file's own metadata.
-        config = with_model_hints(config, installed.manifest, embedded_hints(installed.model_artifacts()))
-        self._phase(slot, change, "validating", f"proving backends for {installed.ref}")
-        session, choice = choose_and_load(
-            self.config,
-            config,
-            installed.model_artifacts(),
-            installed.ref,
-            installed.testdata_artifacts(),
-            progress=lambda text: self._step(slot, text),
-            load=self.sessions.load,
-            peek=peek,
-            prove_later=first and self.config.backends.prove_in_background,
-        )
-        decision, testdata = choice.decision, installed.testdata_artifacts()
-        try:
-            if not decision.checked:  # no trials ran: the version's own test data proves the choice
-                check_on_testdata(session, choice, testdata)
-        except Exception:
-            session.close()
-            raise
-        log.info("pipeline %s: %s", config.name, decision.explain())
-        loaded = LoadedModel(
-            installed.name, installed.version, decision.artifact_sha256, session, decision, choice.key
-        )
-        try:
-            self._check(change)
-            self._phase(slot, change, "building", f"warming up on {session.backend}")
-            stage = Stage(config, loaded)
-            stage.warm_up()
-            prove = None
-            if choice.policy.benchmark and not decision.checked:  # no sample at build time: a frame will do
-                prove = make_prover(self.config, config, choice, testdata)
-            stage.switcher = DecisionSwitcher(
-                decision,
-                choice.artifacts,
-                choice.policy,
-                warm_up=stage.feeder.warm_up_feeds(),
-                backends=choice.box.backends,
-                prove=prove,
-            )
-        except Exception:
-            session.close()
-            raise
-        return stage
-
     def _health_check(
         self, slot: PipelineSlot, change: _Change, pipeline: Pipeline, health: HealthWindowConfig
     ) -> bool:
@@ -551,37 +341,6 @@ class Supervisor:
                     running,
                     exc_info=not expected,
                 )
-
-    # --- phases, deadlines, retries -----------------------------------------------------------
-
-    def _check(self, change: _Change) -> None:
-        if change.cancel.is_set() or self._stopping.is_set():
-            raise Cancelled()
-
-    def _phase(
-        self, slot: PipelineSlot, change: _Change, phase: str, step: str, extra_s: float = 0.0
-    ) -> None:
-        """Enter `phase`; it must end within fleet.phase_timeout_s (plus `extra_s`: a health window)."""
-        with self._lock:
-            self._check(change)
-            change.deadline = time.monotonic() + self.phase_timeout_s + extra_s
-            slot.set_phase(phase)
-            self._set_step(slot, step)
-        self._on_change()
-
-    def _step(self, slot: PipelineSlot, text: str) -> None:
-        with self._lock:
-            self._set_step(slot, text)
-
-    def _set_step(self, slot: PipelineSlot, text: str) -> None:
-        now = time.monotonic()
-        slot.step, slot.step_started, slot.step_logged = text, now, now
-        slot.download = None
-        if text:
-            log.info("pipeline %s: %s", slot.name, text)
-
-    def _set_download(self, slot: PipelineSlot, what: str, done: int, total: int, rate: float) -> None:
-        slot.download = {"artifact": what, "bytes": done, "total": total, "rate_bps": round(rate)}
 
     def tick(self) -> None:
         """Called every half second: deadlines, retries, and "still ..." log lines for long steps."""
@@ -755,108 +514,3 @@ class Supervisor:
             pipeline.stage.close()
             if pipeline.previous_stage is not None:
                 pipeline.previous_stage.close()
-
-
-class VersionMemory:
-    """Per pipeline, the last version that was committed and the last one that failed on this box,
-    kept in `<state_dir>/pipelines.json`: after a restart a version known to fail here is not tried
-    again (its persisted desired state still names it) and the last good one runs instead."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-        try:
-            data = json.loads(path.read_text())
-            self._records: dict[str, dict[str, Any]] = data if isinstance(data, dict) else {}
-        except FileNotFoundError:
-            self._records = {}
-        except (OSError, ValueError) as exc:
-            log.warning("ignoring %s: %s", path, exc)
-            self._records = {}
-
-    def good(self, name: str, desired: DesiredPipeline) -> None:
-        # With its secrets (an MQTT source's password): a fallback must be able to log in. The file
-        # is the daemon's own (owner-only, like the desired-state documents it comes from).
-        config = desired.config.model_dump(mode="json", context={REVEAL_SECRETS: True})
-        record = {"config": config, "layer": desired.layer, "generation": desired.generation}
-        with self._lock:
-            entry = self._records.setdefault(name, {})
-            entry["good"] = record
-            if entry.get("failed", {}).get("fingerprint") == _fingerprint(desired.config):
-                entry.pop("failed")
-            self._save()
-
-    def failed(self, name: str, desired: DesiredPipeline, why: str) -> None:
-        with self._lock:
-            entry = self._records.setdefault(name, {})
-            entry["failed"] = {"fingerprint": _fingerprint(desired.config), "reason": why[:500]}
-            self._save()
-
-    def fallback_for(self, desired: DesiredPipeline) -> tuple[DesiredPipeline | None, str]:
-        """(the last good version, why `desired` failed) when `desired` is the version that failed here
-        last; (None, "") otherwise."""
-        with self._lock:
-            entry = self._records.get(desired.config.name, {})
-        failed, good = entry.get("failed"), entry.get("good")
-        if not failed or not good or failed.get("fingerprint") != _fingerprint(desired.config):
-            return None, ""
-        try:
-            config = PipelineConfig.model_validate(good["config"])
-        except (ValidationError, KeyError, TypeError) as exc:
-            log.warning(
-                "%s: the last good version of %s is unreadable: %s", self.path, desired.config.name, exc
-            )
-            return None, ""
-        return DesiredPipeline(config, good.get("layer", "yaml"), good.get("generation")), str(
-            failed.get("reason")
-        )
-
-    def _save(self) -> None:
-        try:
-            atomic_write_bytes(self.path, json.dumps(self._records, indent=2).encode())
-        except OSError as exc:  # the daemon serves on; only a restart's memory is lost
-            log.warning("cannot write %s: %s", self.path, exc)
-
-
-def _fingerprint(config: PipelineConfig) -> str:
-    # Secrets included: a version whose only change is a corrected password is a new version.
-    dump = config.model_dump(mode="json", context={REVEAL_SECRETS: True})
-    return hashlib.sha256(json.dumps(dump, sort_keys=True).encode()).hexdigest()
-
-
-def _unhealthy(
-    stage: Stage, health: HealthWindowConfig, latency_before_ms: float | None, final: bool
-) -> str | None:
-    """Why the stage fails its health window so far (None: fine). Error rate and NaN are judged as
-    frames come; too few frames and latency only at the window's end."""
-    stats = stage.stats
-    if (
-        stats.frames
-        and stats.errors / stats.frames > health.max_error_rate
-        and stats.frames >= health.min_frames
-    ):
-        return (
-            f"{stats.errors} of {stats.frames} frames failed (over max_error_rate {health.max_error_rate:g})"
-            + (f"; last: {stats.last_error}" if stats.last_error else "")
-        )
-    if health.nan_is_failure and stats.nan_outputs:
-        return f"{stats.nan_outputs} of {stats.inferences} inferences gave NaN or infinite outputs"
-    if not final:
-        return None
-    if stats.frames < health.min_frames:
-        return f"only {stats.frames} frame(s) in {health.window_s:g} s (min_frames {health.min_frames})"
-    if stats.inferences < _MIN_INFERENCES_FOR_LATENCY:
-        return None  # too few to tell a slower model from a busy moment
-    median = stats.median_latency_ms()
-    if median is not None and health.max_latency_ms is not None and median > health.max_latency_ms:
-        return f"median inference {median:.1f} ms over max_latency_ms {health.max_latency_ms:g}"
-    if median is not None and latency_before_ms and median > latency_before_ms * health.max_latency_ratio:
-        return (
-            f"median inference {median:.1f} ms, {median / latency_before_ms:.1f}x the previous version's "
-            f"{latency_before_ms:.1f} ms (max_latency_ratio {health.max_latency_ratio:g})"
-        )
-    return None
-
-
-def _ref(config: PipelineConfig) -> str:
-    return f"{config.model.name}@{config.model.version}"

@@ -24,14 +24,15 @@ Assistant's birth message ("online" on `<discovery_prefix>/status`) arrives. A c
 sent as `{"p": <platform>}` (Home Assistant's documented removal) and kept so in the retained config,
 so a Home Assistant that was away removes it too; turning discovery off publishes an empty config,
 which removes the device and all of its entities.
+
+The package: `views` (what a pipeline shows, its state), `discovery` (Home Assistant's discovery
+config), `image` (the annotated JPEG); `HomeAutomation` here is the daemon's part.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -42,20 +43,47 @@ from typing import Any, Protocol
 import cv2
 import numpy as np
 
-from agent import __version__
-from agent.config import AgentConfig, ClassificationPostprocess, DetectionPostprocess, PipelineConfig
+from agent.config import AgentConfig, PipelineConfig
 from agent.fsutil import atomic_write_bytes
+from agent.home_automation.discovery import (
+    DiscoveryIdentity,
+    component_ids,
+    discovery_components,
+    discovery_payload,
+    identity_of,
+)
+from agent.home_automation.image import annotated_jpeg
+from agent.home_automation.views import OFF, ON, QOS, Entity, PipelineState, PipelineView, entities, label_of
 from agent.mqtt.message import Message
-from agent.mqtt.topics import ha_device_config_topic, ha_status_topic, state_topic, status_topic
+from agent.mqtt.topics import ha_device_config_topic, ha_status_topic, state_topic
 
 log = logging.getLogger(__name__)
 
-ON, OFF = b"ON", b"OFF"
-QOS = 1
 MEMORY_FILE = "home_automation.json"
 _MAX_REMOVED = 256  # removed components kept (as removals) in the retained discovery config
 _PACKET_OVERHEAD = 64  # fixed header, packet id, properties (as agent/mqtt/connection.py)
-_JPEG_QUALITY = 80
+
+__all__ = [
+    "MEMORY_FILE",
+    "OFF",
+    "ON",
+    "QOS",
+    "DiscoveryIdentity",
+    "Entity",
+    "FrameHolder",
+    "HomeAutomation",
+    "PipelineState",
+    "PipelineView",
+    "Publisher",
+    "Routes",
+    "annotated_jpeg",
+    "component_ids",
+    "discovery_components",
+    "discovery_payload",
+    "entities",
+    "identity_of",
+    "label_of",
+]
 
 
 class Publisher(Protocol):
@@ -80,251 +108,6 @@ class FrameHolder(Protocol):
 
     name: str
     last_frame: Any  # agent.sources.Frame | None
-
-
-# --- what a pipeline shows ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PipelineView:
-    """The part of a pipeline's config this module uses."""
-
-    name: str
-    kind: str  # "classification" | "detection"
-    watch: tuple[str, ...]
-    off_delay_s: float
-    image: bool
-    image_interval_s: float
-
-    @classmethod
-    def of(cls, config: PipelineConfig) -> PipelineView | None:
-        """None for pipelines without labels (regions, threshold, raw, plugins): no state topics."""
-        post = config.postprocess
-        if isinstance(post, ClassificationPostprocess):
-            kind = "classification"
-        elif isinstance(post, DetectionPostprocess):
-            kind = "detection"
-        else:
-            return None
-        home = config.home_automation
-        return cls(
-            config.name,
-            kind,
-            tuple(home.watch),
-            home.off_delay_s,
-            home.image and kind == "detection",
-            home.image_interval_s,
-        )
-
-
-@dataclass(frozen=True)
-class Entity:
-    """One state topic and, for Home Assistant, the component that shows it."""
-
-    key: tuple[str, ...]  # topic levels under state/<pipeline>/: ("label",), ("seen", "person")
-    platform: str  # sensor | binary_sensor | image
-    name: str
-    options: tuple[tuple[str, Any], ...] = ()
-
-
-def entities(view: PipelineView) -> list[Entity]:
-    """What `view`'s pipeline publishes, in a stable order."""
-    p = view.name
-    out: list[Entity] = []
-    if view.kind == "classification":
-        out.append(Entity(("label",), "sensor", f"{p} label", (("icon", "mdi:label-outline"),)))
-    else:
-        out.append(Entity(("count",), "sensor", f"{p} count", (("state_class", "measurement"),)))
-        for label in view.watch:
-            options = (("state_class", "measurement"),)
-            out.append(Entity(("count", label), "sensor", f"{p} {label} count", options))
-    out += [Entity(("seen", label), "binary_sensor", f"{p} {label}") for label in view.watch]
-    if view.image:
-        out.append(Entity(("image",), "image", f"{p} image", (("content_type", "image/jpeg"),)))
-    return out
-
-
-def label_of(entry: Mapping[str, Any]) -> str:
-    """A result entry's label; its class index as text when the model has no labels."""
-    label = entry.get("label")
-    return str(label) if label is not None else str(entry.get("index"))
-
-
-class PipelineState:
-    """A pipeline's current state-topic values (topic levels -> payload), from its published results."""
-
-    def __init__(self, view: PipelineView) -> None:
-        self.view = view
-        self.values: dict[tuple[str, ...], bytes] = {}
-        self.present: set[str] = set()  # watched labels in the last result
-        self.last_seen: dict[str, float] = {}  # watched label -> when it was last in a result (monotonic)
-
-    def update(self, output: Mapping[str, Any], now: float) -> list[dict[str, Any]]:
-        """Take a published result's `output`; returns its detections (for the image)."""
-        detections: list[dict[str, Any]] = []
-        if self.view.kind == "classification":
-            top = output.get("top") or []
-            if not top:
-                return detections
-            label = label_of(top[0])
-            self.values[("label",)] = label.encode()
-            labels = [label]
-        else:
-            detections = list(output.get("detections") or [])
-            labels = [label_of(d) for d in detections]
-            self.values[("count",)] = str(len(detections)).encode()
-            for watched in self.view.watch:
-                self.values[("count", watched)] = str(labels.count(watched)).encode()
-        self.present = {label for label in labels if label in self.view.watch}
-        for watched in self.view.watch:
-            if watched in self.present:
-                self.last_seen[watched] = now
-                self.values[("seen", watched)] = ON
-            elif self._off_due(watched, now):
-                self.values[("seen", watched)] = OFF
-        return detections
-
-    def expire(self, now: float) -> None:
-        """Turn OFF what has been missing for off_delay_s (called every tick)."""
-        for watched in self.view.watch:
-            on = self.values.get(("seen", watched)) == ON
-            if on and watched not in self.present and self._off_due(watched, now):
-                self.values[("seen", watched)] = OFF
-
-    def _off_due(self, label: str, now: float) -> bool:
-        seen = self.last_seen.get(label)
-        return seen is None or now - seen >= self.view.off_delay_s
-
-
-# --- Home Assistant discovery -------------------------------------------------------------------
-
-_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
-
-
-def _short_hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
-
-
-def _slug(text: str) -> str:
-    """`text` as a component id part ([A-Za-z0-9_-]: Home Assistant splits discovery ids on spaces)."""
-    slug = _ID_UNSAFE.sub("_", text)
-    return slug if slug == text else f"{slug}_{_short_hash(text)}"
-
-
-def component_ids(views: list[PipelineView]) -> dict[tuple[str, tuple[str, ...]], str]:
-    """(pipeline, entity key) -> component id: `<pipeline>__<key levels>`, unique (a clash of slugs gets
-    a hash of what it names)."""
-    ids: dict[tuple[str, tuple[str, ...]], str] = {}
-    taken: set[str] = set()
-    for view in sorted(views, key=lambda v: v.name):
-        for entity in entities(view):
-            cid = "__".join([_slug(view.name), *(_slug(level) for level in entity.key)])
-            if cid in taken:
-                cid = f"{cid}__{_short_hash(view.name + chr(0) + chr(0).join(entity.key))}"
-            taken.add(cid)
-            ids[(view.name, entity.key)] = cid
-    return ids
-
-
-@dataclass(frozen=True)
-class DiscoveryIdentity:
-    """Who the device is, in Home Assistant."""
-
-    device_id: str
-    object_id: str
-    device_name: str
-    support_url: str | None
-    availability_topic: str
-
-
-def identity_of(config: AgentConfig) -> DiscoveryIdentity:
-    ha = config.home_assistant
-    return DiscoveryIdentity(
-        device_id=config.device.id,
-        object_id=ha.object_id or config.device.id,
-        device_name=ha.device_name or config.device.id,
-        support_url=ha.support_url,
-        availability_topic=status_topic(config.mqtt.topic_prefix, config.device.id),
-    )
-
-
-def discovery_components(
-    views: list[PipelineView], identity: DiscoveryIdentity, prefix: str
-) -> dict[str, dict[str, Any]]:
-    """Component id -> its config, for `views` (Home Assistant's device discovery `cmps`)."""
-    ids = component_ids(views)
-    components: dict[str, dict[str, Any]] = {}
-    for view in views:
-        for entity in entities(view):
-            cid = ids[(view.name, entity.key)]
-            topic = state_topic(prefix, identity.device_id, view.name, *entity.key)
-            component: dict[str, Any] = {
-                "p": entity.platform,
-                "unique_id": f"edge-agent__{identity.object_id}__{cid}",
-                "name": entity.name,
-                ("image_topic" if entity.platform == "image" else "state_topic"): topic,
-                "qos": QOS,
-            }
-            component.update(entity.options)
-            components[cid] = component
-    return components
-
-
-def discovery_payload(
-    identity: DiscoveryIdentity, components: Mapping[str, Mapping[str, Any]], removed: Mapping[str, str]
-) -> dict[str, Any]:
-    """The device discovery config: device, origin, availability, the components and, for each
-    removed one (id -> platform), `{"p": platform}`, which makes Home Assistant delete it."""
-    origin: dict[str, Any] = {"name": "edge-agent", "sw_version": __version__}
-    if identity.support_url:
-        origin["support_url"] = identity.support_url
-    cmps: dict[str, Any] = {cid: {"p": platform} for cid, platform in sorted(removed.items())}
-    cmps.update({cid: dict(c) for cid, c in components.items()})
-    return {
-        "dev": {
-            "identifiers": [f"edge-agent__{identity.object_id}"],
-            "name": identity.device_name,
-            "manufacturer": "edge-agent",
-            "model": "edge-agent",
-            "sw_version": __version__,
-        },
-        "o": origin,
-        # The agent's retained status: {"status": "online" | "offline", ...} (docs/results.md).
-        "availability": [
-            {
-                "topic": identity.availability_topic,
-                "value_template": "{{ value_json.status }}",
-                "payload_available": "online",
-                "payload_not_available": "offline",
-            }
-        ],
-        "qos": QOS,
-        "cmps": cmps,
-    }
-
-
-# --- the annotated image ------------------------------------------------------------------------
-
-
-def annotated_jpeg(frame: np.ndarray, detections: list[dict[str, Any]], max_bytes: int) -> bytes | None:
-    """`frame` (BGR) with each detection's box and label drawn, as JPEG of at most `max_bytes` (scaled
-    down until it fits; None when even a quarter-size image does not)."""
-    image = frame.copy()
-    height, width = image.shape[:2]
-    thickness = max(1, round(max(width, height) / 400))
-    scale = max(0.4, max(width, height) / 1200)
-    for d in detections:
-        x1, y1, x2, y2 = (round(float(v)) for v in d.get("box", (0, 0, 0, 0)))
-        cv2.rectangle(image, (x1, y1), (x2, y2), (0, 200, 255), thickness)
-        text = f"{label_of(d)} {float(d.get('score', 0.0)):.2f}"
-        cv2.putText(image, text, (x1, max(y1 - 4, 12)), cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 200, 255),
-                    thickness, cv2.LINE_AA)  # fmt: skip
-    for shrink in (1, 2, 4):
-        scaled = image if shrink == 1 else cv2.resize(image, (width // shrink, height // shrink))
-        ok, data = cv2.imencode(".jpg", scaled, [cv2.IMWRITE_JPEG_QUALITY, _JPEG_QUALITY])
-        if ok and len(data) <= max_bytes:
-            return bytes(data)
-    return None
 
 
 # --- the daemon's part --------------------------------------------------------------------------

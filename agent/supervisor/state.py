@@ -1,0 +1,153 @@
+"""What the supervisor tracks and reports: the `ApplyReport` of one `apply`, each named pipeline's
+`PipelineSlot` (phase, step, download, attempts) with the change in flight, and the `RegistryLink`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.clock import iso_utc
+from agent.config import HealthWindowConfig, PipelineConfig
+from agent.desired_pipeline import DesiredPipeline
+from agent.errors import RegistryError
+from agent.pipeline import Pipeline, Stage
+from agent.registry import public_url
+from agent.store import ModelStore
+
+log = logging.getLogger(__package__)  # the package's logger, as before it was split
+
+
+IN_FLIGHT = ("pending", "pulling", "validating", "building", "health-check")
+
+
+@dataclass
+class ApplyReport:
+    """What one `apply` set in motion (the outcomes come later, in `states()`)."""
+
+    added: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, list[str]]:
+        return {
+            "added": self.added,
+            "changed": self.changed,
+            "removed": self.removed,
+            "unchanged": self.unchanged,
+        }
+
+
+class Cancelled(Exception):
+    """A change was pre-empted by a newer one (or the agent is stopping)."""
+
+
+class RegistryLink:
+    """Whether the registry answered when the agent last needed it (a version not in the store yet).
+    Installed versions are served without asking it: offline, the box runs what its store has."""
+
+    def __init__(self, url: str | None) -> None:
+        self.url = public_url(url) if url else None
+        self.state = "not asked yet" if url else "none configured"
+        self.error: str | None = None
+        self.since = time.time()
+
+    def reached(self, url: str) -> None:
+        if self.state != "reachable":
+            if self.state == "unreachable":
+                log.info("registry %s reachable again", url)
+            self.state, self.error, self.since = "reachable", None, time.time()
+
+    def failed(self, url: str, exc: RegistryError, store: ModelStore) -> None:
+        if "cannot reach registry" not in exc.message:
+            return  # it answered (with an error of its own): reachable, the version is the problem
+        if self.state != "unreachable":
+            installed = ", ".join(m.ref for m in store.list()) or "nothing"
+            log.warning(
+                "registry %s unreachable (%s); serving what the store has: %s", url, exc.message, installed
+            )
+            self.state, self.since = "unreachable", time.time()
+        self.error = exc.message
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "state": self.state, "error": self.error, "since": iso_utc(self.since)}
+
+
+@dataclass
+class _Change:
+    """One version being brought in: its thread, its cancel flag, its deadline."""
+
+    desired: DesiredPipeline
+    cancel: threading.Event = field(default_factory=threading.Event)
+    deadline: float = 0.0  # monotonic: the current phase must end by then
+    thread: threading.Thread | None = None
+    new_pipeline: bool = False  # a new source: a new Pipeline replaced the old one (not a stage swap)
+    note: str | None = None  # set: a rollback brought in at start (see Supervisor._begin)
+    swapped_in: Stage | None = None  # the stage it swapped into a running pipeline (not yet committed)
+
+
+class PipelineSlot:
+    """A named pipeline: what runs, what is wanted, and where the change between them stands."""
+
+    def __init__(self, desired: DesiredPipeline) -> None:
+        self.name = desired.config.name
+        self.desired = desired
+        self.running: DesiredPipeline | None = None  # the version the pipeline serves
+        self.pipeline: Pipeline | None = None
+        self.change: _Change | None = None
+        self.phase = "pending"
+        self.reason: str | None = None
+        self.since = time.time()
+        self.step = ""  # what the phase is doing now (pulling x, a backend trial, compiling an engine)
+        self.step_started = time.monotonic()
+        self.step_logged = self.step_started
+        self.download: dict[str, Any] | None = None  # {"artifact", "bytes", "total", "rate_bps"}
+        self.attempts = 0
+        self.retry_at: float | None = None  # monotonic: when a pipeline that never ran is tried again
+
+    def set_phase(self, phase: str, reason: str | None = None) -> None:
+        if phase != self.phase or reason != self.reason:
+            self.phase, self.reason, self.since = phase, reason, time.time()
+
+    def to_dict(self, default_health: HealthWindowConfig | None = None) -> dict[str, Any]:
+        """The pipeline's status: the running pipeline's own (counters, source) plus the change's.
+        `running_model` is the version frames go through now (None: nothing serves), `desired_model`
+        the one wanted; `running_layer`/`running_generation` say where the committed version came
+        from when it is not the desired one (a change failed, rolled back or in flight)."""
+        if self.pipeline is not None:
+            # Its last error is cleared after the desired version's health window of clean running.
+            state = self.pipeline.status(self.desired.health or default_health)
+            state["running_model"] = state["model"]
+        else:
+            state = {
+                "state": "error" if self.phase == "failed" else "starting",
+                "error": self.reason,
+                "backend_why": None,
+                "running_model": None,
+            }
+        state.update(
+            {
+                "phase": self.phase,
+                "reason": self.reason,
+                "since": iso_utc(self.since),
+                "layer": self.desired.layer,
+                "generation": self.desired.generation,
+                "attempts": self.attempts,
+            }
+        )
+        state["desired_model"] = _ref(self.desired.config)
+        if self.running is not None and self.running.config != self.desired.config:
+            state["running_layer"], state["running_generation"] = self.running.layer, self.running.generation
+        if self.phase in IN_FLIGHT and self.step:
+            state["step"] = self.step
+            state["step_s"] = round(time.monotonic() - self.step_started, 1)
+        if self.download is not None:
+            state["download"] = dict(self.download)
+        return state
+
+
+def _ref(config: PipelineConfig) -> str:
+    return f"{config.model.name}@{config.model.version}"
