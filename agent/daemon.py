@@ -1,7 +1,7 @@
 """The daemon: pipelines up, results out through the outbox, a clean stop.
 
 Lifecycle: open the outbox and start MQTT (a broker that is down is retried in the
-background while results queue up), hand the pipelines to the supervisor (agent/supervisor.py:
+background while results queue up), hand the pipelines to the supervisor (agent/supervisor/:
 each is pulled, proven on this box and warmed on a thread of its own), run until asked to stop,
 then stop sources, finish the frames in flight, flush the outbox as far as the broker allows and
 publish `offline`.

@@ -57,7 +57,7 @@ class ResultSink(Protocol):
 
 
 class BackendSwitcher(Protocol):
-    """What a stage asks of its backend choice (agent/backend_choice.py DecisionSwitcher): the
+    """What a stage asks of its backend choice (agent/backend_choice/ DecisionSwitcher): the
     decision it follows, other sessions for the same model when the current backend keeps failing,
     and the proof on a frame of a decision no sample proved yet."""
 
@@ -92,7 +92,7 @@ class LoadedModel:
     sha256: str
     session: Session
     decision: Decision | None = None  # how the backend was chosen (None: given, not selected)
-    key: str = ""  # the decision's cache key (agent/backend_choice.py): reselect-backend forgets it
+    key: str = ""  # the decision's cache key (agent/backend_choice/): reselect-backend forgets it
 
 
 @dataclass

@@ -51,7 +51,7 @@ class _Ep:
     install_hint: str
 
 
-# The EPs an edge box may have, most wanted first (the ranking itself lives in providers/select.py).
+# The EPs an edge box may have, most wanted first (the ranking itself lives in providers/select/).
 _EPS: dict[str, _Ep] = {
     "TensorrtExecutionProvider": _Ep(
         TensorRtOptions,

@@ -14,7 +14,7 @@ from typing import Any
 
 from providers.base import Backend, BackendError, ModelArtifact, ProbeResult, Session, Support
 
-# runtime -> module with `discover() -> list[Backend]`. Preference order lives in providers/select.py.
+# runtime -> module with `discover() -> list[Backend]`. Preference order lives in providers/select/.
 _RUNTIMES: dict[str, str] = {
     "onnxruntime": "providers.onnxruntime_backend",
     "openvino": "providers.openvino_backend",

@@ -34,7 +34,7 @@ class TrialRequest:
     min_time_s: float = 0.0  # ... and at least this long (fast models need many runs for a stable median)
     budget_s: float = 10.0  # but stop timing after this long
     # Options timed as well, on a second session loaded beside and run in turn with the main one: a
-    # variant the selection may prefer (one CPU thread fewer, providers/select.py spare_core_variant).
+    # variant the selection may prefer (one CPU thread fewer, providers/select/ spare_core_variant).
     # None: no variant.
     variant: Mapping[str, Any] | None = None
 

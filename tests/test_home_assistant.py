@@ -1,4 +1,4 @@
-"""State topics and Home Assistant discovery (agent/home_automation.py, docs/integrations.md).
+"""State topics and Home Assistant discovery (agent/home_automation/, docs/integrations.md).
 
 - The discovery config, for every entity kind the agent makes (sensor, binary_sensor, image) and for
   removals, checked field by field against Home Assistant's discovery schema (tests/ha_schema.py,

@@ -1,5 +1,5 @@
 """One answer to "where does this model run": `models validate`, `explain`, `infer` and `bench` name
-the same backend and artifact, from the one function (agent/backend_choice.py `current_choice`).
+the same backend and artifact, from the one function (agent/backend_choice/ `current_choice`).
 
 Real models from the onnx wheel's backend tests, each with its test_data_set_0, published into a
 file registry and pulled into a real store, through the `edge-agent` CLI as a user runs it; the

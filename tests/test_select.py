@@ -499,7 +499,7 @@ def test_openvino_sees_a_cpu_here() -> None:
 def test_reference_first_is_decide_without_a_sample_less_the_screening(
     cls_model_path: Path, tmp_path: Path
 ) -> None:
-    """What serves at once on a first start (agent/backend_choice.py, prove_later): the full-precision
+    """What serves at once on a first start (agent/backend_choice/, prove_later): the full-precision
     reference `decide` picks when there is no sample, or None where the policy rules it out."""
     spec = importlib.util.find_spec("mediapipe")  # located, never imported
     assert spec is not None and spec.submodule_search_locations

@@ -1,6 +1,6 @@
 """One core left to the pipeline (issue 15): the CPU backends are timed with one core fewer too, and a
 model that is at most 10% slower that way runs so, leaving that core to decoding, preparing and
-reporting (providers/select.py, spare_core_variant).
+reporting (providers/select/, spare_core_variant).
 
 The trials here run the real model; only the timings a decision compares are set by the test (a
 2-core box shared with other jobs times both variants at random), so that the rule itself is what
