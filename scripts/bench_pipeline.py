@@ -54,11 +54,12 @@ sys.path.insert(0, str(ROOT))
 
 from agent.config import AgentConfig, PipelineConfig  # noqa: E402
 from agent.mqtt.outbox import Outbox  # noqa: E402
-from agent.pipeline import LoadedModel, Pipeline, Stage  # noqa: E402
+from agent.pipeline import Pipeline  # noqa: E402
 from agent.processing.judge import report_judge  # noqa: E402
 from agent.processing.preprocess import keep_opencv_serial  # noqa: E402
 from agent.results import ResultWriter  # noqa: E402
 from agent.sources import Frame  # noqa: E402
+from agent.stage import LoadedModel, Stage  # noqa: E402
 from providers import ModelArtifact, SelectionPolicy, Session, decide, get_backend  # noqa: E402
 from providers.select import serving_options  # noqa: E402
 

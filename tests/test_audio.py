@@ -18,9 +18,10 @@ import pytest
 from agent.config import AudioSourceConfig, PipelineConfig, ReportConfig
 from agent.config_loader import parse_config
 from agent.errors import ConfigError, EdgeAgentError, ModelError
-from agent.pipeline import LoadedModel, Pipeline
+from agent.pipeline import Pipeline
 from agent.processing.feed import build_feeder
 from agent.sources import AudioSource, FrameQueue, read_wav
+from agent.stage import LoadedModel
 from providers import ModelArtifact, TensorSpec, get_backend
 from tests import media_fixtures
 from tests.cpu_precision import exact_options

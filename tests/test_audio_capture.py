@@ -19,8 +19,9 @@ import psutil
 import pytest
 
 from agent.config import AudioSourceConfig, PipelineConfig
-from agent.pipeline import LoadedModel, Pipeline
+from agent.pipeline import Pipeline
 from agent.sources import AudioSource, Frame, FrameQueue
+from agent.stage import LoadedModel
 from providers import ModelArtifact, get_backend
 from tests.media_fixtures import ListSink
 from tests.test_audio import silero

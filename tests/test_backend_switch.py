@@ -19,8 +19,9 @@ import pytest
 from agent import pipeline as pipeline_module
 from agent.backend_choice import DecisionSwitcher
 from agent.config import ClassificationPostprocess, ModelRef, PipelineConfig, VideoSourceConfig
-from agent.pipeline import LoadedModel, Pipeline
+from agent.pipeline import Pipeline
 from agent.results import Result
+from agent.stage import LoadedModel
 from providers import (
     CandidateReport,
     Decision,

@@ -14,7 +14,8 @@ import psutil
 import pytest
 
 from agent.config import PipelineConfig
-from agent.pipeline import LoadedModel, Pipeline
+from agent.pipeline import Pipeline
+from agent.stage import LoadedModel
 from providers import ModelArtifact
 from providers.onnxruntime_backend import OnnxRuntimeBackend
 from tests.media_fixtures import ListSink

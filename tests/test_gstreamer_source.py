@@ -17,9 +17,10 @@ import pytest
 
 from agent.config import PipelineConfig, VideoSourceConfig
 from agent.errors import EdgeAgentError
-from agent.pipeline import LoadedModel, Pipeline
+from agent.pipeline import Pipeline
 from agent.sources import Frame, LatestFrameSlot, VideoSource
 from agent.sources.gstreamer import gst_launch_argv
+from agent.stage import LoadedModel
 from providers import ModelArtifact, get_backend
 from tests.media_fixtures import FACE_BOX, ListSink, astronaut_bgr, iou
 from tests.waits import wait_until

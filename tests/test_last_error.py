@@ -19,7 +19,8 @@ from agent.config import (
     PipelineConfig,
     VideoSourceConfig,
 )
-from agent.pipeline import LoadedModel, Pipeline
+from agent.pipeline import Pipeline
+from agent.stage import LoadedModel
 from providers import Session
 from providers.onnxruntime_backend import OnnxRuntimeBackend
 from tests.media_fixtures import (

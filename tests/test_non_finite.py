@@ -30,9 +30,10 @@ from agent.config import (
     VideoSourceConfig,
 )
 from agent.errors import RegistryError
-from agent.pipeline import LoadedModel, Pipeline
+from agent.pipeline import Pipeline
 from agent.processing import Preprocessor
 from agent.registry import FileRegistry
+from agent.stage import LoadedModel
 from agent.supervisor.health import _unhealthy
 from agent.testdata import MODEL_ZOO_ATOL, MODEL_ZOO_RTOL, TestData
 from agent.validate import Validation, validate

@@ -166,7 +166,7 @@ def test_a_frame_the_model_fails_on_is_still_offered_to_the_proof(cls_model_path
     """A pipeline's first choice that fails on its frames never gets a frame through to the proof
     that would replace it, unless a failed run offers its inputs too (agent/pipeline.py Stage.infer)."""
     from agent.config import ClassificationPostprocess, ModelRef, PipelineConfig, VideoSourceConfig
-    from agent.pipeline import LoadedModel, Stage
+    from agent.stage import LoadedModel, Stage
     from providers import BackendError
     from providers.onnxruntime_backend import OnnxRuntimeBackend
     from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, cls_artifact

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from agent.config import ClassificationPostprocess, ModelRef, PipelineConfig, VideoSourceConfig
-from agent.pipeline import LoadedModel, Pipeline
+from agent.pipeline import Pipeline
 from agent.results import Result
+from agent.stage import LoadedModel
 from providers import Session
 from providers.onnxruntime_backend import OnnxRuntimeBackend
 from tests.media_fixtures import (

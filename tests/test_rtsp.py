@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from agent.config import ClassificationPostprocess, ModelRef, PipelineConfig, VideoSourceConfig
-from agent.pipeline import LoadedModel, Pipeline
+from agent.pipeline import Pipeline
+from agent.stage import LoadedModel
 from providers.onnxruntime_backend import OnnxRuntimeBackend
 from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, ListSink, cls_artifact, demo_video_module
 from tests.waits import free_port, wait_until

@@ -18,8 +18,9 @@ from agent.config import (
 )
 from agent.config_loader import parse_config
 from agent.errors import ConfigError
-from agent.pipeline import LoadedModel, Pipeline
+from agent.pipeline import Pipeline
 from agent.rules import RULES, ReportRules, best_score, outcome
+from agent.stage import LoadedModel
 from providers.onnxruntime_backend import OnnxRuntimeBackend
 from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, ListSink, cls_artifact, demo_video_module
 from tests.waits import wait_until

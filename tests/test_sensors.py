@@ -16,8 +16,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from agent.config import MqttSourceConfig, PipelineConfig
-from agent.pipeline import LoadedModel, Pipeline
+from agent.pipeline import Pipeline
 from agent.sources import FrameQueue, MqttSource, parse_values
+from agent.stage import LoadedModel
 from providers import ModelArtifact
 from providers.onnxruntime_backend import OnnxRuntimeBackend
 from tests.media_fixtures import ListSink

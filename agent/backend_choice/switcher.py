@@ -21,7 +21,7 @@ Prover = Callable[[Mapping[str, np.ndarray]], Decision]
 
 
 class DecisionSwitcher:
-    """Runtime fallback along a decision's order (agent.pipeline.BackendSwitcher).
+    """Runtime fallback along a decision's order (agent.stage.BackendSwitcher).
 
     A backend that keeps failing while serving (an accelerator unplugged, a driver error) is
     demoted and the next usable candidate takes over; the demoted one is retried later with

@@ -38,10 +38,11 @@ from typing import Any
 from agent.config import AgentConfig, HealthWindowConfig
 from agent.desired_pipeline import DesiredPipeline
 from agent.errors import EdgeAgentError
-from agent.pipeline import Pipeline, ResultSink, Stage
+from agent.pipeline import Pipeline, ResultSink
 from agent.retry import backoff_delay
 from agent.session_pool import SessionPool
 from agent.sources import BrokerLink, Slot, Source, is_live, open_source
+from agent.stage import Stage
 from agent.store import ModelStore
 from agent.supervisor.building import StageBuilder
 from agent.supervisor.health import _unhealthy

@@ -12,10 +12,11 @@ from agent.backend_choice import DecisionSwitcher, check_on_testdata, choose_and
 from agent.config import AgentConfig
 from agent.errors import RegistryError
 from agent.model_hints import embedded_hints, with_model_hints
-from agent.pipeline import LoadedModel, Pipeline, Stage
+from agent.pipeline import Pipeline
 from agent.registry import open_registry
 from agent.session_pool import SessionPool
 from agent.sources import Frame, Slot, Source
+from agent.stage import LoadedModel, Stage
 from agent.store import ModelStore, Progress
 from agent.supervisor.state import Cancelled, PipelineSlot, RegistryLink, _Change
 

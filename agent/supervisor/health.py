@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agent.config import HealthWindowConfig
-from agent.pipeline import Stage
+from agent.stage import Stage
 
 _MIN_INFERENCES_FOR_LATENCY = 5  # the health window judges latency on at least this many frames
 

@@ -13,8 +13,9 @@ from agent.clock import iso_utc
 from agent.config import HealthWindowConfig, PipelineConfig
 from agent.desired_pipeline import DesiredPipeline
 from agent.errors import RegistryError
-from agent.pipeline import Pipeline, Stage
+from agent.pipeline import Pipeline
 from agent.registry import public_url
+from agent.stage import Stage
 from agent.store import ModelStore
 
 log = logging.getLogger(__package__)  # the package's logger, as before it was split

@@ -1,0 +1,210 @@
+"""A stage: everything a frame goes through after the source, built and warmed before it serves.
+
+The model's session (and the decision that chose its backend), the feeder that turns frames into the
+model's inputs, the postprocessor and the report rules, with the stage's own counters (the health
+window judges a new version on them). A running pipeline (agent/pipeline.py) owns one stage at a
+time and swaps in the next between two frames; `edge-agent infer` runs one frame through a stage.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from agent.clock import iso_utc
+from agent.config import PipelineConfig
+from agent.processing import Geometry, build_postprocessor
+from agent.processing.feed import build_feeder
+from agent.rules import ReportRules
+from providers import Decision, Session
+
+
+class BackendSwitcher(Protocol):
+    """What a stage asks of its backend choice (agent/backend_choice/ DecisionSwitcher): the
+    decision it follows, other sessions for the same model when the current backend keeps failing,
+    and the proof on a frame of a decision no sample proved yet."""
+
+    @property
+    def decision(self) -> Decision:
+        """The decision the stage follows now (the proven one, once its session is swapped in)."""
+
+    @property
+    def wants_sample(self) -> bool:
+        """Whether a frame's inputs would start a proof (offer_sample)."""
+
+    def offer_sample(self, feeds: Mapping[str, np.ndarray], current: str) -> None:
+        """Prove the candidates on these inputs, in the background (`current`: what serves now)."""
+
+    def take_upgrade(self) -> Session | None:
+        """A session on the candidate a proof chose, once loaded (the worker swaps it in)."""
+
+    def join(self, timeout: float) -> None:
+        """Wait (at most `timeout`) for a proof in the background."""
+
+    def fallback(self, failed: str) -> Session | None:
+        """Demote `failed`; load and return the next candidate (None when there is none)."""
+
+    def retry_preferred(self, current: str) -> Session | None:
+        """A better-ranked demoted backend that loads again (its backoff has passed), else None."""
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    version: str
+    sha256: str
+    session: Session
+    decision: Decision | None = None  # how the backend was chosen (None: given, not selected)
+    key: str = ""  # the decision's cache key (agent/backend_choice/): reselect-backend forgets it
+
+
+@dataclass
+class FrameRun:
+    """What one frame became in a stage: the model's inputs and outputs, the postprocessed output
+    (a result's `output`), the time of each step, and how an image was fitted into the input."""
+
+    feeds: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
+    output: dict[str, Any]
+    preprocess_ms: float
+    inference_ms: float
+    postprocess_ms: float
+    geometry: Geometry | None = None
+
+
+class StageStats:
+    """What one stage did since it was swapped in: the health window judges a new version on these."""
+
+    def __init__(self) -> None:
+        self.since = time.monotonic()
+        self.frames = 0  # frames it was given
+        self.inferences = 0
+        self.errors = 0
+        self.nan_outputs = 0  # inferences whose outputs held NaN or infinity
+        self.latency_sum_ms = 0.0
+        self.recent_ms: collections.deque[float] = collections.deque(maxlen=200)  # the last inferences
+        self.last_error: str | None = None
+        self.last_error_at: float | None = None  # wall clock (time.time()) of the last failed frame
+
+    def mean_latency_ms(self) -> float | None:
+        return self.latency_sum_ms / self.inferences if self.inferences else None
+
+    def median_latency_ms(self) -> float | None:
+        """Of the last inferences: a few slow frames (a busy box) do not move it, a slower model does."""
+        return statistics.median(self.recent_ms) if self.recent_ms else None
+
+    def to_dict(self) -> dict[str, Any]:
+        mean = self.mean_latency_ms()
+        return {
+            "seconds": round(time.monotonic() - self.since, 3),
+            "frames": self.frames,
+            "inferences": self.inferences,
+            "errors": self.errors,
+            "nan_outputs": self.nan_outputs,
+            "mean_inference_ms": None if mean is None else round(mean, 3),
+            "last_error": self.last_error,
+            "last_error_at": None if self.last_error_at is None else iso_utc(self.last_error_at),
+        }
+
+
+class Stage:
+    """Everything a frame goes through after the source: the model's session, the feeder that turns
+    frames into its inputs, the postprocessor and the report rules. Built and warmed before it serves."""
+
+    def __init__(self, config: PipelineConfig, model: LoadedModel, switcher: BackendSwitcher | None = None):
+        self.config = config
+        self.model = model
+        self.switcher = switcher
+        session = model.session
+        self.feeder = build_feeder(config, session.inputs, session.outputs)
+        self.postprocess = build_postprocessor(config.postprocess, session.outputs)
+        self.rules = ReportRules(config.report)
+        self.stats = StageStats()
+        # While on probation (a health window), outputs are checked for NaN and infinity each frame.
+        self.watch_outputs = False
+
+    @property
+    def ref(self) -> str:
+        return f"{self.model.name}@{self.model.version}"
+
+    def decision(self) -> Decision | None:
+        """The decision this stage follows now: its switcher's latest (after a proof on a frame),
+        else the one it was built with (None: a session given, not chosen)."""
+        return self.switcher.decision if self.switcher is not None else self.model.decision
+
+    def serving(self) -> dict[str, Any]:
+        """What serves this stage now and why, read from the session it runs and the decision it
+        follows (a switcher's latest: after a proof on a frame, or a fallback), never a copy made
+        when the stage was built."""
+        session = self.model.session
+        decision = self.decision()
+        if decision is None:  # a session given, not chosen (tests, tools)
+            return {"backend": session.backend, "precision": session.precision, "backend_why": None}
+        why = decision.explain()
+        if session.backend != decision.backend:
+            why = f"running on {session.backend}, the fallback of the decision: {why}"
+        return {
+            "backend": session.backend,
+            "precision": session.precision,
+            "artifact": decision.artifact_on(session.backend),
+            "proven": decision.checked,
+            "backend_why": why,
+        }
+
+    def warm_up(self) -> None:
+        """Run the model once at its real input shape before it serves a live frame."""
+        self.model.session.run(self.feeder.warm_up_feeds())
+
+    def prepare(self, data: np.ndarray, gap: bool = False) -> tuple[dict[str, np.ndarray], Geometry | None]:
+        """The model's inputs for one frame (an image, an audio window), and how an image was fitted."""
+        return self.feeder.feeds(data, gap)
+
+    def infer(
+        self, feeds: Mapping[str, np.ndarray], offer: Callable[[Mapping[str, np.ndarray]], None] | None = None
+    ) -> dict[str, np.ndarray]:
+        """One run of the model; `offer` sees its inputs after the run (a switcher proving its decision
+        on real frames), also when the run failed: a first choice that cannot run the model's real
+        inputs is just what the proof must replace."""
+        try:
+            outputs = self.model.session.run(feeds)
+        except Exception:
+            if offer is not None:
+                offer(feeds)
+            raise
+        # Counted as the model returns, before its outputs are looked at: postprocessing may refuse
+        # NaN (the frame then fails), and a NaN inference is one of the inferences all the same.
+        self.stats.inferences += 1
+        if self.watch_outputs and not all(np.isfinite(v).all() for v in outputs.values()):
+            self.stats.nan_outputs += 1
+        if offer is not None:
+            offer(feeds)
+        self.feeder.seen(outputs)
+        return outputs
+
+    def run_frame(
+        self,
+        data: np.ndarray,
+        gap: bool = False,
+        offer: Callable[[Mapping[str, np.ndarray]], None] | None = None,
+    ) -> FrameRun:
+        """One frame through preprocess, the model and postprocess, one after the other (`edge-agent
+        infer`); a running pipeline does the same three steps on three threads."""
+        t0 = time.perf_counter()
+        feeds, geometry = self.prepare(data, gap)
+        t1 = time.perf_counter()
+        outputs = self.infer(feeds, offer)
+        t2 = time.perf_counter()
+        output = self.postprocess(outputs, geometry)
+        t3 = time.perf_counter()
+        return FrameRun(
+            feeds, outputs, output, (t1 - t0) * 1000, (t2 - t1) * 1000, (t3 - t2) * 1000, geometry
+        )
+
+    def close(self) -> None:
+        self.model.session.close()
