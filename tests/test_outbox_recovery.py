@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.mqtt import outbox as outbox_module
+from agent.mqtt import outbox_sequences as sequences_module
 from agent.mqtt.outbox import Outbox
 from agent.mqtt.outbox_file import OutboxLocked
 from tests.agent_process import EDGE_AGENT, StartAgent, read_status
@@ -389,7 +389,7 @@ def test_no_number_is_skipped_after_a_crash_or_a_clean_stop_and_none_reused_afte
     assert not caplog.records
 
     # A clean stop, then a reboot: still no gap (the sidecar was brought down to the exact values).
-    monkeypatch.setattr(outbox_module, "_boot_id", lambda: "another-boot")
+    monkeypatch.setattr(sequences_module, "_boot_id", lambda: "another-boot")
     with caplog.at_level(logging.WARNING, logger="agent.mqtt.outbox"):
         box = Outbox(path, sequence_block=BLOCK)
         assert_seq_goes_on(box, handed, gap_allowed=False)
@@ -399,7 +399,7 @@ def test_no_number_is_skipped_after_a_crash_or_a_clean_stop_and_none_reused_afte
     handed = {s: v + 1 for s, v in handed.items()}
     # An unclean stop (nothing written back), then a reboot: continue above the reservation.
     box._conn.close()
-    monkeypatch.setattr(outbox_module, "_boot_id", lambda: "a-third-boot")
+    monkeypatch.setattr(sequences_module, "_boot_id", lambda: "a-third-boot")
     with caplog.at_level(logging.WARNING, logger="agent.mqtt.outbox"):
         box = Outbox(path, sequence_block=BLOCK)
     for stream, value in reserved.items():
@@ -435,7 +435,7 @@ def test_a_power_loss_safe_outbox_skips_no_number_after_a_reboot(
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == -signal.SIGKILL, done.stderr
     assert json.loads((tmp_path / "outbox.sequences.json").read_text())["grouped_commits"] is True
-    monkeypatch.setattr(outbox_module, "_boot_id", lambda: "another-boot")
+    monkeypatch.setattr(sequences_module, "_boot_id", lambda: "another-boot")
     box = Outbox(path, durability="power-loss-safe", sequence_block=BLOCK)
     assert len(box) == 30
     assert box.next_sequence("s") == int(done.stdout) + 1
@@ -446,13 +446,13 @@ def test_the_sidecar_is_written_once_per_block_not_per_result(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     writes: list[dict[str, Any]] = []
-    real = outbox_module.atomic_write_bytes
+    real = sequences_module.atomic_write_bytes
 
     def counting(path: Path, data: bytes, *args: Any, **kwargs: Any) -> None:
         writes.append(json.loads(data)["reserved"])
         real(path, data, *args, **kwargs)
 
-    monkeypatch.setattr(outbox_module, "atomic_write_bytes", counting)
+    monkeypatch.setattr(sequences_module, "atomic_write_bytes", counting)
     box = Outbox(tmp_path / "outbox.db", sequence_block=BLOCK)
     writes.clear()
     numbers = [box.put_numbered("t", lambda seq: str(seq).encode(), stream="s")[1] for _ in range(250)]

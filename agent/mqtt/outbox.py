@@ -55,7 +55,6 @@ transaction has committed.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import sqlite3
 import threading
@@ -66,8 +65,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.fsutil import atomic_write_bytes
 from agent.mqtt.outbox_file import OutboxFile
+from agent.mqtt.outbox_sequences import SequenceCounters
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +75,6 @@ _IDS_PER_STATEMENT = 500
 
 # Warn about drops at most this often: a full outbox drops on every put.
 _DROP_WARN_INTERVAL_S = 60.0
-
-_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
 @dataclass(frozen=True)
@@ -140,15 +137,11 @@ class Outbox:
         self._last_drop_warning = 0.0
         self._last_wait_warning = 0.0
         self._dropped_since_warning = 0
-        if sequence_block < 1:
-            raise ValueError("sequence_block must be >= 1")
-        self.sequences_path = self.path.with_name(self.path.stem + ".sequences.json")
-        self._sequence_block = sequence_block
-        self._reserved: dict[str, int] = {}  # per stream: no number above it has been handed out
-        self._sequences: dict[str, int] = {}  # per stream: the last number stored (in a row or the table)
+        self._numbers = SequenceCounters(self.path, sequence_block, grouped=bool(self._group_s))
+        self.sequences_path = self._numbers.path
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._conn, recovered = OutboxFile(self.path, bool(self._group_s), busy_timeout_s).open_or_recover()
-        self._start_sequences(recovered)
+        self._numbers.start(self._conn, recovered)
         # crash-safe: peek reads through its own connection (WAL: a reader and the writer do not block
         # each other), so a put is not held up by the publisher reading. power-loss-safe: acks wait
         # in the open group like puts, and only the writing connection sees them, so it reads too.
@@ -176,123 +169,6 @@ class Outbox:
             threading.Thread(target=self._committer, name="outbox-commit", daemon=True).start()
 
     # -- sequence counters ---------------------------------------------------------------------
-
-    def _start_sequences(self, recovered: dict[str, int] | None) -> None:
-        """Where each stream's numbers continue (see the module docstring), written to the table
-        and the sidecar before any number is handed out."""
-        table = self._numbers_on_file()
-        sidecar, written_in_boot, grouped = self._read_sidecar()
-        boot = _boot_id()
-        rebooted = boot is None or written_in_boot != boot
-        sources = [table]
-        if recovered is not None or (rebooted and not grouped):
-            # The table may lack numbers that were handed out, and maybe published: it was damaged,
-            # or a power cut may have taken a crash-safe outbox's last commits (not fsynced; a
-            # power-loss-safe one fsyncs each commit). After a clean stop the sidecar holds the
-            # exact values, so this skips nothing then.
-            sources.append(sidecar)
-        if recovered is not None:
-            sources.append(recovered)
-        start: dict[str, int] = {}
-        for source in sources:
-            for stream, value in source.items():
-                start[stream] = max(start.get(stream, 0), value)
-        raised = {s: v for s, v in start.items() if v > table.get(s, 0)}
-        if raised:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                self._conn.executemany(
-                    "INSERT INTO sequences(stream, value) VALUES (?, ?) "
-                    "ON CONFLICT(stream) DO UPDATE SET value = excluded.value",
-                    sorted(raised.items()),
-                )
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
-            known = {s: max(table.get(s, 0), (recovered or {}).get(s, 0)) for s in raised}
-            skipped = {s: v for s, v in raised.items() if v > known[s]}
-            if skipped:
-                log.warning(
-                    "outbox %s: %s, so sequence numbers continue above the reservation in %s: %s; the "
-                    "numbers in between are skipped, none is reused",
-                    self.path,
-                    "it was recovered from a damaged file"
-                    if recovered is not None
-                    else "the machine restarted since the last clean stop (a power cut may have taken "
-                    "the last commits)",
-                    self.sequences_path,
-                    ", ".join(
-                        f"{s or '-'} continues at {v + 1} (the outbox had {known[s]})"
-                        for s, v in sorted(skipped.items())
-                    ),
-                )
-            else:
-                log.info(
-                    "outbox %s: sequence numbers continue where they were: %s",
-                    self.path,
-                    ", ".join(f"{s or '-'} at {v + 1}" for s, v in sorted(raised.items())),
-                )
-        # The table's values from here on, kept in memory: a put writes the next one without reading.
-        self._sequences = dict(start)
-        reserved = dict(sidecar)
-        for stream, value in start.items():
-            reserved[stream] = max(reserved.get(stream, 0), value)
-        if reserved != sidecar or rebooted or grouped != bool(self._group_s):
-            self._write_sidecar(reserved)
-        self._reserved = reserved
-
-    def _numbers_on_file(self) -> dict[str, int]:
-        """Per stream, the last number the file records: its `sequences` row, or a queued row's
-        own `seq` (a put writes only the row; the table follows when rows are deleted)."""
-        numbers: dict[str, int] = {}
-        rows = self._conn.execute(
-            "SELECT stream, value FROM sequences UNION ALL "
-            "SELECT stream, MAX(seq) FROM messages WHERE seq > 0 GROUP BY stream"
-        )
-        for stream, value in rows:
-            numbers[str(stream)] = max(numbers.get(str(stream), 0), int(value))
-        return numbers
-
-    def _keep_sequences(self, values: dict[str, int] | None = None) -> None:
-        """Write the streams' last numbers (`values`, or every stream's) to the `sequences` table.
-        Caller holds the lock in a transaction that deletes rows (an ack, a drop) or uses a number
-        without a row: a deleted row takes its `seq` with it, so the table must keep it."""
-        self._conn.executemany(
-            "INSERT INTO sequences(stream, value) VALUES (?, ?) "
-            "ON CONFLICT(stream) DO UPDATE SET value = MAX(value, excluded.value)",
-            sorted((values if values is not None else self._sequences).items()),
-        )
-
-    def _read_sidecar(self) -> tuple[dict[str, int], str | None, bool]:
-        """(reserved values per stream, the boot id when it was written, whether its writer committed
-        in groups); empty when missing."""
-        try:
-            data = json.loads(self.sequences_path.read_bytes())
-            reserved = {str(k): int(v) for k, v in data["reserved"].items()}
-            boot = data.get("boot_id")
-            return reserved, str(boot) if boot is not None else None, bool(data.get("grouped_commits"))
-        except FileNotFoundError:
-            return {}, None, False
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-            log.error(
-                "outbox %s: cannot read the sequence counters in %s (%s); continuing from the outbox's own",
-                self.path,
-                self.sequences_path,
-                exc,
-            )
-            return {}, None, False
-
-    def _write_sidecar(self, reserved: dict[str, int]) -> None:
-        """`reserved`: per stream, no number above it has been handed out. The boot id and the
-        commit mode tell the next start whether the table can have lost numbers (_start_sequences)."""
-        data = {
-            "boot_id": _boot_id(),
-            "grouped_commits": bool(self._group_s),
-            "reserved": dict(sorted(reserved.items())),
-        }
-        # Durable: the reservation must be on disk before a number it covers is handed out.
-        atomic_write_bytes(self.sequences_path, json.dumps(data, indent=1).encode() + b"\n", mode=0o600)
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -421,7 +297,7 @@ class Outbox:
         numbered: bool,
         now: float,
     ) -> tuple[int, int]:
-        seq = self._take_sequence(stream) if numbered else 0
+        seq = self._numbers.take(stream) if numbered else 0
         payload = bytes(make_payload(seq))
         full = self._full(len(payload))
         if full and self.when_full == "wait" and self._count:
@@ -444,12 +320,14 @@ class Outbox:
                     removed = {stream: 1}
                     self._count_drops(removed)
                     if numbered:
-                        self._keep_sequences({stream: seq})  # the number is used: its gap shows the loss
+                        self._numbers.keep(
+                            self._conn, {stream: seq}
+                        )  # the number is used: its gap shows the loss
                 else:
                     removed = self._drop_oldest(len(payload))
                     row_id = self._conn.execute(*insert).lastrowid
         if numbered:
-            self._sequences[stream] = seq
+            self._numbers.last[stream] = seq
         self._note_drops(removed, now)
         if dropped_new:
             raise OutboxFull(
@@ -481,7 +359,7 @@ class Outbox:
                 self._bytes -= int(length)
                 removed[row_stream] = removed.get(row_stream, 0) + 1
         if removed:
-            self._keep_sequences()
+            self._numbers.keep(self._conn)
         self._count_drops(removed)
         return removed
 
@@ -534,25 +412,14 @@ class Outbox:
         limits = f"{self.max_messages} messages"
         return limits + (f" or {self.max_bytes} bytes" if self.max_bytes is not None else "")
 
-    def _take_sequence(self, stream: str) -> int:
-        """The stream's next sequence number (caller holds the lock). It is stored with the row (or,
-        for a number used without a row, in the `sequences` table) in the caller's transaction."""
-        value = self._sequences.get(stream, 0) + 1
-        if value > self._reserved.get(stream, 0):
-            # Reserve a block in the sidecar first (fsynced): a damaged outbox cannot take the number
-            # back with it. Raises OSError (the caller's transaction rolls back) when it cannot.
-            self._write_sidecar({**self._reserved, stream: value + self._sequence_block - 1})
-            self._reserved[stream] = value + self._sequence_block - 1
-        return value  # the caller records it in self._sequences once its transaction went through
-
     def next_sequence(self, stream: str) -> int:
         """Next value (1, 2, 3, ...) of a persistent per-stream counter; survives restarts."""
         with self._lock:
             self._check_open()
-            value = self._take_sequence(stream)
+            value = self._numbers.take(stream)
             with self._transaction():
-                self._keep_sequences({stream: value})
-            self._sequences[stream] = value
+                self._numbers.keep(self._conn, {stream: value})
+            self._numbers.last[stream] = value
             return value
 
     def peek(
@@ -637,7 +504,7 @@ class Outbox:
                     removed += int(sizes[0])
                     removed_bytes += int(sizes[1])
                 if removed:
-                    self._keep_sequences()
+                    self._numbers.keep(self._conn)
             self._count -= removed
             self._bytes -= removed_bytes
             self._acked_total += removed
@@ -700,18 +567,18 @@ class Outbox:
                 self._reader.close()
             try:
                 with self._transaction():
-                    self._keep_sequences()
+                    self._numbers.keep(self._conn)
                 if self._group_s:
                     self._commit_group_if_due(force=True)
-                exact: dict[str, int] | None = dict(self._sequences)
+                exact: dict[str, int] | None = dict(self._numbers.last)
             except sqlite3.Error:
                 exact = None  # the reservation stays: numbers may be skipped, never reused
             self._conn.close()  # the last connection: its WAL is checkpointed into the file
-            if exact is not None and exact != self._reserved:
+            if exact is not None and exact != self._numbers.reserved:
                 # A clean stop: the sidecar gets the exact values, so no number is skipped on the
                 # next start, even after a reboot.
                 try:
-                    self._write_sidecar(exact)
+                    self._numbers.write_sidecar(exact)
                 except OSError as exc:
                     log.warning("outbox %s: cannot write %s: %s", self.path, self.sequences_path, exc)
         with self._room:  # writers waiting for room find it closed
@@ -720,11 +587,3 @@ class Outbox:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"outbox {self.path} is closed")
-
-
-def _boot_id() -> str | None:
-    """This boot's id (Linux); a sidecar written in another boot may predate a power cut."""
-    try:
-        return _BOOT_ID.read_text().strip() or None
-    except OSError:
-        return None
