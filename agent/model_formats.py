@@ -2,8 +2,8 @@
 `onnx.load(..., load_external_data=False)` (weights kept outside the file are named, not read), TFLite
 through a LiteRT Interpreter that is built but never allocated, OpenVINO IR through
 `Core.read_model(xml, bin)`, never compiled. `format_details` is also the check that a file is what
-its name says (agent/inventory.py resolve_model); `edge-agent models inspect` (agent/model_info.py)
-shows it.
+its name says (agent/tools/inventory.py resolve_model); `edge-agent models inspect`
+(agent/tools/model_info.py) shows it.
 """
 
 from __future__ import annotations

@@ -51,8 +51,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from anywhere: `providers` and `agent` live in the repo root
 
-from agent.inventory import resolve_model  # noqa: E402
 from agent.store import ModelStore  # noqa: E402
+from agent.tools.inventory import resolve_model  # noqa: E402
 from providers import (  # noqa: E402
     CandidateReport,
     Decision,
@@ -1133,7 +1133,7 @@ def why_not(result: ModelResult) -> tuple[str, str]:
                 " one on purpose: `decide()` prefers a backend for which the artifact's format is native"
                 f" ({picked.format} -> {picked.backend}) over a faster correct backend that reads it as a"
                 f' foreign format ({other.backend} reading a .{picked.format} file): the "native formats'
-                ' first" rule of providers/select.py. The re-measurement agrees that the picked backend is'
+                ' first" rule of providers/select/. The re-measurement agrees that the picked backend is'
                 " slower."
             )
         return "a rule other than speed", (

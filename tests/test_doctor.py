@@ -23,27 +23,14 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from agent.config import AgentConfig
 from agent.config_loader import load_config
-from agent.doctor import (
-    BUILD_YEAR,
-    FAIL,
-    OK,
-    SKIPPED,
-    WARN,
-    Check,
-    bounded,
-    check_backend_of,
-    check_broker,
-    check_clock,
-    check_registry,
-    check_secret_files,
-    check_source_of,
-    check_store,
-    doctor_client_id,
-    running_agent,
-)
 from agent.registry import FileRegistry, HttpRegistry
 from agent.registry.signing import generate_key
 from agent.store import ModelStore
+from agent.tools.doctor.box import BUILD_YEAR, check_clock, check_secret_files
+from agent.tools.doctor.broker import check_broker, doctor_client_id
+from agent.tools.doctor.core import FAIL, OK, SKIPPED, WARN, Check, bounded
+from agent.tools.doctor.pipelines import check_backend_of, check_source_of, running_agent
+from agent.tools.doctor.storage import check_registry, check_store
 from tests.media_fixtures import demo_video_module
 from tests.mosquitto import Mosquitto
 from tests.pki import Pki, run_tool, tool

@@ -37,7 +37,7 @@ CLI_TIMEOUT_S = 20.0  # the CLI's --timeout: how long it waits for the answer
 RESTART_NOTE = "pipeline cam: restarting (asked by a command)"
 CACHED_NOTE = "pipeline cam: using the cached backend decision"
 CHOSEN_NOTE = "pipeline cam: choosing a backend for"
-# A line of the agent's log (agent/cli.py setup_logging, outside journald): time, level, logger: message.
+# A line of the agent's log (agent/logfmt.py setup_logging, outside journald): time, level, logger: message.
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: ")
 
 

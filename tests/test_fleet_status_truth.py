@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agent.cli import app
-from agent.cli_status import render
+from agent.cli.render.status import render
 from agent.fleet.reconciler import generation_outcomes
 from tests.agent_process import EDGE_AGENT, StartAgent
 from tests.fleet_fixtures import (

@@ -28,12 +28,12 @@ from typer.testing import CliRunner, Result
 from agent.backend_choice import choose_and_load
 from agent.cli import app
 from agent.config_loader import load_config
-from agent.infer import box_colour
 from agent.model_hints import embedded_hints, with_model_hints
 from agent.processing import Preprocessor
 from agent.registry import FileRegistry
 from agent.sources import read_wav
 from agent.store import ModelStore, store_for
+from agent.tools.infer.draw import box_colour
 from providers import TensorSpec
 from tests import media_fixtures
 from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, FACE_BOX, astronaut_bgr, iou

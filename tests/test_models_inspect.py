@@ -1,5 +1,5 @@
 """`edge-agent models inspect MODEL`: what is inside a model file or an installed version, read
-without running it (agent/model_info.py), on real models: the PP-OCR cls and rec ONNX models,
+without running it (agent/tools/model_info.py), on real models: the PP-OCR cls and rec ONNX models,
 mediapipe's BlazeFace .tflite, an OpenVINO IR converted from the cls model, and a store version
 published with test data. Every number asserted is first computed here, independently (onnx protos,
 the TFLite flatbuffer schema, the IR's XML), not by the code under test."""
@@ -23,10 +23,10 @@ from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
 from agent.cli import app
-from agent.model_info import inspect_model
 from agent.registry import FileRegistry
 from agent.registry.signing import generate_key, load_private_key
 from agent.store import ModelStore
+from agent.tools.model_info import inspect_model
 from tests.store_fixtures import CLS_NAME, CLS_VERSION, rapidocr_models_dir
 from tests.test_signing import _trust
 from tests.test_tflite_backend import _edgetpu_model

@@ -186,7 +186,7 @@ def test_usable_cores_follows_the_affinity() -> None:
 def test_explain_shows_the_threads_a_candidate_runs_with() -> None:
     from rich.console import Console
 
-    from agent.cli import _candidate_table
+    from agent.cli.render.backends import candidate_table as _candidate_table
     from providers.select import CandidateReport
 
     spared = CandidateReport(ORT_CPU, "m.onnx", "onnx", "0" * 64, "chosen", median_ms=0.82, threads=1)

@@ -35,12 +35,13 @@ from agent.config import (
     VideoSourceConfig,
 )
 from agent.errors import EdgeAgentError, ModelError, RegistryError
-from agent.inventory import ResolvedModel, bench_feeds, parse_shapes
 from agent.processing import Preprocessor
 from agent.registry import FileRegistry, Manifest
 from agent.store import ModelStore
 from agent.testdata import TestData, load_testdata
 from agent.testdata import testdata_samples as samples_from_testdata
+from agent.tools.bench import bench_feeds, parse_shapes
+from agent.tools.inventory import ResolvedModel
 from providers import (
     Decision,
     ModelArtifact,

@@ -1,6 +1,6 @@
 """The controller side of the fleet protocol (docs/fleet.md): what `edge-agent fleet ...` runs on an
 operator's laptop or in a CI job. A library: it raises typed errors (agent/fleetctl/connection.py)
-and returns results (agent/fleetctl/results.py); the CLI (agent/cli_fleet.py) turns them into output
+and returns results (agent/fleetctl/results.py); the CLI (agent/cli/fleet.py) turns them into output
 and exit codes.
 
 `FleetClient` is one short-lived MQTT 5 connection (agent/fleetctl/connection.py):

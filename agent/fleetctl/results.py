@@ -1,6 +1,6 @@
 """What the fleet controller (agent/fleetctl/client.py) returns: the waves of a deploy or rollback,
 the deploy's result, a command's reply. Plain data with `to_dict` for `--json`; the CLI
-(agent/cli_fleet.py) turns a result's `status` into its exit code.
+(agent/cli/fleet.py) turns a result's `status` into its exit code.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ def explain(name: str, config: AgentConfig | None, config_path: Path, state_dir:
     """The records `edge-agent explain` shows for NAME: a pipeline, a model NAME[@VERSION] in the
     store, or a model file. EdgeAgentError when NAME is none of them."""
     from agent.backend_choice import DecisionStore
-    from agent.infer import is_model_file_name
+    from agent.tools.infer.inputs import is_model_file_name
 
     if is_model_file_name(name):
         if not Path(name).is_file():
@@ -51,8 +51,8 @@ def explain(name: str, config: AgentConfig | None, config_path: Path, state_dir:
     if recorded:
         return recorded
     if config is not None or state_dir is not None:
-        from agent.inventory import resolve_model
         from agent.store import ModelStore
+        from agent.tools.inventory import resolve_model
 
         try:
             resolve_model(name, ModelStore(states / "store"))
@@ -97,7 +97,7 @@ def _live(state_dir: Path) -> list[Record] | None:
 def _settings(config: AgentConfig | None, state_dir: Path | None) -> Iterator[AgentConfig]:
     """The agent's settings at `state_dir` (else the config's); the defaults in a scratch dir when
     there is neither."""
-    from agent.infer import settings_for, state_or_scratch
+    from agent.tools.infer.choice import settings_for, state_or_scratch
 
     with state_or_scratch(state_dir or (config.state_dir if config is not None else None)) as states:
         yield settings_for(config, states)
@@ -107,8 +107,8 @@ def _prospective(settings: AgentConfig, pipeline: PipelineConfig | None, spec: s
     """Where the model would run on this box now: the cached decision, else what a first start
     serves and the candidates ranked behind it (what a sample proves next)."""
     from agent.backend_choice import current_choice
-    from agent.inventory import resolve_model
     from agent.store import ModelStore
+    from agent.tools.inventory import resolve_model
     from providers import NoBackendError
 
     try:

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 
 from agent.errors import EdgeAgentError
-from agent.inventory import resolve_model
 from agent.model_formats import format_details, format_shape
 from agent.registry.manifest import Artifact
 from agent.store import InstalledModel, ModelStore
 from agent.testdata import load_testdata
+from agent.tools.inventory import resolve_model
 from providers import ModelArtifact
 
 

@@ -7,7 +7,7 @@ the exit codes below, which live here.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import IntEnum
 from pathlib import Path
@@ -15,12 +15,22 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from agent.cli.common import echo_json
+from agent.cli.options import (
+    Broker,
+    DeviceOption,
+    FleetJsonOption,
+    GroupOption,
+    SignOption,
+    TimeoutOption,
+    WaitOption,
+    broker_options,
+)
+from agent.cli.render.fleet import print_deploy_result, print_progress, print_status
 from agent.errors import ConfigError, EdgeAgentError
 
 if TYPE_CHECKING:
-    from agent.fleetctl.connection import BrokerOptions
     from agent.fleetctl.results import DeployResult
-    from agent.fleetctl.status import DeviceStatus
     from agent.fleetctl.targets import Target
 
 EXIT_CODES = """Exit codes:
@@ -63,38 +73,6 @@ fleet_app = typer.Typer(
     no_args_is_help=True,
 )
 
-DEFAULT_BROKER = "127.0.0.1:1883"
-PROBLEMS_SHOWN = 10  # per wave, in the human output
-BrokerOption = Annotated[
-    str,
-    typer.Option("--broker", envvar="EDGE_AGENT_FLEET_BROKER", help="The fleet's MQTT broker as host:port."),
-]
-UsernameOption = Annotated[str | None, typer.Option("--username", help="MQTT user name.")]
-PasswordFileOption = Annotated[
-    Path | None, typer.Option("--password-file", help="File holding the MQTT password.", dir_okay=False)
-]
-CaFileOption = Annotated[
-    Path | None, typer.Option("--ca-file", help="Use TLS, trusting this CA bundle for the broker.")
-]
-PrefixOption = Annotated[str, typer.Option("--prefix", help="Topic prefix (the agents' mqtt.topic_prefix).")]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print one machine-readable JSON object.")]
-GroupOption = Annotated[str | None, typer.Option("--group", "-g", help="Target this device group.")]
-DeviceOption = Annotated[str | None, typer.Option("--device", "-d", help="Target this one device.")]
-SignOption = Annotated[
-    Path | None,
-    typer.Option("--sign", help="Sign the document with this Ed25519 private key (registry keygen)."),
-]
-WaitOption = Annotated[
-    bool, typer.Option("--wait/--no-wait", help="Wait until the target devices converged or failed.")
-]
-TimeoutOption = Annotated[
-    float, typer.Option("--timeout", min=0.1, help="Seconds to wait for each wave of devices.")
-]
-
-
-def _echo_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, default=str))
-
 
 @contextmanager
 def _fleet_errors(as_json: bool) -> Iterator[None]:
@@ -105,7 +83,7 @@ def _fleet_errors(as_json: bool) -> Iterator[None]:
         code = _error_exit_code(exc)
         problems = exc.problems if isinstance(exc, ConfigError) else [exc.message]
         if as_json:
-            _echo_json({"ok": False, "errors": problems, "hint": exc.hint, "exit_code": int(code)})
+            echo_json({"ok": False, "errors": problems, "hint": exc.hint, "exit_code": int(code)})
         else:
             for line in problems:
                 typer.echo(f"error: {line}", err=True)
@@ -126,30 +104,6 @@ def _error_exit_code(exc: EdgeAgentError) -> ExitCode:
     return ExitCode.ERROR
 
 
-def _broker(
-    broker: str, username: str | None, password_file: Path | None, ca_file: Path | None, prefix: str
-) -> BrokerOptions:
-    from agent.fleetctl.connection import BrokerOptions
-
-    host, sep, port_text = broker.rpartition(":")
-    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise EdgeAgentError(f"--broker {broker!r} is not host:port (e.g. 127.0.0.1:1883)")
-    password = None
-    if password_file is not None:
-        try:
-            password = password_file.read_text(encoding="utf-8").rstrip("\r\n")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise EdgeAgentError(f"cannot read the password file {password_file}: {exc}") from None
-    return BrokerOptions(
-        host=host.strip("[]"),
-        port=int(port_text),
-        username=username,
-        password=password,
-        ca_file=ca_file,
-        prefix=prefix,
-    )
-
-
 def _target(group: str | None, device: str | None) -> Target:
     if group is not None and device is None:
         return ("group", group)
@@ -158,40 +112,19 @@ def _target(group: str | None, device: str | None) -> Target:
     raise typer.BadParameter("give exactly one of --group and --device")
 
 
-def _progress(phase: str, generation: int, counts: Mapping[str, int], devices: int) -> None:
-    done = ", ".join(f"{n} {o}" for o, n in counts.items() if n and o != "in-flight")
-    typer.echo(
-        f"{phase} wave, generation {generation}: {devices - counts.get('in-flight', 0)}/{devices} done"
-        + (f" ({done})" if done else ""),
-        err=True,
-    )
-
-
 def _print_result(result: DeployResult, as_json: bool) -> None:
     code = DEPLOY_EXIT_CODES.get(result.status, ExitCode.OK)
     if as_json:
         # The outcome leads: ok, status (keeping its place), exit_code, then the rest of the result.
         verdict = {"ok": code == ExitCode.OK, "status": result.status, "exit_code": int(code)}
-        _echo_json({**verdict, **result.to_dict()})
+        echo_json({**verdict, **result.to_dict()})
     else:
-        signed = f", signed by key {result.signed_by}" if result.signed_by else ""
-        typer.echo(f"published {result.target} generation(s) {', '.join(map(str, result.published))}{signed}")
-        for wave in result.waves:
-            counts = ", ".join(f"{n} {o}" for o, n in wave.counts().items() if n) or "no devices"
-            typer.echo(
-                f"{wave.phase} wave, generation {wave.generation}: {counts} "
-                f"({wave.failed_pct:.1f}% failed, {wave.seconds:.1f} s)"
-            )
-            problems = [(d, o, r) for d, (o, r) in sorted(wave.outcomes.items()) if o != "converged"]
-            for device, outcome, reason in problems[:PROBLEMS_SHOWN]:
-                typer.echo(f"  {device}: {outcome}: {reason}")
-            if len(problems) > PROBLEMS_SHOWN:
-                typer.echo(f"  ... and {len(problems) - PROBLEMS_SHOWN} more (--json lists every device)")
-        typer.echo(result.message)
+        print_deploy_result(result)
     raise typer.Exit(int(code))
 
 
 @fleet_app.command("deploy")
+@broker_options
 def deploy(
     file: Annotated[Path, typer.Argument(help="Deploy spec (YAML or JSON) with pipelines:.", dir_okay=False)],
     group: GroupOption = None,
@@ -212,12 +145,9 @@ def deploy(
         ),
     ] = 0.0,
     timeout: TimeoutOption = 600.0,
-    as_json: JsonOption = False,
-    broker: BrokerOption = DEFAULT_BROKER,
-    username: UsernameOption = None,
-    password_file: PasswordFileOption = None,
-    ca_file: CaFileOption = None,
-    prefix: PrefixOption = "edge",
+    as_json: FleetJsonOption = False,
+    *,
+    broker: Broker,
 ) -> None:
     """Publish a deploy spec as the target's next generation and wait for the devices.
 
@@ -236,7 +166,7 @@ def deploy(
         spec = load_spec(file)
         check_spec(spec, target_layer(chosen))  # before connecting: an invalid spec publishes nothing
         key = load_private_key(sign) if sign is not None else None
-        with FleetClient(_broker(broker, username, password_file, ca_file, prefix)) as client:
+        with FleetClient(broker.options()) as client:
             result = client.deploy(
                 spec,
                 chosen,
@@ -245,24 +175,22 @@ def deploy(
                 max_failed_pct=max_failed,
                 wait=wait,
                 timeout_s=timeout,
-                progress=None if as_json else _progress,
+                progress=None if as_json else print_progress,
             )
     _print_result(result, as_json)
 
 
 @fleet_app.command("rollback")
+@broker_options
 def rollback(
     group: GroupOption = None,
     device: DeviceOption = None,
     sign: SignOption = None,
     wait: WaitOption = True,
     timeout: TimeoutOption = 600.0,
-    as_json: JsonOption = False,
-    broker: BrokerOption = DEFAULT_BROKER,
-    username: UsernameOption = None,
-    password_file: PasswordFileOption = None,
-    ca_file: CaFileOption = None,
-    prefix: PrefixOption = "edge",
+    as_json: FleetJsonOption = False,
+    *,
+    broker: Broker,
 ) -> None:
     """Put the baseline back: what the target ran before the last deploy.
 
@@ -275,25 +203,27 @@ def rollback(
     chosen = _target(group, device)
     with _fleet_errors(as_json):
         key = load_private_key(sign) if sign is not None else None
-        with FleetClient(_broker(broker, username, password_file, ca_file, prefix)) as client:
+        with FleetClient(broker.options()) as client:
             result = client.rollback(
-                chosen, sign_key=key, wait=wait, timeout_s=timeout, progress=None if as_json else _progress
+                chosen,
+                sign_key=key,
+                wait=wait,
+                timeout_s=timeout,
+                progress=None if as_json else print_progress,
             )
     _print_result(result, as_json)
 
 
 @fleet_app.command("status")
+@broker_options
 def status(
     group: GroupOption = None,
     timeout: Annotated[
         float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the broker's retained state.")
     ] = 30.0,
-    as_json: JsonOption = False,
-    broker: BrokerOption = DEFAULT_BROKER,
-    username: UsernameOption = None,
-    password_file: PasswordFileOption = None,
-    ca_file: CaFileOption = None,
-    prefix: PrefixOption = "edge",
+    as_json: FleetJsonOption = False,
+    *,
+    broker: Broker,
 ) -> None:
     """Every device: desired vs reported generation, and per pipeline what serves, what is desired
     and what became of it ("serving det@3; desired det@4 failed: why"), backends.
@@ -306,7 +236,7 @@ def status(
 
     with (
         _fleet_errors(as_json),
-        FleetClient(_broker(broker, username, password_file, ca_file, prefix)) as client,
+        FleetClient(broker.options()) as client,
     ):
         devices = client.collect_status(group, timeout_s=timeout)
     summary = {"devices": len(devices), "converged": 0, "failed": 0, "in-flight": 0, "offline": 0}
@@ -326,67 +256,14 @@ def status(
         f"{summary['in-flight']} in flight, {summary['offline']} offline"
     )
     if as_json:
-        _echo_json({"ok": code == ExitCode.OK, "summary": summary, "devices": [d.to_dict() for d in devices]})
+        echo_json({"ok": code == ExitCode.OK, "summary": summary, "devices": [d.to_dict() for d in devices]})
     else:
-        _print_status(devices, line)
+        print_status(devices, line)
     raise typer.Exit(int(code))
 
 
-def _print_status(devices: list[DeviceStatus], summary: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table()
-    for column in ("device", "online", "generation (desired/reported)", "pipeline", "backend", "last seen"):
-        table.add_column(column, overflow="fold")  # long ids and models wrap, never cut
-    for device in devices:
-        record = device.record
-        online = {True: "online", False: "offline", None: "?"}[record.online]
-        if device.stale is not None and record.online is not False:
-            online += " (restarted, not reported since)"
-        layers = "\n".join(
-            f"{r.layer} {_gen(r.desired_generation)}/{_gen(r.applied_generation)}"
-            + (f" {r.state}" if r.state not in (None, "applied") else "")
-            for r in record.layers.values()
-        )
-        names = list(record.pipelines)
-        lines = []
-        for name in names:
-            view = device.pipelines.get(name)
-            lines.append(f"{name}: {_clip(view.text if view else record.pipelines[name].phase or '?')}")
-        backends = [
-            (record.pipelines[n].backend or "") if (v := device.pipelines.get(n)) and v.serving else ""
-            for n in names
-        ]
-        table.add_row(
-            *(
-                Text(cell)
-                for cell in (
-                    record.device,
-                    online,
-                    layers,
-                    "\n".join(lines) or (record.problem or ""),
-                    "\n".join(backends),
-                    record.last_seen or "",
-                )
-            )
-        )
-    console = Console()
-    console.print(table)
-    console.print(summary, markup=False, highlight=False)
-
-
-def _gen(value: int | None) -> str:
-    return "-" if value is None else str(value)
-
-
-def _clip(text: str, limit: int = 240) -> str:
-    """A pipeline's line in the table (reasons can be long; --json has them whole)."""
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 @fleet_app.command("cmd")
+@broker_options
 def cmd(
     device: Annotated[str, typer.Argument(help="The device id.")],
     name: Annotated[str, typer.Argument(help="The command: ping, status, diagnostics, logs, ...")],
@@ -396,12 +273,9 @@ def cmd(
     timeout: Annotated[
         float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the answer.")
     ] = 10.0,
-    as_json: JsonOption = False,
-    broker: BrokerOption = DEFAULT_BROKER,
-    username: UsernameOption = None,
-    password_file: PasswordFileOption = None,
-    ca_file: CaFileOption = None,
-    prefix: PrefixOption = "edge",
+    as_json: FleetJsonOption = False,
+    *,
+    broker: Broker,
 ) -> None:
     """Send a command to one device and print its answer.
 
@@ -413,12 +287,12 @@ def cmd(
     arguments = _command_args(args or [])
     with (
         _fleet_errors(as_json),
-        FleetClient(_broker(broker, username, password_file, ca_file, prefix)) as client,
+        FleetClient(broker.options()) as client,
     ):
         reply = client.command(device, name, arguments, timeout_s=timeout)
     code = ExitCode.OK if reply.ok else ExitCode.FAILED
     if as_json:
-        _echo_json(reply.to_dict())
+        echo_json(reply.to_dict())
     elif reply.ok:
         typer.echo(json.dumps(reply.result, indent=2, default=str))
     else:

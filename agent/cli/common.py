@@ -1,0 +1,58 @@
+"""What every `edge-agent` command module shares: JSON output, the agent's errors as one-line
+messages (exit 1), the config loaded, and where a model is looked up."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from agent.config import AgentConfig
+from agent.errors import ConfigError, EdgeAgentError
+
+
+def echo_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+@contextmanager
+def user_errors(as_json: bool = False) -> Iterator[None]:
+    """Turn the agent's errors into a clear message and exit 1, never a traceback."""
+    try:
+        yield
+    except EdgeAgentError as exc:
+        if as_json:
+            problems = exc.problems if isinstance(exc, ConfigError) else [exc.message]
+            echo_json({"ok": False, "errors": problems, "hint": exc.hint})
+        else:
+            for line in exc.problems if isinstance(exc, ConfigError) else [exc.message]:
+                typer.echo(f"error: {line}", err=True)
+            if exc.hint:
+                typer.echo(f"hint: {exc.hint}", err=True)
+        raise typer.Exit(1) from None
+
+
+def load(config_path: Path) -> AgentConfig:
+    from agent.config_loader import load_config
+
+    return load_config(config_path)
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    name, _, version = ref.partition("@")
+    if not name or not version:
+        raise EdgeAgentError(f"{ref!r} is not NAME@VERSION")
+    return name, version
+
+
+def model_state_dir(model: str, config: Path, state_dir: Path | None) -> Path | None:
+    """Where MODEL is looked up: None for a model file, else the state dir (from the config unless given)."""
+    if state_dir is not None or Path(model).is_file():
+        return state_dir
+    if "/" in model:  # a path, never a model name: say so, not that the config is missing
+        raise EdgeAgentError(f"{model}: no such model file")
+    return load(config).state_dir
