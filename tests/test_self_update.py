@@ -249,7 +249,7 @@ def build_wheel(work: Path, version: str, broken: bool = False) -> Path:
     assert n == 1
     init.write_text(text)
     if broken:
-        cli = src / "agent" / "cli.py"
+        cli = src / "agent" / "cli" / "run.py"
         marker = "    os.umask(0o077)\n"
         assert marker in cli.read_text()
         cli.write_text(
