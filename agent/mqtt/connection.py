@@ -54,6 +54,10 @@ _PROBE_EVERY_S = 1.0
 _PROBE_TIMEOUT_S = 1.0
 # The most a reconnect waits (at random) once the broker is back: a fleet returns spread out.
 _RECONNECT_SPREAD_S = 3.0
+# An outbox at least this full is under pressure: every moment offline may cost a result (the
+# when_full policy), so its port is probed this often, without end, and the spread is skipped.
+_PRESSED_FILL = 0.5
+_PROBE_PRESSED_S = 0.05
 # CONNACK reason codes about who we are, not about the broker's health:
 # bad user name or password, not authorized, banned, bad authentication method.
 _AUTH_CONNACK_REFUSALS = {0x86, 0x87, 0x8A, 0x8C}
@@ -379,19 +383,26 @@ class MqttConnection:
     def _wait_for_broker(self, attempt: int) -> None:
         """Back off before reconnect attempt `attempt` (exponential from reconnect_min_s to
         reconnect_max_s, a random half of it as jitter), but end the wait once the broker's port
-        accepts a TCP connection again (probed every few seconds): a broker back after a long outage
-        is reconnected to within seconds, not at the end of a 60 s backoff. The connect itself waits
-        a random moment within a short spread so a fleet does not come back all at once."""
+        accepts a TCP connection again (probed every second): a broker back after a long outage is
+        reconnected to within seconds, not at the end of a 60 s backoff. The connect itself waits a
+        random moment within a short spread so a fleet does not come back all at once.
+
+        An outbox under pressure (at least half full) cannot afford either: it is probed every
+        _PROBE_PRESSED_S until the broker listens, and connects at once (results would be dropped
+        while it waited; the spread is for boxes with room to wait)."""
         cfg = self._config
         backoff = min(cfg.reconnect_max_s, cfg.reconnect_min_s * 2 ** min(attempt - 2, 16))
         deadline = time.monotonic() + random.uniform(backoff / 2, backoff)
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._stopping.wait(min(_PROBE_EVERY_S, remaining)):
-                return
+        while not self._stopping.is_set():
+            pressed = self._outbox.fill() >= _PRESSED_FILL
             if self._broker_listens():
-                self._stopping.wait(random.uniform(0, min(_RECONNECT_SPREAD_S, 3 * cfg.reconnect_min_s)))
+                if not pressed:
+                    self._stopping.wait(random.uniform(0, min(_RECONNECT_SPREAD_S, 3 * cfg.reconnect_min_s)))
                 return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 and not pressed:
+                return
+            self._stopping.wait(_PROBE_PRESSED_S if pressed else min(_PROBE_EVERY_S, remaining))
 
     def _broker_listens(self) -> bool:
         try:

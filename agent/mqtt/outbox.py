@@ -522,6 +522,12 @@ class Outbox:
         with self._lock:
             return self._count
 
+    def fill(self) -> float:
+        """How full the queue is (0.0 to 1.0): the larger of its share of max_messages and of max_bytes."""
+        with self._lock:
+            by_bytes = self._bytes / self.max_bytes if self.max_bytes else 0.0
+            return max(self._count / self.max_messages, by_bytes)
+
     def __len__(self) -> int:
         return self.pending()
 
