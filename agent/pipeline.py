@@ -439,14 +439,16 @@ class Pipeline:
 
     # --- backend switching (worker thread only: it is the session's one user) ----------------
 
-    def _swap(self, session: Session, why: str) -> None:
+    def _swap(self, session: Session, why: str, level: int = logging.INFO) -> None:
+        """Serve on `session` from the next frame; logged at `level`: INFO for a better backend
+        (proven on a frame, or the preferred one back), WARNING for a fallback from a failing one."""
         old = self.model.session
         self.model.session = session
         note = f"{old.backend} -> {session.backend}: {why}"
         self.backend_switches.append(note)
         with self._lock:
             self._errors_in_row = 0
-        log.warning("pipeline %s: switched backend %s", self.name, note)
+        log.log(level, "pipeline %s: switched backend %s", self.name, note)
         old.close()
 
     def _switch_to_fallback(self, error: str) -> None:
@@ -454,7 +456,7 @@ class Pipeline:
             return
         replacement = self.switcher.fallback(self.model.session.backend)
         if replacement is not None:
-            self._swap(replacement, f"{_SWITCH_AFTER_ERRORS} failures in a row ({error})")
+            self._swap(replacement, f"{_SWITCH_AFTER_ERRORS} failures in a row ({error})", logging.WARNING)
 
     def _maybe_return_to_preferred(self) -> None:
         if self.switcher is None or time.monotonic() < self._next_preferred_retry:

@@ -8,8 +8,9 @@ a real video) is the real thing.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ from providers import (
     Decision,
     ModelArtifact,
     SelectionPolicy,
+    Session,
+    decide,
 )
 from providers.onnxruntime_backend import OnnxRuntimeBackend
 from providers.openvino_backend import OpenVinoBackend
@@ -72,7 +75,14 @@ def running(tmp_path: Path) -> Iterator[list[Pipeline]]:
         p.stop(timeout=30)
 
 
-def _pipeline(tmp_path: Path, artifact: ModelArtifact, switcher: DecisionSwitcher, sink: Sink) -> Pipeline:
+def _pipeline(
+    tmp_path: Path,
+    artifact: ModelArtifact,
+    switcher: DecisionSwitcher,
+    sink: Sink,
+    session: Session | None = None,
+) -> Pipeline:
+    """The pipeline on a looping video, serving on `session` (default: a dead device's)."""
     video = tmp_path / "signs.mp4"
     demo_video_module().make_orientation_video(video, fps=10, seconds_per_sign=1.0)
     config = PipelineConfig(
@@ -82,16 +92,27 @@ def _pipeline(tmp_path: Path, artifact: ModelArtifact, switcher: DecisionSwitche
         preprocess=CLS_PREPROCESS,
         postprocess=ClassificationPostprocess(type="classification", softmax=False, labels=CLS_LABELS),
     )
-    # What a session on a device that went away does: every run fails.
-    real = OnnxRuntimeBackend().load(artifact)
-    dead = FlakySession(real, every=1, message="device lost (simulated unplug)")
-    model = LoadedModel("cls", "2.0", artifact.sha256, dead, _decision(artifact))
+    if session is None:
+        # What a session on a device that went away does: every run fails.
+        real = OnnxRuntimeBackend().load(artifact)
+        session = FlakySession(real, every=1, message="device lost (simulated unplug)")
+    model = LoadedModel("cls", "2.0", artifact.sha256, session, switcher.decision)
     return Pipeline(config, model, sink, switcher)
 
 
+def switch_logs(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
+    """(level, message) of each `switched backend` line the pipelines logged."""
+    return [(r.levelname, r.getMessage()) for r in caplog.records if "switched backend" in r.getMessage()]
+
+
 def test_a_failing_backend_is_replaced_by_the_next_candidate_and_taken_back_later(
-    tmp_path: Path, artifact: ModelArtifact, running: list[Pipeline], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    artifact: ModelArtifact,
+    running: list[Pipeline],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="agent.pipeline")
     monkeypatch.setattr(pipeline_module, "_RETRY_PREFERRED_EVERY_S", 0.5)
     first_run = {"x": numpy.zeros((1, 3, 48, 192), "float32")}
     switcher = DecisionSwitcher(
@@ -114,6 +135,42 @@ def test_a_failing_backend_is_replaced_by_the_next_candidate_and_taken_back_late
     assert status["backend"] == ORT and len(status["backend_switches"]) == 2
     truth_labels = {r["output"]["top"][0]["label"] for r in sink.results}
     assert truth_labels <= set(CLS_LABELS)
+    # The fallback is a problem (WARNING); getting the preferred backend back is good news (INFO).
+    fallback, back = pipeline.backend_switches
+    assert switch_logs(caplog) == [
+        ("WARNING", f"pipeline door: switched backend {fallback}"),
+        ("INFO", f"pipeline door: switched backend {back}"),
+    ]
+
+
+def test_a_backend_proven_better_on_a_frame_takes_over_logged_at_info(
+    tmp_path: Path, artifact: ModelArtifact, running: list[Pipeline], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pipeline serving on the reference (no sample when it was built) proves the candidates on
+    its first frame; the winner is swapped in between two frames: an upgrade, logged at INFO.
+
+    The proof is the real selection (trials in child processes on the frame's inputs), under a
+    policy that leaves only OpenVINO to choose, so that the winner is not the backend serving."""
+    caplog.set_level(logging.INFO, logger="agent.pipeline")
+    backends = [OnnxRuntimeBackend(), OpenVinoBackend("CPU")]
+    policy = SelectionPolicy(fixed=OV, runs=3, warmup=1, min_time_s=0.0, budget_s=1.0, timeout_s=60.0)
+
+    def prove(feeds: Mapping[str, numpy.ndarray]) -> Decision:
+        return decide([artifact], policy, feeds, backends=backends)
+
+    unchecked = _decision(artifact)  # not checked: no sample when the pipeline was built
+    assert not unchecked.checked
+    switcher = DecisionSwitcher(unchecked, [artifact], policy, backends=backends, prove=prove)
+    sink = Sink()
+    pipeline = _pipeline(tmp_path, artifact, switcher, sink, session=OnnxRuntimeBackend().load(artifact))
+    running.append(pipeline)
+    pipeline.start()
+    assert wait_until(lambda: OV in sink.backends(), "results from the proven backend", timeout=120)
+    assert sink.backends()[0] == ORT  # served at once on the reference, before the proof
+    [upgrade] = pipeline.backend_switches
+    assert upgrade == f"{ORT} -> {OV}: a frame from the source proved it the best candidate"
+    assert switch_logs(caplog) == [("INFO", f"pipeline door: switched backend {upgrade}")]
+    assert pipeline.status()["errors"] == 0
 
 
 def test_with_no_candidate_left_the_pipeline_reports_degraded(

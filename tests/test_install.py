@@ -6,7 +6,8 @@ which useradd --prefix edits) and nothing else; the script makes the user, the v
 /usr/bin/python3, with the agent built from this checkout or a wheel), the config, the state dir and
 the unit there. Dependencies are not installed (--no-deps: their wheels are hundreds of MB); the
 entry point is run with this test run's own site-packages on PYTHONPATH for them, and must import the
-agent from the installed venv.
+agent from the installed venv. The checkout (and its .venv) may be in a private directory (a clone in
+`mktemp -d`, under /root): what the service user must read is put where it can (see ON_THIS_BOX).
 """
 
 from __future__ import annotations
@@ -140,16 +141,21 @@ def workdir() -> Iterator[Path]:
         yield Path(tmp)
 
 
+def copy_checkout(dest: Path) -> Path:
+    """What a checkout holds for a build (pyproject.toml's packages and readme), copied to dest."""
+    dest.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, dest / name)
+    for name in ("agent", "providers"):
+        shutil.copytree(REPO / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
 @pytest.fixture(scope="module")
 def wheel(workdir: Path) -> Path:
     """This checkout as a wheel, built from a copy (the build leaves nothing in the checkout)."""
-    src = workdir / "src"
+    src = copy_checkout(workdir / "src")
     wheels = workdir / "wheels"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(REPO / name, src / name)
-    for name in ("agent", "providers"):
-        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(src)],
         check=True,
@@ -439,6 +445,11 @@ def test_root_needs_the_targets_user_database(workdir: Path) -> None:
 # /usr/local are overlays whose changes land in $W/upper, so this machine's own are not touched; and
 # in a network namespace of its own, so the agent run here reaches no broker of this machine.
 # systemd is not running here (no /run/systemd/system): the unit is installed, not enabled.
+# The agent is installed from a copy of this checkout in a private directory ($SRC, under $W: mode
+# 0700, as a clone in `mktemp -d` or /root is): the installed release must not need its source.
+# The dependencies (--no-deps) are this test run's site-packages ($DEPS), which may be under a
+# private directory too (this checkout's .venv): they are lent to edge-agent through a bind mount
+# at a path everyone can enter, $LENT.
 ON_THIS_BOX = r"""
 set -euo pipefail
 ip link set lo up  # 127.0.0.1 in this network namespace, with no broker on it
@@ -446,13 +457,17 @@ for dir in /etc /opt /var /usr/local; do
     mkdir -p "$W/upper$dir" "$W/work$dir"
     mount -t overlay overlay -o "lowerdir=$dir,upperdir=$W/upper$dir,workdir=$W/work$dir" "$dir"
 done
+LENT=/usr/local/lib/edge-agent-test-deps
+mkdir -p -m 0755 "$LENT"
+mount --bind "$DEPS" "$LENT"
 cd /
-bash "$SCRIPT" --no-deps --python /usr/bin/python3 --from "$WHEEL"
+bash "$SCRIPT" --no-deps --python /usr/bin/python3 --from "$SRC"
 echo "== passwd $(getent passwd edge-agent)"
 echo "== groups $(id -Gn edge-agent)"
 modes=$(stat -c '%a:%U:%G' /etc/edge-agent/agent.yaml /var/lib/edge-agent /opt/edge-agent/venv)
 echo "== modes $(echo $modes)"
-as_agent() { runuser -u edge-agent -- env PYTHONPATH="$DEPS" "$@"; }
+as_agent() { runuser -u edge-agent -- env PYTHONPATH="$LENT" "$@"; }
+echo "== source $(as_agent test -r "$SRC/pyproject.toml" && echo readable || echo private)"
 echo "== version $(as_agent /usr/local/bin/edge-agent version)"
 echo "== validate $(as_agent /usr/local/bin/edge-agent config validate /etc/edge-agent/agent.yaml)"
 echo "== home $(as_agent /opt/edge-agent/venv/bin/python -c 'import os; print(os.path.expanduser("~"))')"
@@ -467,11 +482,15 @@ echo "== after $(getent passwd edge-agent || echo no user), $venv"
 """
 
 
-def test_install_on_this_box_runs_as_the_service_user(workdir: Path, wheel: Path) -> None:
+def test_install_on_this_box_runs_as_the_service_user(workdir: Path) -> None:
     """Without --root: useradd/usermod on /etc itself, and the service user, through runuser, runs
-    the installed command by its own #! line and reads the config (root:edge-agent 0640)."""
+    the installed command by its own #! line and reads the config (root:edge-agent 0640); the
+    agent installed from a checkout in a private directory (as a clone in `mktemp -d` is)."""
     w = workdir / "box"
-    w.mkdir()
+    w.mkdir(mode=0o700)
+    private = w / "private"
+    private.mkdir(mode=0o700)
+    src = copy_checkout(private / "checkout")
     result = subprocess.run(
         ["unshare", "--mount", "--net", "--propagation", "private", "bash", "-c", ON_THIS_BOX],
         capture_output=True,
@@ -481,7 +500,7 @@ def test_install_on_this_box_runs_as_the_service_user(workdir: Path, wheel: Path
             **{k: v for k, v in os.environ.items() if k not in ("EDGE_DEVICE_ID", "MQTT_HOST")},
             "W": str(w),
             "SCRIPT": str(SCRIPT),
-            "WHEEL": str(wheel),
+            "SRC": str(src),
             "DEPS": sysconfig.get_paths()["purelib"],
         },
     )
@@ -495,6 +514,8 @@ def test_install_on_this_box_runs_as_the_service_user(workdir: Path, wheel: Path
     primary, *groups = said["groups"].split()
     assert (primary, sorted(groups)) == ("edge-agent", sorted(device_groups))
     assert said["modes"].split() == ["640:root:edge-agent", "700:edge-agent:edge-agent", "755:root:root"]
+    assert said["source"] == "private"  # what follows runs without the checkout it came from
+    assert f"agent: from the checkout {src.resolve()}" in out
     assert said["version"] == __version__
     assert said["validate"].startswith("OK: /etc/edge-agent/agent.yaml")
     assert said["home"] == "/var/lib/edge-agent"
