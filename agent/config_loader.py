@@ -65,8 +65,17 @@ def parse_config(
         raise ConfigError(_format_errors(exc, data, lines, source)) from None
 
 
+def config_data(text: str, source: str = "<config>", environ: Mapping[str, str] | None = None) -> Any:
+    """The document that validation checks (and `config_json_schema` describes): the YAML read and
+    its `${VAR}` references expanded. ConfigError for what fails before validation (YAML syntax,
+    unset variables)."""
+    return _load_yaml(text, source, os.environ if environ is None else environ)[0]
+
+
 def config_json_schema() -> dict[str, Any]:
-    """JSON Schema of agent.yaml, for editors (yaml-language-server) and docs."""
+    """JSON Schema of agent.yaml, for editors (yaml-language-server) and docs. It accepts what the
+    validator accepts, with `${VAR}` references expanded (`config_data`), and rejects what it rejects
+    where a schema can say so (not, e.g., two pipelines of one name: `edge-agent config validate`)."""
     schema = AgentConfig.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "edge-agent configuration (agent.yaml)"

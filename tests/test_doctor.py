@@ -445,6 +445,49 @@ def test_backends_a_model_not_pulled_yet_and_one_no_backend_can_run(box: Box) ->
     assert f"edge-agent models check {MODEL}" in check.fix
 
 
+def test_a_model_file_given_by_path_is_checked_where_it_is(box: Box, cls_model_path: Path) -> None:
+    """`model: {path: ...}`: the file the agent imports at start is checked where it is (there, the
+    format its suffix says, loaded on the backend the agent would serve it on), never reported as
+    "not in the store yet" with a `models pull` that cannot help."""
+    model = box.root / "models" / "door.onnx"
+    model.parent.mkdir()
+    model.write_bytes(b"\x08\x07corrupt: half an export\n")
+    box.settings["pipelines"][0]["model"] = {"path": str(model)}
+    box.write()
+    rows = by_name(box.doctor(expect=2))
+    row = rows["backend:door"]
+    assert row["status"] == FAIL, row
+    assert row["detail"].startswith(f"model file {model}: door.onnx is not a valid ONNX model: "), row
+    assert row["fix"].startswith("export the model again, or fix pipelines[door].model.path")
+    assert f"edge-agent models inspect {model}" in row["fix"]
+    assert {r["status"] for name, r in rows.items() if name != "backend:door"} == {OK}, rows
+    # The table says the same: the FAIL row, the file named.
+    out = cli("doctor", "-c", str(box.config_path), "--timeout", str(TIMEOUT_S), expect=2)
+    line = next(line for line in out.splitlines() if line.strip("│ ").startswith("backend:door "))
+    cells = [cell.strip() for cell in line.strip("│").split("│")]
+    assert cells[:2] == ["backend:door", "FAIL"] and cells[2].startswith("model file /"), cells
+    assert "10 OK, 0 WARN, 1 FAIL" in out
+
+    model.unlink()
+    row = by_name(box.doctor(expect=2))["backend:door"]
+    assert (row["status"], row["detail"]) == (FAIL, f"model file {model} does not exist"), row
+    assert row["fix"] == "fix pipelines[door].model.path, or put the model file there"
+    model.mkdir()
+    row = by_name(box.doctor(expect=2))["backend:door"]
+    assert (row["status"], row["detail"]) == (FAIL, f"model file {model} is not a file"), row
+    model.rmdir()
+
+    model.write_bytes(cls_model_path.read_bytes())  # the real classifier: loads where the agent runs it
+    document = box.doctor(expect=0)
+    row = by_name(document)["backend:door"]
+    assert row["status"] == OK, row
+    assert row["detail"].startswith(
+        f"door@local ({model}): onnxruntime/CPUExecutionProvider loads door.onnx (not proven yet"
+    ), row
+    assert document["summary"] == {"ok": 11, "warn": 0, "fail": 0}
+    assert not (box.state_dir / "store" / "models" / "door").exists()  # checked, not imported
+
+
 # --- the box --------------------------------------------------------------------------------
 
 

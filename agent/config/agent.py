@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 
 from agent.config.backends import SelectionConfig
 from agent.config.base import TOPIC_SPECIALS, Name, StrictModel
@@ -37,6 +37,7 @@ class TelemetryConfig(StrictModel):
         le=86_400,
         description="Seconds between reports; 0 turns telemetry off. While the broker is away reports are "
         "skipped (and counted), never queued: the next one says how things are; results keep the outbox.",
+        json_schema_extra={"anyOf": [{"const": 0}, {"minimum": 1}]},  # `_not_too_often`
     )
 
     @field_validator("interval_s")
@@ -111,7 +112,18 @@ class HomeAssistantConfig(StrictModel):
     )
 
 
+def _registry_when_a_pipeline_names_one(schema: dict[str, Any]) -> None:
+    """AgentConfig's JSON Schema says what `_check` decides: a pipeline whose model is no file on the
+    box (no string `path`) needs a registry."""
+    a_file = {"required": ["path"], "properties": {"path": {"type": "string"}}}
+    registry_model = {"properties": {"model": {"not": a_file}}}
+    schema["if"] = {"properties": {"pipelines": {"contains": registry_model}}, "required": ["pipelines"]}
+    schema["then"] = {"required": ["registry"], "properties": {"registry": {"type": "object"}}}
+
+
 class AgentConfig(StrictModel):
+    model_config = ConfigDict(json_schema_extra=_registry_when_a_pipeline_names_one)
+
     device: DeviceConfig
     state_dir: Path = Field(Path("/var/lib/edge-agent"), description="Model store, outbox and decisions.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"

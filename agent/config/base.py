@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
@@ -78,6 +79,32 @@ class StrictModel(BaseModel):
     # hide_input_in_errors: a ValidationError's text never quotes a value (a password, or a whole
     # section holding one); config_loader's messages quote only what is safe to.
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+
+def _given(*keys: str) -> dict[str, Any]:
+    """JSON Schema: these keys are there, with a value (not null)."""
+    return {"required": list(keys), "properties": {key: {"type": "string"} for key in keys}}
+
+
+def login_schema(schema: dict[str, Any]) -> None:
+    """The JSON Schema of a model whose validator calls `check_login` says what it checks."""
+    schema["allOf"] = [
+        {"not": _given("password", "password_file")},
+        {"if": _given("password"), "then": _given("username")},
+        {"if": _given("password_file"), "then": _given("username")},
+    ]
+
+
+def both_or_neither(first: str, second: str) -> Callable[[dict[str, Any]], None]:
+    """json_schema_extra of a model whose validator wants `first` and `second` given together."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        schema["allOf"] = [
+            {"if": _given(first), "then": _given(second)},
+            {"if": _given(second), "then": _given(first)},
+        ]
+
+    return extra
 
 
 def check_login(username: str | None, password: SecretStr | None, password_file: Path | None) -> None:

@@ -5,9 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from agent.config.base import Name, Secret, StrictModel, check_login, read_password
+from agent.config.base import (
+    Name,
+    Secret,
+    StrictModel,
+    both_or_neither,
+    check_login,
+    login_schema,
+    read_password,
+)
 
 # MQTT client identifiers: printable, none of MQTT's topic characters (some brokers and bridges
 # build topics from them), and of a length brokers accept.
@@ -28,6 +36,8 @@ def check_client_id(value: str) -> str:
 
 
 class TlsConfig(StrictModel):
+    model_config = ConfigDict(json_schema_extra=both_or_neither("cert_file", "key_file"))
+
     ca_file: Path | None = Field(None, description="CA bundle that signed the broker's certificate.")
     cert_file: Path | None = Field(None, description="Client certificate (mutual TLS).")
     key_file: Path | None = Field(None, description="Client private key (mutual TLS).")
@@ -97,11 +107,24 @@ class OutboxConfig(StrictModel):
 
 
 class MqttConfig(StrictModel):
+    model_config = ConfigDict(json_schema_extra=login_schema)
+
     host: str = Field("127.0.0.1", min_length=1, description="Broker host name or address.")
     port: int = Field(1883, ge=1, le=65535)
-    protocol: Literal["5", "3.1.1"] = Field("5", description="MQTT protocol version.")
+    protocol: Literal["5", "3.1.1"] = Field(
+        "5",
+        description="MQTT protocol version.",
+        # `_protocol_as_text` takes `protocol: 5` (a YAML int) too.
+        json_schema_extra=lambda schema: schema.update(type=["string", "integer"], enum=["5", "3.1.1", 5]),
+    )
     client_id: str | None = Field(
         None,
+        # What `check_client_id` checks, but printable (Unicode's idea of it is beyond a pattern).
+        json_schema_extra={
+            "minLength": 1,
+            "maxLength": CLIENT_ID_MAX,
+            "pattern": "^[^+#/\\x00-\\x1f\\x7f]*$",
+        },
         description=f"Defaults to edge-agent-<device id>. Printable, 1-{CLIENT_ID_MAX} characters, "
         "without '+', '#' or '/'.",
     )

@@ -37,7 +37,9 @@ class PreprocessConfig(StrictModel):
     scale: float = Field(1 / 255, description="Pixel values are multiplied by this first.")
     # One value applies to every channel, so the defaults fit gray as well as rgb/bgr.
     mean: list[float] = Field(default_factory=lambda: [0.0])
-    std: list[float] = Field(default_factory=lambda: [1.0])
+    std: list[float] = Field(
+        default_factory=lambda: [1.0], json_schema_extra={"items": {"type": "number", "not": {"const": 0}}}
+    )
     layout: Literal["nchw", "nhwc"] = "nchw"
     dtype: Literal["float32", "float16", "uint8", "int8"] = "float32"
     quantization: QuantizationConfig | None = Field(

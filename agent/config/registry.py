@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from agent.config.base import Name, StrictModel
 
@@ -48,9 +48,13 @@ class TrustedKey(StrictModel):
     )
 
 
+URL_SCHEMES = r"^(file|https?|oci)://"
+
+
 class RegistryConfig(RegistryConnection):
     url: str = Field(
-        description="Model registry: file:///srv/registry or https://models.example.com/registry."
+        description="Model registry: file:///srv/registry or https://models.example.com/registry.",
+        json_schema_extra={"pattern": URL_SCHEMES},  # `_known_scheme`
     )
     trusted_keys: list[TrustedKey] = Field(
         default_factory=list,
@@ -61,7 +65,7 @@ class RegistryConfig(RegistryConnection):
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, value: str) -> str:
-        if not re.match(r"^(file|https?|oci)://", value):
+        if not re.match(URL_SCHEMES, value):
             raise ValueError(
                 "expected a file://, http://, https:// or oci:// registry URL, e.g. file:///srv/registry, "
                 "https://models.example.com/registry or oci://registry.example.com/edge-models"
@@ -72,7 +76,33 @@ class RegistryConfig(RegistryConnection):
 LOCAL_VERSION = "local"  # the version of a model imported from a file on the box (model.path)
 
 
+def _registry_model_or_file(schema: dict[str, Any]) -> None:
+    """ModelRef's JSON Schema says what `_local_file` decides: name and version (a registry model), or
+    path (a file on this box: name optional, version only 'local', no digest)."""
+    del schema["required"]
+    schema["oneOf"] = [
+        {
+            "title": "a model version in the registry",
+            "required": ["name", "version"],
+            "properties": {"path": {"type": "null"}},
+        },
+        {
+            "title": "a model file on this box",
+            "required": ["path"],
+            "properties": {
+                "path": {"type": "string", "pattern": "^/"},  # absolute (`_absolute`)
+                "version": {"const": LOCAL_VERSION},
+                "digest": {"type": "null"},
+            },
+        },
+    ]
+
+
 class ModelRef(StrictModel):
+    """A registry model by `name` and `version`, or a model file on this box by `path`."""
+
+    model_config = ConfigDict(json_schema_extra=_registry_model_or_file)
+
     name: Name = Field(description="Model name in the registry (with `path`: defaults to the file's name).")
     version: Name = Field(description=f"Model version (with `path`: {LOCAL_VERSION!r}).")
     digest: str | None = Field(

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from agent.config.base import Secret, StrictModel, check_login, read_password
+from agent.config.base import Secret, StrictModel, check_login, login_schema, read_password
 
 GST_PREFIX = "gst:"
 
@@ -24,7 +24,10 @@ def _non_blank_uri(value: str) -> str:
     return value
 
 
-SourceUri = Annotated[str, AfterValidator(_non_blank_uri)]
+NON_BLANK = r"\S"  # JSON Schema: some text that is not only spaces (`_non_blank_uri`)
+SourceUri = Annotated[
+    str, AfterValidator(_non_blank_uri), WithJsonSchema({"type": "string", "pattern": NON_BLANK})
+]
 
 
 MAX_FPS = 1000.0  # the highest frame rate a video source takes: its fps cap, and a file's own rate
@@ -33,9 +36,11 @@ MAX_FPS = 1000.0  # the highest frame rate a video source takes: its fps cap, an
 class VideoSourceConfig(StrictModel):
     type: Literal["video"]
     uri: SourceUri = Field(
+        # `_uri_as_text` takes a V4L2 index written as a number (uri: 0) too.
+        json_schema_extra=lambda schema: schema.update(type=["string", "integer"], pattern=NON_BLANK),
         description="A video file, a folder of images (played in name order), a V4L2 device index (0) "
         "or /dev/videoN, an rtsp://, http(s):// URL (HTTP: MJPEG or any stream FFmpeg reads), or a "
-        "GStreamer pipeline (gst:ELEMENT ! ... ; a trailing appsink is replaced), e.g. a Jetson CSI camera."
+        "GStreamer pipeline (gst:ELEMENT ! ... ; a trailing appsink is replaced), e.g. a Jetson CSI camera.",
     )
     fps: float | None = Field(
         None,
@@ -96,6 +101,8 @@ class AudioSourceConfig(StrictModel):
 
 class MqttSourceConfig(StrictModel):
     """Sensor values from MQTT messages, cut into windows for the model."""
+
+    model_config = ConfigDict(json_schema_extra=login_schema)
 
     type: Literal["mqtt"]
     topic: str = Field(min_length=1, description="Subscription filter, e.g. plant/line-3/vibration/#.")

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.config import (
     AgentConfig,
@@ -26,6 +26,10 @@ from agent.config import (
 from agent.errors import EdgeAgentError
 from agent.tools.doctor.broker import tcp_problem
 from agent.tools.doctor.core import FAIL, OK, WARN, Check
+
+if TYPE_CHECKING:
+    from agent.store import ModelStore
+    from providers import ModelArtifact
 
 # A status.json rewritten this recently, by a process that is alive, is a running agent's.
 RUNNING_STATUS_AGE_S = 30.0
@@ -148,31 +152,38 @@ def check_backend_of(config: AgentConfig, pipeline: PipelineConfig) -> Check:
 
     name = f"backend:{pipeline.name}"
     ref = f"{pipeline.model.name}@{pipeline.model.version}"
+    shown, spec = ref, ref  # how the rows name the model; what `edge-agent models check` takes
     try:
         store = store_for(config)
-        if not store.is_installed(pipeline.model.name, pipeline.model.version):
+        if pipeline.model.path is not None:  # a file on the box: checked where it is, not imported
+            found = _model_file(pipeline, store)
+            if isinstance(found, Check):
+                return found
+            artifacts, testdata = found, []
+            shown, spec = f"{ref} ({pipeline.model.path})", str(pipeline.model.path)
+        elif not store.is_installed(pipeline.model.name, pipeline.model.version):
             return Check(
                 name,
                 WARN,
                 f"not checked: {ref} is not in the store yet",
                 "edge-agent models pull (the agent pulls it at start, too)",
             )
-        installed = store.get(pipeline.model.name, pipeline.model.version)
+        else:
+            installed = store.get(pipeline.model.name, pipeline.model.version)
+            artifacts, testdata = installed.model_artifacts(), installed.testdata_artifacts()
     except EdgeAgentError as exc:
         return Check(name, FAIL, exc.message, exc.hint or "see the store row")
     # As another user (root), nothing is written where the agent keeps its files (Box.here and the
     # upgraded twins see to that; compiled engines go to a scratch dir).
     with _writable_state(config.state_dir) as scratch:
         try:
-            choice = current_choice(
-                config, pipeline, installed.model_artifacts(), ref, installed.testdata_artifacts()
-            )
+            choice = current_choice(config, pipeline, artifacts, ref, testdata)
         except NoBackendError as exc:
             return Check(
                 name,
                 FAIL,
-                f"no backend can run {ref}: {exc}",
-                f"edge-agent models check {ref} says why; edge-agent providers lists this box's",
+                f"no backend can run {shown}: {exc}",
+                f"edge-agent models check {spec} says why; edge-agent providers lists this box's",
             )
         if scratch is not None:
             choice = replace(
@@ -184,8 +195,8 @@ def check_backend_of(config: AgentConfig, pipeline: PipelineConfig) -> Check:
             return Check(
                 name,
                 FAIL,
-                f"{ref}: {exc}",
-                f"edge-agent providers says what this box has; edge-agent models check {ref}",
+                f"{shown}: {exc}",
+                f"edge-agent providers says what this box has; edge-agent models check {spec}",
             )
         serving = session.backend
         session.close()
@@ -195,7 +206,7 @@ def check_backend_of(config: AgentConfig, pipeline: PipelineConfig) -> Check:
         else "not proven yet: what a first start serves until a frame proves the candidates"
     )
     artifact = choice.decision.artifact_on(serving) or choice.artifact
-    detail = f"{ref}: {serving} loads {artifact} ({how})"
+    detail = f"{shown}: {serving} loads {artifact} ({how})"
     if choice.load_failures:
         return Check(
             name,
@@ -204,6 +215,44 @@ def check_backend_of(config: AgentConfig, pipeline: PipelineConfig) -> Check:
             "edge-agent providers says what is missing for it; edge-agent explain PIPELINE",
         )
     return Check(name, OK, detail)
+
+
+def _model_file(pipeline: PipelineConfig, store: ModelStore) -> list[ModelArtifact] | Check:
+    """The file `model.path` names as the backends take it, checked as the agent's start checks it
+    (there, readable, the format its suffix says: agent/tools/inventory.py resolve_model); else the
+    FAIL row naming the file and what is wrong with it."""
+    from agent.tools.inventory import resolve_model
+
+    name, path = f"backend:{pipeline.name}", pipeline.model.path
+    assert path is not None
+    key = f"pipelines[{pipeline.name}].model.path"
+    if not path.is_file():
+        what = "is not a file" if path.exists() else "does not exist"
+        return Check(name, FAIL, f"model file {path} {what}", f"fix {key}, or put the model file there")
+    if store.trust.required:  # as the store's import refuses it
+        return Check(
+            name,
+            FAIL,
+            f"model file {path}: this agent runs only signed models (registry.trusted_keys), and a file "
+            "given by model.path has no signature",
+            "publish it to a registry with --sign, and name it by name and version",
+        )
+    try:
+        return resolve_model(str(path), store).artifacts
+    except OSError as exc:
+        return Check(
+            name,
+            FAIL,
+            f"cannot read model file {path}: {exc.strerror or exc}",
+            f"make it readable by the agent's user, or run doctor as that user ({key})",
+        )
+    except EdgeAgentError as exc:  # not what its suffix says (ModelError), or no known suffix
+        return Check(
+            name,
+            FAIL,
+            exc.message if str(path) in exc.message else f"model file {path}: {exc.message}",
+            f"export the model again, or fix {key}; edge-agent models inspect {path} says more",
+        )
 
 
 @contextlib.contextmanager
