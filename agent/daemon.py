@@ -224,6 +224,7 @@ class Agent:
             self.mqtt,
             wanted=lambda: [slot.desired.config for slot in self.supervisor.slots()],
             running=self.supervisor.pipelines,
+            health=lambda: (self.supervisor.states(), self.outbox.pending()),
         )
         self.writer.observer = self.home.observe
         self.registry_link = self.supervisor.registry_link

@@ -10,6 +10,9 @@ PYTHON="${PYTHON:-python3}"
 
 need_apt=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
+# mosquitto_sub/pub: README's "Using it" shows the mosquitto_sub equivalent of `edge-agent watch`
+# (tests/test_watch.py runs it).
+command -v mosquitto_sub >/dev/null 2>&1 || need_apt+=(mosquitto-clients)
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)  # TLS tests make their certificates
 "$PYTHON" -c "import venv, ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv)

@@ -23,9 +23,11 @@ from typing import Any
 
 import cv2
 import numpy as np
+import paho.mqtt.client as paho
 import pytest
 import typer
 import yaml
+from paho.mqtt.enums import CallbackAPIVersion
 from typer.testing import CliRunner
 
 from agent.cli import app
@@ -388,4 +390,31 @@ def test_the_fleet_commands_json_is_as_recorded(
     cli.json("fleet status", "fleet", "status", *broker, "--timeout", "5", volatile=FLEET)
     cli.json("fleet rollback", "fleet", "rollback", "--device", DEVICE, "--no-wait", *broker, volatile=FLEET)
     agent.stop()
+    compare(cli.cases)
+
+
+def test_the_watch_commands_json_is_as_recorded(tmp_path: Path, mosquitto: Mosquitto) -> None:
+    """`watch --json` prints JSON Lines; with --count 1 one object: a result published (retained, so
+    it is there when watch subscribes) on the device's results topic."""
+    closed = f"127.0.0.1:{free_port()}"
+    cli = Recorder(tmp_path, closed=closed)
+    config, down = tmp_path / "agent.yaml", tmp_path / "down.yaml"
+    for path, port in ((config, mosquitto.port), (down, int(closed.rsplit(":", 1)[1]))):
+        mqtt_settings = {"host": "127.0.0.1", "port": port}
+        path.write_text(
+            yaml.safe_dump({"device": {"id": DEVICE}, "state_dir": str(tmp_path), "mqtt": mqtt_settings})
+        )
+    top = [{"index": 1, "label": "upside-down", "score": 0.98}]
+    result = {"device": DEVICE, "pipeline": "cam", "seq": 1, "output": {"top": top}}
+    publisher = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
+    publisher.connect(mosquitto.host, mosquitto.port)
+    publisher.loop_start()
+    try:
+        message = publisher.publish(f"edge/{DEVICE}/results/cam", json.dumps(result), qos=1, retain=True)
+        message.wait_for_publish(10)
+    finally:
+        publisher.disconnect()
+        publisher.loop_stop()
+    cli.json("watch", "watch", "-c", str(config), "--count", "1", "--seconds", "30")
+    cli.json("watch (no broker)", "watch", "-c", str(down), exit_code=1)
     compare(cli.cases)

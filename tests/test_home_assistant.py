@@ -46,7 +46,7 @@ from agent.home_automation import (
     identity_of,
 )
 from agent.mqtt.message import Message
-from tests.agent_process import StartAgent, read_status
+from tests.agent_process import AgentProcess, StartAgent, read_status
 from tests.fleet_fixtures import GOOD, agent_config, pipeline_body, publish_fleet_versions
 from tests.ha_schema import check_device_discovery, entity_topics, unique_ids
 from tests.media_fixtures import astronaut_bgr
@@ -148,10 +148,11 @@ def test_every_entity_kind_and_a_removal_fit_home_assistants_schema(tmp_path: Pa
     topic = "homeassistant/device/box-1/config"
     assert check_device_discovery(topic, payload) == []
     platforms = sorted(c["p"] for c in payload["cmps"].values())
-    assert platforms == ["binary_sensor"] * 3 + ["image"] + ["sensor"] * 5
+    # Per pipeline its labels, counts and image, and its fps and backend; the box's online and outbox.
+    assert platforms == ["binary_sensor"] * 4 + ["image"] + ["sensor"] * 10
     assert payload["cmps"]["gone__label"] == {"p": "sensor"}
     ids = unique_ids(payload)
-    assert len(ids) == len(set(ids)) == 8
+    assert len(ids) == len(set(ids)) == 14
     # Every topic is one the agent publishes: its status and its state topics.
     expected_state = {
         "edge/box-1/state/signs/label",
@@ -162,6 +163,9 @@ def test_every_entity_kind_and_a_removal_fit_home_assistants_schema(tmp_path: Pa
         "edge/box-1/state/yard/seen/person",
         "edge/box-1/state/yard/seen/dog cat",
         "edge/box-1/state/yard/image",
+        *(f"edge/box-1/state/{p}/{key}" for p in ("signs", "yard") for key in ("fps", "backend")),
+        "edge/box-1/state/_device/outbox_pending",
+        "edge/box-1/status",  # the connectivity sensor's
     }
     assert entity_topics(payload) == {"state": expected_state, "availability": {"edge/box-1/status"}}
     # A label with a space gets a component id Home Assistant can split discovery ids on.
@@ -317,6 +321,12 @@ def home_for(tmp_path: Path, pipelines: list[dict[str, Any]], holders: list[Hold
 CONFIG_TOPIC = "homeassistant/device/box-1/config"
 
 
+def device_level(*pipelines: str) -> set[str]:
+    """The component ids of the box's own entities and of these pipelines' fps and backend."""
+    per_pipeline = {f"{p}__{key}" for p in pipelines for key in ("fps", "backend")}
+    return {"_device__online", "_device__outbox_pending", *per_pipeline}
+
+
 def test_state_is_published_on_change_only_and_again_after_a_reconnect(tmp_path: Path) -> None:
     home, link, _, _ = home_for(tmp_path, [classifier(watch=["upside-down"])], state_topics={"enabled": True})
     home.tick()
@@ -365,7 +375,8 @@ def test_discovery_births_removals_a_restart_and_turning_it_off(tmp_path: Path) 
     assert sent[0][0] == CONFIG_TOPIC and sent[1:] == [("edge/box-1/state/signs/label", b"upright")]
     config = json.loads(sent[0][1])
     assert check_device_discovery(CONFIG_TOPIC, config) == []
-    assert set(config["cmps"]) == {"signs__label", "yard__count", "yard__count__person", "yard__seen__person"}
+    labels = {"signs__label", "yard__count", "yard__count__person", "yard__seen__person"}
+    assert set(config["cmps"]) == labels | device_level("signs", "yard")
     home.tick()
     assert link.take() == []  # unchanged: not again
     router.routes["homeassistant/status"](Message("homeassistant/status", b"offline"))
@@ -552,6 +563,14 @@ class Recorder:
         self.client.loop_stop()
 
 
+def valid_discovery(ha: Recorder, topic: str, agent: AgentProcess) -> dict[str, Any]:
+    """The discovery config `ha` got on `topic` (waited for), checked against Home Assistant's schema."""
+    wait_until(lambda: ha.on(topic), "the discovery config", timeout=60, state=lambda: agent.log()[-2000:])
+    discovery: dict[str, Any] = json.loads(ha.on(topic)[-1])
+    assert check_device_discovery(topic, discovery) == []
+    return discovery
+
+
 DEVICE = "ha-box"
 CONFIG = f"homeassistant/device/{DEVICE}/config"
 STATE = f"edge/{DEVICE}/state"
@@ -590,17 +609,13 @@ def test_a_real_agent_seen_by_home_assistant_node_red_and_telegraf(
     agent = start_agent(config)
     try:
         # 1. Home Assistant reads the retained config: both pipelines, valid, every topic a real one.
-        wait_until(
-            lambda: ha.on(CONFIG), "the discovery config", timeout=60, state=lambda: agent.log()[-2000:]
-        )
-        discovery = json.loads(ha.on(CONFIG)[-1])
-        assert check_device_discovery(CONFIG, discovery) == []
+        discovery = valid_discovery(ha, CONFIG, agent)
         assert set(discovery["cmps"]) == {
             "signs__label", "signs__seen__upside-down", "faces__count", "faces__count__FACE_FEMALE",
-            "faces__seen__FACE_FEMALE", "faces__image",
+            "faces__seen__FACE_FEMALE", "faces__image", *device_level("signs", "faces"),
         }  # fmt: skip
         ids = unique_ids(discovery)
-        assert len(ids) == len(set(ids)) == 6
+        assert len(ids) == len(set(ids)) == 12
         # It really is this worktree's code that runs.
         wait_until(lambda: "home_automation" in read_status(state_dir), "status.json with home_automation")
 
@@ -679,6 +694,7 @@ def test_a_real_agent_seen_by_home_assistant_node_red_and_telegraf(
         assert {cid: c for cid, c in removed["cmps"].items() if cid.startswith("faces")} == {
             "faces__count": {"p": "sensor"}, "faces__count__FACE_FEMALE": {"p": "sensor"},
             "faces__seen__FACE_FEMALE": {"p": "binary_sensor"}, "faces__image": {"p": "image"},
+            "faces__fps": {"p": "sensor"}, "faces__backend": {"p": "sensor"},
         }  # fmt: skip
         assert removed["cmps"]["signs__label"] == discovery["cmps"]["signs__label"]
         faces_topics = [t for t in topics["state"] if t.startswith(f"{STATE}/faces/")]

@@ -9,8 +9,15 @@ under `<prefix>/<device>/state/<pipeline>/`, plain text, QoS 1, published only w
     count/<label>      detection: how many of a watched label
     seen/<label>       ON while a watched label is in the last result (and off_delay_s after), else OFF
     image              detection with home_automation.image: the frame with its boxes drawn (JPEG)
+    fps                every pipeline: its frame rate (one decimal)
+    backend            every pipeline: the backend serving it (e.g. onnxruntime/CPUExecutionProvider)
 
-They follow the results the pipeline publishes (its `report` rules apply). After every (re)connect
+and the box's own under `<prefix>/<device>/state/_device/`:
+
+    outbox_pending     results and messages queued in the outbox, not yet acknowledged by the broker
+
+They follow the results the pipeline publishes (its `report` rules apply); fps, backend and the
+outbox backlog follow the daemon's status, looked at every HEALTH_EVERY_S. After every (re)connect
 they are all published again, so a broker that lost its retained messages gets them back. A topic no
 longer produced (a pipeline removed, a label no longer watched, the feature turned off) is cleared
 with an empty retained message; what was published is remembered in `<state_dir>/home_automation.json`
@@ -18,7 +25,8 @@ so a restart clears what the previous run left behind.
 
 **Home Assistant** (`home_assistant.enabled`): one retained device discovery config per box on
 `<discovery_prefix>/device/<object_id>/config` (Home Assistant 2024.11+), its components per pipeline
-reading the state topics (no templates); availability from the agent's own retained status topic. It
+reading the state topics (no templates), and the box's own: its connectivity (a binary_sensor on the
+status topic) and outbox backlog; availability from the agent's own retained status topic. It
 is published after each connect, whenever the pipelines change (reload, fleet) and when Home
 Assistant's birth message ("online" on `<discovery_prefix>/status`) arrives. A component that goes is
 sent as `{"p": <platform>}` (Home Assistant's documented removal) and kept so in the retained config,
@@ -53,7 +61,19 @@ from agent.home_automation.discovery import (
     identity_of,
 )
 from agent.home_automation.image import annotated_jpeg
-from agent.home_automation.views import OFF, ON, QOS, Entity, PipelineState, PipelineView, entities, label_of
+from agent.home_automation.views import (
+    DEVICE,
+    OFF,
+    ON,
+    QOS,
+    Entity,
+    PipelineState,
+    PipelineView,
+    device_entities,
+    entities,
+    health_values,
+    label_of,
+)
 from agent.mqtt.message import Message
 from agent.mqtt.topics import ha_device_config_topic, ha_status_topic, state_topic
 
@@ -62,8 +82,11 @@ log = logging.getLogger(__name__)
 MEMORY_FILE = "home_automation.json"
 _MAX_REMOVED = 256  # removed components kept (as removals) in the retained discovery config
 _PACKET_OVERHEAD = 64  # fixed header, packet id, properties (as agent/mqtt/connection.py)
+HEALTH_EVERY_S = 10.0  # how often fps, backend and the outbox backlog are looked at (on change: sent)
 
 __all__ = [
+    "DEVICE",
+    "HEALTH_EVERY_S",
     "MEMORY_FILE",
     "OFF",
     "ON",
@@ -71,6 +94,7 @@ __all__ = [
     "DiscoveryIdentity",
     "Entity",
     "FrameHolder",
+    "Health",
     "HomeAutomation",
     "PipelineState",
     "PipelineView",
@@ -78,6 +102,7 @@ __all__ = [
     "Routes",
     "annotated_jpeg",
     "component_ids",
+    "device_entities",
     "discovery_components",
     "discovery_payload",
     "entities",
@@ -108,6 +133,11 @@ class FrameHolder(Protocol):
 
     name: str
     last_frame: Any  # agent.sources.Frame | None
+
+
+# What the daemon knows of its health: each pipeline's status (agent/supervisor/: `fps`, `backend`)
+# and how many messages wait in the outbox.
+Health = tuple[Mapping[str, Mapping[str, Any]], int]
 
 
 # --- the daemon's part --------------------------------------------------------------------------
@@ -166,11 +196,15 @@ class HomeAutomation:
         mqtt: Publisher,
         wanted: Callable[[], list[PipelineConfig]],
         running: Callable[[], Sequence[FrameHolder]],
+        health: Callable[[], Health] | None = None,
     ) -> None:
         self.config = config
         self._mqtt = mqtt
         self._wanted = wanted
         self._running_of = running
+        self._health = health
+        self._next_health = 0.0
+        self._device: dict[tuple[str, ...], bytes] = {}  # the box's own state values (under DEVICE)
         self._lock = threading.Lock()
         self._path = config.state_dir / MEMORY_FILE
         self._memory = _Memory.load(self._path)
@@ -232,7 +266,7 @@ class HomeAutomation:
                 return
             self._take(state, output, captured_at, time.monotonic())
             if self._mqtt.connected:
-                self._flush(state, None)
+                self._flush(pipeline, state.values, None)
 
     def _take(self, state: PipelineState, output: Mapping[str, Any], captured_at: float, now: float) -> None:
         detections = state.update(output, now)
@@ -254,12 +288,13 @@ class HomeAutomation:
         views: dict[str, PipelineView] = {}
         if config.state_topics_on:
             for pipeline in self._wanted():
-                view = PipelineView.of(pipeline) if pipeline.enabled else None
-                if view is not None:
-                    views[view.name] = view
+                if pipeline.enabled:
+                    views[pipeline.name] = PipelineView.of(pipeline)
         running = {p.name: p for p in self._running_of()}
         connects = int(self._mqtt.stats().get("connects", 0))
         connected = self._mqtt.connected
+        # Also at once for a new connection (the backlog it found) and new pipelines (what serves them).
+        health = self._look_at_health((connected and connects != self._connects) or views != self._views)
         images: dict[str, tuple[np.ndarray, list[dict[str, Any]]]] = {}
         with self._lock:
             self._running = running
@@ -268,6 +303,10 @@ class HomeAutomation:
             now = time.monotonic()
             for state in self._states.values():
                 state.expire(now)
+            if health is not None:
+                self._take_health(*health)
+            elif not config.state_topics_on:
+                self._device = {}
             if not connected:
                 return
             if connects != self._connects:  # a new connection: the broker may have lost what we sent
@@ -276,12 +315,31 @@ class HomeAutomation:
             births = self._counts["births"]
             if self._publish_discovery(births != self._births_handled):
                 self._births_handled = births
-            for state in self._states.values():
-                self._flush(state, connects)
+            for name, state in self._states.items():
+                self._flush(name, state.values, connects)
+            self._flush(DEVICE, self._device, connects)
             self._clear_unwanted()
             images, self._images = self._images, {}
         for name, (frame, detections) in images.items():  # encoding takes a while: outside the lock
             self._publish_image(name, frame, detections)
+
+    def _look_at_health(self, now_too: bool) -> Health | None:
+        """The daemon's health every HEALTH_EVERY_S (and `now_too`); None when not due (asked outside the
+        lock: the supervisor takes its own)."""
+        now = time.monotonic()
+        if (
+            self._health is None
+            or not self.config.state_topics_on
+            or (now < self._next_health and not now_too)
+        ):
+            return None
+        self._next_health = now + HEALTH_EVERY_S
+        return self._health()
+
+    def _take_health(self, pipelines: Mapping[str, Mapping[str, Any]], outbox_pending: int) -> None:
+        for name, state in self._states.items():
+            state.values.update(health_values(pipelines.get(name) or {}))
+        self._device[("outbox_pending",)] = str(int(outbox_pending)).encode()
 
     def _set_views(self, views: dict[str, PipelineView]) -> None:
         for name in list(self._states):
@@ -303,7 +361,10 @@ class HomeAutomation:
         return state_topic(self.config.mqtt.topic_prefix, self.config.device.id, pipeline, *key)
 
     def _wanted_topics(self) -> set[str]:
-        return {self._topic(v.name, e.key) for v in self._views.values() for e in entities(v)}
+        wanted = {self._topic(v.name, e.key) for v in self._views.values() for e in entities(v)}
+        if self.config.state_topics_on:
+            wanted |= {self._topic(DEVICE, e.key) for e in device_entities()}
+        return wanted
 
     def _publish(self, topic: str, payload: bytes) -> bool:
         return self._mqtt.publish_snapshot(topic, payload, qos=QOS, retain=True)
@@ -314,12 +375,12 @@ class HomeAutomation:
         except OSError as exc:
             log.warning("cannot write %s: %s", self._path, exc)
 
-    def _flush(self, state: PipelineState, connects: int | None) -> None:
-        """Publish the values that changed and, given the current connection's `connects`, those not
-        yet sent on it (caller holds the lock and checked the link)."""
+    def _flush(self, name: str, values: Mapping[tuple[str, ...], bytes], connects: int | None) -> None:
+        """Publish `name`'s (a pipeline's, or DEVICE's) values that changed and, given the current
+        connection's `connects`, those not yet sent on it (caller holds the lock and checked the link)."""
         new_topics = False
-        for key, payload in state.values.items():
-            topic = self._topic(state.view.name, key)
+        for key, payload in values.items():
+            topic = self._topic(name, key)
             sent = self._sent.get(topic)
             if sent is not None and sent[0] == payload and (connects is None or sent[1] == connects):
                 continue

@@ -1,5 +1,6 @@
 """Home Assistant MQTT device discovery: stable component ids, the box's identity, and the retained
-discovery config that reads the state topics."""
+discovery config that reads the state topics: each pipeline's, and the box's own (its connectivity
+from the status topic, its outbox backlog)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ from typing import Any
 
 from agent import __version__
 from agent.config import AgentConfig
-from agent.home_automation.views import QOS, PipelineView, entities
+from agent.home_automation.views import (
+    CONNECTIVITY,
+    DEVICE,
+    QOS,
+    Entity,
+    PipelineView,
+    device_entities,
+    entities,
+)
 from agent.mqtt.topics import state_topic, status_topic
 
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -67,22 +76,36 @@ def identity_of(config: AgentConfig) -> DiscoveryIdentity:
 def discovery_components(
     views: list[PipelineView], identity: DiscoveryIdentity, prefix: str
 ) -> dict[str, dict[str, Any]]:
-    """Component id -> its config, for `views` (Home Assistant's device discovery `cmps`)."""
+    """Component id -> its config, for `views` and the box itself (Home Assistant's device discovery
+    `cmps`). The box's ids start with `_device__`, which no pipeline's can (names start alphanumeric)."""
     ids = component_ids(views)
     components: dict[str, dict[str, Any]] = {}
+
+    def add(cid: str, entity: Entity, topic: str) -> dict[str, Any]:
+        component: dict[str, Any] = {
+            "p": entity.platform,
+            "unique_id": f"edge-agent__{identity.object_id}__{cid}",
+            "name": entity.name,
+            ("image_topic" if entity.platform == "image" else "state_topic"): topic,
+            "qos": QOS,
+        }
+        component.update(entity.options)
+        components[cid] = component
+        return component
+
     for view in views:
         for entity in entities(view):
-            cid = ids[(view.name, entity.key)]
-            topic = state_topic(prefix, identity.device_id, view.name, *entity.key)
-            component: dict[str, Any] = {
-                "p": entity.platform,
-                "unique_id": f"edge-agent__{identity.object_id}__{cid}",
-                "name": entity.name,
-                ("image_topic" if entity.platform == "image" else "state_topic"): topic,
-                "qos": QOS,
-            }
-            component.update(entity.options)
-            components[cid] = component
+            add(
+                ids[(view.name, entity.key)],
+                entity,
+                state_topic(prefix, identity.device_id, view.name, *entity.key),
+            )
+    # Connectivity: the retained status itself, with no availability of its own, so that an agent gone
+    # offline (its last will) reads "off" (Disconnected) rather than unavailable.
+    add(f"{DEVICE}__online", CONNECTIVITY, identity.availability_topic)["availability"] = []
+    for entity in device_entities():
+        cid = "__".join([DEVICE, *entity.key])
+        add(cid, entity, state_topic(prefix, identity.device_id, DEVICE, *entity.key))
     return components
 
 

@@ -1,5 +1,6 @@
-"""What a pipeline shows: the `PipelineView` of a classification or detection pipeline, its entities,
-and the `PipelineState` of its state topics (label, counts, ON/OFF per watched label)."""
+"""What a pipeline shows: the `PipelineView` of a pipeline, its entities, and the `PipelineState` of
+its state topics (label, counts, ON/OFF per watched label of a classification or detection pipeline;
+the frame rate and the serving backend of every pipeline), and the box's own (`DEVICE`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from agent.config import ClassificationPostprocess, DetectionPostprocess, Pipeli
 
 ON, OFF = b"ON", b"OFF"
 QOS = 1
+# The state-topic level of the box's own values (`<prefix>/<device>/state/_device/...`): no pipeline
+# name starts with "_" (agent/config/base.py NAME_PATTERN), so it never clashes with one.
+DEVICE = "_device"
 
 
 @dataclass(frozen=True)
@@ -18,22 +22,22 @@ class PipelineView:
     """The part of a pipeline's config this module uses."""
 
     name: str
-    kind: str  # "classification" | "detection"
+    kind: str  # "classification" | "detection" | "other" (no labels: regions, threshold, raw, plugins)
     watch: tuple[str, ...]
     off_delay_s: float
     image: bool
     image_interval_s: float
 
     @classmethod
-    def of(cls, config: PipelineConfig) -> PipelineView | None:
-        """None for pipelines without labels (regions, threshold, raw, plugins): no state topics."""
+    def of(cls, config: PipelineConfig) -> PipelineView:
+        """Pipelines without labels ("other") have only the frame rate and backend topics."""
         post = config.postprocess
         if isinstance(post, ClassificationPostprocess):
             kind = "classification"
         elif isinstance(post, DetectionPostprocess):
             kind = "detection"
         else:
-            return None
+            kind = "other"
         home = config.home_automation
         return cls(
             config.name,
@@ -49,7 +53,7 @@ class PipelineView:
 class Entity:
     """One state topic and, for Home Assistant, the component that shows it."""
 
-    key: tuple[str, ...]  # topic levels under state/<pipeline>/: ("label",), ("seen", "person")
+    key: tuple[str, ...]  # topic levels under state/<pipeline>/: ("label",), ("seen", "person"), ("fps",)
     platform: str  # sensor | binary_sensor | image
     name: str
     options: tuple[tuple[str, Any], ...] = ()
@@ -61,7 +65,7 @@ def entities(view: PipelineView) -> list[Entity]:
     out: list[Entity] = []
     if view.kind == "classification":
         out.append(Entity(("label",), "sensor", f"{p} label", (("icon", "mdi:label-outline"),)))
-    else:
+    elif view.kind == "detection":
         out.append(Entity(("count",), "sensor", f"{p} count", (("state_class", "measurement"),)))
         for label in view.watch:
             options = (("state_class", "measurement"),)
@@ -69,7 +73,45 @@ def entities(view: PipelineView) -> list[Entity]:
     out += [Entity(("seen", label), "binary_sensor", f"{p} {label}") for label in view.watch]
     if view.image:
         out.append(Entity(("image",), "image", f"{p} image", (("content_type", "image/jpeg"),)))
+    fps = (("state_class", "measurement"), ("unit_of_measurement", "fps"), ("suggested_display_precision", 1))
+    out.append(Entity(("fps",), "sensor", f"{p} fps", (*fps, ("icon", "mdi:speedometer"))))
+    diagnostic = (("entity_category", "diagnostic"),)
+    out.append(Entity(("backend",), "sensor", f"{p} backend", (("icon", "mdi:chip"), *diagnostic)))
     return out
+
+
+# The box's connectivity, read from its retained status ({"status": "online" | "offline", ...}).
+CONNECTIVITY = Entity(
+    ("online",),
+    "binary_sensor",
+    "online",
+    (
+        ("device_class", "connectivity"),
+        ("entity_category", "diagnostic"),
+        ("value_template", "{{ value_json.status }}"),
+        ("payload_on", "online"),
+        ("payload_off", "offline"),
+    ),
+)
+
+
+def device_entities() -> list[Entity]:
+    """The box's own values under state/_device/ (its connectivity reads the status topic)."""
+    pending = (("state_class", "measurement"), ("unit_of_measurement", "messages"), ("icon", "mdi:tray-full"))
+    return [
+        Entity(("outbox_pending",), "sensor", "outbox backlog", (*pending, ("entity_category", "diagnostic")))
+    ]
+
+
+def health_values(pipeline: Mapping[str, Any]) -> dict[tuple[str, ...], bytes]:
+    """A pipeline's frame rate (1 decimal) and serving backend from its status (agent/supervisor/:
+    `fps`, `backend`); what it does not know yet is left out."""
+    values: dict[tuple[str, ...], bytes] = {}
+    if pipeline.get("fps") is not None:
+        values[("fps",)] = f"{float(pipeline['fps']):.1f}".encode()
+    if pipeline.get("backend"):
+        values[("backend",)] = str(pipeline["backend"]).encode()
+    return values
 
 
 def label_of(entry: Mapping[str, Any]) -> str:
@@ -90,6 +132,8 @@ class PipelineState:
     def update(self, output: Mapping[str, Any], now: float) -> list[dict[str, Any]]:
         """Take a published result's `output`; returns its detections (for the image)."""
         detections: list[dict[str, Any]] = []
+        if self.view.kind == "other":
+            return detections
         if self.view.kind == "classification":
             top = output.get("top") or []
             if not top:

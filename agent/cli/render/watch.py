@@ -1,0 +1,99 @@
+"""`edge-agent watch` for people: one line per message the box published (agent/tools/watch.py), its
+time, its kind and a summary: a result's pipeline, seq and top output, a status's state, a state
+topic's value. Plain text, or rich's colours on a terminal. Whatever a payload holds, a line comes
+out (a message not in the documented shape is shown cut short, never an error)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from agent.cli.render import cut
+from agent.tools.watch import Seen
+
+_STYLES = {"result": "green", "event": "bold magenta", "status": "cyan", "state": "yellow"}
+_SHOWN = 3  # detections, pipelines named in one line
+
+
+def line(seen: Seen) -> str:
+    return f"{_clock(seen)} {seen.kind:<6} {summary(seen)}"
+
+
+def styled(seen: Seen) -> Any:
+    """The same line with rich's styles (a terminal)."""
+    from rich.text import Text
+
+    return Text.assemble(
+        (_clock(seen), "dim"), " ", (f"{seen.kind:<6}", _STYLES.get(seen.kind, "")), " ", summary(seen)
+    )
+
+
+def _clock(seen: Seen) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(seen.received_at))
+
+
+def summary(seen: Seen) -> str:
+    payload = seen.payload
+    retained = " (retained)" if seen.retained else ""
+    if seen.kind == "state":
+        rest = seen.topic.split("/state/", 1)[-1]
+        value = f"<{seen.size} bytes>" if payload is None else cut(payload) if payload else "(cleared)"
+        return f"{rest} = {value}{retained}"
+    if not isinstance(payload, dict):
+        return f"{seen.topic}: {_raw(seen)}{retained}"
+    if seen.kind == "status":
+        return _status(payload) + retained
+    head = f"{seen.pipeline} #{payload.get('seq', '?')}"
+    output = payload.get("output")
+    return f"{head} {top_output(output) if isinstance(output, dict) else cut(output)}{retained}"
+
+
+def _raw(seen: Seen) -> str:
+    return f"<{seen.size} bytes>" if seen.payload is None else cut(seen.payload)
+
+
+def top_output(output: dict[str, Any]) -> str:
+    """A result's output in a few words, by postprocessor (docs/results.md)."""
+    if isinstance(output.get("top"), list):
+        best = output["top"][:1]
+        return " ".join(_entry(e) for e in best if isinstance(e, dict)) or "no classes"
+    if isinstance(output.get("detections"), list):
+        found = [e for e in output["detections"] if isinstance(e, dict)]
+        shown = ", ".join(_entry(e) for e in found[:_SHOWN]) + (", ..." if len(found) > _SHOWN else "")
+        return f"{len(found)} detection(s)" + (f": {shown}" if found else "")
+    if isinstance(output.get("regions"), list):
+        return f"{len(output['regions'])} region(s)"
+    if "active" in output:
+        event = f"{output['event']} " if output.get("event") else ""
+        return f"{event}{'active' if output['active'] else 'inactive'} {_score(output.get('score'))}".rstrip()
+    if isinstance(output.get("outputs"), dict):
+        return "raw " + ", ".join(
+            f"{name}{list(o.get('shape') or []) if isinstance(o, dict) else ''}"
+            for name, o in output["outputs"].items()
+        )
+    return cut(output)
+
+
+def _entry(entry: dict[str, Any]) -> str:
+    label = entry.get("label")
+    return f"{label if label is not None else entry.get('index')} {_score(entry.get('score'))}".rstrip()
+
+
+def _score(score: Any) -> str:
+    return f"{score:.2f}" if isinstance(score, int | float) and not isinstance(score, bool) else ""
+
+
+def _status(status: dict[str, Any]) -> str:
+    state = status.get("status", "?")
+    text = f"{status.get('device', '?')} {state}"
+    if status.get("agent_version"):
+        text += f" (edge-agent {status['agent_version']})"
+    pipelines = status.get("pipelines")
+    if isinstance(pipelines, dict) and pipelines:
+        named = [f"{name} {p.get('state') if isinstance(p, dict) else p}" for name, p in pipelines.items()]
+        text += (
+            ": "
+            + ", ".join(named[:_SHOWN])
+            + (f", +{len(named) - _SHOWN} more" if len(named) > _SHOWN else "")
+        )
+    return text
