@@ -4,13 +4,15 @@ TFLite/LiteRT prints "INFO: Created TensorFlow Lite XNNPACK delegate for CPU." w
 tensors, on every interpreter: noise on every CLI command and in the daemon's journal, and no
 environment variable turns it off (TF_CPP_MIN_LOG_LEVEL does not reach it). `filtered_stderr`
 catches fd 2 for the duration of such a call and writes back every line but the known noise, so a
-real warning or error from the runtime is still seen.
+real warning or error from the runtime is still seen. The caller may keep the noise to log it (the
+video sources log FFmpeg's own lines at DEBUG: agent/sources/video.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -21,9 +23,13 @@ _LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def filtered_stderr(noise: tuple[bytes, ...]) -> Iterator[None]:
-    """Run the block with fd 2 caught; afterwards write back each line not starting with one of
-    `noise`. What other threads wrote meanwhile is written back too, only later."""
+def filtered_stderr(
+    noise: tuple[bytes, ...] | re.Pattern[bytes], noise_to: list[bytes] | None = None
+) -> Iterator[None]:
+    """Run the block with fd 2 caught; afterwards write back each line that is not noise: one
+    starting with one of `noise`, or matching it where it is a pattern. The noise goes to `noise_to`
+    where given, else nowhere. What other threads wrote meanwhile is written back too, only later."""
+    is_noise = noise.match if isinstance(noise, re.Pattern) else lambda line: line.startswith(noise)
     with _LOCK:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -37,7 +43,9 @@ def filtered_stderr(noise: tuple[bytes, ...]) -> Iterator[None]:
                     os.dup2(saved, 2)
                     caught.seek(0)
                     lines = caught.read().splitlines(keepends=True)
-                    kept = [line for line in lines if not line.startswith(noise)]
+                    kept = [line for line in lines if not is_noise(line)]
+                    if noise_to is not None:
+                        noise_to.extend(line for line in lines if is_noise(line))
                     if kept:
                         os.write(2, b"".join(kept))
         finally:

@@ -7,7 +7,10 @@ import time
 from typing import Any
 
 from agent.config import AudioSourceConfig, SourceConfig, VideoSourceConfig
-from agent.sources import open_source
+from agent.sources import VideoSource, open_source
+
+# After `seconds`, how long a source that is still opening may take to say why it gave nothing.
+DIAGNOSIS_GRACE_S = 2.0
 
 
 def source_config_for(uri: str) -> SourceConfig:
@@ -21,9 +24,13 @@ def check_source(config: SourceConfig, seconds: float = 3.0, until_first: bool =
     """Run the source for `seconds` (a file that ends sooner ends the check) and report what came;
     `until_first`: stop at the first frame (`edge-agent doctor` asks only whether one comes).
 
-    `ok` is true when at least one frame (window, reading) arrived.
+    `ok` is true when at least one frame (window, reading) arrived. A camera that gave none says why
+    (stats.error) within `seconds` and a short grace, as the daemon does in its status: the network
+    timeouts are fitted into `seconds` (VideoSource.fit_within).
     """
     source, slot = open_source(config, "check")
+    if isinstance(source, VideoSource):
+        source.fit_within(seconds)
     started = time.monotonic()
     first_at: float | None = None
     received = 0
@@ -41,6 +48,12 @@ def check_source(config: SourceConfig, seconds: float = 3.0, until_first: bool =
                     break
             elif source.state in ("finished", "stopped") and len(slot) == 0:
                 break
+        # Nothing came and the camera has not said why yet (its open or diagnosis is just ending).
+        late = deadline + DIAGNOSIS_GRACE_S
+        while received == 0 and isinstance(source, VideoSource) and source.state == "starting":
+            if time.monotonic() >= late:
+                break
+            slot.peek(timeout=0.05)  # wakes on a frame, which comes after the state changed
         elapsed = time.monotonic() - started
         stats = source.stats()  # as it stood at the end of the check (streaming, retrying, ...)
     finally:

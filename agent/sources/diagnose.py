@@ -23,13 +23,14 @@ from agent.fsutil import group_name, user_name
 from agent.sources.uri import redact_uri
 
 
-def diagnose_open_failure(uri: str, kind: str) -> str | None:
-    """Why `uri` (a source of `kind`, agent/sources/video.py source_kind) did not open; None for
-    kinds OpenCV's own failure already explains (files, GStreamer pipelines)."""
+def diagnose_open_failure(uri: str, kind: str, timeout_s: float = 3.0) -> str | None:
+    """Why `uri` (a source of `kind`, agent/sources/video.py source_kind) did not open, asking a
+    network camera for at most `timeout_s` per step; None for kinds OpenCV's own failure already
+    explains (files, GStreamer pipelines)."""
     if kind == "device":
         return diagnose_device(device_path(uri))
     if kind == "url":
-        return diagnose_url(uri)
+        return diagnose_url(uri, timeout_s)
     return None
 
 

@@ -18,3 +18,11 @@ def redact_uri(uri: str) -> str:
         return uri
     host = parts.netloc.rpartition("@")[2]  # as written: keeps [IPv6] brackets, never parses the port
     return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
+def hide_password(text: str, uri: str) -> str:
+    """`text` (a library's message about `uri`) with the URI's password replaced, as redact_uri does."""
+    if not URL.match(uri):
+        return text
+    password = urlsplit(uri).password
+    return text.replace(uri, redact_uri(uri)).replace(password, "***") if password else text

@@ -9,6 +9,7 @@ never stalls on one dead camera.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,13 +21,19 @@ from agent.retry import backoff_delay
 from agent.sources.base import ThreadedSource
 from agent.sources.frames import Frame, LatestFrameSlot
 from agent.sources.gstreamer import GstLaunchCapture
-from agent.sources.uri import URL, redact_uri
+from agent.sources.uri import URL, hide_password, redact_uri
+from providers.native_stderr import filtered_stderr
 
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
-# Bound how long OpenCV's FFmpeg backend may block opening or reading a network stream.
-_NETWORK_TIMEOUT_MS = 5000
+# Bound how long OpenCV's FFmpeg backend may block opening or reading a network stream, and how
+# long the diagnosis of one that did not open may wait for each answer (VideoSource.fit_within).
+NETWORK_TIMEOUT_S = 5.0
+DIAGNOSE_TIMEOUT_S = 3.0
+# FFmpeg's own lines ("[tcp @ 0x55d0c0a1b2c0] Connection to tcp://... failed: Connection refused"),
+# which it writes to the process's stderr from C: they go to the log at DEBUG (_open_ffmpeg).
+FFMPEG_LINE = re.compile(rb"\[[^\]\s]+ @ 0x[0-9a-fA-F]+\] ")
 
 
 class Capture(Protocol):
@@ -56,6 +63,15 @@ class VideoSource(ThreadedSource):
         self.frames_decoded = 0
         self.frames_skipped_by_fps = 0
         self._opened_before = False  # a looping file reopens each time round: INFO only the first
+        self.open_timeout_s = NETWORK_TIMEOUT_S
+        self.diagnose_timeout_s = DIAGNOSE_TIMEOUT_S
+
+    def fit_within(self, seconds: float) -> None:
+        """Shorten the network timeouts so that a camera that accepts and never answers is opened,
+        given up on and diagnosed within `seconds` (`edge-agent source --seconds`, doctor): a third
+        of it (at most the daemon's 3 s) for the diagnosis, the rest (at most 5 s) to open."""
+        self.diagnose_timeout_s = min(DIAGNOSE_TIMEOUT_S, max(0.25, seconds / 3))
+        self.open_timeout_s = min(NETWORK_TIMEOUT_S, max(0.25, seconds - self.diagnose_timeout_s))
 
     def _counters(self) -> dict[str, Any]:
         return {"frames_decoded": self.frames_decoded, "frames_skipped_by_fps": self.frames_skipped_by_fps}
@@ -92,7 +108,7 @@ class VideoSource(ThreadedSource):
     def _open_and_read(self, index: int) -> tuple[str, int]:
         capture = self._open()
         if capture is None:
-            return "failed", index
+            return ("stopped" if self._stop.is_set() else "failed"), index
         try:
             return self._read_until_end(capture, index)
         finally:
@@ -118,29 +134,47 @@ class VideoSource(ThreadedSource):
                 return None
             log.info("source %s: GStreamer pipeline running: %s", self.name, self.display_uri)
             return pipeline
+        capture: cv2.VideoCapture | None
         if self.kind == "device":
             target: int | str = int(uri) if uri.isdigit() else uri
             capture = cv2.VideoCapture(target, cv2.CAP_V4L2)
         elif self.kind == "url":
-            params = [
-                cv2.CAP_PROP_OPEN_TIMEOUT_MSEC,
-                _NETWORK_TIMEOUT_MS,
-                cv2.CAP_PROP_READ_TIMEOUT_MSEC,
-                _NETWORK_TIMEOUT_MS,
-            ]
-            capture = cv2.VideoCapture(uri, cv2.CAP_FFMPEG, params)
+            timeout_ms = round(self.open_timeout_s * 1000)
+            params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, timeout_ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, timeout_ms]
+            capture = self._open_ffmpeg(params)
         else:
-            capture = cv2.VideoCapture(uri, cv2.CAP_FFMPEG)
+            capture = self._open_ffmpeg([])
+        if capture is None:  # stopped before it opened
+            return None
         if not capture.isOpened():
             capture.release()
+            if self._stop.is_set():  # a stop cut the open short: nothing to diagnose
+                return None
             from agent.sources.diagnose import diagnose_open_failure  # (it imports this module)
 
-            why = diagnose_open_failure(uri, self.kind)
+            why = diagnose_open_failure(uri, self.kind, self.diagnose_timeout_s)
             self._fail(f"cannot open {self.kind} source {self.display_uri}" + (f": {why}" if why else ""))
             return None
         level = logging.DEBUG if self._opened_before and self.kind == "file" else logging.INFO
         log.log(level, "source %s: opened %s", self.name, self.display_uri)
         self._opened_before = True
+        return capture
+
+    def _open_ffmpeg(self, params: list[int]) -> cv2.VideoCapture | None:
+        """The config's URI through OpenCV's FFmpeg backend (None: stopped first). What FFmpeg prints
+        meanwhile ("[tcp @ 0x...] Connection to tcp://... failed: Connection refused") goes to the
+        log at DEBUG rather than to the operator's terminal or the journal: the diagnosis says it in
+        words they can act on. fd 2 is caught by one open at a time (providers/native_stderr.py).
+        """
+        said: list[bytes] = []
+        with filtered_stderr(FFMPEG_LINE, said):
+            # (A stop asked while another source's open held stderr: do not start one now.)
+            capture = (
+                None if self._stop.is_set() else cv2.VideoCapture(self.config.uri, cv2.CAP_FFMPEG, params)
+            )
+        for line in said:
+            text = hide_password(line.decode(errors="replace").rstrip(), self.config.uri)
+            log.debug("source %s: FFmpeg: %s", self.name, text)
         return capture
 
     def _read_until_end(self, capture: Capture, index: int) -> tuple[str, int]:
