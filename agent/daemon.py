@@ -433,10 +433,11 @@ class Agent:
             self._use_config(effective, plan.settings)
             if plan.added or plan.removed or plan.changed:
                 self.reconciler.apply()
+            plan.retry(self.supervisor.retry_failed("the config was reloaded"))  # not at their slot
             self.loaded = LoadedConfig(effective, path, text)
             self.last_good.save(text, path)
             # Restart-only settings that differ stay listed (they still wait) but apply nothing.
-            applies = plan.added or plan.removed or plan.changed or plan.settings
+            applies = plan.added or plan.removed or plan.changed or plan.settings or plan.retried
             result = "applied" if applies else "unchanged"
             log.info("reload of %s: %s (%s)", path, result, plan.summary())
             if plan.restart_needed:

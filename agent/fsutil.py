@@ -18,6 +18,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -26,6 +27,19 @@ from agent.errors import EdgeAgentError
 log = logging.getLogger(__name__)
 
 CHUNK_SIZE = 1 << 20
+
+
+@dataclass(frozen=True)
+class _Holder:
+    what: str
+    thread: str
+    since: float  # monotonic
+
+
+# The locks this process holds, by the lock file's (device, inode): what each holder is doing, for
+# the hint a waiter gets (flock conflicts between threads of one process too).
+_held: dict[tuple[int, int], list[_Holder]] = {}
+_held_lock = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -37,11 +51,14 @@ def file_lock(
     shared: bool = False,
 ) -> Iterator[None]:
     """Hold an exclusive (or, with `shared`, a shared) `flock` on `path` (created if needed),
-    waiting at most `timeout_s`.
+    waiting at most `timeout_s` (0: not at all).
 
     flock conflicts between separate open() calls even inside one process, so this serializes
     threads and processes alike. Lock files are never deleted (that would race with waiters).
-    On timeout (or when the lock file cannot be created) raises `error` naming `what` and the file.
+    `what` says what the caller does under the lock: an exclusive holder writes its pid and `what`
+    into the file, so that a waiter that gives up can say who holds it and why (`lock_holders`).
+    On timeout (or when the lock file cannot be created) raises `error` naming `what`, the file
+    and its holder.
     """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -60,22 +77,66 @@ def file_lock(
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise
             if time.monotonic() >= deadline:
+                waited = f"timed out after {timeout_s:g}s waiting for" if timeout_s > 0 else "cannot take"
                 raise error(
-                    f"timed out after {timeout_s:g}s waiting for the lock on {what} ({path})",
-                    hint="another process holds it; if none is running, the lock is stale only "
-                    "on a broken network file system",
+                    f"{waited} the lock on {what} ({path}): held by {lock_holders(path, fd)}",
+                    hint="it is let go when that work ends (or its process does); a lock no process "
+                    "holds is stale only on a broken network file system",
                 )
             if not logged:
-                log.info("waiting for %s (locked by another thread or process)", what)
+                log.info("waiting for %s (held by %s)", what, lock_holders(path, fd))
                 logged = True
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        holder = _Holder(what, threading.current_thread().name, time.monotonic())
+        with _held_lock:
+            _held.setdefault(key, []).append(holder)
+        if not shared:
+            with contextlib.suppress(OSError):  # the record is for people: the lock works without it
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()} {what}\n".encode(), 0)
         try:
             yield
         finally:
+            if not shared:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, 0)  # a record left behind would name the wrong holder
+            with _held_lock:
+                holders = _held.get(key, [])
+                holders.remove(holder)
+                if not holders:
+                    _held.pop(key, None)
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def lock_holders(path: Path, fd: int | None = None) -> str:
+    """Who holds the lock file at `path`, in words: this process's holders (pid, thread, what they
+    do and for how long), else the pid and purpose an exclusive holder wrote into the file."""
+    now = time.monotonic()
+    try:
+        st = os.fstat(fd) if fd is not None else path.stat()
+        key = (st.st_dev, st.st_ino)
+    except OSError:
+        key = (-1, -1)
+    with _held_lock:
+        mine = list(_held.get(key, []))
+    if mine:
+        return "; ".join(
+            f"this process (pid {os.getpid()}, thread {h.thread}): {h.what}, for {now - h.since:.0f} s"
+            for h in mine
+        )
+    try:
+        record = path.read_text(errors="replace").strip()
+    except OSError:
+        record = ""
+    pid, _, doing = record.partition(" ")
+    if pid.isdigit() and doing:
+        return f"process {pid}: {doing}"
+    return "another process (it left no record of what it does: a shared holder)"
 
 
 class InstanceInUse(EdgeAgentError):

@@ -32,6 +32,7 @@ from agent.config import REVEAL_SECRETS, AgentConfig
 from agent.config_loader import parse_config, read_config
 from agent.errors import ConfigError
 from agent.fsutil import atomic_write_bytes
+from agent.sources.uri import redact_uri
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +44,14 @@ LAST_GOOD_FILE = "last-good.yaml"
 LAST_GOOD_META = "last-good.json"
 
 
+SHOWN_CHARS = 60  # a longer value is shortened in `config diff`
+SECRET_CHANGED = "(a secret; changed)"
+
+
 @dataclass
 class ReloadPlan:
-    """What applying `new` over `running` changes. Names only, never values: configs hold secrets."""
+    """What applying `new` over `running` changes. Values are shown as `old -> new` with secrets
+    masked (SecretStr fields, passwords in URLs) and long values shortened (`shown`)."""
 
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
@@ -53,10 +59,18 @@ class ReloadPlan:
     unchanged: list[str] = field(default_factory=list)
     settings: list[str] = field(default_factory=list)  # applied at once (log_level, telemetry.*)
     restart_needed: list[str] = field(default_factory=list)  # kept as running until a restart
+    # "old -> new" (masked, shortened) per key: a setting's dotted key, "pipelines.<name>.<key>"
+    shown: dict[str, str] = field(default_factory=dict)
+    retried: list[str] = field(default_factory=list)  # failed pipelines a reload started again at once
 
     @property
     def changes_anything(self) -> bool:
         return bool(self.added or self.removed or self.changed or self.settings or self.restart_needed)
+
+    def retry(self, names: list[str]) -> None:
+        """`names` (unchanged pipelines that had failed) were started again by the reload."""
+        self.retried = [n for n in self.unchanged if n in names]
+        self.unchanged = [n for n in self.unchanged if n not in names]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -65,23 +79,34 @@ class ReloadPlan:
                 "removed": self.removed,
                 "changed": self.changed,
                 "unchanged": self.unchanged,
+                "retried": self.retried,
             },
             "settings": self.settings,
             "restart_needed": self.restart_needed,
+            "values": [{"key": key, "change": change} for key, change in self.shown.items()],
         }
 
     def lines(self) -> list[str]:
         """For people: one line per change."""
-        if not self.changes_anything:
+        if not self.changes_anything and not self.retried:
             return ["no changes"]
         out = [f"+ pipeline {name} (new)" for name in self.added]
         out += [f"- pipeline {name} (removed)" for name in self.removed]
-        out += [f"~ pipeline {name}: {', '.join(keys)}" for name, keys in self.changed.items()]
-        out += [f"~ {key} (applied at once)" for key in self.settings]
-        out += [f"! {key} (needs a restart: systemctl restart edge-agent)" for key in self.restart_needed]
+        for name, keys in self.changed.items():
+            out += [f"~ pipeline {name}: {self._with_value(key, f'pipelines.{name}.{key}')}" for key in keys]
+        out += [f"~ {self._with_value(key)} (applied at once)" for key in self.settings]
+        out += [
+            f"! {self._with_value(key)} (needs a restart: systemctl restart edge-agent)"
+            for key in self.restart_needed
+        ]
+        out += [f"> pipeline {name} (had failed: retried at once)" for name in self.retried]
         if self.unchanged:
             out.append(f"= unchanged, running on: {', '.join(self.unchanged)}")
         return out
+
+    def _with_value(self, key: str, full_key: str | None = None) -> str:
+        change = self.shown.get(full_key or key)
+        return f"{key}: {change}" if change else key
 
     def summary(self) -> str:
         parts = [
@@ -91,6 +116,7 @@ class ReloadPlan:
                 ("removed", self.removed),
                 ("changed", list(self.changed)),
                 ("unchanged", self.unchanged),
+                ("retried", self.retried),
             )
             if names
         ]
@@ -102,35 +128,80 @@ class ReloadPlan:
 def plan_reload(running: AgentConfig, new: AgentConfig) -> ReloadPlan:
     plan = ReloadPlan()
     old_dump, new_dump = _dump(running), _dump(new)
+    old_shown, new_shown = _masked(running), _masked(new)
     for key in AgentConfig.model_fields:
         if key == "pipelines" or old_dump.get(key) == new_dump.get(key):
             continue
         target = plan.settings if key in HOT_SETTINGS else plan.restart_needed
-        target.extend(differences(old_dump.get(key), new_dump.get(key), key))
+        for dotted, path in _changes(old_dump.get(key), new_dump.get(key), key, (key,)):
+            target.append(dotted)
+            plan.shown[dotted] = _shown_change(old_shown, new_shown, path)
     before = {p["name"]: p for p in old_dump["pipelines"] if p.get("enabled", True)}
     after = {p["name"]: p for p in new_dump["pipelines"] if p.get("enabled", True)}
+    shown_before = {p["name"]: p for p in old_shown["pipelines"]}
+    shown_after = {p["name"]: p for p in new_shown["pipelines"]}
     for name, config in after.items():
         if name not in before:
             plan.added.append(name)
         elif before[name] == config:
             plan.unchanged.append(name)
         else:
-            plan.changed[name] = differences(before[name], config, "")
+            plan.changed[name] = []
+            for dotted, path in _changes(before[name], config, "", ()):
+                plan.changed[name].append(dotted)
+                change = _shown_change(shown_before[name], shown_after[name], path)
+                plan.shown[f"pipelines.{name}.{dotted}"] = change
     plan.removed = [name for name in before if name not in after]
     return plan
 
 
 def differences(old: Any, new: Any, prefix: str, depth: int = 3) -> list[str]:
     """The dotted keys under which `old` and `new` differ (down to `depth` levels)."""
+    return [dotted for dotted, _path in _changes(old, new, prefix, (), depth)]
+
+
+def _changes(
+    old: Any, new: Any, prefix: str, path: tuple[str, ...], depth: int = 3
+) -> list[tuple[str, tuple[str, ...]]]:
+    """(dotted key, key path) of each place under which `old` and `new` differ."""
     if old == new:
         return []
     if depth == 0 or not (isinstance(old, dict) and isinstance(new, dict)):
-        return [prefix or "(all)"]
+        return [(prefix or "(all)", path)]
     keys = list(old) + [k for k in new if k not in old]
-    found: list[str] = []
+    found: list[tuple[str, tuple[str, ...]]] = []
     for key in keys:
-        found += differences(old.get(key), new.get(key), f"{prefix}.{key}" if prefix else str(key), depth - 1)
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        found += _changes(old.get(key), new.get(key), dotted, (*path, str(key)), depth - 1)
     return found
+
+
+def _shown_change(old: Any, new: Any, path: tuple[str, ...]) -> str:
+    """`old -> new` at `path` of two masked dumps; a change only a secret makes is not shown."""
+    for key in path:
+        old = old.get(key) if isinstance(old, dict) else None
+        new = new.get(key) if isinstance(new, dict) else None
+    if old == new:
+        return SECRET_CHANGED
+    return f"{_shown(old)} -> {_shown(new)}"
+
+
+def _shown(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, separators=(", ", ": "))
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+
+
+def _masked(config: AgentConfig) -> Any:
+    """The config as it may be shown: SecretStr fields masked, passwords in URLs replaced."""
+
+    def redact(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: redact(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [redact(v) for v in value]
+        return redact_uri(value) if isinstance(value, str) else value
+
+    return redact(config.model_dump(mode="json"))
 
 
 def with_hot_settings(running: AgentConfig, new: AgentConfig) -> AgentConfig:
@@ -149,7 +220,7 @@ def with_hot_settings(running: AgentConfig, new: AgentConfig) -> AgentConfig:
 
 
 def _dump(config: AgentConfig) -> dict[str, Any]:
-    # Secrets revealed so a changed password counts as a change; only key names leave this module.
+    # Secrets revealed so a changed password counts as a change; only `_masked` values are shown.
     return config.model_dump(mode="json", context={REVEAL_SECRETS: True})
 
 

@@ -67,8 +67,9 @@ def test_the_plan_names_each_pipeline_change_and_what_needs_a_restart() -> None:
     assert plan.settings == ["log_level", "telemetry.interval_s"]
     assert plan.restart_needed == ["mqtt.host", "mqtt.password"]  # a changed password counts
     shown = json.dumps(plan.to_dict()) + "\n".join(plan.lines())
-    assert "s3cret" not in shown  # names only, never values
-    assert "! mqtt.host (needs a restart" in "\n".join(plan.lines())
+    assert "s3cret" not in shown  # values shown, secrets never
+    assert "! mqtt.host: 127.0.0.1 -> 127.0.0.2 (needs a restart" in "\n".join(plan.lines())
+    assert "! mqtt.password: (a secret; changed) (needs a restart" in "\n".join(plan.lines())
 
 
 def test_the_same_config_plans_no_change() -> None:
@@ -199,7 +200,8 @@ def test_sighup_applies_what_changed_refuses_an_invalid_config_and_boot_falls_ba
     config.write_text(yaml.safe_dump(data, sort_keys=False))
     changes = reload("changed", "applied")["changes"]
     assert changes["pipelines"] == {
-        "added": ["added"], "removed": [], "changed": {"tuned": ["source.fps"]}, "unchanged": ["steady"]
+        "added": ["added"], "removed": [], "changed": {"tuned": ["source.fps"]}, "unchanged": ["steady"],
+        "retried": [],
     }  # fmt: skip
     assert changes["settings"] == ["log_level"] and changes["restart_needed"] == ["mqtt.keepalive_s"]
     added.wait_until(lambda ms: len(ms) >= 3, timeout=120)

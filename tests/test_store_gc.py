@@ -120,12 +120,15 @@ def test_a_partial_download_survives_gc(tmp_path: Path, registry: FileRegistry) 
     assert partial.exists()  # the pull that resumes it needs it
 
 
-def test_gc_waits_for_a_pull_in_progress_and_keeps_what_it_installs(
+def test_gc_runs_beside_a_pull_in_progress_and_keeps_what_it_installs(
     tmp_path: Path, registry: FileRegistry
 ) -> None:
+    """A pull holds no store-wide lock while it talks to its registry (issue 26): the clean-up
+    runs meanwhile, and the version the pull installs afterwards is whole."""
     store = ModelStore(tmp_path / "store")
-    store.pull(registry, CLS_NAME, "1")
-    slow = CountingRegistry(registry, delay_s=1.0)
+    for version in ("1", "3"):
+        store.pull(registry, CLS_NAME, version)
+    slow = CountingRegistry(registry, delay_s=3.0)
     pulled = threading.Event()
 
     def pull() -> None:
@@ -134,12 +137,13 @@ def test_gc_waits_for_a_pull_in_progress_and_keeps_what_it_installs(
 
     worker = threading.Thread(target=pull, daemon=True)
     worker.start()
-    wait_until(lambda: slow.manifest_calls >= 1, "the pull holding the store's shared lock")
-    report = store.gc(in_use={(CLS_NAME, "2")}, keep_versions=1)  # waits for the pull to finish
-    assert pulled.is_set()
+    wait_until(lambda: slow.manifest_calls >= 1, "the pull asking its registry")
+    report = store.gc(in_use={(CLS_NAME, "2")}, keep_versions=1, wait_s=0.5)  # does not wait for it
+    assert not pulled.is_set()
     worker.join(timeout=30)
+    assert pulled.is_set()
     assert [r["version"] for r in report.removed] == ["1"]
-    assert _versions(store) == ["2"] and store.verify(CLS_NAME, "2") == []
+    assert _versions(store) == ["2", "3"] and store.verify(CLS_NAME, "2") == []
 
 
 # --- the CLI and the daemon ---------------------------------------------------------------------
@@ -194,17 +198,25 @@ def test_the_daemon_keeps_what_store_says_after_a_pipeline_starts(
     assert _versions(store) == ["3", "5"]  # the newest, and the one the pipeline names
 
 
-def test_a_clean_up_gives_up_when_a_pull_holds_the_store_too_long(
+def test_a_clean_up_does_not_wait_for_a_pull_and_keeps_the_version_it_repairs(
     tmp_path: Path, registry: FileRegistry
 ) -> None:
-    """The daemon's clean-up after a start waits briefly: a long `models pull` must not hold it up."""
+    """The daemon's clean-up after a start runs beside a long pull; a version that pull holds (a
+    repair of an installed one) is kept for now, not waited for."""
     store = ModelStore(tmp_path / "store")
-    store.pull(registry, CLS_NAME, "1")
+    for version in ("1", "2"):
+        store.pull(registry, CLS_NAME, version)
+    blob = store.get(CLS_NAME, "1").primary()[1]
+    os.chmod(blob, 0o644)
+    blob.write_bytes(b"\0" * blob.stat().st_size)  # bit rot: the repair downloads it again
     slow = CountingRegistry(registry, delay_s=3.0)
-    worker = threading.Thread(target=store.pull, args=(slow, CLS_NAME, "2"), daemon=True)
+    worker = threading.Thread(target=store.pull, args=(slow, CLS_NAME, "1"), kwargs={"verify": True})
+    worker.daemon = True
     worker.start()
-    wait_until(lambda: slow.manifest_calls >= 1, "the pull holding the store's shared lock")
-    with pytest.raises(StoreError, match=r"timed out after 0\.2s waiting for the lock on the model store"):
-        store.gc(keep_versions=1, wait_s=0.2)
+    wait_until(lambda: slow.manifest_calls >= 1, "the repair holding version 1")
+    started = time.monotonic()
+    report = store.gc(keep_versions=1, in_use={(CLS_NAME, "2")}, wait_s=0.2)
+    assert time.monotonic() - started < 2.0
+    assert report.removed == []  # 1 is being repaired (kept for now), 2 is in use
     worker.join(timeout=60)
-    assert _versions(store) == ["1", "2"]  # nothing removed while the pull ran
+    assert _versions(store) == ["1", "2"] and store.verify(CLS_NAME, "1") == []

@@ -42,9 +42,10 @@ def config_diff(
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """What `systemctl reload edge-agent` would change: pipelines added, removed, changed (which
-    keys) and unchanged (they run on untouched), settings applied at once, settings that need a
-    restart. Values are never shown (configs hold passwords). Exit 1 when FILE is invalid."""
+    """What `systemctl reload edge-agent` would change: pipelines added, removed, changed (each key
+    as old -> new) and unchanged (they run on untouched), settings applied at once, settings that
+    need a restart. Secrets are never shown (passwords stay masked); long values are shortened.
+    Exit 1 when FILE is invalid."""
     from agent.config_loader import read_config
     from agent.reload import LastGoodConfig, plan_reload
 

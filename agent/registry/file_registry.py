@@ -461,7 +461,8 @@ class FileRegistry:
                 try:
                     check_model_file(tmp, format, file_name=file_name)
                 except ModelError as exc:
-                    raise RegistryError(f"refusing to publish {src}: {exc.message}") from None
+                    ref = f"{version_dir.parent.name}@{version_dir.name}"
+                    raise RegistryError(f"refusing to publish {src} as {ref}: {exc.message}") from None
             extra = {k: v for k, v in (fields or {}).items() if v is not None}
             artifact = Artifact.model_validate(
                 {

@@ -282,9 +282,20 @@ def check_model_file(path: Path, format: str, file_name: str | None = None) -> N
     so this stays cheap). TFLite: the flatbuffer identifier. OpenVINO IR: the .xml must be an
     XML document whose root is <net> (its .bin weights file is not checkable on its own). Test
     data: a NumPy .npz archive of numeric arrays (agent/testdata.py).
-    `file_name` is the artifact's name when `path` is a temp or blob file.
+    `file_name` is the artifact's name when `path` is a temp or blob file: the error names it, never
+    the temp file (a runtime's reason that quotes the path it read gets the name in its place).
     """
     label = file_name or path.name
+    try:
+        _check_content(path, format, label)
+    except ModelError as exc:
+        if str(path) not in exc.message and path.name not in exc.message:
+            raise
+        message = exc.message.replace(str(path), label).replace(path.name, label)
+        raise ModelError(message, hint=exc.hint) from None
+
+
+def _check_content(path: Path, format: str, label: str) -> None:
     if format == "onnx":
         _check_onnx(path, label)
     elif format == "tflite":

@@ -16,7 +16,11 @@ Invariants:
 - with a trust policy (signed manifests required), a manifest is checked before any of its
   artifacts is downloaded, and the installed copy again each time it is served: the copy keeps
   the exact bytes that were signed, so the check holds on the box for as long as it is kept;
-- pulls of the same blob or version from several threads or processes do the work once (flock).
+- pulls of the same blob or version from several threads or processes do the work once (flock);
+  a pull holds no store-wide lock while it talks to its registry (it takes the gc lock, shared, only
+  to record the version), so a stalled registry holds up neither a clean-up nor other versions'
+  pulls; a clean-up leaves a version whose pull is in progress. An exclusive lock's file names its
+  holder (pid and what it does) for the error a waiter gives up with.
 
 An installed version is served without asking the registry again (the box keeps working offline);
 `pull(verify=True)` and `verify()` re-hash the blobs and catch bit rot, and pull repairs it.

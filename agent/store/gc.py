@@ -48,7 +48,7 @@ class StoreCollector(StoreReader):
                     f"(installed versions of {name}: {installed})"
                 )
             report = GcReport()
-            self._uninstall(name, version, "removed on request", report)
+            self._uninstall(name, version, "removed on request", report, busy_ok=False)
             self._delete_unused_blobs(report)
         return report
 
@@ -108,12 +108,23 @@ class StoreCollector(StoreReader):
         blobs = {a.sha256: a.size for m in models for a in m.manifest.artifacts}
         return sum(blobs.values())
 
-    def _uninstall(self, name: str, version: str, why: str, report: GcReport) -> None:
-        report.removed.append({"name": name, "version": version, "why": why})
+    def _uninstall(self, name: str, version: str, why: str, report: GcReport, busy_ok: bool = True) -> None:
+        """Remove one version; one a pull holds (in progress, maybe stalled on its registry) is left
+        as it is when `busy_ok` (a clean-up), else StoreError naming the pull."""
         if report.dry_run:
+            report.removed.append({"name": name, "version": version, "why": why})
             return
         version_dir = self.models_dir / name / version
-        with self._lock(self.locks_dir / "models" / f"{name}@{version}.lock", f"removing {name}@{version}"):
+        lock = self.locks_dir / "models" / f"{name}@{version}.lock"
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self._lock(lock, f"removing {name}@{version}", wait_s=0))
+            except StoreError as exc:
+                if not busy_ok:
+                    raise
+                log.info("clean-up: keeping %s@%s for now (%s)", name, version, exc.message)
+                return
+            report.removed.append({"name": name, "version": version, "why": why})
             try:
                 os.unlink(version_dir / MANIFEST_FILE)  # first: from here on it is not installed
                 fsync_dir(version_dir)

@@ -260,11 +260,17 @@ class StoreReader:
         return None
 
     def _gc_lock(
-        self, shared: bool = False, wait_s: float | None = None
+        self, shared: bool = False, wait_s: float | None = None, what: str | None = None
     ) -> contextlib.AbstractContextManager[None]:
-        what = "the model store (a pull)" if shared else "the model store (removing versions)"
+        """The store's lock: shared while a version is recorded as installed (local file work only),
+        exclusive while versions and blobs are removed."""
+        if what is None:
+            what = "installing into the model store" if shared else "removing versions from the model store"
         timeout = self.lock_timeout_s if wait_s is None else wait_s
         return file_lock(self.locks_dir / "gc.lock", timeout, what, error=StoreError, shared=shared)
 
-    def _lock(self, path: Path, what: str) -> contextlib.AbstractContextManager[None]:
-        return file_lock(path, self.lock_timeout_s, what, error=StoreError)
+    def _lock(
+        self, path: Path, what: str, wait_s: float | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        timeout = self.lock_timeout_s if wait_s is None else wait_s
+        return file_lock(path, timeout, what, error=StoreError)

@@ -18,7 +18,14 @@ from agent.errors import IntegrityError, ModelError, RegistryError, StoreError
 from agent.fsutil import atomic_write_bytes, copy_hashing, fsync_dir, hash_file, masked_mode, temp_name
 from agent.registry import Registry
 from agent.registry.file_registry import check_name
-from agent.registry.manifest import MANIFEST_FILE, SIGNATURE_FILE, Artifact, Manifest, check_model_file
+from agent.registry.manifest import (
+    MANIFEST_FILE,
+    SIGNATURE_FILE,
+    Artifact,
+    Manifest,
+    ManifestDocument,
+    check_model_file,
+)
 from agent.registry.signing import SignatureError
 from agent.store.installed import InstalledModel, StoreReader
 
@@ -35,6 +42,7 @@ PARTIAL_SUFFIX = ".partial"
 # at least RATE_OVER_S.
 Progress = Callable[[str, int, int, float], None]
 RATE_OVER_S = 0.5
+_INSTALL_ROUNDS = 3  # fetches of a version's blobs when a clean-up takes one before it is recorded
 
 
 class _DownloadMeter:
@@ -99,11 +107,11 @@ class StorePuller(StoreReader):
             log.debug("%s already installed in %s", ref, self.root)
             return ready
 
-        # Shared: pulls run side by side; a gc (exclusive) never deletes a blob a pull is installing.
-        with (
-            self._gc_lock(shared=True),
-            self._lock(self.locks_dir / "models" / f"{ref}.lock", f"installing {ref}"),
-        ):
+        # Per version: two pulls of one version do the work once. Network I/O happens under this
+        # lock and the blobs' own, never under the store's (gc) lock: a stalled registry holds up
+        # nothing but pulls of what it is sending (a gc skips a version whose pull is in progress).
+        pulling = f"installing {ref} from {registry.url}"
+        with self._lock(self.locks_dir / "models" / f"{ref}.lock", pulling):
             ready = self._ready(name, version, verify)  # someone else may have finished meanwhile
             if ready is not None:
                 log.debug("%s was installed by a concurrent pull", ref)
@@ -125,21 +133,19 @@ class StorePuller(StoreReader):
                     registry.url,
                 )
             self._check_room(manifest, registry.url)
-
-            for artifact in manifest.artifacts:
-                self._ensure_blob(registry, manifest, artifact, verify, progress)
-
-            version_dir = self.models_dir / name / version
-            try:
-                version_dir.mkdir(parents=True, exist_ok=True)
-                if document.signature is not None:
-                    atomic_write_bytes(version_dir / SIGNATURE_FILE, document.signature)
-                else:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(version_dir / SIGNATURE_FILE)
-                atomic_write_bytes(version_dir / MANIFEST_FILE, document.data)  # last, as published
-            except OSError as exc:
-                raise StoreError(f"cannot record {ref} as installed in {version_dir}: {exc}") from None
+            for _round in range(_INSTALL_ROUNDS):
+                for artifact in manifest.artifacts:
+                    self._ensure_blob(registry, manifest, artifact, verify, progress)
+                verify = False  # checked once; a blob a gc took meanwhile is simply fetched again
+                # Shared: installs run side by side; a gc (exclusive, local file work only) takes
+                # no blob of a version recorded here, and may have taken one before.
+                with self._gc_lock(shared=True, what=f"recording {ref} as installed"):
+                    if not self._blob_problems(manifest, rehash=False):
+                        self._record(ref, document)
+                        break
+                log.info("%s: a blob went (a clean-up ran meanwhile); fetching it again", ref)
+            else:
+                raise StoreError(f"cannot install {ref}: its blobs kept going while it was pulled")
             log.info(
                 "installed %s from %s into %s (%d artifact(s), %d bytes)",
                 ref,
@@ -152,6 +158,21 @@ class StorePuller(StoreReader):
                 log.info("%s is signed by trusted key %s", ref, signed_by)
             return self._installed(manifest, signed_by)
 
+    def _record(self, ref: str, document: ManifestDocument) -> None:
+        """Write the version's signature and manifest copy (last: from then on it is installed)."""
+        manifest = document.manifest
+        version_dir = self.models_dir / manifest.name / manifest.version
+        try:
+            version_dir.mkdir(parents=True, exist_ok=True)
+            if document.signature is not None:
+                atomic_write_bytes(version_dir / SIGNATURE_FILE, document.signature)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(version_dir / SIGNATURE_FILE)
+            atomic_write_bytes(version_dir / MANIFEST_FILE, document.data)  # last, as published
+        except OSError as exc:
+            raise StoreError(f"cannot record {ref} as installed in {version_dir}: {exc}") from None
+
     def _ensure_blob(
         self,
         registry: Registry,
@@ -163,7 +184,8 @@ class StorePuller(StoreReader):
         """Make blobs/sha256/<hex> hold exactly the artifact's bytes, downloading if needed."""
         blob = self.blobs_dir / artifact.sha256
         what = f"artifact {artifact.file} of {manifest.ref}"
-        with self._lock(self.locks_dir / "blobs" / f"{artifact.sha256}.lock", f"downloading {what}"):
+        downloading = f"downloading {what} from {registry.url}"
+        with self._lock(self.locks_dir / "blobs" / f"{artifact.sha256}.lock", downloading):
             problem = self._blob_problem(artifact, rehash=rehash)
             if problem is None:
                 return
@@ -314,7 +336,7 @@ class StorePuller(StoreReader):
                 metadata={"source": str(path)},
             )  # fmt: skip
             for source, artifact in zip(sources, artifacts, strict=True):
-                self._copy_in(source, artifact, f"model file {source}")
+                self._copy_in(source, artifact, f"model file {source} for {ref}")
             version_dir = self.models_dir / name / version
             try:
                 version_dir.mkdir(parents=True, exist_ok=True)
@@ -341,7 +363,10 @@ class StorePuller(StoreReader):
                     os.fsync(dst.fileno())
                 if (sha256, size) != (artifact.sha256, artifact.size):
                     raise IntegrityError(f"{what} changed while it was copied into the store; try again")
-                check_model_file(tmp, artifact.format, file_name=artifact.file)
+                try:
+                    check_model_file(tmp, artifact.format, file_name=source.name)
+                except ModelError as exc:  # named as the user gave it, never by the temp copy
+                    raise ModelError(f"{what}: {exc.message}", hint=exc.hint) from None
                 os.chmod(tmp, masked_mode(BLOB_MODE))
                 os.replace(tmp, blob)
             except OSError as exc:

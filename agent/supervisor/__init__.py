@@ -20,7 +20,9 @@ or slow pull never holds up another:
 Every in-flight phase has a deadline (`fleet.phase_timeout_s`): a build that overruns is abandoned
 and the pipeline ends `failed`, never "in progress" for ever. A newer `apply` pre-empts a change still
 in flight. A pipeline that never started is retried with backoff; a failed upgrade is not retried
-(the old version serves) until the desired state changes.
+(the old version serves) until the desired state changes. A config reload retries every failed
+pipeline at once, and so does the registry answering again for those that could not reach it
+(`retry_failed`).
 
 The package: `state` (ApplyReport, PipelineSlot, RegistryLink), `building` (a stage built through its
 phases), `health` (the health window's verdict), `memory` (versions known good or failed here);
@@ -97,7 +99,10 @@ class Supervisor(StageBuilder):
         self.sessions = sessions
         self.sink = sink
         self.broker = broker
-        self.registry_link = RegistryLink(config.registry.url if config.registry else None)
+        self.registry_link = RegistryLink(
+            config.registry.url if config.registry else None,
+            back=lambda: self.retry_failed("the registry answers again", waiting_on_registry=True),
+        )
         self._on_change = on_change or (lambda: None)
         self._lock = threading.RLock()
         self._slots: dict[str, PipelineSlot] = {}

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from agent.backend_choice import DecisionSwitcher, check_on_testdata, choose_and_load, make_prover
 from agent.config import AgentConfig
+from agent.desired_pipeline import DesiredPipeline
 from agent.errors import RegistryError
 from agent.model_hints import embedded_hints, with_model_hints
 from agent.pipeline import Pipeline
@@ -18,7 +19,7 @@ from agent.session_pool import SessionPool
 from agent.sources import Frame, Slot, Source
 from agent.stage import LoadedModel, Stage
 from agent.store import ModelStore, Progress
-from agent.supervisor.state import Cancelled, PipelineSlot, RegistryLink, _Change
+from agent.supervisor.state import Cancelled, PipelineSlot, RegistryLink, _Change, unreachable
 
 log = logging.getLogger(__package__)  # the package's logger, as before it was split
 
@@ -34,6 +35,8 @@ class StageBuilder:
     _lock: threading.RLock
     _stopping: threading.Event
     _on_change: Callable[[], None]
+    _slots: dict[str, PipelineSlot]
+    _begin: Callable[[PipelineSlot, DesiredPipeline], None]
 
     def _peek_for(
         self, running: Pipeline | None, source: tuple[Source, Slot] | None
@@ -135,6 +138,27 @@ class StageBuilder:
         return stage
 
     # --- phases, deadlines, retries -----------------------------------------------------------
+
+    def retry_failed(self, why: str, waiting_on_registry: bool = False) -> list[str]:
+        """Start again at once every pipeline whose last change failed (one that never ran, waiting
+        for its backoff slot, or an upgrade that did not come in), rather than at its next slot;
+        `waiting_on_registry`: only those that failed because the registry could not be reached.
+        A rollback (the version failed its health window) is not retried. Returns their names."""
+        retried = []
+        with self._lock:
+            if self._stopping.is_set():
+                return []
+            for slot in self._slots.values():
+                if slot.change is not None or slot.phase != "failed":
+                    continue
+                if waiting_on_registry and not unreachable(slot.reason):
+                    continue
+                log.info("pipeline %s: %s; retrying it now", slot.name, why)
+                self._begin(slot, slot.desired)
+                retried.append(slot.name)
+        if retried:
+            self._on_change()
+        return retried
 
     def _check(self, change: _Change) -> None:
         if change.cancel.is_set() or self._stopping.is_set():

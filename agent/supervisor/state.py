@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,21 +51,28 @@ class RegistryLink:
     """Whether the registry answered when the agent last needed it (a version not in the store yet).
     Installed versions are served without asking it: offline, the box runs what its store has."""
 
-    def __init__(self, url: str | None) -> None:
+    def __init__(self, url: str | None, back: Callable[[], object] | None = None) -> None:
+        """`back`: called when the registry answers again after it could not be reached (the
+        supervisor retries at once the pipelines that failed waiting on it)."""
         self.url = public_url(url) if url else None
         self.state = "not asked yet" if url else "none configured"
         self.error: str | None = None
         self.since = time.time()
+        self._back = back
 
     def reached(self, url: str) -> None:
         if self.state != "reachable":
-            if self.state == "unreachable":
-                log.info("registry %s reachable again", url)
+            was_away = self.state == "unreachable"
             self.state, self.error, self.since = "reachable", None, time.time()
+            if was_away:
+                log.info("registry %s reachable again", url)
+                if self._back is not None:
+                    self._back()
 
     def failed(self, url: str, exc: RegistryError, store: ModelStore) -> None:
-        if "cannot reach registry" not in exc.message:
-            return  # it answered (with an error of its own): reachable, the version is the problem
+        if not unreachable(exc):
+            self.reached(url)  # it answered (with an error of its own): the version is the problem
+            return
         if self.state != "unreachable":
             installed = ", ".join(m.ref for m in store.list()) or "nothing"
             log.warning(
@@ -75,6 +83,12 @@ class RegistryLink:
 
     def to_dict(self) -> dict[str, Any]:
         return {"url": self.url, "state": self.state, "error": self.error, "since": iso_utc(self.since)}
+
+
+def unreachable(problem: RegistryError | str | None) -> bool:
+    """Whether a pull failed because the registry could not be reached (not an answer of its own)."""
+    text = problem.message if isinstance(problem, RegistryError) else problem or ""
+    return "cannot reach registry" in text
 
 
 @dataclass
