@@ -146,3 +146,24 @@ def test_the_registry_answering_again_retries_the_pipelines_waiting_on_it(
     finally:
         running.close()
         server.close()
+
+
+def test_the_registry_back_is_noticed_by_itself_and_the_pipeline_retried(
+    tmp_path: Path, published: FileRegistry, long_backoff: None, daemon: list[Running]
+) -> None:
+    """No reload, no other pull: while the registry is unreachable and a pipeline waits on it, the
+    supervisor asks it now and then (REGISTRY_PROBE_S), so its return retries the pipeline at once."""
+    port = free_port()
+    running = Running(_config(tmp_path, port, {"door": "2.1"}))
+    daemon.append(running)
+    wait_until(lambda: _failed_unreachable(running, "door"), "door failed: the registry is down", timeout=120)
+    server = RegistryServer(published.root, port=port)
+    try:
+        back = time.monotonic()
+        wait_until(lambda: running.state("door").get("phase") == "running", "door running", timeout=AT_ONCE_S)
+        assert time.monotonic() - back < BACKOFF_S / 4
+        assert running.state("door")["attempts"] == 2  # the failed one and the retry: no slot came
+        assert running.agent.registry_link.state == "reachable"
+    finally:
+        running.close()
+        server.close()

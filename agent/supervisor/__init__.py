@@ -349,7 +349,8 @@ class Supervisor(StageBuilder):
                 )
 
     def tick(self) -> None:
-        """Called every half second: deadlines, retries, and "still ..." log lines for long steps."""
+        """Called every half second: deadlines, retries, "still ..." log lines for long steps, and a
+        probe of a registry that pipelines wait on (probe_registry)."""
         now = time.monotonic()
         with self._lock:
             for slot in self._slots.values():
@@ -370,6 +371,7 @@ class Supervisor(StageBuilder):
                 elif change is not None and slot.step and now - slot.step_logged >= _PHASE_LOG_EVERY_S:
                     slot.step_logged = now
                     log.info("pipeline %s: still %s (%.0f s)", slot.name, slot.step, now - slot.step_started)
+        self.probe_registry()
 
     # --- status and health ---------------------------------------------------------------------
 

@@ -160,6 +160,36 @@ class StageBuilder:
             self._on_change()
         return retried
 
+    def probe_registry(self) -> None:
+        """While the registry is unreachable and a pipeline failed waiting on it, ask it now and then
+        (REGISTRY_PROBE_S) for that pipeline's manifest: its return then retries them at once
+        (RegistryLink.reached), without a pull or a reload to notice it first."""
+        registry_config = self.config.registry
+        if registry_config is None or not self.registry_link.probe_due():
+            return
+        with self._lock:
+            waiting = [
+                slot.desired.config.model
+                for slot in self._slots.values()
+                if slot.change is None and slot.phase == "failed" and unreachable(slot.reason)
+            ]
+        model = next((m for m in waiting if m.path is None), None)
+        if model is None:
+            return
+
+        def ask() -> None:
+            registry = open_registry(registry_config.url, registry_config)
+            try:
+                registry.fetch_manifest(model.name, model.version)
+            except RegistryError as exc:
+                self.registry_link.failed(registry.url, exc, self.store)
+            else:
+                self.registry_link.reached(registry.url)
+            finally:
+                registry.close()
+
+        self.registry_link.probe(ask)
+
     def _check(self, change: _Change) -> None:
         if change.cancel.is_set() or self._stopping.is_set():
             raise Cancelled()

@@ -47,6 +47,10 @@ class Cancelled(Exception):
     """A change was pre-empted by a newer one (or the agent is stopping)."""
 
 
+# While the registry is unreachable and a pipeline waits on it: how often it is asked again.
+REGISTRY_PROBE_S = 10.0
+
+
 class RegistryLink:
     """Whether the registry answered when the agent last needed it (a version not in the store yet).
     Installed versions are served without asking it: offline, the box runs what its store has."""
@@ -59,6 +63,8 @@ class RegistryLink:
         self.error: str | None = None
         self.since = time.time()
         self._back = back
+        self._probing = False
+        self._probed_at = 0.0  # monotonic
 
     def reached(self, url: str) -> None:
         if self.state != "reachable":
@@ -80,6 +86,29 @@ class RegistryLink:
             )
             self.state, self.since = "unreachable", time.time()
         self.error = exc.message
+
+    def probe_due(self) -> bool:
+        """Unreachable, no probe asking now, and none for REGISTRY_PROBE_S."""
+        return (
+            self.state == "unreachable"
+            and not self._probing
+            and time.monotonic() - self._probed_at >= REGISTRY_PROBE_S
+        )
+
+    def probe(self, ask: Callable[[], object]) -> None:
+        """Run `ask` (which reports through `reached`/`failed`) on a thread of its own: a registry
+        that accepts and never answers holds that thread, not the caller's."""
+        self._probing, self._probed_at = True, time.monotonic()
+
+        def run() -> None:
+            try:
+                ask()
+            except Exception:  # a probe that cannot even ask (bad URL, no memory): the next one may
+                log.debug("registry probe failed", exc_info=True)
+            finally:
+                self._probing = False
+
+        threading.Thread(target=run, name="registry-probe", daemon=True).start()
 
     def to_dict(self) -> dict[str, Any]:
         return {"url": self.url, "state": self.state, "error": self.error, "since": iso_utc(self.since)}
