@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,7 +23,7 @@ from agent.sources.base import ThreadedSource
 from agent.sources.frames import Frame, LatestFrameSlot
 from agent.sources.gstreamer import GstLaunchCapture
 from agent.sources.uri import URL, hide_password, redact_uri
-from providers.native_stderr import filtered_stderr
+from providers.native_stderr import keep_routed, settle
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +33,39 @@ IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".
 NETWORK_TIMEOUT_S = 5.0
 DIAGNOSE_TIMEOUT_S = 3.0
 # FFmpeg's own lines ("[tcp @ 0x55d0c0a1b2c0] Connection to tcp://... failed: Connection refused"),
-# which it writes to the process's stderr from C: they go to the log at DEBUG (_open_ffmpeg).
+# which it writes to the process's stderr from C: they go to the log at DEBUG (_log_ffmpeg_line).
 FFMPEG_LINE = re.compile(rb"\[[^\]\s]+ @ 0x[0-9a-fA-F]+\] ")
+_URL_IN_TEXT = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
+# The FFmpeg opens in progress, by source: (name, URI). One route for the whole process takes
+# FFmpeg's lines (installed on the first open); FFmpeg does not say which capture printed a line, so
+# a line names the source whose open was in progress when it came where there was one only.
+_OPENING: dict[int, tuple[str, str]] = {}
+_OPENING_LOCK = threading.Lock()
+_ROUTED: list[bool] = []
+
+
+def _log_ffmpeg_line(line: bytes) -> None:
+    """One of FFmpeg's lines, at DEBUG, passwords hidden (providers/native_stderr.py calls it)."""
+    with _OPENING_LOCK:
+        opening = sorted(_OPENING.values())
+    text = line.decode(errors="replace").rstrip()
+    for _, uri in opening:
+        text = hide_password(text, uri)
+    text = _URL_IN_TEXT.sub(lambda url: _redacted(url.group()), text)
+    names = [name for name, _ in opening]
+    if len(names) == 1:
+        log.debug("source %s: FFmpeg: %s", names[0], text)
+    elif names:
+        log.debug("sources %s (opening at once): FFmpeg: %s", ", ".join(names), text)
+    else:
+        log.debug("FFmpeg: %s", text)
+
+
+def _redacted(url: str) -> str:
+    try:
+        return redact_uri(url)
+    except ValueError:  # not a URL urlsplit can take apart: hide all but its scheme
+        return url.partition("://")[0] + "://***"
 
 
 class Capture(Protocol):
@@ -162,20 +194,24 @@ class VideoSource(ThreadedSource):
 
     def _open_ffmpeg(self, params: list[int]) -> cv2.VideoCapture | None:
         """The config's URI through OpenCV's FFmpeg backend (None: stopped first). What FFmpeg prints
-        meanwhile ("[tcp @ 0x...] Connection to tcp://... failed: Connection refused") goes to the
-        log at DEBUG rather than to the operator's terminal or the journal: the diagnosis says it in
-        words they can act on. fd 2 is caught by one open at a time (providers/native_stderr.py).
+        ("[tcp @ 0x...] Connection to tcp://... failed: Connection refused") goes to the log at DEBUG
+        rather than to the operator's terminal or the journal: the diagnosis says it in words they
+        can act on. Opens of several sources run at once (providers/native_stderr.py routes fd 2).
         """
-        said: list[bytes] = []
-        with filtered_stderr(FFMPEG_LINE, said):
-            # (A stop asked while another source's open held stderr: do not start one now.)
-            capture = (
-                None if self._stop.is_set() else cv2.VideoCapture(self.config.uri, cv2.CAP_FFMPEG, params)
-            )
-        for line in said:
-            text = hide_password(line.decode(errors="replace").rstrip(), self.config.uri)
-            log.debug("source %s: FFmpeg: %s", self.name, text)
-        return capture
+        with _OPENING_LOCK:
+            if not _ROUTED:
+                keep_routed(FFMPEG_LINE, _log_ffmpeg_line)
+                _ROUTED.append(True)
+            _OPENING[id(self)] = (self.name, self.config.uri)
+        try:
+            if self._stop.is_set():
+                return None
+            capture = cv2.VideoCapture(self.config.uri, cv2.CAP_FFMPEG, params)
+            settle()  # its lines logged while it is still the one opening
+            return capture
+        finally:
+            with _OPENING_LOCK:
+                del _OPENING[id(self)]
 
     def _read_until_end(self, capture: Capture, index: int) -> tuple[str, int]:
         """Read frames until stop, end of file or failure. Returns (outcome, next index).
