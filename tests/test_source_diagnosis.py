@@ -147,7 +147,7 @@ def test_ffmpegs_lines_are_in_the_agents_log_at_debug(
     )
     assert not FFMPEG_LINE.search(log), log[-3000:]  # only inside the agent's own log lines
     said = [line for line in log.splitlines() if diagnosis in line]
-    assert said and all(" ERROR agent.sources.video: source dead-camera: cannot open" in s for s in said), (
+    assert said and all(" WARNING agent.sources.video: source dead-camera: cannot open" in s for s in said), (
         said
     )
     assert "hunter2" not in log

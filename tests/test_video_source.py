@@ -365,7 +365,7 @@ def test_missing_file_retries_with_backoff_and_stops_promptly(
         return real_open()
 
     source._open = counting_open  # type: ignore[method-assign]
-    caplog.set_level(logging.ERROR, logger="agent.sources.video")
+    caplog.set_level(logging.WARNING, logger="agent.sources.video")
     source.start()
     assert wait_until(lambda: len(attempts) >= 10, timeout=30)
     stats = source.stats()

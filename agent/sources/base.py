@@ -69,7 +69,7 @@ class SourceBase:
     def _fail(self, message: str) -> None:
         """The source is unavailable: say why (logged once per new reason) and retry."""
         if self.error != message:
-            self._log.error("source %s: %s; retrying with backoff", self.name, message)
+            self._log.warning("source %s: %s; retrying with backoff", self.name, message)
         self._set_state("retrying", message)
 
     def _count_reconnect(self) -> None:
