@@ -410,8 +410,8 @@ def test_publish_refuses_a_test_data_file_that_is_no_archive(tmp_path: Path, cls
     with pytest.raises(RegistryError) as caught:
         registry.publish(cls_model_path, CLS_NAME, CLS_VERSION, testdata=[npz])
     assert str(caught.value) == (
-        f"refusing to publish {npz}: inputs.npz is not valid test data: not a NumPy .npz archive "
-        "(no zip structure)"
+        f"refusing to publish {npz} as {CLS_NAME}@{CLS_VERSION}: inputs.npz is not valid test data: not a "
+        "NumPy .npz archive (no zip structure)"
     )
     assert not (registry.root / CLS_NAME).exists()
 
