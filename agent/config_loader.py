@@ -299,7 +299,8 @@ def _dotted(path: PathKey) -> str:
 def _allowed_keys(path: PathKey, data: Any, root: type[BaseModel]) -> list[str]:
     """Field names of the config model at `path` (following the data through unions)."""
     model = _model_in(*_annotation_at(path, data, root))
-    return list(model.model_fields) if model else []
+    # A field whose key is a Python keyword (a line's `in`) is spelt by its alias.
+    return [field.alias or name for name, field in model.model_fields.items()] if model else []
 
 
 def _union_tags(path: PathKey, data: Any, root: type[BaseModel]) -> list[str]:

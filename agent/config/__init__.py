@@ -9,8 +9,9 @@ Loading (YAML with line numbers, ${ENV} interpolation, error formatting) lives i
 `agent/config_loader.py`.
 
 Sections: `base` (StrictModel, names, secrets, logins), `mqtt`, `registry` (and a pipeline's
-model), `sources`, `processing` (pre/postprocess), `backends` (selection and each backend's
-options), `pipeline`, `fleet`, `agent` (the whole file: AgentConfig). Import from here.
+model), `sources`, `processing` (pre/postprocess), `analytics` (zones and lines), `backends`
+(selection and each backend's options), `pipeline`, `fleet`, `agent` (the whole file: AgentConfig).
+Import from here.
 """
 
 from agent.config.agent import (
@@ -22,6 +23,7 @@ from agent.config.agent import (
     StoreConfig,
     TelemetryConfig,
 )
+from agent.config.analytics import LineConfig, ZoneConfig, polygon_problem, zones_and_lines
 from agent.config.backends import (
     BackendChoiceConfig,
     SelectionConfig,
@@ -88,6 +90,7 @@ __all__ = [
     "HealthWindowConfig",
     "HomeAssistantConfig",
     "HomeAutomationConfig",
+    "LineConfig",
     "ModelRef",
     "MqttConfig",
     "MqttSourceConfig",
@@ -119,9 +122,12 @@ __all__ = [
     "TlsConfig",
     "TrustedKey",
     "VideoSourceConfig",
+    "ZoneConfig",
     "check_client_id",
     "check_name",
     "check_watch_label",
     "is_gst_pipeline",
+    "polygon_problem",
     "read_password",
+    "zones_and_lines",
 ]

@@ -14,8 +14,10 @@ from pydantic import (
     PlainSerializer,
     SecretStr,
     SerializationInfo,
+    ValidationError,
     WithJsonSchema,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from agent.errors import ConfigError
 
@@ -79,6 +81,23 @@ class StrictModel(BaseModel):
     # hide_input_in_errors: a ValidationError's text never quotes a value (a password, or a whole
     # section holding one); config_loader's messages quote only what is safe to.
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+
+def problems_at(title: str, problems: list[tuple[tuple[str | int, ...], str]]) -> ValidationError:
+    """A ValidationError of (key path below the model, message) problems: raised from a model's
+    validator, each problem is reported at its own key (so at its own line of the YAML), not at the
+    model's, e.g. `pipelines[0].zones[1].labels[0]` rather than `pipelines[0]`."""
+    return ValidationError.from_exception_data(
+        title,
+        [
+            InitErrorDetails(
+                type=PydanticCustomError("value_error", "{message}", {"message": message}),
+                loc=loc,
+                input=None,
+            )
+            for loc, message in problems
+        ],
+    )
 
 
 def _given(*keys: str) -> dict[str, Any]:

@@ -7,16 +7,19 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
+from agent.config.analytics import LineConfig, ZoneConfig, analytics_problems
 from agent.config.backends import BackendChoiceConfig
-from agent.config.base import TOPIC_SPECIALS, Name, StrictModel
+from agent.config.base import TOPIC_SPECIALS, Name, StrictModel, problems_at
 from agent.config.processing import (
     AnyPreprocessConfig,
     AudioPreprocessConfig,
     ClassificationPostprocess,
     DetectionPostprocess,
+    PluginPostprocess,
     PostprocessConfig,
     PreprocessConfig,
     RawPostprocess,
+    RegionsPostprocess,
     StateLink,
 )
 from agent.config.registry import ModelRef
@@ -119,6 +122,15 @@ class PipelineConfig(StrictModel):
         description="Watched labels, their off delay and the annotated image, for the state topics and "
         "Home Assistant (docs/integrations.md).",
     )
+    zones: list[ZoneConfig] = Field(
+        default_factory=list,
+        description="Polygons objects are counted in (detection, regions and plugin postprocessors: "
+        "docs/analytics.md).",
+    )
+    lines: list[LineConfig] = Field(
+        default_factory=list,
+        description="Lines objects are counted across, per direction (docs/analytics.md).",
+    )
 
     @model_validator(mode="after")
     def _preprocess_fits_source(self) -> PipelineConfig:
@@ -162,4 +174,21 @@ class PipelineConfig(StrictModel):
                         f"report.{key} needs scores and labels: use a classification or detection "
                         "postprocess (raw outputs have neither)"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _zones_and_lines_fit(self) -> PipelineConfig:
+        if not (self.zones or self.lines):
+            return self
+        post = self.postprocess
+        if not isinstance(post, DetectionPostprocess | RegionsPostprocess | PluginPostprocess):
+            key = "zones" if self.zones else "lines"
+            need = f"zones and lines need boxes: use a detection or regions postprocess, not {post.type}"
+            raise problems_at("PipelineConfig", [((key,), need)])
+        labels = post.labels if isinstance(post, DetectionPostprocess) else None
+        problems = analytics_problems(
+            self.zones, self.lines, labels, boxes=not isinstance(post, RegionsPostprocess)
+        )
+        if problems:
+            raise problems_at("PipelineConfig", problems)
         return self

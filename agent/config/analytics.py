@@ -1,0 +1,245 @@
+"""A pipeline's zones (polygons) and lines, in fractions of the frame or source-image pixels: what
+tracking and analytics count objects in and across (docs/analytics.md). The checks here need no
+frame: a point outside 0..1, a polygon whose edges cross, a zero-length line; the pipeline checks
+names and labels across its zones and lines (agent/config/pipeline.py)."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator, Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+
+from agent.config.base import Name, StrictModel
+
+MAX_POINTS = 100  # vertices of a zone; far beyond a hand-drawn polygon, and the geometry is O(points)
+MAX_PIXELS = 100_000.0
+
+Coordinate = Annotated[float, Field(ge=0, le=MAX_PIXELS, allow_inf_nan=False)]
+Point = tuple[Coordinate, Coordinate]
+Units = Literal["fraction", "pixels"]
+
+
+def _units_field() -> Any:
+    return Field(
+        "fraction",
+        description="fraction: points are 0..1 of the frame's width and height (from the top-left corner), "
+        "so the zone fits any resolution; pixels: points are pixels of the source image.",
+    )
+
+
+Label = Annotated[str, Field(min_length=1)]
+
+
+def _labels_field() -> Any:
+    return Field(
+        None,
+        min_length=1,
+        description="Only objects of these labels (names from postprocess.labels); default: every one.",
+    )
+
+
+def _fractions_only(schema: dict[str, Any]) -> None:
+    """JSON Schema: with units fraction (the default) every coordinate is at most 1."""
+    schema["if"] = {"properties": {"units": {"const": "pixels"}}, "required": ["units"]}
+    at_most_1 = {"prefixItems": [{"maximum": 1}, {"maximum": 1}]}
+    schema["else"] = {"properties": {"points": {"items": at_most_1}}}
+
+
+def _point_text(point: Point) -> str:
+    return f"({point[0]:g}, {point[1]:g})"
+
+
+def _fractions_problem(points: list[Point], info: ValidationInfo) -> None:
+    if info.data.get("units", "fraction") != "fraction":
+        return
+    for i, point in enumerate(points):
+        if max(point) > 1:
+            raise ValueError(
+                f"point {i} {_point_text(point)} is outside the frame: with units: fraction (the default) "
+                "coordinates are 0..1 of the frame's width and height; write units: pixels for pixels"
+            )
+
+
+def _repeats(points: list[Point]) -> None:
+    for i, point in enumerate(points):
+        if point in points[:i]:
+            raise ValueError(f"point {i} {_point_text(point)} repeats point {points.index(point)}")
+
+
+def _orientation(a: Point, b: Point, c: Point) -> float:
+    return (b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0])
+
+
+def _on_segment(a: Point, b: Point, p: Point) -> bool:
+    return min(a[0], b[0]) <= p[0] <= max(a[0], b[0]) and min(a[1], b[1]) <= p[1] <= max(a[1], b[1])
+
+
+def _edges_meet(a: Point, b: Point, c: Point, d: Point) -> bool:
+    """Segments ab and cd share a point (crossing, touching or overlapping)."""
+    o1, o2, o3, o4 = (
+        _orientation(a, b, c),
+        _orientation(a, b, d),
+        _orientation(c, d, a),
+        _orientation(c, d, b),
+    )
+    if ((o1 > 0 and o2 < 0) or (o1 < 0 and o2 > 0)) and ((o3 > 0 and o4 < 0) or (o3 < 0 and o4 > 0)):
+        return True
+    return (
+        (o1 == 0 and _on_segment(a, b, c))
+        or (o2 == 0 and _on_segment(a, b, d))
+        or (o3 == 0 and _on_segment(c, d, a))
+        or (o4 == 0 and _on_segment(c, d, b))
+    )
+
+
+def polygon_problem(points: list[Point]) -> str | None:
+    """Why `points` (in order, the last joined to the first) is not a simple polygon, or None."""
+    n = len(points)
+    edges = [(points[i], points[(i + 1) % n]) for i in range(n)]
+    for i in range(n):
+        for j in range(i + 1, n):
+            if j == i + 1 or (i == 0 and j == n - 1):  # neighbours share a corner
+                continue
+            if _edges_meet(*edges[i], *edges[j]):
+                return (
+                    f"edge {i}-{(i + 1) % n} meets edge {j}-{(j + 1) % n}: a zone's edges must not cross "
+                    "or touch (list the corners in order around the zone)"
+                )
+    area = sum(_orientation(points[0], points[i], points[i + 1]) for i in range(1, n - 1))
+    if area == 0:
+        return "the points lie on one line: the zone has no area"
+    return None
+
+
+class _Drawn(StrictModel):
+    """What a zone and a line share: a name, their points' units and a label filter."""
+
+    name: Name
+    units: Units = _units_field()  # before `points`, whose check reads it
+    labels: list[Label] | None = _labels_field()
+
+    model_config = ConfigDict(json_schema_extra=_fractions_only)
+
+
+class ZoneConfig(_Drawn):
+    """A polygon zone: an object is in it when its anchor point is (or, anchor box, its box overlaps it)."""
+
+    points: list[Point] = Field(
+        min_length=3,
+        max_length=MAX_POINTS,
+        json_schema_extra={"uniqueItems": True},
+        description="The polygon's corners [x, y] in order around it (the last joins the first); its edges "
+        "must not cross. x grows to the right, y downwards.",
+    )
+    anchor: Literal["bottom_center", "center", "box"] = Field(
+        "bottom_center",
+        description="What must be inside: bottom_center (where an object stands; DeepStream's and "
+        "supervision's default), center, or box (the box overlaps the zone: they share some area).",
+    )
+    min_frames: int = Field(1, ge=1, le=10_000, description="Inside this many frames in a row ...")
+    min_seconds: float = Field(
+        0.0, ge=0, le=86_400, description="... and for at least this long before 'entered'."
+    )
+    dwell_s: float | None = Field(
+        None, gt=0, le=86_400 * 7, description="An event when an object stays inside longer than this."
+    )
+    max_objects: int | None = Field(
+        None, ge=1, le=100_000, description="Overcrowding: an event when more objects than this are inside."
+    )
+
+    @field_validator("points")
+    @classmethod
+    def _simple_polygon(cls, points: list[Point], info: ValidationInfo) -> list[Point]:
+        _fractions_problem(points, info)
+        _repeats(points)
+        problem = polygon_problem(points)
+        if problem:
+            raise ValueError(problem)
+        return points
+
+
+class LineConfig(_Drawn):
+    """A line objects cross, in one of two named directions."""
+
+    points: list[Point] = Field(
+        min_length=2,
+        max_length=2,
+        json_schema_extra={"uniqueItems": True},
+        description="Its two ends [x, y]. Walking from the first to the second, crossing from the right "
+        "side to the left is `in`, from the left to the right `out` (x grows to the right, y downwards).",
+    )
+    in_: Name = Field("in", alias="in", description="The name of the direction right-to-left.")
+    out: Name = Field("out", description="The name of the direction left-to-right.")
+    anchor: Literal["bottom_center", "center"] = Field(
+        "bottom_center", description="The point of a box whose path is tested: bottom_center or center."
+    )
+
+    # `in` is a Python keyword: the field is in_, its key `in`, in the YAML and in every dump.
+    model_config = ConfigDict(serialize_by_alias=True)
+
+    @field_validator("points")
+    @classmethod
+    def _a_line(cls, points: list[Point], info: ValidationInfo) -> list[Point]:
+        _fractions_problem(points, info)
+        if points[0] == points[1]:
+            raise ValueError(f"both ends are {_point_text(points[0])}: a line needs two different points")
+        return points
+
+    @field_validator("out")
+    @classmethod
+    def _two_directions(cls, out: str, info: ValidationInfo) -> str:
+        if out == info.data.get("in_"):
+            raise ValueError(f"in and out are both {out!r}: the two directions need different names")
+        return out
+
+
+def zones_and_lines(
+    zones: Sequence[ZoneConfig], lines: Sequence[LineConfig]
+) -> Iterator[tuple[str, int, ZoneConfig | LineConfig]]:
+    """(key, index, config) of every zone, then every line: `zones[i]` or `lines[i]` in messages."""
+    for i, zone in enumerate(zones):
+        yield "zones", i, zone
+    for i, line in enumerate(lines):
+        yield "lines", i, line
+
+
+Problems = list[tuple[tuple[str | int, ...], str]]
+
+
+def analytics_problems(
+    zones: list[ZoneConfig], lines: list[LineConfig], labels: list[str] | None, boxes: bool
+) -> Problems:
+    """(key path below the pipeline, message) for what the zones and lines of one pipeline get wrong
+    together or with its postprocess: `labels` the postprocess declares (None: not known), `boxes`
+    whether it gives boxes with labels (detection, plugin) or without (regions: False)."""
+    problems: Problems = []
+    first: dict[str, str] = {}
+    for key, i, item in zones_and_lines(zones, lines):
+        if item.name in first:
+            taken = f"{item.name!r} is already the name of {first[item.name]}: zones and lines need "
+            taken += "names of their own"
+            problems.append(((key, i, "name"), taken))
+        first.setdefault(item.name, f"{key}[{i}]")
+        problems += _label_problems((key, i), item.labels or [], labels, boxes)
+    return problems
+
+
+def _label_problems(
+    where: tuple[str, int], wanted: list[str], labels: list[str] | None, boxes: bool
+) -> Problems:
+    if wanted and not boxes:
+        return [((*where, "labels"), "a regions postprocess gives no labels to filter on")]
+    problems: Problems = []
+    for j, label in enumerate(wanted):
+        if labels is not None and label not in labels:
+            close = difflib.get_close_matches(label, labels, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            problems.append(
+                (
+                    (*where, "labels", j),
+                    f"{label!r} is not one of postprocess.labels ({', '.join(labels)}){hint}",
+                )
+            )
+    return problems
