@@ -406,8 +406,11 @@ class MqttConnection:
 
     def _broker_listens(self) -> bool:
         try:
-            with socket.create_connection((self._config.host, self._config.port), timeout=_PROBE_TIMEOUT_S):
-                return True
+            address = (self._config.host, self._config.port)
+            with socket.create_connection(address, timeout=_PROBE_TIMEOUT_S) as probe:
+                # A broker on a local port in the ephemeral range can be "reached" by TCP's self-connect
+                # (the probe's source port happens to be the port itself): nobody listens then.
+                return bool(probe.getsockname() != probe.getpeername())
         except OSError:
             return False
 
