@@ -109,11 +109,12 @@ def _block(out: Any, refreshes: Iterator[dict[str, Any] | NotRunning]) -> None:
     from rich.text import Text
 
     for data in refreshes:
-        if isinstance(data, NotRunning):
-            out.print(_not_running(data))
-        else:
-            out.print(Text(f"--- {time.strftime('%H:%M:%S')}"))
-            out.print(render(data))
+        with out:  # buffered, written at once: a reader of the file sees whole refreshes
+            if isinstance(data, NotRunning):
+                out.print(_not_running(data))
+            else:
+                out.print(Text(f"--- {time.strftime('%H:%M:%S')}"))
+                out.print(render(data))
         sys.stdout.flush()
 
 
