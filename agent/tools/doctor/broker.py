@@ -142,23 +142,16 @@ def _tls_problem(host: str, port: int, tls: TlsConfig, timeout_s: float) -> tupl
 
 
 def _mqtt_login(config: AgentConfig, timeout_s: float) -> Check:
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+    from paho.mqtt.enums import MQTTErrorCode
 
-    from agent.mqtt.client import use_credentials
+    from agent.mqtt.client import make_client
 
     cfg = config.mqtt
     where = f"{cfg.host}:{cfg.port}"
     client_id = doctor_client_id(cfg.client_id or f"edge-agent-{config.device.id}")
-    v5 = cfg.protocol == "5"
-    client = mqtt.Client(
-        CallbackAPIVersion.VERSION2,
-        client_id=client_id,
-        protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
-        clean_session=None if v5 else True,
-    )
     try:
-        use_credentials(client, cfg)
+        # A clean session whatever mqtt.session_expiry_s says (that is the agent's own session).
+        client = make_client(cfg.model_copy(update={"session_expiry_s": 0}), client_id)
     except ConfigError as exc:
         return Check("broker", FAIL, exc.message, exc.hint or "check mqtt.password_file and mqtt.tls")
     client.connect_timeout = timeout_s
