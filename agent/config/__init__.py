@@ -23,7 +23,15 @@ from agent.config.agent import (
     StoreConfig,
     TelemetryConfig,
 )
-from agent.config.analytics import LineConfig, ZoneConfig, polygon_problem, zones_and_lines
+from agent.config.analytics import (
+    LineConfig,
+    SnapshotRetentionConfig,
+    SnapshotsConfig,
+    TrackConfig,
+    ZoneConfig,
+    polygon_problem,
+    zones_and_lines,
+)
 from agent.config.backends import (
     BackendChoiceConfig,
     SelectionConfig,
@@ -111,6 +119,8 @@ __all__ = [
     "Secret",
     "SelectionConfig",
     "SerialSourceConfig",
+    "SnapshotRetentionConfig",
+    "SnapshotsConfig",
     "SourceConfig",
     "SourceUri",
     "StateLink",
@@ -120,6 +130,7 @@ __all__ = [
     "TelemetryConfig",
     "ThresholdPostprocess",
     "TlsConfig",
+    "TrackConfig",
     "TrustedKey",
     "VideoSourceConfig",
     "ZoneConfig",

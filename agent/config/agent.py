@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 
+from agent.config.analytics import SnapshotRetentionConfig
 from agent.config.backends import SelectionConfig
 from agent.config.base import TOPIC_SPECIALS, Name, StrictModel
 from agent.config.fleet import FleetConfig
@@ -147,6 +148,10 @@ class AgentConfig(StrictModel):
     home_assistant: HomeAssistantConfig = Field(
         default_factory=HomeAssistantConfig,
         description="Home Assistant MQTT discovery (docs/integrations.md).",
+    )
+    snapshots: SnapshotRetentionConfig = Field(
+        default_factory=SnapshotRetentionConfig,
+        description="How many tracked objects' snapshots the state dir keeps (docs/analytics.md).",
     )
     pipelines: list[PipelineConfig] = Field(default_factory=list)
 

@@ -195,6 +195,74 @@ class LineConfig(_Drawn):
         return out
 
 
+class SnapshotsConfig(StrictModel):
+    """Each tracked object's best picture (docs/analytics.md): kept on disk under the state dir (bounded
+    by the agent's `snapshots:` retention), named by the object's events and published retained on
+    state/<pipeline>/snapshot/<label>."""
+
+    enabled: bool = Field(False, description="Take snapshots (video sources only).")
+    crop: bool = Field(False, description="Also keep a clean crop of the object (no box drawn).")
+    interval_s: float = Field(
+        1.0,
+        ge=0,
+        le=3600,
+        description="A better picture of an object replaces its snapshot at most this often.",
+    )
+    quality: int = Field(80, ge=10, le=100, description="JPEG quality.")
+
+
+class TrackConfig(StrictModel):
+    """Object tracking (ByteTrack: agent/processing/tracking.py): stable ids across frames, which zones,
+    lines, dwell and the events need. Zones or lines turn it on with these defaults."""
+
+    per_label: bool = Field(
+        True, description="Match a detection only to tracks of its own label; false: class-agnostic."
+    )
+    high_score: float = Field(
+        0.5, ge=0, le=1, description="Detections from this score are matched first and can start tracks."
+    )
+    low_score: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="Detections between this and high_score only keep a track going (a partly hidden "
+        "object); the detector's score_threshold must be this low for them to reach the tracker.",
+    )
+    new_track_score: float = Field(0.6, ge=0, le=1, description="A new track needs a detection this good.")
+    min_iou: float = Field(
+        0.2, gt=0, le=1, description="The least overlap between a track's predicted box and its detection."
+    )
+    min_hits: int = Field(
+        2, ge=1, le=100, description="Frames in a row a new track must be seen before it gets an id."
+    )
+    max_lost_s: float = Field(
+        1.0, gt=0, le=3600, description="A track not seen for longer than this ends (an `end` event)."
+    )
+    snapshots: SnapshotsConfig = Field(default_factory=SnapshotsConfig)
+
+    @field_validator("new_track_score")
+    @classmethod
+    def _scores_in_order(cls, new_track_score: float, info: ValidationInfo) -> float:
+        low, high = info.data.get("low_score", 0.1), info.data.get("high_score", 0.5)
+        if low > high:
+            raise ValueError(f"low_score ({low:g}) is above high_score ({high:g})")
+        if new_track_score < high:
+            raise ValueError(
+                f"new_track_score ({new_track_score:g}) is below high_score ({high:g}): only detections "
+                "from high_score start tracks"
+            )
+        return new_track_score
+
+
+class SnapshotRetentionConfig(StrictModel):
+    """How many snapshots the state dir keeps (<state_dir>/snapshots): the oldest go first."""
+
+    max_count: int = Field(1000, ge=1, le=10_000_000, description="At most this many snapshot files.")
+    max_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024 * 1024, description="At most this many bytes of snapshot files."
+    )
+
+
 def zones_and_lines(
     zones: Sequence[ZoneConfig], lines: Sequence[LineConfig]
 ) -> Iterator[tuple[str, int, ZoneConfig | LineConfig]]:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from agent.config.analytics import LineConfig, ZoneConfig, analytics_problems
+from agent.config.analytics import LineConfig, TrackConfig, ZoneConfig, analytics_problems
 from agent.config.backends import BackendChoiceConfig
 from agent.config.base import TOPIC_SPECIALS, Name, StrictModel, problems_at
 from agent.config.processing import (
@@ -45,6 +45,11 @@ class ReportConfig(StrictModel):
     )
     min_interval_s: float = Field(0.0, ge=0, description="At most one result per this many seconds.")
     every_n: int = Field(1, ge=1, description="Of the results the rules above let through, every Nth.")
+    results: bool = Field(
+        True,
+        description="Publish per-frame results at all; false for a pipeline that only needs its events "
+        "(tracking) and state topics.",
+    )
 
 
 def check_watch_label(value: str) -> str:
@@ -131,6 +136,18 @@ class PipelineConfig(StrictModel):
         default_factory=list,
         description="Lines objects are counted across, per direction (docs/analytics.md).",
     )
+    track: TrackConfig | None = Field(
+        None,
+        description="Track objects across frames and publish events (docs/analytics.md); on with its "
+        "defaults when zones or lines are given.",
+    )
+
+    @property
+    def tracking(self) -> TrackConfig | None:
+        """The tracking this pipeline runs: `track`, or its defaults when zones or lines need it."""
+        if self.track is not None or self.zones or self.lines:
+            return self.track or TrackConfig()
+        return None
 
     @model_validator(mode="after")
     def _preprocess_fits_source(self) -> PipelineConfig:
@@ -178,13 +195,18 @@ class PipelineConfig(StrictModel):
 
     @model_validator(mode="after")
     def _zones_and_lines_fit(self) -> PipelineConfig:
-        if not (self.zones or self.lines):
+        if not (self.zones or self.lines or self.track):
             return self
         post = self.postprocess
         if not isinstance(post, DetectionPostprocess | RegionsPostprocess | PluginPostprocess):
-            key = "zones" if self.zones else "lines"
-            need = f"zones and lines need boxes: use a detection or regions postprocess, not {post.type}"
+            key = "zones" if self.zones else "lines" if self.lines else "track"
+            what = "tracking needs" if key == "track" else "zones and lines need"
+            need = f"{what} boxes: use a detection or regions postprocess, not {post.type}"
             raise problems_at("PipelineConfig", [((key,), need)])
+        snapshots = self.track is not None and self.track.snapshots.enabled
+        if snapshots and not isinstance(self.source, VideoSourceConfig):
+            need = f"snapshots need pictures: a video source, not {self.source.type}"
+            raise problems_at("PipelineConfig", [(("track", "snapshots", "enabled"), need)])
         labels = post.labels if isinstance(post, DetectionPostprocess) else None
         problems = analytics_problems(
             self.zones, self.lines, labels, boxes=not isinstance(post, RegionsPostprocess)

@@ -27,6 +27,7 @@ import numpy.typing as npt
 from agent.config import LineConfig, ZoneConfig, zones_and_lines
 
 Array = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 Anchor = Literal["bottom_center", "center", "box"]
 
 # Pixels closer to a zone's edge or a line than this are on it (fractions scaled to pixels are not exact).
@@ -207,3 +208,92 @@ def frame_problems(zones: list[ZoneConfig], lines: list[LineConfig], width: int,
             where = f"{key}[{i}] ({item.name}): point {j} ({x:g}, {y:g})"
             problems.append(f"{where} is outside the {width}x{height} frame")
     return problems
+
+
+_PointAnchor = Literal["bottom_center", "center"]
+
+
+class ZoneGroup:
+    """All of a pipeline's zones at once: `contains` tests every box against every zone in a few
+    array operations (the edges of all point-anchored zones side by side), not a call per zone."""
+
+    def __init__(self, zones: list[ZoneShape]) -> None:
+        self.zones = zones
+        # Per anchor kind: the zones using it, their edges' ends (ax, ay, bx, by) side by side, and
+        # where each zone's edges start among them.
+        self._by_anchor: list[
+            tuple[_PointAnchor, list[int], tuple[Array, Array, Array, Array], IntArray]
+        ] = []
+        anchors: tuple[_PointAnchor, ...] = ("bottom_center", "center")
+        for anchor in anchors:
+            members = [i for i, z in enumerate(zones) if z.anchor == anchor]
+            if not members:
+                continue
+            polygons = [zones[i].polygon for i in members]
+            starts: IntArray = np.cumsum([0] + [len(p) for p in polygons[:-1]], dtype=np.int64)
+            a = np.concatenate(polygons)
+            b = np.concatenate([np.roll(p, -1, axis=0) for p in polygons])
+            edges: tuple[Array, Array, Array, Array] = (
+                a[None, :, 0],
+                a[None, :, 1],
+                b[None, :, 0],
+                b[None, :, 1],
+            )
+            self._by_anchor.append((anchor, members, edges, starts))
+        self._box_zones = [i for i, z in enumerate(zones) if z.anchor == "box"]
+
+    def contains(self, boxes: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """(N, Z): whether each box is in each zone by that zone's anchor rule."""
+        b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+        result = np.zeros((len(b), len(self.zones)), dtype=bool)
+        for anchor, members, (ax, ay, bx, by), starts in self._by_anchor:
+            p = anchor_points(b, anchor)
+            px, py = p[:, 0:1], p[:, 1:2]
+            straddles = (ay > py) != (by > py)
+            dy = np.where(straddles, by - ay, 1.0)
+            crossing = straddles & (px < ax + (py - ay) * (bx - ax) / dy)
+            inside = np.add.reduceat(crossing.astype(np.int32), starts, axis=1) % 2 == 1
+            ex, ey = bx - ax, by - ay
+            length = np.hypot(ex, ey)
+            cross = ex * (py - ay) - ey * (px - ax)
+            along = ex * (px - ax) + ey * (py - ay)
+            slack = ON_EDGE_PX * length
+            on = (np.abs(cross) <= slack) & (along >= -slack) & (along <= length * length + slack)
+            result[:, members] = inside | np.logical_or.reduceat(on, starts, axis=1)
+        for i in self._box_zones:
+            result[:, i] = overlap_areas(b, self.zones[i].polygon) > MIN_OVERLAP_PX2
+        return result
+
+
+class LineGroup:
+    """All of a pipeline's lines at once: anchors, sides and crossings as (N, L) arrays."""
+
+    def __init__(self, lines: list[LineShape]) -> None:
+        self.lines = lines
+        self.start = np.array([line.start for line in lines], dtype=np.float64).reshape(-1, 2)
+        self.end = np.array([line.end for line in lines], dtype=np.float64).reshape(-1, 2)
+        self._centre = np.array([line.anchor == "center" for line in lines], dtype=bool)
+
+    def anchors(self, boxes: npt.ArrayLike) -> Array:
+        """(N, L, 2): each box's anchor point for each line."""
+        bottom, centre = anchor_points(boxes, "bottom_center"), anchor_points(boxes, "center")
+        result: Array = np.where(self._centre[None, :, None], centre[:, None, :], bottom[:, None, :])
+        return result
+
+    def sides(self, points: Array) -> npt.NDArray[np.int8]:
+        """(N, L) `line_sides` of (N, L, 2) points: +1 left (`in` side), -1 right, 0 on the line."""
+        d = self.end - self.start
+        cross = d[:, 0] * (points[..., 1] - self.start[:, 1]) - d[:, 1] * (points[..., 0] - self.start[:, 0])
+        slack = ON_EDGE_PX * np.hypot(d[:, 0], d[:, 1])
+        return np.where(cross < -slack, 1, np.where(cross > slack, -1, 0)).astype(np.int8)
+
+    def crossings(self, p0: Array, p1: Array) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int8]]:
+        """(N, L) `crossings` of (N, L, 2) paths from p0 to p1 (NaN in p0: no crossing), and p1's sides."""
+        before, after = self.sides(p0), self.sides(p1)
+        dx, dy = p1[..., 0] - p0[..., 0], p1[..., 1] - p0[..., 1]
+        slack = ON_EDGE_PX * np.hypot(dx, dy)
+        at_start = dx * (self.start[:, 1] - p0[..., 1]) - dy * (self.start[:, 0] - p0[..., 0])
+        at_end = dx * (self.end[:, 1] - p0[..., 1]) - dy * (self.end[:, 0] - p0[..., 0])
+        apart = ((at_start > slack) & (at_end > slack)) | ((at_start < -slack) & (at_end < -slack))
+        crossed = (before.astype(np.int16) * after == -1) & ~apart & ~np.isnan(p0[..., 0])
+        return np.where(crossed, after, 0).astype(np.int8), after
