@@ -2,7 +2,12 @@
 the fleet reads and writes it to the outbox, and the publisher stamps its send time.
 
     Pipeline._report ─ Result ─> ResultWriter.submit ─ message (id, device, seq, times) ─> Outbox
+                                             └─ its events ─> EventWriter (agent/events.py) ─> Outbox
     Outbox ─> mqtt publisher ─ stamp_published_at (wired by the daemon) ─> broker
+
+A tracking pipeline's frame carries its events (and its scene's counts) in the same `Result`; its
+per-frame result may be off (`report.results: false`) or held back by the report rules while the
+events still go. Snapshots are saved through the writer too (`save_snapshot`).
 
 The message is complete in the outbox except for `published_at`, which only the send can know: it
 is stored as a placeholder whose bytes the publisher swaps for the send time. Nothing under
@@ -15,14 +20,22 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from agent.clock import iso_utc
+from agent.config import SnapshotsConfig
 from agent.errors import ModelError
+from agent.events import EventWriter
 from agent.mqtt import Outbox, OutboxMessage, results_topic
 from agent.mqtt.outbox import OutboxFull
+from agent.processing.scene import SnapshotWanted
+
+if TYPE_CHECKING:
+    from agent.snapshots import SnapshotStore
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +53,9 @@ class Result:
     source: Mapping[str, Any]  # uri, frame, position_s, frames_dropped, outages, last_outage_s
     output: Mapping[str, Any]  # the postprocessed output
     held_back: int  # results the report rules held back since the last one published
+    events: Sequence[Mapping[str, Any]] = ()  # the frame's tracking events, in order
+    publish: bool = True  # False: only the events go (report.results off, or held back by the rules)
+    scene: Mapping[str, Any] | None = None  # a tracking pipeline's counts after this frame (Scene.summary)
 
     def fields(self) -> dict[str, Any]:
         """The message's own fields, in the order published (the sink adds id, device, seq, times)."""
@@ -67,6 +83,11 @@ def stamp_published_at(message: OutboxMessage) -> bytes:
 
 # A published result's pipeline, its `output` and the capture time of its frame.
 ResultObserver = Callable[[str, Mapping[str, Any], float], None]
+# A tracking pipeline's frame: its pipeline, its scene's summary and its events.
+SceneObserver = Callable[[str, Mapping[str, Any], Sequence[Mapping[str, Any]]], None]
+# A new snapshot: its pipeline, label and JPEG (for the retained image topic).
+SnapshotObserver = Callable[[str, str, bytes], None]
+_SNAPSHOT_ERRORS_LOGGED_EVERY = 100
 
 
 class ResultWriter:
@@ -82,18 +103,89 @@ class ResultWriter:
         outbox: Outbox,
         on_written: Callable[[], None],
         observer: ResultObserver | None = None,
+        events: EventWriter | None = None,
+        snapshots: SnapshotStore | None = None,
     ) -> None:
-        self.configure(device_id, topic_prefix, max_payload_bytes)
         self.outbox = outbox
+        self.events = events if events is not None else EventWriter(device_id, topic_prefix, outbox, None)
+        self.snapshots = snapshots
+        self.configure(device_id, topic_prefix, max_payload_bytes)
         self.on_written = on_written
         self.observer = observer  # sees every result handed to the outbox (the state topics)
+        self.scene_observer: SceneObserver | None = None  # sees every tracking frame (the state topics)
+        self.snapshot_observer: SnapshotObserver | None = None
+        self.snapshot_errors = 0
 
     def configure(self, device_id: str, topic_prefix: str, max_payload_bytes: int) -> None:
         self.device_id = device_id
         self.topic_prefix = topic_prefix
         self.max_payload_bytes = max_payload_bytes
+        self.events.configure(device_id, topic_prefix)
 
     def submit(self, result: Result) -> None:
+        if result.publish:
+            self._write_result(result)
+        if result.events:
+            self.write_events(result.pipeline, result.events)
+        if result.scene is not None and self.scene_observer is not None:
+            try:
+                self.scene_observer(result.pipeline, result.scene, result.events)
+            except Exception:  # the state topics must never cost an event
+                log.exception("pipeline %s: the scene observer failed", result.pipeline)
+
+    def write_events(self, pipeline: str, events: Sequence[Mapping[str, Any]]) -> None:
+        """A pipeline's events, in order, to the outbox (agent/events.py)."""
+        if self.events.write(pipeline, events):
+            self.on_written()
+
+    def open_tracks(self, pipeline: str) -> int:
+        """At a tracking pipeline's start: end what the last run left open; the next track id."""
+        next_id = self.events.recover(pipeline)
+        self.on_written()
+        return next_id
+
+    def save_snapshot(
+        self,
+        pipeline: str,
+        wanted: SnapshotWanted,
+        frame: np.ndarray,
+        captured_at: float,
+        config: SnapshotsConfig,
+    ) -> str | None:
+        """Save an object's picture (agent/snapshots.py); its id, or None when it could not be saved
+        (said in the log, the first time and every 100th)."""
+        if self.snapshots is None:
+            return None
+        try:
+            snapshot = self.snapshots.save(
+                pipeline,
+                wanted.track_id,
+                wanted.label,
+                frame,
+                wanted.box,
+                quality=config.quality,
+                crop=config.crop,
+                captured_at=captured_at,
+            )
+            data = snapshot.path.read_bytes() if self.snapshot_observer is not None else b""
+        except Exception as exc:  # a full disk costs the picture, never the events
+            self.snapshot_errors += 1
+            if self.snapshot_errors % _SNAPSHOT_ERRORS_LOGGED_EVERY == 1:
+                log.warning(
+                    "pipeline %s: cannot save a snapshot (%d failed so far): %s",
+                    pipeline,
+                    self.snapshot_errors,
+                    exc,
+                )
+            return None
+        if self.snapshot_observer is not None:
+            try:
+                self.snapshot_observer(pipeline, wanted.label, data)
+            except Exception:
+                log.exception("pipeline %s: the snapshot observer failed", pipeline)
+        return snapshot.id
+
+    def _write_result(self, result: Result) -> None:
         pipeline, limit = result.pipeline, self.max_payload_bytes
         base = {"id": str(uuid.uuid4()), "device": self.device_id, "pipeline": pipeline}
         rest = {

@@ -90,11 +90,29 @@ class ListSink:
 
     def __init__(self) -> None:
         self.results: list[tuple[str, dict[str, Any]]] = []
+        self.events: list[tuple[str, dict[str, Any]]] = []  # tracking pipelines' events, in order
+        self.snapshots: list[tuple[str, int, np.ndarray]] = []  # (pipeline, track id, the frame)
         self._lock = threading.Lock()
 
     def submit(self, result: Result) -> None:
         with self._lock:
-            self.results.append((result.pipeline, {"captured_at": result.captured_at, **result.fields()}))
+            if result.publish:
+                self.results.append((result.pipeline, {"captured_at": result.captured_at, **result.fields()}))
+            self.events += [(result.pipeline, dict(e)) for e in result.events]
+
+    def write_events(self, pipeline: str, events: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self.events += [(pipeline, dict(e)) for e in events]
+
+    def open_tracks(self, pipeline: str) -> int:
+        return 1
+
+    def save_snapshot(
+        self, pipeline: str, wanted: Any, frame: np.ndarray, captured_at: float, config: Any
+    ) -> str:
+        with self._lock:
+            self.snapshots.append((pipeline, wanted.track_id, frame))
+            return f"{wanted.track_id}-{len(self.snapshots)}"
 
     def count(self) -> int:
         with self._lock:

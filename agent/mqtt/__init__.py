@@ -10,6 +10,7 @@ from agent.mqtt.outbox import Outbox, OutboxMessage
 from agent.mqtt.topics import (
     command_topic,
     desired_topic,
+    events_topic,
     group_desired_topic,
     parse_results_topic,
     reported_topic,
@@ -25,6 +26,7 @@ __all__ = [
     "OutboxMessage",
     "command_topic",
     "desired_topic",
+    "events_topic",
     "group_desired_topic",
     "parse_results_topic",
     "reported_topic",

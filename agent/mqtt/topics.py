@@ -48,6 +48,11 @@ def results_topic(prefix: str, device: str, pipeline: str) -> str:
     return f"{_device(prefix, device)}/results/{_level('pipeline', pipeline)}"
 
 
+def events_topic(prefix: str, device: str, pipeline: str) -> str:
+    """A tracking pipeline's events: new/update/end per object, zone and line events (docs/results.md)."""
+    return f"{_device(prefix, device)}/events/{_level('pipeline', pipeline)}"
+
+
 def telemetry_topic(prefix: str, device: str) -> str:
     return f"{_device(prefix, device)}/telemetry"
 

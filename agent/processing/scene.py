@@ -33,7 +33,7 @@ import numpy.typing as npt
 from agent.clock import iso_utc
 from agent.config import LineConfig, TrackConfig, ZoneConfig
 from agent.processing.tracking import Tracker
-from agent.processing.zones import LineGroup, LineShape, ZoneGroup, ZoneShape
+from agent.processing.zones import LineGroup, LineShape, ZoneGroup, ZoneShape, frame_problems
 
 Event = dict[str, Any]
 
@@ -133,6 +133,7 @@ class Scene:
         self._events: list[Event] = []
         self._updated: dict[int, set[str]] = {}  # objects changed this frame: what changed
         self._wanted: list[SnapshotWanted] = []
+        self.problems: list[str] = []  # pixel points outside the frame, found at the first frame (the log)
         self._new: set[int] = set()  # confirmed since the last take_events: their `new` says it all
         self.started = 0  # tracks confirmed
         self.ended = 0
@@ -191,6 +192,7 @@ class Scene:
         for line_shape in self._line_group.lines:
             for label in line_shape.labels or ():
                 self._label_codes.setdefault(label, len(self._label_codes))
+        self.problems = frame_problems(self._zone_configs, self._line_configs, width, height)
         self._size = (width, height)
 
     # --- one frame -------------------------------------------------------------------------------

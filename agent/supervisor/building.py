@@ -113,12 +113,6 @@ class StageBuilder:
             session.close()
             raise
         log.info("pipeline %s: %s", config.name, decision.explain())
-        if config.zones or config.lines:  # checked by the config, not acted on yet (docs/analytics.md)
-            log.warning(
-                "pipeline %s: its zones and lines are checked but not tracked or reported yet by this "
-                "version (docs/analytics.md)",
-                config.name,
-            )
         loaded = LoadedModel(
             installed.name, installed.version, decision.artifact_sha256, session, decision, choice.key
         )
