@@ -31,6 +31,7 @@ from agent.clock import iso_utc
 from agent.config import AgentConfig
 from agent.control import ControlServer, socket_path
 from agent.errors import ConfigError, EdgeAgentError
+from agent.events import EventWriter, TrackJournal
 from agent.fleet.commands import CommandServer, RecentLogs
 from agent.fleet.device_commands import device_handlers
 from agent.fleet.reconciler import Reconciler, generation_outcomes
@@ -44,6 +45,7 @@ from agent.results import ResultWriter, stamp_published_at
 from agent.sd_notify import notify, watchdog_interval_s
 from agent.self_update import RESTART_EXIT_CODE, Updater, releases_dir
 from agent.session_pool import SessionPool
+from agent.snapshots import SnapshotStore
 from agent.sources import BrokerLink
 from agent.store import store_for
 from agent.supervisor import Supervisor
@@ -204,12 +206,19 @@ class Agent:
             offline_payload=lambda: self._status_payload("offline"),
             prepare_payload=stamp_published_at,
         )
+        # Tracking pipelines: their open tracks (ended at the next start after a kill) and snapshots.
+        events = EventWriter(
+            config.device.id, config.mqtt.topic_prefix, self.outbox, TrackJournal(state_dir / "tracks")
+        )
+        self.snapshots = SnapshotStore(state_dir / "snapshots", config.snapshots)
         self.writer = ResultWriter(
             config.device.id,
             config.mqtt.topic_prefix,
             config.mqtt.max_payload_bytes,
             self.outbox,
             self.mqtt.notify_new_message,
+            events=events,
+            snapshots=self.snapshots,
         )
         self.supervisor = Supervisor(
             config,
@@ -463,6 +472,7 @@ class Agent:
         self.reconciler.config = config
         self.supervisor.config = config
         self.writer.configure(config.device.id, config.mqtt.topic_prefix, config.mqtt.max_payload_bytes)
+        self.snapshots.use(config.snapshots)
         self.home.use_config(config)
         if "log_level" in settings and self.log_level_from_cli is None:
             logging.getLogger().setLevel(config.log_level.upper())

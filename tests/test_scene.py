@@ -19,7 +19,9 @@ LEFT = ZoneConfig(name="left", units="pixels", points=[(0, 500), (500, 500), (50
 GATE = LineConfig(name="gate", units="pixels", points=[(600, 0), (600, 1000)], **{"in": "east"}, out="west")
 
 
-def box(cx: float, bottom: float, label: str = "person", score: float = 0.9, size: float = 60) -> dict[str, Any]:
+def box(
+    cx: float, bottom: float, label: str = "person", score: float = 0.9, size: float = 60
+) -> dict[str, Any]:
     """A detection whose bottom centre is (cx, bottom)."""
     return {"box": [cx - size / 2, bottom - 2 * size, cx + size / 2, bottom], "score": score, "label": label}
 
@@ -63,7 +65,7 @@ def test_an_object_walking_through_the_zone_and_across_the_line_makes_each_event
     ]
     new = next(e for e in events[1] if e["type"] == "new")  # confirmed on its second frame
     assert new["object"]["id"] == 1 and new["object"]["zones"] == ["left"]
-    end = [e for frame in events for e in frame if e["type"] == "end"][0]
+    end = next(e for frame in events for e in frame if e["type"] == "end")
     obj = end["object"]
     assert obj["entered_zones"] == ["left"] and obj["zones"] == []
     assert [(c["line"], c["direction"]) for c in obj["crossings"]] == [("gate", "east")]
@@ -93,7 +95,10 @@ def test_min_frames_is_inertia_both_ways_and_a_flicker_on_the_edge_neither_enter
     # Three in a row: entered; then out for 2 (stays), back in, out for 3: left once.
     xs = [490, 480, 480, 510, 520, 490, 510, 520, 530]
     kinds = flat(run(scene, [[box(x, 800, size=100)] for x in xs], start=len(xs)))
-    assert [k for k in kinds if k[0] in ("enter", "exit")] == [("enter", "left", ""), ("exit", "left", "left")]
+    assert [k for k in kinds if k[0] in ("enter", "exit")] == [
+        ("enter", "left", ""),
+        ("exit", "left", "left"),
+    ]
 
 
 def test_min_seconds_waits_for_time_inside_as_well_as_frames() -> None:
@@ -110,7 +115,13 @@ def test_dwell_fires_once_per_stay_and_again_after_leaving_and_coming_back() -> 
     stay = [[box(300, 800)] for _ in range(25)]  # 2.4 s inside
     leave = walk(300, 700, 21) + walk(700, 300, 21)
     kinds = flat(run(scene, stay + leave + stay))
-    assert [k[0] for k in kinds if k[0] in ("enter", "dwell", "exit")] == ["enter", "dwell", "exit", "enter", "dwell"]
+    assert [k[0] for k in kinds if k[0] in ("enter", "dwell", "exit")] == [
+        "enter",
+        "dwell",
+        "exit",
+        "enter",
+        "dwell",
+    ]
     dwell = [k for k in kinds if k[0] == "dwell"]
     assert len(dwell) == 2
 
@@ -144,7 +155,10 @@ def test_label_filters_keep_other_labels_out_of_zones_and_line_counts() -> None:
     car = walk(100, 900, 21, bottom=700, label="car")
     both = [p + c for p, c in zip(person, car, strict=True)]
     kinds = flat(run(scene, both))
-    assert [k for k in kinds if k[0] in ("enter", "cross")] == [("enter", "left", ""), ("cross", "gate", "east")]
+    assert [k for k in kinds if k[0] in ("enter", "cross")] == [
+        ("enter", "left", ""),
+        ("cross", "gate", "east"),
+    ]
     events_objects = [e for e in kinds if e[0] == "new"]
     assert len(events_objects) == 2  # both tracked
 
@@ -157,7 +171,9 @@ def test_per_label_tracking_gives_each_label_its_own_ids() -> None:
 
 
 def test_changing_zones_keeps_every_track_and_the_unchanged_zones_state() -> None:
-    right = ZoneConfig(name="right", units="pixels", points=[(500, 500), (1000, 500), (1000, 1000), (500, 1000)])
+    right = ZoneConfig(
+        name="right", units="pixels", points=[(500, 500), (1000, 500), (1000, 1000), (500, 1000)]
+    )
     scene = Scene(TrackConfig(min_hits=1), [LEFT], [GATE])
     run(scene, [[box(300, 800), box(800, 800)] for _ in range(3)])
     ids = sorted(scene.objects)
