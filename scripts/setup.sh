@@ -72,6 +72,11 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
     # silero-vad's ONNX voice-activity models; its hard dependency is torch, which the ONNX files
     # do not need: take the files only (never imported).
     "$VENV/bin/python" -m pip install -q -c "$REPO/constraints.txt" --no-deps silero-vad
+    # The reference ByteTrack our tracker is measured against (tests/test_tracking_metrics.py):
+    # roboflow's trackers and supervision ask for the GUI build of OpenCV, matplotlib and PyAV, none
+    # of which ByteTrackTracker's import path needs; take them and the two small packages it does.
+    "$VENV/bin/python" -m pip install -q -c "$REPO/constraints.txt" --no-deps \
+        trackers supervision pydeprecate defusedxml
     echo "$want" > "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"
