@@ -153,7 +153,10 @@ class VideoSource(ThreadedSource):
             if not folder.isOpened():
                 self._fail(f"image folder {uri} has no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
                 return None
-            log.info("source %s: opened %s (%d images)", self.name, uri, len(folder.paths))
+            # A looping folder reopens at each pass (several a second for one photo): said once at INFO.
+            level = logging.DEBUG if self._opened_before else logging.INFO
+            log.log(level, "source %s: opened %s (%d images)", self.name, uri, len(folder.paths))
+            self._opened_before = True
             return folder
         if self.kind == "file" and not Path(uri).is_file():
             self._fail(f"video file {uri} does not exist")
