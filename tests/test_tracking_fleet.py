@@ -11,7 +11,7 @@ from typing import Any
 import cv2
 
 from agent.registry.file_registry import FileRegistry
-from tests.agent_process import StartAgent
+from tests.agent_process import StartAgent, read_status
 from tests.fleet_fixtures import agent_config, document, publish
 from tests.media_fixtures import astronaut_bgr
 from tests.mosquitto import Mosquitto, Subscriber
@@ -39,6 +39,12 @@ def faces_pipeline(photos: Path, labels: list[str], **extra: Any) -> dict[str, A
     }
 
 
+def open_tracks(state_dir: Path) -> int:
+    """The open tracks the running agent's status shows for `faces` (0 when not there yet)."""
+    tracking = read_status(state_dir).get("pipelines", {}).get("faces", {}).get("tracking") or {}
+    return int(tracking.get("tracks", 0))
+
+
 def events_of(subscriber: Subscriber) -> list[dict[str, Any]]:
     return [json.loads(m.payload) for m in list(subscriber.messages)]
 
@@ -54,6 +60,7 @@ def test_a_zone_from_the_fleet_applies_without_ending_the_tracks(
     body = faces_pipeline(photos, yolo_labels)
     config = agent_config(tmp_path, DEVICE, mosquitto.port, registry, {"faces": body})
     events = Subscriber(mosquitto.host, mosquitto.port, f"edge/{DEVICE}/events/faces")
+    state_dir = tmp_path / DEVICE / "state"
     agent = start_agent(config)
     try:
         wait_until(
@@ -81,6 +88,23 @@ def test_a_zone_from_the_fleet_applies_without_ending_the_tracks(
         assert [e["seq"] for e in seen] == list(range(seen[0]["seq"], seen[0]["seq"] + len(seen)))
         update = next(e for e in seen if e["type"] == "update")
         assert update["object"]["zones"] == ["face-zone"] and update["changed"] == ["zones"]
+
+        # A bad zone (its edges cross) is refused with where and why; the pipeline serves on as it was.
+        crossed = {**AROUND_FACE, "points": [[150, 60], [300, 220], [300, 60], [150, 220]]}
+        bad = {"faces": faces_pipeline(photos, yolo_labels, zones=[crossed])}
+        publish(mosquitto, f"edge/{DEVICE}/desired", document(f"device:{DEVICE}", 2, bad))
+        wait_until(
+            lambda: (
+                "desired state refused" in agent.log()
+                and "zones[0].points: edge 0-1 meets edge 2-3" in agent.log()
+            ),
+            "the bad zone refused",
+            timeout=60,
+            state=lambda: agent.log()[-2000:],
+        )
+        count = len(events_of(events))
+        wait_until(lambda: open_tracks(state_dir) >= 1, "the status still tracking the face", timeout=30)
+        assert [e["type"] for e in events_of(events)[count:] if e["type"] in ("new", "end")] == []
 
         # A clean stop ends the open track, saying so (and leaves the zone first).
         agent.stop()
