@@ -325,8 +325,12 @@ class Scene:
 
     def _allowed(
         self, shapes: Iterable[ZoneShape | LineShape], codes: npt.NDArray[np.int64]
-    ) -> npt.NDArray[np.bool_]:
-        """(N, K): whether each object's label passes each zone's or line's label filter."""
+    ) -> npt.NDArray[np.bool_] | bool:
+        """(N, K): whether each object's label passes each zone's or line's label filter (True: no
+        filters, every object passes)."""
+        shapes = list(shapes)
+        if all(shape.labels is None for shape in shapes):
+            return True
         columns = []
         for shape in shapes:
             if shape.labels is None:
@@ -338,8 +342,10 @@ class Scene:
     def _zone_step(
         self, boxes: npt.NDArray[np.float64], ids: list[int], codes: npt.NDArray[np.int64], now: float
     ) -> None:
+        inside_now = self._zone_group.contains(boxes)
         allowed = self._allowed(self._zone_group.zones, codes)
-        inside_now = self._zone_group.contains(boxes) & allowed
+        if allowed is not True:
+            inside_now &= allowed
         row_of = {track_id: k for k, track_id in enumerate(ids)}
         for z, zone in enumerate(self._zones):
             config, name = zone.config, zone.config.name
@@ -355,7 +361,8 @@ class Scene:
                         zone.leaving.pop(track_id, None)
                         continue
                     outside = zone.leaving.get(track_id, 0) + 1
-                    if outside < config.min_frames and allowed[k, z]:
+                    passes = True if isinstance(allowed, bool) else bool(allowed[k, z])
+                    if outside < config.min_frames and passes:  # (another label now: out at once)
                         zone.leaving[track_id] = outside
                         continue
                     self._leave(zone, obj, now, "left")
@@ -421,7 +428,9 @@ class Scene:
         nowhere = np.full((len(self._lines), 2), np.nan)
         before = np.stack([self._line_last.get(track_id, nowhere) for track_id in ids])
         crossed, sides = group.crossings(before, points)
-        crossed *= self._allowed(group.lines, codes)
+        allowed = self._allowed(group.lines, codes)
+        if allowed is not True:
+            crossed *= allowed
         for k, j in zip(*np.nonzero(crossed), strict=True):
             line = self._lines[j]
             self._cross(line, self.objects[ids[k]], line.shape.direction(int(crossed[k, j])), now)

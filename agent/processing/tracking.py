@@ -85,13 +85,15 @@ def iou_matrix(a: npt.ArrayLike, b: npt.ArrayLike) -> Array:
     """(N, M) intersection over union of boxes [x1, y1, x2, y2]; 0 for boxes of no area."""
     a = np.asarray(a, dtype=np.float64).reshape(-1, 4)
     b = np.asarray(b, dtype=np.float64).reshape(-1, 4)
-    lt = np.maximum(a[:, None, :2], b[None, :, :2])
-    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.prod(np.clip(rb - lt, 0, None), axis=2)
-    area_a = np.prod(np.clip(a[:, 2:] - a[:, :2], 0, None), axis=1)
-    area_b = np.prod(np.clip(b[:, 2:] - b[:, :2], 0, None), axis=1)
-    union = area_a[:, None] + area_b[None, :] - inter
-    result: Array = np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
+    ax1, ay1, ax2, ay2 = (a[:, i : i + 1] for i in range(4))  # (N, 1) against (M,): no (N, M, 2) arrays
+    bx1, by1, bx2, by2 = (b[:, i] for i in range(4))
+    width = np.minimum(ax2, bx2) - np.maximum(ax1, bx1)
+    height = np.minimum(ay2, by2) - np.maximum(ay1, by1)
+    inter = np.maximum(width, 0.0) * np.maximum(height, 0.0)
+    area_a = np.maximum(ax2 - ax1, 0.0) * np.maximum(ay2 - ay1, 0.0)
+    area_b = np.maximum(bx2 - bx1, 0.0) * np.maximum(by2 - by1, 0.0)
+    union = area_a + area_b - inter
+    result: Array = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
     return result
 
 
@@ -258,6 +260,8 @@ class Tracker:
 
     def _start(self, new: IntArray, det: Array, label: IntArray, now: float) -> IntArray:
         """Tracks for the detections `new`; returns their ids (-1: tentative until min_hits)."""
+        if not len(new):
+            return np.zeros(0, np.int64)
         mean = np.zeros((len(new), 8))
         mean[:, :4] = _to_xyah(det[new])
         std = _noise_std(mean[:, 3], 2 * _POS_NOISE, 10 * _VEL_NOISE * _NOMINAL_FPS)
