@@ -236,6 +236,8 @@ class Agent:
             health=lambda: (self.supervisor.states(), self.outbox.pending()),
         )
         self.writer.observer = self.home.observe
+        self.writer.scene_observer = self.home.observe_scene
+        self.writer.snapshot_observer = self.home.observe_snapshot
         self.registry_link = self.supervisor.registry_link
         # Every subscription goes through the router; desired state through the reconciler.
         self.router = Router(self.mqtt)

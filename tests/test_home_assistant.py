@@ -739,7 +739,7 @@ def test_a_real_agent_seen_by_home_assistant_node_red_and_telegraf(
         assert set(result) == set(documented), topic
         assert all(isinstance(result[k], types[t]) for k, t in documented.items()), result
         assert topic == f"edge/{result['device']}/results/{result['pipeline']}" and result["device"] == DEVICE
-    flow = json.loads(doc_block("json", '"type": "mqtt in"'))
+    flow = json.loads(doc_block("json", '"id": "results-in"'))
     got = run_flow(flow, [(t, p) for t, p, _ in nodered.messages])
     assert set(got["label"]) == {"upright", "upside-down"}
     assert got["detections"] and all(isinstance(n, int) and n >= 1 for n in got["detections"])

@@ -12,6 +12,18 @@ under `<prefix>/<device>/state/<pipeline>/`, plain text, QoS 1, published only w
     fps                every pipeline: its frame rate (one decimal)
     backend            every pipeline: the backend serving it (e.g. onnxruntime/CPUExecutionProvider)
 
+and a tracking pipeline's (PipelineConfig.tracking: zones, lines or track; agent/processing/scene.py),
+from its scene's counts after each frame with events (`observe_scene`) and its snapshots
+(`observe_snapshot`); once the pipeline runs, they start at what a new scene has (0, OFF):
+
+    tracks                   objects tracked now
+    zone/<zone>/count        objects in the zone
+    zone/<zone>/dwelling     ON while an object has been in it longer than its dwell_s (zones with one)
+    zone/<zone>/overcrowded  ON while more than its max_objects are in it (zones with one)
+    line/<line>/<direction>  crossings per direction name since the agent started
+    snapshot                 track.snapshots: the latest snapshot of any object (JPEG)
+    snapshot/<label>         the latest snapshot of a `label` object (JPEG)
+
 and the box's own under `<prefix>/<device>/state/_device/`:
 
     outbox_pending     results and messages queued in the outbox, not yet acknowledged by the broker
@@ -82,6 +94,7 @@ log = logging.getLogger(__name__)
 MEMORY_FILE = "home_automation.json"
 _MAX_REMOVED = 256  # removed components kept (as removals) in the retained discovery config
 _PACKET_OVERHEAD = 64  # fixed header, packet id, properties (as agent/mqtt/connection.py)
+_TOO_BIG_LOGGED_EVERY = 100  # a snapshot too big for the broker: logged the first time, then every 100th
 HEALTH_EVERY_S = 10.0  # how often fps, backend and the outbox backlog are looked at (on change: sent)
 
 __all__ = [
@@ -186,8 +199,9 @@ class _Memory:
 class HomeAutomation:
     """Publishes the state topics and the discovery config through the daemon's MQTT connection.
 
-    `observe` is the result writer's hook (pipeline threads); `tick` runs on the daemon's main loop
-    every half second: pipeline changes, off delays, images, discovery, reconnects, clean-up.
+    `observe`, `observe_scene` and `observe_snapshot` are the result writer's hooks (pipeline threads);
+    `tick` runs on the daemon's main loop every half second: pipeline changes, off delays, images, the
+    tracking values' start, discovery, reconnects, clean-up.
     """
 
     def __init__(
@@ -211,6 +225,9 @@ class HomeAutomation:
         self._views: dict[str, PipelineView] = {}
         self._states: dict[str, PipelineState] = {}
         self._pending: dict[str, tuple[Mapping[str, Any], float]] = {}  # results before their view
+        self._pending_scenes: dict[str, Mapping[str, Any]] = {}  # scene summaries before their view
+        self._pending_snapshots: dict[str, dict[str, bytes]] = {}  # label -> snapshot, before their view
+        self._snapshots_too_big = 0
         self._running: dict[str, FrameHolder] = {}
         self._images: dict[str, tuple[np.ndarray, list[dict[str, Any]]]] = {}  # due, not yet sent
         self._next_image: dict[str, float] = {}
@@ -268,6 +285,50 @@ class HomeAutomation:
             if self._mqtt.connected:
                 self._flush(pipeline, state.values, None)
 
+    def observe_scene(
+        self, pipeline: str, summary: Mapping[str, Any], events: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """A tracking frame of `pipeline` with events: its scene's `summary` after it (Scene.summary);
+        the state topics follow the counts, which say all the `events` did to them."""
+        if not self.config.state_topics_on:
+            return
+        with self._lock:
+            state = self._states.get(pipeline)
+            if state is None:
+                if pipeline not in self._views:
+                    self._pending_scenes[pipeline] = summary  # before the first tick saw it
+                return
+            state.take_scene(summary)
+            if self._mqtt.connected:
+                self._flush(pipeline, state.values, None)
+
+    def observe_snapshot(self, pipeline: str, label: str, jpeg: bytes) -> None:
+        """A new snapshot of a tracked `label` object of `pipeline` (JPEG, its box drawn)."""
+        if not self.config.state_topics_on:
+            return
+        # The longer of its two topics (state/<pipeline>/snapshot/<label>) bounds it.
+        topic = self._topic(pipeline, ("snapshot", "x" * max(1, len(label.encode()))))
+        too_big = len(jpeg) > int(self.config.mqtt.max_payload_bytes) - len(topic.encode()) - _PACKET_OVERHEAD
+        with self._lock:
+            if too_big:
+                self._snapshots_too_big += 1
+                if self._snapshots_too_big % _TOO_BIG_LOGGED_EVERY == 1:
+                    log.warning(
+                        "pipeline %s: a %d-byte snapshot does not fit mqtt.max_payload_bytes: not published "
+                        "(%d so far)",
+                        pipeline,
+                        len(jpeg),
+                        self._snapshots_too_big,
+                    )
+                return
+            state = self._states.get(pipeline)
+            if state is None:
+                if pipeline not in self._views:
+                    self._pending_snapshots.setdefault(pipeline, {})[label] = jpeg
+                return
+            if state.take_snapshot(label, jpeg) and self._mqtt.connected:
+                self._flush(pipeline, state.values, None)
+
     def _take(self, state: PipelineState, output: Mapping[str, Any], captured_at: float, now: float) -> None:
         detections = state.update(output, now)
         view = state.view
@@ -301,8 +362,10 @@ class HomeAutomation:
             if views != self._views:
                 self._set_views(views)
             now = time.monotonic()
-            for state in self._states.values():
+            for name, state in self._states.items():
                 state.expire(now)
+                if name in running:
+                    state.seed()
             if health is not None:
                 self._take_health(*health)
             elif not config.state_topics_on:
@@ -342,26 +405,46 @@ class HomeAutomation:
         self._device[("outbox_pending",)] = str(int(outbox_pending)).encode()
 
     def _set_views(self, views: dict[str, PipelineView]) -> None:
+        before: dict[str, PipelineState] = {}
         for name in list(self._states):
             if views.get(name) != self._views.get(name):
-                del self._states[name]
+                before[name] = self._states.pop(name)
                 self._next_image.pop(name, None)
                 self._images.pop(name, None)
         for name, view in views.items():
             if name not in self._states:
                 self._states[name] = PipelineState(view)
+                if name in before:  # the pipeline changed: its scene goes on
+                    self._states[name].carry(before[name])
         self._views = views
         now = time.monotonic()
         for name, (output, captured_at) in list(self._pending.items()):
             if name in self._states:
                 self._take(self._states[name], output, captured_at, now)
+        for name, summary in self._pending_scenes.items():
+            if name in self._states:
+                self._states[name].take_scene(summary)
+        for name, snapshots in self._pending_snapshots.items():
+            for label, jpeg in snapshots.items():
+                if name in self._states:
+                    self._states[name].take_snapshot(label, jpeg)
         self._pending.clear()
+        self._pending_scenes.clear()
+        self._pending_snapshots.clear()
 
     def _topic(self, pipeline: str, key: tuple[str, ...]) -> str:
         return state_topic(self.config.mqtt.topic_prefix, self.config.device.id, pipeline, *key)
 
     def _wanted_topics(self) -> set[str]:
         wanted = {self._topic(v.name, e.key) for v in self._views.values() for e in entities(v)}
+        # Each label's latest snapshot, while the pipeline takes snapshots (an earlier run's too).
+        snapshots = tuple(
+            self._topic(v.name, ("snapshot",)) + "/"
+            for v in self._views.values()
+            if v.tracking is not None and v.tracking.snapshots
+        )
+        if snapshots:
+            wanted |= {t for t in self._memory.state_topics if t.startswith(snapshots)}
         if self.config.state_topics_on:
             wanted |= {self._topic(DEVICE, e.key) for e in device_entities()}
         return wanted

@@ -1,6 +1,7 @@
 """What a pipeline shows: the `PipelineView` of a pipeline, its entities, and the `PipelineState` of
 its state topics (label, counts, ON/OFF per watched label of a classification or detection pipeline;
-the frame rate and the serving backend of every pipeline), and the box's own (`DEVICE`)."""
+a tracking pipeline's objects, zone occupancy, dwell, overcrowding, line crossings and snapshots; the
+frame rate and the serving backend of every pipeline), and the box's own (`DEVICE`)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,50 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.config import ClassificationPostprocess, DetectionPostprocess, PipelineConfig
+from agent.config.base import TOPIC_SPECIALS
 
 ON, OFF = b"ON", b"OFF"
 QOS = 1
 # The state-topic level of the box's own values (`<prefix>/<device>/state/_device/...`): no pipeline
 # name starts with "_" (agent/config/base.py NAME_PATTERN), so it never clashes with one.
 DEVICE = "_device"
+
+
+@dataclass(frozen=True)
+class ZoneView:
+    """A zone's state topics: its count, and its dwell and overcrowding states where configured."""
+
+    name: str
+    dwell: bool  # dwell_s is set: state/<pipeline>/zone/<name>/dwelling
+    crowd: bool  # max_objects is set: state/<pipeline>/zone/<name>/overcrowded
+    config: str  # the zone's whole config (JSON): a changed zone starts afresh in the scene
+
+
+@dataclass(frozen=True)
+class LineView:
+    name: str
+    directions: tuple[str, str]  # its `in` and `out` names: state/<pipeline>/line/<name>/<direction>
+
+
+@dataclass(frozen=True)
+class TrackingView:
+    """A tracking pipeline's part (PipelineConfig.tracking): its zones, lines and snapshots."""
+
+    zones: tuple[ZoneView, ...]
+    lines: tuple[LineView, ...]
+    snapshots: bool
+
+    @classmethod
+    def of(cls, config: PipelineConfig) -> TrackingView | None:
+        track = config.tracking
+        if track is None:
+            return None
+        zones = tuple(
+            ZoneView(z.name, z.dwell_s is not None, z.max_objects is not None, z.model_dump_json())
+            for z in config.zones
+        )
+        lines = tuple(LineView(line.name, (line.in_, line.out)) for line in config.lines)
+        return cls(zones, lines, track.snapshots.enabled)
 
 
 @dataclass(frozen=True)
@@ -27,6 +66,7 @@ class PipelineView:
     off_delay_s: float
     image: bool
     image_interval_s: float
+    tracking: TrackingView | None = None  # a tracking pipeline's zones, lines and snapshots
 
     @classmethod
     def of(cls, config: PipelineConfig) -> PipelineView:
@@ -46,6 +86,7 @@ class PipelineView:
             home.off_delay_s,
             home.image and kind == "detection",
             home.image_interval_s,
+            TrackingView.of(config),
         )
 
 
@@ -73,11 +114,46 @@ def entities(view: PipelineView) -> list[Entity]:
     out += [Entity(("seen", label), "binary_sensor", f"{p} {label}") for label in view.watch]
     if view.image:
         out.append(Entity(("image",), "image", f"{p} image", (("content_type", "image/jpeg"),)))
+    if view.tracking is not None:
+        out += tracking_entities(p, view.tracking)
     fps = (("state_class", "measurement"), ("unit_of_measurement", "fps"), ("suggested_display_precision", 1))
     out.append(Entity(("fps",), "sensor", f"{p} fps", (*fps, ("icon", "mdi:speedometer"))))
     diagnostic = (("entity_category", "diagnostic"),)
     out.append(Entity(("backend",), "sensor", f"{p} backend", (("icon", "mdi:chip"), *diagnostic)))
     return out
+
+
+def tracking_entities(p: str, tracking: TrackingView) -> list[Entity]:
+    """A tracking pipeline's: objects tracked now; per zone its count (and dwelling, overcrowded where
+    configured); per line and direction its crossings since the agent started (total_increasing: Home
+    Assistant reads the drop to 0 at a restart as a reset); its latest snapshot where snapshots are on."""
+    measurement = (("state_class", "measurement"),)
+    out = [Entity(("tracks",), "sensor", f"{p} tracks", (*measurement, ("icon", "mdi:crosshairs-gps")))]
+    for zone in tracking.zones:
+        z = zone.name
+        icon = (("icon", "mdi:vector-polygon"),)
+        out.append(Entity(("zone", z, "count"), "sensor", f"{p} zone {z} count", (*measurement, *icon)))
+        if zone.dwell:
+            dwell = (("device_class", "occupancy"),)
+            out.append(Entity(("zone", z, "dwelling"), "binary_sensor", f"{p} zone {z} dwelling", dwell))
+        if zone.crowd:
+            crowd = (("device_class", "problem"),)
+            out.append(
+                Entity(("zone", z, "overcrowded"), "binary_sensor", f"{p} zone {z} overcrowded", crowd)
+            )
+    for line in tracking.lines:
+        total = (("state_class", "total_increasing"), ("icon", "mdi:counter"))
+        for direction in line.directions:
+            key = ("line", line.name, direction)
+            out.append(Entity(key, "sensor", f"{p} line {line.name} {direction}", total))
+    if tracking.snapshots:
+        out.append(Entity(("snapshot",), "image", f"{p} snapshot", (("content_type", "image/jpeg"),)))
+    return out
+
+
+def snapshot_label_ok(label: str) -> bool:
+    """Whether `label` can be a topic level (state/<pipeline>/snapshot/<label>)."""
+    return bool(label) and not any(c in label for c in TOPIC_SPECIALS)
 
 
 # The box's connectivity, read from its retained status ({"status": "online" | "offline", ...}).
@@ -112,6 +188,10 @@ def health_values(pipeline: Mapping[str, Any]) -> dict[tuple[str, ...], bytes]:
     if pipeline.get("backend"):
         values[("backend",)] = str(pipeline["backend"]).encode()
     return values
+
+
+def _count(value: Any) -> bytes:
+    return str(int(value or 0)).encode()
 
 
 def label_of(entry: Mapping[str, Any]) -> str:
@@ -155,6 +235,81 @@ class PipelineState:
             elif self._off_due(watched, now):
                 self.values[("seen", watched)] = OFF
         return detections
+
+    def take_scene(self, summary: Mapping[str, Any]) -> None:
+        """A tracking pipeline's counts after a frame (agent/processing/scene.py Scene.summary); zones and
+        lines the view does not have (yet, or any more) are left out."""
+        tracking = self.view.tracking
+        if tracking is None:
+            return
+        values = self.values
+        if summary.get("tracks") is not None:
+            values[("tracks",)] = _count(summary["tracks"])
+        zones = summary.get("zones") or {}
+        for zone in tracking.zones:
+            got = zones.get(zone.name)
+            if not isinstance(got, Mapping):
+                continue
+            values[("zone", zone.name, "count")] = _count(got.get("count"))
+            if zone.dwell:
+                values[("zone", zone.name, "dwelling")] = ON if got.get("dwelling") else OFF
+            if zone.crowd:
+                values[("zone", zone.name, "overcrowded")] = ON if got.get("overcrowded") else OFF
+        lines = summary.get("lines") or {}
+        for line in tracking.lines:
+            counts = lines.get(line.name)
+            if not isinstance(counts, Mapping):
+                continue
+            for direction in line.directions:
+                if counts.get(direction) is not None:
+                    values[("line", line.name, direction)] = _count(counts[direction])
+
+    def seed(self) -> None:
+        """Give a tracking pipeline's values that have none yet what a scene starts with: no objects,
+        zones empty, nobody dwelling, not overcrowded, no crossings (called once its pipeline runs)."""
+        tracking = self.view.tracking
+        if tracking is None:
+            return
+        self.values.setdefault(("tracks",), b"0")
+        for zone in tracking.zones:
+            self.values.setdefault(("zone", zone.name, "count"), b"0")
+            if zone.dwell:
+                self.values.setdefault(("zone", zone.name, "dwelling"), OFF)
+            if zone.crowd:
+                self.values.setdefault(("zone", zone.name, "overcrowded"), OFF)
+        for line in tracking.lines:
+            for direction in line.directions:
+                self.values.setdefault(("line", line.name, direction), b"0")
+
+    def take_snapshot(self, label: str, jpeg: bytes) -> list[tuple[str, ...]]:
+        """A new snapshot of a `label` object: the pipeline's latest and, when `label` can be a topic
+        level, the label's latest; returns the keys it set (none when snapshots are off)."""
+        if self.view.tracking is None or not self.view.tracking.snapshots:
+            return []
+        keys: list[tuple[str, ...]] = [("snapshot",)]
+        if snapshot_label_ok(label):
+            keys.append(("snapshot", label))
+        for key in keys:
+            self.values[key] = jpeg
+        return keys
+
+    def carry(self, old: PipelineState) -> None:
+        """After a config change, keep what `old` (this pipeline's state under its previous view) knew of
+        the scene, which the pipeline keeps: the tracks, unchanged zones (a changed zone starts afresh),
+        lines by name (a moved line keeps its counts) and the snapshots while they stay on."""
+        new, before = self.view.tracking, old.view.tracking
+        if new is None or before is None:
+            return
+        unchanged = {z.name for z in before.zones if z in new.zones}
+        lines = {(line.name, d) for line in new.lines for d in line.directions}
+        for key, value in old.values.items():
+            if (
+                key == ("tracks",)
+                or (key[0] == "zone" and key[1] in unchanged)
+                or (key[0] == "line" and (key[1], key[2]) in lines)
+                or (key[0] == "snapshot" and new.snapshots)
+            ):
+                self.values.setdefault(key, value)
 
     def expire(self, now: float) -> None:
         """Turn OFF what has been missing for off_delay_s (called every tick)."""
