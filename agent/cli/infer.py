@@ -56,9 +56,23 @@ def infer(
     frame: Annotated[
         int | None, typer.Option("--frame", min=0, help="Video: the frame to run on (default 0).")
     ] = None,
+    track: Annotated[
+        bool,
+        typer.Option(
+            "--track",
+            help="Video: run every frame, follow the boxes (track ids) and print the events as they happen "
+            "(new, enter, exit, cross, dwell, end) and a summary; zones, lines and track settings from "
+            "--pipeline, else the tracker's defaults and no zones.",
+        ),
+    ] = False,
     draw: Annotated[
         Path | None,
-        typer.Option("--draw", help="Write the image (or video frame) with the boxes and labels drawn."),
+        typer.Option(
+            "--draw",
+            help="Write the image (or video frame) with the boxes and labels drawn. With --track: OUT.mp4 "
+            "or OUT.avi, the whole clip with boxes, track ids, zones and lines (same fps and size); "
+            "OUT.jpg or OUT.png, the frame with the most tracked objects (the latest of equals).",
+        ),
     ] = None,
     raw: Annotated[
         bool, typer.Option("--raw", help="With --json: every output tensor's values too (can be large).")
@@ -66,11 +80,15 @@ def infer(
     as_json: JsonOption = False,
 ) -> None:
     """Run MODEL once on INPUT with the pre- and postprocessing a pipeline would use: the backend,
-    the time each step took, and the result (detections, classes, ...). Exit 1 on any problem."""
+    the time each step took, and the result (detections, classes, ...). Exit 1 on any problem.
+
+    With --track, every frame of a video: the objects followed (track ids), the events as they
+    happen (new, enter, exit, cross, dwell, end) and a summary."""
     from agent.store import ModelStore, store_for
     from agent.tools.infer.draw import check_picture_path
     from agent.tools.infer.inputs import PICTURES, input_kind, is_model_file_name
     from agent.tools.infer.run import infer
+    from agent.tools.infer.track import VIDEO_WRITERS, check_track_draw
 
     os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")  # a broken file is said once, as an error
     with user_errors(as_json):
@@ -78,7 +96,20 @@ def infer(
             raise EdgeAgentError("--raw goes with --json (the values of every output)")
         if benchmark and backend is not None:
             raise EdgeAgentError("--benchmark chooses the backend, --backend names it: give one of them")
-        if draw is not None:
+        if track:
+            if frame is not None:
+                raise EdgeAgentError("--frame runs one frame, --track runs them all: give one of them")
+            if raw:
+                raise EdgeAgentError("--raw is for one input's outputs, not a tracked clip")
+            if input_kind(input_path) != "video":
+                raise EdgeAgentError(
+                    f"--track follows objects across a video's frames; {input_path} is not a video"
+                )
+            if draw is not None:
+                check_track_draw(draw)
+        elif draw is not None:
+            if draw.suffix.lower() in VIDEO_WRITERS:
+                raise EdgeAgentError(f"--draw {draw}: a drawn video goes with --track (without it: an image)")
             if input_kind(input_path) not in PICTURES:
                 raise EdgeAgentError(
                     f"--draw needs an image or a video frame to draw on; {input_path} is neither"
@@ -96,6 +127,10 @@ def infer(
             store = ModelStore((states or Path(".")) / "store")
         else:
             store = store_for(agent_config)
+        if track:
+            _track(model, input_path, store, agent_config, config, pipeline, states, backend, benchmark,
+                   draw, as_json)  # fmt: skip
+            return
         result = infer(
             model,
             input_path,
@@ -126,3 +161,44 @@ def _draw_result(result: Any, path: Path) -> str:
     image, note = draw(result.picture, result.output)
     write_picture(path, image)
     return note
+
+
+def _track(
+    model: str,
+    input_path: Path,
+    store: Any,
+    agent_config: AgentConfig | None,
+    config: Path,
+    pipeline: str | None,
+    states: Path | None,
+    backend: str | None,
+    benchmark: bool,
+    draw: Path | None,
+    as_json: bool,
+) -> None:
+    """`infer --track`: people see the events as they happen, scripts one JSON document at the end."""
+    from agent.cli.render.infer import track_printer
+    from agent.tools.infer.track import track
+
+    printer = None if as_json else track_printer()
+    result = track(
+        model,
+        input_path,
+        store,
+        agent=agent_config,
+        config_path=config,
+        pipeline=pipeline,
+        state_dir=states,
+        backend=backend,
+        benchmark=benchmark,
+        draw=draw,
+        on_start=printer.start if printer is not None else None,
+        on_event=printer.event if printer is not None else None,
+    )
+    data = result.to_dict()
+    if draw is not None:
+        data["drawn"] = {"file": str(draw), "note": result.drawn}
+    if printer is not None:
+        printer.end(data)
+    else:
+        echo_json(data)

@@ -1,8 +1,10 @@
-"""`infer` for people: the backend, the latencies and the result (detections, classes, ...)."""
+"""`infer` for people: the backend, the latencies and the result (detections, classes, ...); with
+--track the events as they happen, one line each, and a summary at the end."""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from agent.cli.render import cut, plain_table, say
@@ -15,10 +17,7 @@ def print_inference(data: dict[str, Any], summary: dict[str, Any] | None) -> Non
     frame = f", frame {data['frame']}" if "frame" in data else ""
     how = f"pipeline {data['pipeline']}" if data["pipeline"] else "the model's own settings"
     say(console, f"{data['model']} on {data['input']}{frame} ({how})")
-    say(
-        console,
-        f"backend: {data['backend']} ({data['precision']}) on {data['artifact']}: {data['backend_choice']}",
-    )
+    _print_backend(console, data)
     latency = data["latency_ms"]
     per = f" per window, {data['windows']} windows" if "windows" in data else ""
     say(
@@ -90,3 +89,124 @@ def _print_windows(console: Any, data: dict[str, Any]) -> None:
     )
     rows = [[r["frame"], f"{r['position_s']:.3f}", cut(r["output"], 80)] for r in data["results"]]
     console.print(plain_table("", ["window", "at s", "output"], rows))
+
+
+def _print_backend(console: Any, data: dict[str, Any]) -> None:
+    say(
+        console,
+        f"backend: {data['backend']} ({data['precision']}) on {data['artifact']}: {data['backend_choice']}",
+    )
+
+
+# --- infer --track ---------------------------------------------------------------------------------
+
+
+class TrackPrinter:
+    """`infer --track` for people: the model and backend once the first frame ran, a line per event
+    as it happens (`00:03.2  enter  loading-bay  person #3`; an object's `update` says nothing its
+    enter, exit or cross did not), and the summary at the end."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+        self.events = 0
+
+    def start(self, result: Any) -> None:
+        data = result.to_dict()
+        how = f"pipeline {data['pipeline']}" if data["pipeline"] else "the model's own settings"
+        width, height = data["size"]
+        clip = f"{width}x{height} at {data['fps']:g} fps"
+        say(self.console, f"{data['model']} on {data['input']} ({how}): {clip}, tracking every frame")
+        _print_backend(self.console, data)
+
+    def event(self, event: dict[str, Any]) -> None:
+        line = event_line(event)
+        if line is not None:
+            self.events += 1
+            say(self.console, line)
+
+    def end(self, data: dict[str, Any]) -> None:
+        console = self.console
+        if self.events == 0:
+            say(console, "no events: nothing was tracked")
+        latency = data["latency_ms"]
+        say(
+            console,
+            f"{data['frames']} frame(s); per frame: preprocess {latency['preprocess']:.2f} ms, inference "
+            f"{latency['inference']:.2f} ms, postprocess {latency['postprocess']:.2f} ms",
+        )
+        for line in summary_lines(data["tracking"]):
+            say(console, line)
+        if data.get("note"):
+            say(console, f"note: {data['note']}")
+        if "drawn" in data:
+            say(console, f"wrote {data['drawn']['file']}: {data['drawn']['note']}")
+
+
+def track_printer() -> TrackPrinter:
+    from rich.console import Console
+
+    return TrackPrinter(Console())
+
+
+def clock(seconds: float) -> str:
+    """A position in a clip: 03.2 s as `00:03.2`, past the hour `1:02:03.2`."""
+    tenths = round(seconds * 10)
+    minutes, tenth_seconds = divmod(tenths, 600)
+    hours, minutes = divmod(minutes, 60)
+    text = f"{minutes:02d}:{tenth_seconds // 10:02d}.{tenth_seconds % 10}"
+    return f"{hours}:{text}" if hours else text
+
+
+def _who(obj: dict[str, Any]) -> str:
+    return f"{obj.get('label', '?')} #{obj.get('id', '?')}"
+
+
+def _seen_for(obj: dict[str, Any]) -> str:
+    try:  # RFC 3339 with Z: Python 3.10's fromisoformat wants +00:00
+        first = datetime.fromisoformat(str(obj["first_seen"]).replace("Z", "+00:00"))
+        last = datetime.fromisoformat(str(obj["last_seen"]).replace("Z", "+00:00"))
+    except (KeyError, ValueError):
+        return ""
+    return f", seen {(last - first).total_seconds():.1f} s"
+
+
+def event_line(event: dict[str, Any]) -> str | None:
+    """One event as a line (None for an `update`: its cause has a line of its own)."""
+    kind = event.get("type")
+    obj = event.get("object") or {}
+    at = clock(float(event.get("position_s", 0.0)))
+    if kind == "new":
+        text = f"{_who(obj)} (score {float(obj.get('score', 0)):.2f})"
+    elif kind == "enter":
+        text = f"{event['zone']}  {_who(obj)}"
+    elif kind == "exit":
+        why = "" if event.get("reason") == "left" else f", {event.get('reason')}"
+        text = f"{event['zone']}  {_who(obj)} (stayed {float(event.get('stayed_s', 0)):.1f} s{why})"
+    elif kind == "cross":
+        text = f"{event['line']}  {event['direction']}  {_who(obj)}"
+    elif kind == "dwell":
+        text = f"{event['zone']}  {_who(obj)} (inside {float(event.get('stayed_s', 0)):.1f} s)"
+    elif kind == "overcrowded":
+        inside = f"{event.get('count')} inside (max {event.get('max_objects')})"
+        text = f"{event['zone']}  {event.get('state')}: {inside}"
+    elif kind == "end":
+        text = f"{_who(obj)} ({event.get('reason')}{_seen_for(obj)})"
+    else:
+        return None
+    return f"{at}  {kind:<5}  {text}"
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The summary of a tracked clip: tracks, per zone entries and exits, per line crossings."""
+    lines = [f"tracks: {summary['tracks']} ({summary['open_at_end']} open at the end of the clip)"]
+    for name, zone in summary["zones"].items():
+        text = f"zone {name}: entered {zone['entries']}, left {zone['exits']}, "
+        text += f"inside at the end {zone['inside_at_end']}"
+        labels = zone.get("labels_at_end") or {}
+        if labels:
+            text += " (" + ", ".join(f"{label} {n}" for label, n in labels.items()) + ")"
+        extra = [f"{k} {zone[k]}" for k in ("dwell", "overcrowded") if zone.get(k)]
+        lines.append(text + ("; " + ", ".join(extra) if extra else ""))
+    for name, counts in summary["lines"].items():
+        lines.append(f"line {name}: " + ", ".join(f"{direction} {n}" for direction, n in counts.items()))
+    return lines

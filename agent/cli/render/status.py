@@ -48,6 +48,7 @@ def render(data: dict[str, Any]) -> Any:
     for column in ("pipeline", "state", "model", "backend", *numbers):
         table.add_column(column, justify="right" if column in numbers else "left", no_wrap=True)
     why_lines = []
+    tracking_lines = []
     for name, p in (data.get("pipelines") or {}).items():
         latency = (p.get("latency_ms") or {}).get("capture_to_result")
         source = p.get("source") or {}
@@ -68,7 +69,31 @@ def render(data: dict[str, Any]) -> Any:
             why_lines.append(Text(f"{name}: {problem}", style="yellow"))
         if p.get("backend_why"):
             why_lines.append(Text(f"{name}: {_clip(p['backend_why'], 160)}", style="dim"))
-    return Group(*lines, table, *why_lines)
+        if isinstance(p.get("tracking"), dict):
+            tracking_lines.append(tracking_line(name, p["tracking"]))
+    return Group(*lines, table, *tracking_lines, *why_lines)
+
+
+def tracking_line(name: str, tracking: dict[str, Any]) -> Any:
+    """A tracking pipeline's scene in one line: `door: 3 tracks; zone bay 2 inside (person 2), 1 dwelling,
+    overcrowded; line gate in 5, out 3` (agent/processing/scene.py `summary`)."""
+    from rich.text import Text
+
+    tracks = tracking.get("tracks", 0)
+    text = Text(f"{name}: {tracks} track{'' if tracks == 1 else 's'}")
+    for zone_name, zone in (tracking.get("zones") or {}).items():
+        text.append(f"; zone {zone_name} {zone.get('count', 0)} inside")
+        labels = zone.get("labels") or {}
+        if labels:
+            text.append(" (" + ", ".join(f"{label} {n}" for label, n in labels.items()) + ")")
+        if zone.get("dwelling"):
+            text.append(f", {zone['dwelling']} dwelling")
+        if zone.get("overcrowded"):
+            text.append(", ")
+            text.append("overcrowded", style="yellow")
+    for line_name, counts in (tracking.get("lines") or {}).items():
+        text.append(f"; line {line_name} " + ", ".join(f"{way} {n}" for way, n in (counts or {}).items()))
+    return text
 
 
 def _state(pipeline: dict[str, Any]) -> str:

@@ -27,10 +27,10 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -74,6 +74,7 @@ from providers import (
 from providers.select import feeds_problem, reference_session
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -161,6 +162,49 @@ def infer(
         picture = read_image(input_path)
     elif kind == "video":
         picture = read_video_frame(input_path, frame or 0)
+    defaults = pipeline is None
+
+    def run(completed: PipelineConfig, loaded: Loaded) -> InferResult:
+        return _run(completed, model, loaded, kind, input_path, picture, defaults=defaults, raw=raw)
+
+    result = on_model(
+        model,
+        config,
+        embedded,
+        run,
+        agent=agent,
+        pipeline=pipeline,
+        state_dir=state_dir,
+        backend=backend,
+        benchmark=benchmark,
+        kind=kind,
+        input_path=input_path,
+        picture=picture,
+    )
+    result.pipeline = pipeline
+    result.frame = (frame or 0) if kind == "video" else None
+    return result
+
+
+def on_model(
+    model: ResolvedModel,
+    config: PipelineConfig,
+    embedded: Mapping[str, Any],
+    body: Callable[[PipelineConfig, Loaded], T],
+    *,
+    agent: AgentConfig | None,
+    pipeline: str | None,
+    state_dir: Path | None,
+    backend: str | None,
+    benchmark: bool,
+    kind: str,
+    input_path: Path,
+    picture: np.ndarray | None,
+) -> T:
+    """`body(config, loaded)`: the model loaded where the daemon would run it (or on `backend`), and
+    `config` (after the model's hints) completed for it when no pipeline names the settings. The
+    session is closed after. A first choice that cannot run this input (a BackendError from `body`)
+    is replaced by the candidates proven on it, and `body` runs again."""
     # Where the daemon runs this model: under the named pipeline's backend settings, else those of
     # the config's pipeline on this version, else the agent's.
     ruled_by = config if pipeline is not None else pipeline_on(agent, model)
@@ -178,9 +222,8 @@ def infer(
                 # Never an unchecked reduced-precision guess: prove the candidates on this input
                 # first, as the daemon proves them on its first frame.
                 loaded = proven_here(loaded, settings, config, model, kind, input_path, picture)
-            defaults = pipeline is None
             try:
-                result = _run(config, model, loaded, kind, input_path, picture, defaults=defaults, raw=raw)
+                return body(config, loaded)
             except BackendError as exc:
                 if backend is not None or loaded.choice.proven:
                     raise ModelError(f"{model.ref}: {exc}") from None
@@ -190,16 +233,11 @@ def infer(
                 log.info("%s; proving the candidates on this input", exc)
                 loaded = proven_here(loaded, settings, config, model, kind, input_path, picture)
                 try:
-                    result = _run(
-                        config, model, loaded, kind, input_path, picture, defaults=defaults, raw=raw
-                    )
+                    return body(config, loaded)
                 except BackendError as again:
                     raise ModelError(f"{model.ref}: {again}") from None
         finally:
             loaded.session.close()
-    result.pipeline = pipeline
-    result.frame = (frame or 0) if kind == "video" else None
-    return result
 
 
 def pipeline_shaped_feeds(
@@ -281,23 +319,7 @@ def _run(
     if kind == "tensor":
         outputs = _run_tensors(config, session, path, result)
     else:
-        try:
-            stage = Stage(
-                config, LoadedModel(model.name, model.version, loaded.decision.artifact_sha256, session)
-            )
-        except ModelError as exc:
-            if not defaults or exc.hint:
-                raise
-            raise ModelError(
-                exc.message, hint="the model does not say how to feed it: give --pipeline NAME -c CONFIG"
-            ) from None
-        problem = feeds_problem(session.inputs, stage.feeder.warm_up_feeds())
-        if problem:
-            raise ModelError(
-                f"{model.ref}: the pipeline's preprocessing does not feed this model: {problem}",
-                hint="preprocess.input names the input frames go to; state links feed the others",
-            )
-        stage.warm_up()  # as the daemon does before a stage serves: the first run pays for compiling
+        stage = ready_stage(config, model, loaded, defaults)
         if kind == "audio":
             outputs = _run_audio(stage, config, path, result)
         else:
@@ -307,7 +329,7 @@ def _run(
                 _maybe_without_softmax(stage, config, run)
             outputs = run.outputs
             result.output = run.output
-            result.latency_ms = _latency(run.preprocess_ms, run.inference_ms, run.postprocess_ms)
+            result.latency_ms = latency(run.preprocess_ms, run.inference_ms, run.postprocess_ms)
             result.held_back_by = stage.rules.check(run.output, time.time())
     result.summary = summarise(outputs)
     if defaults and config.postprocess.type == "raw" and result.output is not None:
@@ -324,6 +346,30 @@ def _run(
     return result
 
 
+def ready_stage(config: PipelineConfig, model: ResolvedModel, loaded: Loaded, defaults: bool) -> Stage:
+    """The pipeline's stage on the loaded model, checked to feed it and warmed up (as the daemon does
+    before a stage serves: the first run pays for compiling)."""
+    session = loaded.session
+    try:
+        stage = Stage(
+            config, LoadedModel(model.name, model.version, loaded.decision.artifact_sha256, session)
+        )
+    except ModelError as exc:
+        if not defaults or exc.hint:
+            raise
+        raise ModelError(
+            exc.message, hint="the model does not say how to feed it: give --pipeline NAME -c CONFIG"
+        ) from None
+    problem = feeds_problem(session.inputs, stage.feeder.warm_up_feeds())
+    if problem:
+        raise ModelError(
+            f"{model.ref}: the pipeline's preprocessing does not feed this model: {problem}",
+            hint="preprocess.input names the input frames go to; state links feed the others",
+        )
+    stage.warm_up()
+    return stage
+
+
 def _run_tensors(
     config: PipelineConfig, session: Session, path: Path, result: InferResult
 ) -> Mapping[str, np.ndarray]:
@@ -337,7 +383,7 @@ def _run_tensors(
     t2 = time.perf_counter()
     result.output = postprocess(outputs, None)
     t3 = time.perf_counter()
-    result.latency_ms = _latency(0.0, (t2 - t1) * 1000, (t3 - t2) * 1000)
+    result.latency_ms = latency(0.0, (t2 - t1) * 1000, (t3 - t2) * 1000)
     result.held_back_by = ReportRules(config.report).check(result.output, time.time())
     if "detections" in result.output or "regions" in result.output:
         result.note = "no preprocessing for tensor inputs: boxes are in model-input pixels"
@@ -375,7 +421,7 @@ def _run_audio(
             )
     if windows == 0:
         raise too_short(path, source)
-    result.latency_ms = _latency(*(totals / windows))  # per window, on average
+    result.latency_ms = latency(*(totals / windows))  # per window, on average
     result.results, result.windows = published, windows
     result.held_back = dict(stage.rules.held_back)
     return outputs
@@ -394,7 +440,7 @@ def _maybe_without_softmax(stage: Stage, config: PipelineConfig, run: FrameRun) 
         run.output = stage.postprocess(run.outputs, run.geometry)
 
 
-def _latency(preprocess: float, inference: float, postprocess: float) -> dict[str, float]:
+def latency(preprocess: float, inference: float, postprocess: float) -> dict[str, float]:
     return {
         "preprocess": round(float(preprocess), 3),
         "inference": round(float(inference), 3),
