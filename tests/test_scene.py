@@ -200,6 +200,15 @@ def test_end_all_ends_every_track_with_the_reason_and_ids_go_on_from_next_id() -
     assert scene.objects == {}
 
 
+def test_the_summary_lists_the_configured_zones_and_lines_before_the_first_frame() -> None:
+    scene = Scene(TrackConfig(), [LEFT], [GATE])
+    before = scene.summary()
+    assert before["zones"] == {"left": {"count": 0, "labels": {}, "dwelling": 0, "overcrowded": False}}
+    assert before["lines"] == {"gate": {"east": 0, "west": 0}} and before["tracks"] == 0
+    run(scene, [[]])
+    assert scene.summary() == before  # the same shape once shaped
+
+
 def test_track_ids_are_written_into_the_entries_and_none_while_tentative() -> None:
     scene = Scene(TrackConfig(min_hits=2), [], [])
     first = [box(300, 800)]

@@ -287,7 +287,17 @@ class Scene:
     # --- status ----------------------------------------------------------------------------------
 
     def summary(self) -> dict[str, Any]:
-        """Occupancy per zone (and per label), crossings per line and direction, open tracks."""
+        """Occupancy per zone (and per label), crossings per line and direction, open tracks. Before
+        the first frame (no frame size yet: no shapes) the configured zones and lines show zeros."""
+        if self._size is None:
+            empty = {"count": 0, "labels": {}, "dwelling": 0, "overcrowded": False}
+            return {
+                "tracks": 0,
+                "started": self.started,
+                "ended": self.ended,
+                "zones": {zone.name: dict(empty) for zone in self._zone_configs},
+                "lines": {line.name: {line.in_: 0, line.out: 0} for line in self._line_configs},
+            }
         zones = {}
         for zone in self._zones:
             inside = [self.objects[i] for i in self._inside(zone)]
