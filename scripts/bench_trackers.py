@@ -36,11 +36,12 @@ W, H = 1920, 1080
 
 
 # --------------------------------------------------------------------------- data
-def synthetic(frames: int = FRAMES, objects: int = OBJECTS, seed: int = 27):
+def synthetic(frames: int = FRAMES, objects: int = OBJECTS, seed: int = 27, dtype: str = "float32"):
     """Known tracks with noise, misses, low-score detections and false positives.
 
-    Returns (dets, gts): per frame an (N, 5) array x1,y1,x2,y2,score and an (M, 5)
-    array id,x1,y1,x2,y2 of every object in view (missed or not)."""
+    Returns (dets, gts): per frame an (N, 5) array x1,y1,x2,y2,score (of `dtype`) and an
+    (M, 5) array id,x1,y1,x2,y2 of every object in view (missed or not). Also the
+    `bouncing` scenario of tests/tracking_sequences.py."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -67,7 +68,7 @@ def synthetic(frames: int = FRAMES, objects: int = OBJECTS, seed: int = 27):
         nfp = rng.poisson(2)  # false positives, low scores
         fp_xy = rng.uniform([0, 0], [W - 80, H - 80], size=(nfp, 2))
         fp = np.hstack([fp_xy, fp_xy + rng.uniform(30, 80, size=(nfp, 2)), rng.uniform(0.1, 0.45, (nfp, 1))])
-        dets.append(np.vstack([np.hstack([noisy, score[:, None]]), fp]).astype(np.float32))
+        dets.append(np.vstack([np.hstack([noisy, score[:, None]]), fp]).astype(dtype))
     return dets, gts
 
 

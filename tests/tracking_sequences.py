@@ -15,6 +15,7 @@ missed counts as a miss for every tracker alike.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,6 +23,12 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from tests.fleet_fixtures import SCRIPTS_DIR
+
+if str(SCRIPTS_DIR) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS_DIR))
+from bench_trackers import synthetic  # scripts/ is not a package: the bouncing sequence
 
 Array = npt.NDArray[np.float64]
 
@@ -151,33 +158,9 @@ def bouncing(frames: int = 1000, objects: int = 50, seed: int = 27) -> Sequence:
     """scripts/bench_trackers.py's sequence: 50 objects at constant speed bouncing off the frame's
     edges, 2 px box noise, 5 % missed, 15 % at a low score, ~2 low-score false positives a frame.
     Objects overlap freely (no occlusion): the same detections as docs/tracking-choice.md's."""
-    rng = np.random.default_rng(seed)
-    pos = rng.uniform([100, 100], [W - 100, H - 100], size=(objects, 2))
-    vel = rng.uniform(-6, 6, size=(objects, 2))
-    size = rng.uniform([30, 50], [90, 160], size=(objects, 2))
-    times, dets, gts = [], [], []
-    for f in range(frames):
-        pos += vel
-        for axis, lim in ((0, W), (1, H)):
-            low = pos[:, axis] < size[:, axis] / 2
-            high = pos[:, axis] > lim - size[:, axis] / 2
-            vel[low | high, axis] *= -1
-            pos[:, axis] = np.clip(pos[:, axis], size[:, axis] / 2, lim - size[:, axis] / 2)
-        boxes = np.hstack([pos - size / 2, pos + size / 2])
-        gts.append(np.hstack([np.arange(objects)[:, None], boxes]))
-        seen = rng.random(objects) > 0.05
-        noisy = boxes[seen] + rng.normal(0, 2.0, size=(int(seen.sum()), 4))
-        score = np.where(
-            rng.random(len(noisy)) < 0.85,
-            rng.uniform(0.6, 0.95, len(noisy)),
-            rng.uniform(0.15, 0.5, len(noisy)),
-        )
-        nfp = rng.poisson(2)
-        fp_xy = rng.uniform([0, 0], [W - 80, H - 80], size=(nfp, 2))
-        fp = np.hstack([fp_xy, fp_xy + rng.uniform(30, 80, size=(nfp, 2)), rng.uniform(0.1, 0.45, (nfp, 1))])
-        det = np.vstack([np.hstack([noisy, score[:, None]]), fp])
-        times.append(f / 30.0)
-        dets.append(np.hstack([det, np.zeros((len(det), 1))]))
+    dets, gts = synthetic(frames, objects, seed, dtype="float64")
+    times = [f / 30.0 for f in range(frames)]
+    dets = [np.hstack([d, np.zeros((len(d), 1))]) for d in dets]  # label 0
     return Sequence(
         "bouncing",
         f"{objects} objects bouncing off the edges, 5 % missed, 15 % low scores, 2 false positives a frame",
