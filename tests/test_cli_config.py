@@ -264,6 +264,7 @@ def test_schema_is_json_with_the_top_level_sections() -> None:
         "fleet",
         "state_topics",
         "home_assistant",
+        "snapshots",
         "pipelines",
         "state_dir",
         "log_level",

@@ -4,6 +4,7 @@ and the journal that lets the next start end the tracks a killed agent left open
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,7 @@ def test_a_damaged_journal_is_an_empty_one_and_said_in_the_log(tmp_path: Path, c
     journal_dir = tmp_path / "tracks"
     journal_dir.mkdir()
     (journal_dir / "door.json").write_text('{"next_id": 5, "open": [{"id": ')  # cut off
+    caplog.set_level(logging.WARNING, logger="agent.events")
     writer = EventWriter("box-7", "edge", Outbox(tmp_path / "outbox.sqlite"), TrackJournal(journal_dir))
     assert writer.recover("door") == 1
     assert "cannot read its open tracks" in caplog.text and "door.json" in caplog.text
