@@ -6,8 +6,8 @@ the tracks a killed agent left open (docs/results.md "Events").
 Every event of a pipeline goes to one topic, <prefix>/<device>/events/<pipeline>, numbered in one
 sequence (`seq`, taken in the transaction that stores it, as results are): a gap is a loss.
 
-The journal, <state_dir>/tracks/<pipeline>.json, holds the pipeline's open tracks (as their `new`
-described them) and its next track id. A track is written to it before its `new` goes to the
+The journal, <state_dir>/tracks/<pipeline>.json, holds the pipeline's open tracks (as their latest
+`new` or `update` described them) and its next track id. A track is written to it before its `new` goes to the
 outbox and leaves it after its `end` did, so every `new` the outbox holds has an `end` to come: the
 pipeline's next start ends what is still open with reason `restarted` (`recover`), and ids go on
 from the journal's next id (never reused for another object).
@@ -74,7 +74,8 @@ class TrackJournal:
     def change(
         self, pipeline: str, opened: Iterable[Mapping[str, Any]] = (), closed: Iterable[int] = ()
     ) -> None:
-        """Record tracks opened (their `new` descriptions) and closed (ids); one write."""
+        """Record tracks opened or changed (their `new` or `update` descriptions) and closed (ids); one
+        write."""
         opened, closed = list(opened), list(closed)
         if not opened and not closed:
             return
@@ -82,7 +83,7 @@ class TrackJournal:
             tracks = self._open.setdefault(pipeline, {})
             for obj in opened:
                 track_id = int(obj["id"])
-                tracks[track_id] = {k: obj[k] for k in ("id", "label", "first_seen") if k in obj}
+                tracks[track_id] = dict(obj)
                 self._next_id[pipeline] = max(self._next_id.get(pipeline, 1), track_id + 1)
             for track_id in closed:
                 tracks.pop(track_id, None)
@@ -118,9 +119,10 @@ class EventWriter:
         events = list(events)
         if not events:
             return 0
-        opened = [e["object"] for e in events if e.get("type") == "new"]
-        if self.journal is not None and opened:
-            self.journal.change(pipeline, opened=opened)  # before the `new`: see the module's docstring
+        # Each open object as its newest `new` or `update` describes it: a restart's `end` says as much.
+        described = [e["object"] for e in events if e.get("type") in ("new", "update")]
+        if self.journal is not None and described:
+            self.journal.change(pipeline, opened=described)  # before the `new`: the module's docstring
         topic = events_topic(self.topic_prefix, self.device_id, pipeline)
         stored = 0
         for event in events:

@@ -178,6 +178,13 @@ class ResultWriter:
                     exc,
                 )
             return None
+        if wanted.replaces is not None:  # an object keeps one snapshot, its best so far
+            try:
+                self.snapshots.remove(pipeline, wanted.replaces)
+            except OSError as exc:
+                log.warning(
+                    "pipeline %s: cannot remove the replaced snapshot %s: %s", pipeline, wanted.replaces, exc
+                )
         if self.snapshot_observer is not None:
             try:
                 self.snapshot_observer(pipeline, wanted.label, data)

@@ -8,9 +8,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from agent.config import SnapshotRetentionConfig, SnapshotsConfig
 from agent.events import RESTARTED, EventWriter, TrackJournal
 from agent.mqtt import Outbox
+from agent.processing.scene import SnapshotWanted
 from agent.results import Result, ResultWriter
+from agent.snapshots import SnapshotStore
+from tests.media_fixtures import astronaut_bgr
 
 
 def new(track_id: int, label: str = "person") -> dict[str, Any]:
@@ -97,3 +101,38 @@ def test_the_result_writer_sends_a_frames_events_even_when_its_result_is_off(tmp
     writer.submit(result)
     assert [m["topic"] for m in stored(outbox)] == ["edge/box-7/events/door"]
     assert written == [1] and scenes == [("door", {"tracks": 1, "zones": {}, "lines": {}}, [new(1)])]
+
+
+def test_a_restarts_end_describes_the_object_as_its_last_update_did(tmp_path: Path) -> None:
+    outbox = Outbox(tmp_path / "outbox.sqlite")
+    writer = EventWriter("box-7", "edge", outbox, TrackJournal(tmp_path / "tracks"))
+    writer.write("door", [new(3)])
+    moved = {**new(3)["object"], "zones": ["dock"], "entered_zones": ["dock"], "crossings_total": 1}
+    writer.write(
+        "door", [{"type": "enter", "zone": "dock"}, {"type": "update", "changed": ["zones"], "object": moved}]
+    )
+    EventWriter("box-7", "edge", outbox, TrackJournal(tmp_path / "tracks")).recover("door")
+    end = stored(outbox)[-1]
+    assert (end["type"], end["reason"]) == ("end", RESTARTED)
+    assert end["object"]["zones"] == ["dock"] and end["object"]["crossings_total"] == 1
+
+
+def test_an_object_keeps_one_snapshot_its_best(tmp_path: Path) -> None:
+    store = SnapshotStore(tmp_path / "snapshots", SnapshotRetentionConfig())
+    pictures: list[tuple[str, str, bytes]] = []
+    writer = ResultWriter(
+        "box-7", "edge", 262_144, Outbox(tmp_path / "outbox.sqlite"), lambda: None, snapshots=store
+    )
+    writer.snapshot_observer = lambda pipeline, label, jpeg: pictures.append((pipeline, label, jpeg))
+    frame, config = astronaut_bgr(), SnapshotsConfig(enabled=True)
+    first = writer.save_snapshot(
+        "door", SnapshotWanted(1, "person", [173, 82, 274, 180], 10.0), frame, 1.0, config
+    )
+    assert first is not None and store.path_of(first, "door") is not None
+    better = SnapshotWanted(1, "person", [170, 80, 280, 185], 20.0, replaces=first)
+    second = writer.save_snapshot("door", better, frame, 2.0, config)
+    assert second is not None and second != first
+    assert store.path_of(first, "door") is None and store.path_of(second, "door") is not None
+    assert sorted(p.name for p in (tmp_path / "snapshots" / "door").iterdir()) == [f"{second}.jpg"]
+    assert [(p, label) for p, label, _ in pictures] == [("door", "person")] * 2
+    assert pictures[-1][2] == (tmp_path / "snapshots" / "door" / f"{second}.jpg").read_bytes()

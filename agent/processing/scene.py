@@ -110,6 +110,7 @@ class SnapshotWanted:
     label: str
     box: list[float]
     quality: float
+    replaces: str | None = None  # the object's snapshot so far: an object keeps only its best
 
 
 class Scene:
@@ -486,7 +487,12 @@ class Scene:
             if obj.snapshot is None or quality > obj.snapshot_quality * _SNAPSHOT_GAIN:
                 gain = quality / obj.snapshot_quality if obj.snapshot_quality > 0 else math.inf
                 candidates.append(
-                    (gain, SnapshotWanted(track_id, obj.label, [float(v) for v in boxes[k]], quality))
+                    (
+                        gain,
+                        SnapshotWanted(
+                            track_id, obj.label, [float(v) for v in boxes[k]], quality, obj.snapshot
+                        ),
+                    )
                 )
         candidates.sort(key=lambda c: -c[0])
         self._wanted = [wanted for _, wanted in candidates[:_SNAPSHOTS_PER_FRAME]]
