@@ -27,10 +27,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from agent.clock import iso_utc
-from agent.config import HealthWindowConfig, PipelineConfig, SnapshotsConfig
+from agent.config import HealthWindowConfig, PipelineConfig
+from agent.pipeline_tracking import PipelineTracking, TrackingSink, keeps_pixels
 from agent.processing import Geometry, Postprocessor, Preprocessor
 from agent.processing.feed import Feeder, ImageFeeder
-from agent.processing.scene import Scene, SnapshotWanted
 from agent.results import Result
 from agent.rules import ReportRules
 from agent.sources import Frame, Slot, Source, open_source
@@ -51,29 +51,11 @@ _RATE_WINDOW_S = 10.0  # the live rate is over the last this many seconds
 _DEFAULT_HEALTH = HealthWindowConfig()
 
 
-class ResultSink(Protocol):
+class ResultSink(TrackingSink, Protocol):
     """Where a pipeline's results and events go (the daemon's: agent/results.py ResultWriter, to the
-    outbox)."""
+    outbox); what tracking needs of it: agent/pipeline_tracking.py."""
 
     def submit(self, result: Result) -> None: ...
-
-    def write_events(self, pipeline: str, events: list[dict[str, Any]]) -> None:
-        """Events outside a frame's result: the tracks a stop ends."""
-
-    def open_tracks(self, pipeline: str) -> int:
-        """A tracking pipeline starts: end what its last run left open; returns the next track id."""
-        ...
-
-    def save_snapshot(
-        self,
-        pipeline: str,
-        wanted: SnapshotWanted,
-        frame: np.ndarray,
-        captured_at: float,
-        config: SnapshotsConfig,
-    ) -> str | None:
-        """Save an object's picture; its id (None: not saved)."""
-        ...
 
 
 @dataclass
@@ -153,11 +135,9 @@ class Pipeline:
         # The last inferences: (when done, monotonic; inference ms; capture to result ms), for the
         # live rate and latency percentiles in the status.
         self._recent: collections.deque[tuple[float, float, float]] = collections.deque(maxlen=_RECENT_FRAMES)
-        # Tracking (agent/processing/scene.py): the pipeline's, not a stage's, so a changed zone or a
-        # new model version keeps every track. Used by the report thread only (and `stop` after it).
-        self.scene: Scene | None = None
-        self._scene_config: PipelineConfig | None = None  # the config the scene was last set from
-        self._scene_summary: dict[str, Any] | None = None  # for status (the report thread writes it)
+        # Tracking: the pipeline's, not a stage's, so a changed zone or a new model version keeps every
+        # track. Used by the report thread only (and `stop` after it).
+        self.tracking = PipelineTracking(self.name, sink)
         self._done = threading.Event()
         self._busy_since: float | None = None  # in a run of the model since
         self._reporting_since: float | None = None  # in postprocessing / handing over a result since
@@ -201,9 +181,7 @@ class Pipeline:
         self.stage.warm_up()
 
     def start(self) -> None:
-        tracking = self.stage.config.tracking
-        if tracking is not None:  # before the first frame: the last run's open tracks end first
-            self._start_scene(self.stage.config)
+        self.tracking.start(self.stage.config)
         self._thread = threading.Thread(target=self._infer_loop, name=f"pipeline-{self.name}", daemon=True)
         self._threads = [
             threading.Thread(target=self._prepare_loop, name=f"pipeline-{self.name}-prepare", daemon=True),
@@ -288,14 +266,8 @@ class Pipeline:
         self.source.stop(timeout)
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        scene = self.scene
-        if scene is not None and not any(t.is_alive() for t in self._threads):
-            self.scene = None
-            scene.end_all("stopped", time.time())
-            try:
-                self.sink.write_events(self.name, scene.take_events())
-            except Exception as exc:  # the outbox is gone: the journal ends them at the next start
-                log.warning("pipeline %s: cannot write the end of its open tracks: %s", self.name, exc)
+        if not any(t.is_alive() for t in self._threads):
+            self.tracking.stop(time.time())
 
     def busy_for_s(self) -> float:
         """How long the pipeline has been in one model run or one result (0 when idle): a stuck driver,
@@ -346,7 +318,7 @@ class Pipeline:
             "mean_inference_ms": round(mean_latency, 3) if mean_latency is not None else None,
             **_live_rates(recent, time.monotonic()),
             "source": source,
-            **({"tracking": self._scene_summary} if self._scene_summary is not None else {}),
+            **({"tracking": summary} if (summary := self.tracking.summary) is not None else {}),
         }
 
     def _clear_resolved_error(self, health: HealthWindowConfig) -> None:
@@ -452,9 +424,8 @@ class Pipeline:
         # The report needs the frame's number and times, not its pixels or the model's inputs: up to
         # three frames wait for it, and their memory goes back to the source now (last_frame keeps one).
         # Snapshots need the pixels: the report takes its pictures from them.
-        tracking = stage.config.tracking
-        keep_pixels = tracking is not None and tracking.snapshots.enabled
-        job.frame, job.feeds = (job.frame if keep_pixels else replace(job.frame, data=_NO_PIXELS)), None
+        keep = keeps_pixels(stage.config)
+        job.frame, job.feeds = (job.frame if keep else replace(job.frame, data=_NO_PIXELS)), None
         return _Inferred(job, stage, outputs, inference_ms, session.backend, session.precision)
 
     def _report_loop(self) -> None:
@@ -551,7 +522,7 @@ class Pipeline:
             self._failed(frame, "inference failed", exc, stage)
             return
         try:
-            events = self._track(stage, output, frame, job.geometry)
+            events = self.tracking.frame(stage.config, output, frame, job.geometry)
         except Exception as exc:  # a tracking bug costs the frame's events, not the pipeline
             self._failed(frame, "tracking failed", exc, stage)
             events = []
@@ -592,7 +563,7 @@ class Pipeline:
             held_back=held_back,
             events=events,
             publish=publish,
-            scene=self._scene_summary if events else None,
+            scene=self.tracking.summary if events else None,
         )
         try:
             self.sink.submit(result)
@@ -602,64 +573,6 @@ class Pipeline:
         with self._lock:
             self.results += 1 if publish else 0
             self._errors_in_row = 0
-
-    # --- tracking (report thread) ----------------------------------------------------------------
-
-    def _start_scene(self, config: PipelineConfig) -> None:
-        tracking = config.tracking
-        assert tracking is not None
-        self.scene = Scene(tracking, config.zones, config.lines, next_id=self.sink.open_tracks(self.name))
-        self._scene_config = config
-        self._scene_summary = self.scene.summary()
-
-    def _track(
-        self, stage: Stage, output: dict[str, Any], frame: Frame, geometry: Geometry | None
-    ) -> list[dict[str, Any]]:
-        """Track the frame's boxes and take its snapshots; the frame's events (none without tracking).
-        The stage's config rules: a swapped-in stage may change the zones, turn tracking on or off."""
-        config = stage.config
-        tracking = config.tracking
-        if tracking is None:
-            if self.scene is None:
-                return []
-            ended, self.scene, self._scene_summary = self.scene, None, None
-            ended.end_all("tracking turned off", frame.captured_at)
-            return ended.take_events()
-        if self.scene is None:
-            self._start_scene(config)
-        scene = self.scene
-        assert scene is not None
-        if config is not self._scene_config:
-            scene.use(tracking, config.zones, config.lines)
-            self._scene_config = config
-        entries = output.get("detections", output.get("regions"))
-        if not isinstance(entries, list):
-            return []  # a plugin without boxes this frame
-        width, height = _frame_size(frame, geometry)
-        shaped = scene.problems
-        scene.step(entries, frame.captured_at, width, height)
-        if scene.problems and scene.problems is not shaped:  # once per frame size or config
-            log.warning("pipeline %s: %s", self.name, "; ".join(scene.problems))
-        if frame.data.ndim == 3:  # the pixels were kept (snapshots on)
-            for wanted in scene.snapshots_wanted():
-                snapshot = self.sink.save_snapshot(
-                    self.name, wanted, frame.data, frame.captured_at, tracking.snapshots
-                )
-                if snapshot is not None:
-                    scene.snapshot_taken(wanted.track_id, snapshot, wanted.quality, frame.captured_at)
-        events = scene.take_events()
-        if events or self._scene_summary is None:
-            self._scene_summary = scene.summary()
-        return events
-
-
-def _frame_size(frame: Frame, geometry: Geometry | None) -> tuple[int, int]:
-    """The source image's width and height: the preprocessing's, else the pixels' (0, 0: unknown)."""
-    if geometry is not None:
-        return geometry.source_width, geometry.source_height
-    if frame.data.ndim >= 2:
-        return int(frame.data.shape[1]), int(frame.data.shape[0])
-    return 0, 0
 
 
 def _live_rates(recent: list[tuple[float, float, float]], now: float) -> dict[str, Any]:
