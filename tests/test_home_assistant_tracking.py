@@ -31,6 +31,7 @@ import cv2
 import numpy as np
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from agent.config import AgentConfig, PipelineConfig, SnapshotRetentionConfig
 from agent.events import EventWriter, TrackJournal
@@ -199,6 +200,19 @@ def test_zones_lines_and_the_snapshot_fit_home_assistants_schema(tmp_path: Path)
     assert set(discovery_components([view], identity, "edge")) == {
         "dock__count", "dock__fps", "dock__backend", "_device__online", "_device__outbox_pending"
     }  # fmt: skip
+
+
+def test_events_only_pipelines_have_no_result_entities_and_refuse_watched_labels(tmp_path: Path) -> None:
+    quiet = {**tracker(snapshots=False, zones=[], lines=[GATE]), "report": {"results": False}}
+    config = config_of(tmp_path, [quiet])
+    identity = identity_of(config)
+    view = PipelineView.of(config.pipelines[0])
+    cids = set(discovery_components([view], identity, "edge"))
+    assert "dock__count" not in cids  # it would follow results that are never published
+    assert {"dock__tracks", "dock__line__gate__east", "dock__fps"} <= cids
+    watched = {**quiet, "home_automation": {"watch": ["person"]}}
+    with pytest.raises(ValidationError, match=r"home_automation.watch follows the published results"):
+        config_of(tmp_path, [watched])
 
 
 def test_component_ids_stay_unique_when_names_clash(tmp_path: Path) -> None:

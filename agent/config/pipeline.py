@@ -180,6 +180,12 @@ class PipelineConfig(StrictModel):
             isinstance(post, DetectionPostprocess) and isinstance(self.source, VideoSourceConfig)
         ):
             raise ValueError("home_automation.image needs a detection postprocess on a video source")
+        if (home.watch or home.image) and not self.report.results:
+            key = "watch" if home.watch else "image"
+            raise ValueError(
+                f"home_automation.{key} follows the published results, and report.results is false: "
+                "turn results on, or use the tracking pipeline's zone counts (docs/integrations.md)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -67,6 +67,7 @@ class PipelineView:
     image: bool
     image_interval_s: float
     tracking: TrackingView | None = None  # a tracking pipeline's zones, lines and snapshots
+    results: bool = True  # report.results: the label, count and image follow the published results
 
     @classmethod
     def of(cls, config: PipelineConfig) -> PipelineView:
@@ -87,6 +88,7 @@ class PipelineView:
             home.image and kind == "detection",
             home.image_interval_s,
             TrackingView.of(config),
+            config.report.results,
         )
 
 
@@ -104,9 +106,10 @@ def entities(view: PipelineView) -> list[Entity]:
     """What `view`'s pipeline publishes, in a stable order."""
     p = view.name
     out: list[Entity] = []
-    if view.kind == "classification":
+    # The label and counts follow the published results: none without them (report.results: false).
+    if view.results and view.kind == "classification":
         out.append(Entity(("label",), "sensor", f"{p} label", (("icon", "mdi:label-outline"),)))
-    elif view.kind == "detection":
+    elif view.results and view.kind == "detection":
         out.append(Entity(("count",), "sensor", f"{p} count", (("state_class", "measurement"),)))
         for label in view.watch:
             options = (("state_class", "measurement"),)
