@@ -141,14 +141,20 @@ def test_one_pipeline_readable_lines_as_they_come_and_ctrl_c(tmp_path: Path, mos
         "output": {"active": True, "score": 0.9, "event": "start"},
     }
     publish(mosquitto, f"edge/{DEVICE}/results/cam", event)
+    # A tracking pipeline's event (docs/results.md), on its own topic.
+    crossed = {"device": DEVICE, "pipeline": "cam", "seq": 9, "type": "cross", "line": "gate",
+               "direction": "in", "object": {"id": 12, "label": "person"}, "count": 3}  # fmt: skip
+    publish(mosquitto, f"edge/{DEVICE}/events/yard", {**crossed, "pipeline": "yard"})  # not watched
+    publish(mosquitto, f"edge/{DEVICE}/events/cam", crossed)
     # Each line reaches the pipe while the command still runs: flushed per message.
-    wait_until(lambda: len(watching.lines) >= 2, "two lines through the pipe", timeout=20)
+    wait_until(lambda: len(watching.lines) >= 3, "three lines through the pipe", timeout=20)
     assert watching.proc.poll() is None
     assert watching.lines[0].split(" ", 1)[1] == "result cam #3 upright 0.98", watching.lines
     assert watching.lines[1].split(" ", 1)[1] == "event  cam #4 start active 0.90", watching.lines
+    assert watching.lines[2].split(" ", 1)[1] == "event  cam #9 cross gate in person #12", watching.lines
     watching.proc.send_signal(signal.SIGINT)
     assert watching.finish(timeout=15) == 0, watching.stderr()
-    assert "Traceback" not in watching.stderr() and len(watching.lines) == 2
+    assert "Traceback" not in watching.stderr() and len(watching.lines) == 3
 
 
 def test_seconds_ends_it_with_nothing_published(tmp_path: Path, mosquitto: Mosquitto) -> None:

@@ -24,7 +24,7 @@ from agent.clock import iso_utc
 from agent.config import AgentConfig
 from agent.errors import EdgeAgentError
 from agent.mqtt.client import connect_failure, make_client
-from agent.mqtt.topics import results_topic, state_topic, status_topic
+from agent.mqtt.topics import events_topic, results_topic, state_topic, status_topic
 
 CONNACK_TIMEOUT_S = 10.0  # the TCP connect itself is bounded by paho's connect_timeout (5 s)
 _POLL_S = 0.2  # how often the caller's thread looks at the clock while no message comes
@@ -61,15 +61,16 @@ def filters(config: AgentConfig, pipeline: str | None) -> list[str]:
         status = status_topic(prefix, device)
         if pipeline is None:
             base = status.removesuffix("status")
-            results, state = f"{base}results/+", f"{base}state/#"
+            results, events, state = f"{base}results/+", f"{base}events/+", f"{base}state/#"
         else:
-            results, state = (
+            results, events, state = (
                 results_topic(prefix, device, pipeline),
+                events_topic(prefix, device, pipeline),
                 state_topic(prefix, device, pipeline) + "/#",
             )
     except ValueError as exc:
         raise EdgeAgentError(f"cannot watch: {exc}") from None
-    return [results, status, *([state] if config.state_topics_on else [])]
+    return [results, events, status, *([state] if config.state_topics_on else [])]
 
 
 def classify(config: AgentConfig, topic: str, payload: bytes, retained: bool) -> Seen:
@@ -82,6 +83,8 @@ def classify(config: AgentConfig, topic: str, payload: bytes, retained: bool) ->
         output = parsed.get("output") if isinstance(parsed, dict) else None
         kind = "event" if isinstance(output, dict) and output.get("event") else "result"
         pipeline = levels[1]
+    elif levels[0] == "events" and len(levels) == 2:  # a tracking pipeline's (docs/results.md)
+        kind, pipeline = "event", levels[1]
     elif levels[0] == "state" and len(levels) >= 2:
         kind, pipeline = "state", levels[1]
     return Seen(topic, kind, pipeline, retained, time.time(), parsed, len(payload))

@@ -44,8 +44,21 @@ def summary(seen: Seen) -> str:
     if seen.kind == "status":
         return _status(payload) + retained
     head = f"{seen.pipeline} #{payload.get('seq', '?')}"
+    if "type" in payload and "output" not in payload:  # a tracking event
+        return f"{head} {tracking_event(payload)}{retained}"
     output = payload.get("output")
     return f"{head} {top_output(output) if isinstance(output, dict) else cut(output)}{retained}"
+
+
+def tracking_event(event: dict[str, Any]) -> str:
+    """A tracking event in a few words: its type, zone or line (and direction), the object."""
+    obj = event.get("object") if isinstance(event.get("object"), dict) else {}
+    where = " ".join(
+        str(event[k]) for k in ("zone", "line", "direction", "state") if event.get(k) is not None
+    )
+    who = f"{obj.get('label', '?')} #{obj.get('id', '?')}" if obj else ""
+    why = f"({event['reason']})" if event.get("reason") else ""
+    return " ".join(part for part in (str(event.get("type", "?")), where, who, why) if part)
 
 
 def _raw(seen: Seen) -> str:
