@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import collections
 import statistics
+import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -62,6 +63,19 @@ class LoadedModel:
     session: Session
     decision: Decision | None = None  # how the backend was chosen (None: given, not selected)
     key: str = ""  # the decision's cache key (agent/backend_choice/): reselect-backend forgets it
+    # Stages on this model (`Stage.with_config` shares it): the session closes with the last of them.
+    _users: int = field(default=0, repr=False, compare=False)
+    _users_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def acquire(self) -> None:
+        with self._users_lock:
+            self._users += 1
+
+    def release(self) -> bool:
+        """One stage less; True when it was the last (its caller closes the session)."""
+        with self._users_lock:
+            self._users -= 1
+            return self._users <= 0
 
 
 @dataclass
@@ -121,6 +135,8 @@ class Stage:
         self.config = config
         self.model = model
         self.switcher = switcher
+        model.acquire()
+        self._closed = False
         session = model.session
         self.feeder = build_feeder(config, session.inputs, session.outputs)
         self.postprocess = build_postprocessor(config.postprocess, session.outputs)
@@ -206,5 +222,26 @@ class Stage:
             feeds, outputs, output, (t1 - t0) * 1000, (t2 - t1) * 1000, (t3 - t2) * 1000, geometry
         )
 
+    def with_config(self, config: PipelineConfig) -> Stage:
+        """A stage on this one's model and session, not reloaded, for a config that changes nothing
+        the model sees (`changes_only_reporting`): new zones, lines, tracking or report rules apply
+        between two frames. The session closes with the last stage on it."""
+        return Stage(config, self.model, self.switcher)
+
     def close(self) -> None:
-        self.model.session.close()
+        if self._closed:
+            return
+        self._closed = True
+        if self.model.release():
+            self.model.session.close()
+
+
+# Pipeline keys a model never sees: a change to only these is taken by a stage on the same session.
+REPORTING_KEYS = ("zones", "lines", "track", "report", "home_automation", "stall_s")
+
+
+def changes_only_reporting(old: PipelineConfig, new: PipelineConfig) -> bool:
+    """Whether `new` differs from `old` only in what is done with the model's outputs (REPORTING_KEYS):
+    same model, backend choice, source, preprocessing and postprocessing."""
+    kept = old.model_copy(update={key: getattr(new, key) for key in REPORTING_KEYS})
+    return kept == new

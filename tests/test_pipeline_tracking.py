@@ -25,7 +25,8 @@ from agent.config import (
     ZoneConfig,
 )
 from agent.pipeline import Pipeline
-from agent.stage import LoadedModel, Stage
+from agent.stage import LoadedModel, Stage, changes_only_reporting
+from providers import BackendError
 from providers.onnxruntime_backend import OnnxRuntimeBackend
 from tests.media_fixtures import FACE_BOX, ListSink, astronaut_bgr, cls_artifact
 from tests.waits import wait_until
@@ -143,3 +144,27 @@ def test_a_stage_swap_that_adds_a_zone_keeps_the_track_and_results_can_be_off(
     assert ends and ends[-1]["reason"] == "stopped"
     ended = {e["object"]["id"] for e in ends}
     assert ended == {e["object"]["id"] for e in news}  # every track ends, once
+
+
+def test_a_reporting_only_change_shares_the_session_which_closes_with_its_last_stage(
+    crossing_clip: Path, yolo_path: Path, yolo_labels: list[str]
+) -> None:
+    session = OnnxRuntimeBackend().load(cls_artifact(yolo_path))
+    model = LoadedModel(name="faces", version="1", sha256="ef" * 32, session=session)
+    before = config(crossing_clip, yolo_labels)
+    after = config(crossing_clip, yolo_labels, zones=[RIGHT], report=ReportConfig(results=False))
+    assert changes_only_reporting(before, after)
+    other_model = config(crossing_clip, yolo_labels, model=ModelRef(name="faces", version="2"))
+    other_post = config(crossing_clip, yolo_labels, postprocess=DetectionPostprocess(type="detection"))
+    assert not changes_only_reporting(before, other_model) and not changes_only_reporting(before, other_post)
+
+    old = Stage(before, model)
+    new = old.with_config(after)
+    assert new.model is old.model and new.config is after
+    frame = np.full((H, W, 3), 90, np.uint8)
+    old.close()  # committed: the previous stage goes, the session stays for the new one
+    old.close()  # closing twice is once
+    assert new.run_frame(frame).output["detections"] == []
+    new.close()
+    with pytest.raises(BackendError):  # the last stage closed the session: nothing runs on it any more
+        new.run_frame(frame)

@@ -45,6 +45,10 @@ def open_tracks(state_dir: Path) -> int:
     return int(tracking.get("tracks", 0))
 
 
+def inferences(state_dir: Path) -> int:
+    return int(read_status(state_dir).get("pipelines", {}).get("faces", {}).get("inferences", 0))
+
+
 def events_of(subscriber: Subscriber) -> list[dict[str, Any]]:
     return [json.loads(m.payload) for m in list(subscriber.messages)]
 
@@ -88,6 +92,12 @@ def test_a_zone_from_the_fleet_applies_without_ending_the_tracks(
         assert [e["seq"] for e in seen] == list(range(seen[0]["seq"], seen[0]["seq"] + len(seen)))
         update = next(e for e in seen if e["type"] == "update")
         assert update["object"]["zones"] == ["face-zone"] and update["changed"] == ["zones"]
+        # Only reporting settings changed: the same session took them, nothing pulled, proven or
+        # loaded again; once the change is committed (the old stage closed) the model runs on.
+        wait_until(lambda: "pipeline faces: now running" in agent.log(), "the change committed", timeout=60)
+        assert agent.log().count("loading 320n.onnx") == 1 and agent.log().count("proving backends") == 1
+        done = inferences(state_dir)
+        wait_until(lambda: inferences(state_dir) > done + 2, "frames after the commit", timeout=30)
 
         # A bad zone (its edges cross) is refused with where and why; the pipeline serves on as it was.
         crossed = {**AROUND_FACE, "points": [[150, 60], [300, 220], [300, 60], [150, 220]]}

@@ -44,7 +44,7 @@ from agent.pipeline import Pipeline, ResultSink
 from agent.retry import backoff_delay
 from agent.session_pool import SessionPool
 from agent.sources import BrokerLink, Slot, Source, is_live, open_source
-from agent.stage import Stage
+from agent.stage import Stage, changes_only_reporting
 from agent.store import ModelStore
 from agent.supervisor.building import StageBuilder
 from agent.supervisor.health import _unhealthy
@@ -200,8 +200,18 @@ class Supervisor(StageBuilder):
                 # sample for choosing a backend comes from this same source.
                 source = open_source(desired.config.source, slot.name, self.broker)
                 source[0].start()
-            peek = self._peek_for(running if keeps_source else None, source)
-            stage = self._build_stage(slot, change, peek, first=running is None)
+            if (
+                keeps_source
+                and running is not None
+                and changes_only_reporting(running.stage.config, desired.config)
+            ):
+                # New zones, lines, tracking or report rules on the same model: no pull, no proof, no
+                # reload (a TensorRT engine build takes minutes); the stage takes the new config.
+                stage = running.stage.with_config(desired.config)
+                self._phase(slot, change, "building", "the same model with new reporting settings")
+            else:
+                peek = self._peek_for(running if keeps_source else None, source)
+                stage = self._build_stage(slot, change, peek, first=running is None)
             self._phase(slot, change, "building", "starting the new version")
             if keeps_source and running is not None:
                 if not running.swap_in(stage, _SWAP_TIMEOUT_S):
