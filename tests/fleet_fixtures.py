@@ -51,7 +51,9 @@ def document(
         "target": target,
         "generation": generation,
         "pipelines": pipelines,
-        "health": {"window_s": window_s, "min_frames": 2},
+        # Latency is not what these tests judge, and a shared 2-core box can make a swap's median
+        # several times the old one's (CI saw 9x while other tests ran): a wide ratio.
+        "health": {"window_s": window_s, "min_frames": 2, "max_latency_ratio": 50},
         **extra,
     }
 

@@ -101,7 +101,9 @@ def test_an_agent_on_a_site_broker_is_deployed_to_and_reports_through_the_bridge
         yaml.safe_dump(
             {
                 "pipelines": {"cam": pipeline_body(NEWER, video[0], FPS)},
-                "health": {"window_s": 3, "min_frames": 2},
+                # A shared 2-core box: latency is not what this test judges (CI once saw a swap's
+                # median 9x the old one's while other tests ran).
+                "health": {"window_s": 3, "min_frames": 2, "max_latency_ratio": 50},
             }
         )
     )
