@@ -35,6 +35,13 @@ def long_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(agent.supervisor, "REBUILD_MIN_S", BACKOFF_S)
 
 
+@pytest.fixture
+def rare_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor's own registry probe (every REGISTRY_PROBE_S) also notices the registry's
+    return; a test of what else retries at once must not race it (CI saw the probe win)."""
+    monkeypatch.setattr(agent.supervisor.state, "REGISTRY_PROBE_S", BACKOFF_S)
+
+
 def _config(tmp_path: Path, port: int, versions: dict[str, str]) -> Path:
     """The offline tests' config (a looping video, the registry on `port`), with these pipelines."""
     video = tmp_path / "signs.mp4"
@@ -92,7 +99,7 @@ def _failed_unreachable(running: Running, name: str) -> bool:
 
 
 def test_a_reload_retries_a_pipeline_that_failed_on_the_registry_at_once(
-    tmp_path: Path, published: FileRegistry, long_backoff: None, daemon: list[Running]
+    tmp_path: Path, published: FileRegistry, long_backoff: None, rare_probe: None, daemon: list[Running]
 ) -> None:
     port = free_port()
     running = Running(_config(tmp_path, port, {"door": "2.1"}))
