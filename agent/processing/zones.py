@@ -28,6 +28,7 @@ from agent.config import LineConfig, ZoneConfig, zones_and_lines
 
 Array = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 Anchor = Literal["bottom_center", "center", "box"]
 
 # Pixels closer to a zone's edge or a line than this are on it (fractions scaled to pixels are not exact).
@@ -62,24 +63,28 @@ def _edges(polygon: Array) -> tuple[Array, Array, Array, Array]:
     return a[None, :, 0], a[None, :, 1], b[None, :, 0], b[None, :, 1]
 
 
-def points_in_polygon(points: npt.ArrayLike, polygon: Array) -> npt.NDArray[np.bool_]:
-    """(N,) whether each point is inside the (simple, maybe concave) polygon or on its edge."""
-    p = np.asarray(points, dtype=np.float64).reshape(-1, 2)
-    px, py = p[:, 0:1], p[:, 1:2]  # (N, 1) against (1, M) edges
-    ax, ay, bx, by = _edges(polygon)
-    # Even-odd rule: count the edges crossing the ray from the point to the right.
+def _edge_tests(points: Array, ax: Array, ay: Array, bx: Array, by: Array) -> tuple[BoolArray, BoolArray]:
+    """(N, E) for N points against E edges (rows (1, E) of their ends): whether the edge crosses the
+    ray from the point to the right (the even-odd rule counts these), and whether the point is on
+    the edge (within ON_EDGE_PX of the segment's line, and between its ends)."""
+    px, py = points[:, 0:1], points[:, 1:2]  # (N, 1) against (1, E) edges
     straddles = (ay > py) != (by > py)
     dy = np.where(straddles, by - ay, 1.0)
-    x_at = ax + (py - ay) * (bx - ax) / dy
-    inside = np.count_nonzero(straddles & (px < x_at), axis=1) % 2 == 1
-    # On an edge: within ON_EDGE_PX of the segment's line, and between its ends.
+    ray = straddles & (px < ax + (py - ay) * (bx - ax) / dy)
     ex, ey = bx - ax, by - ay
     length = np.hypot(ex, ey)
     cross = ex * (py - ay) - ey * (px - ax)
     along = ex * (px - ax) + ey * (py - ay)
     slack = ON_EDGE_PX * length
     on_edge = (np.abs(cross) <= slack) & (along >= -slack) & (along <= length * length + slack)
-    result: npt.NDArray[np.bool_] = inside | on_edge.any(axis=1)
+    return ray, on_edge
+
+
+def points_in_polygon(points: npt.ArrayLike, polygon: Array) -> npt.NDArray[np.bool_]:
+    """(N,) whether each point is inside the (simple, maybe concave) polygon or on its edge."""
+    p = np.asarray(points, dtype=np.float64).reshape(-1, 2)
+    ray, on_edge = _edge_tests(p, *_edges(polygon))
+    result: npt.NDArray[np.bool_] = (np.count_nonzero(ray, axis=1) % 2 == 1) | on_edge.any(axis=1)
     return result
 
 
@@ -119,31 +124,50 @@ def boxes_in_zone(boxes: npt.ArrayLike, polygon: Array, anchor: Anchor) -> npt.N
     return points_in_polygon(anchor_points(boxes, anchor), polygon)
 
 
-def line_sides(points: npt.ArrayLike, start: Array, end: Array) -> npt.NDArray[np.int8]:
-    """(N,) +1 for points on the left (the `in` side) of the line walking from start to end, -1 on
-    the right, 0 on it (its infinite extension: within ON_EDGE_PX)."""
-    p = np.asarray(points, dtype=np.float64).reshape(-1, 2)
-    d = end - start
-    cross = d[0] * (p[:, 1] - start[1]) - d[1] * (p[:, 0] - start[0])
-    slack = ON_EDGE_PX * float(np.hypot(d[0], d[1]))
+def _points(points: npt.ArrayLike) -> Array:
+    """Points [x, y] as float64 with x, y in the last axis: (N, 2) from a list or one point, or
+    as given (e.g. (N, L, 2): each object's anchor for each of L lines)."""
+    array = np.asarray(points, dtype=np.float64)
+    return array.reshape(-1, 2) if array.ndim < 2 else array
+
+
+def line_sides(points: npt.ArrayLike, start: npt.ArrayLike, end: npt.ArrayLike) -> npt.NDArray[np.int8]:
+    """+1 for points on the left (the `in` side) of the line walking from start to end, -1 on the
+    right, 0 on it (its infinite extension: within ON_EDGE_PX). Points (N, 2) against one line
+    (start, end (2,)): (N,); points (N, L, 2) against L lines (start, end (L, 2)): (N, L)."""
+    p = _points(points)
+    s, e = np.asarray(start, dtype=np.float64), np.asarray(end, dtype=np.float64)
+    d = e - s
+    cross = d[..., 0] * (p[..., 1] - s[..., 1]) - d[..., 1] * (p[..., 0] - s[..., 0])
+    slack = ON_EDGE_PX * np.hypot(d[..., 0], d[..., 1])
     # y grows downwards: the walker's left is where this cross product is negative.
     return np.where(cross < -slack, 1, np.where(cross > slack, -1, 0)).astype(np.int8)
 
 
-def crossings(p0: npt.ArrayLike, p1: npt.ArrayLike, start: Array, end: Array) -> npt.NDArray[np.int8]:
-    """(N,) for anchors moving from p0 to p1: +1 crossed the line `in` (right to left), -1 `out`,
-    0 not crossed (same side, touching, moving along it, or passing beyond its ends)."""
-    a = np.asarray(p0, dtype=np.float64).reshape(-1, 2)
-    b = np.asarray(p1, dtype=np.float64).reshape(-1, 2)
-    before, after = line_sides(a, start, end), line_sides(b, start, end)
+def _crossed(
+    p0: npt.ArrayLike, p1: npt.ArrayLike, start: npt.ArrayLike, end: npt.ArrayLike
+) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int8]]:
+    """`crossings`, and p1's `line_sides` (the caller keeps an anchor's last position off the line)."""
+    a, b = _points(p0), _points(p1)
+    s, e = np.asarray(start, dtype=np.float64), np.asarray(end, dtype=np.float64)
+    before, after = line_sides(a, s, e), line_sides(b, s, e)  # NaN in p0 (no position yet): 0
     # The path meets the segment: the line's two ends are not strictly on one side of the path.
-    dx, dy = b[:, 0] - a[:, 0], b[:, 1] - a[:, 1]
+    dx, dy = b[..., 0] - a[..., 0], b[..., 1] - a[..., 1]
     slack = ON_EDGE_PX * np.hypot(dx, dy)
-    at_start = dx * (start[1] - a[:, 1]) - dy * (start[0] - a[:, 0])
-    at_end = dx * (end[1] - a[:, 1]) - dy * (end[0] - a[:, 0])
+    at_start = dx * (s[..., 1] - a[..., 1]) - dy * (s[..., 0] - a[..., 0])
+    at_end = dx * (e[..., 1] - a[..., 1]) - dy * (e[..., 0] - a[..., 0])
     apart = ((at_start > slack) & (at_end > slack)) | ((at_start < -slack) & (at_end < -slack))
     crossed = (before * after == -1) & ~apart
-    return np.where(crossed, after, 0).astype(np.int8)
+    return np.where(crossed, after, 0).astype(np.int8), after
+
+
+def crossings(
+    p0: npt.ArrayLike, p1: npt.ArrayLike, start: npt.ArrayLike, end: npt.ArrayLike
+) -> npt.NDArray[np.int8]:
+    """For anchors moving from p0 to p1: +1 crossed the line `in` (right to left), -1 `out`, 0 not
+    crossed (same side, touching, moving along it, passing beyond its ends, or no p0: NaN). Shapes
+    as `line_sides`: (N, 2) paths against one line, or (N, L, 2) against L lines."""
+    return _crossed(p0, p1, start, end)[0]
 
 
 @dataclass(frozen=True)
@@ -231,14 +255,9 @@ class ZoneGroup:
                 continue
             polygons = [zones[i].polygon for i in members]
             starts: IntArray = np.cumsum([0] + [len(p) for p in polygons[:-1]], dtype=np.int64)
-            a = np.concatenate(polygons)
-            b = np.concatenate([np.roll(p, -1, axis=0) for p in polygons])
-            edges: tuple[Array, Array, Array, Array] = (
-                a[None, :, 0],
-                a[None, :, 1],
-                b[None, :, 0],
-                b[None, :, 1],
-            )
+            each = [_edges(p) for p in polygons]
+            ax, ay, bx, by = (np.concatenate([e[k] for e in each], axis=1) for k in range(4))
+            edges = (ax, ay, bx, by)
             self._by_anchor.append((anchor, members, edges, starts))
         self._box_zones = [i for i, z in enumerate(zones) if z.anchor == "box"]
 
@@ -246,20 +265,10 @@ class ZoneGroup:
         """(N, Z): whether each box is in each zone by that zone's anchor rule."""
         b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
         result = np.zeros((len(b), len(self.zones)), dtype=bool)
-        for anchor, members, (ax, ay, bx, by), starts in self._by_anchor:
-            p = anchor_points(b, anchor)
-            px, py = p[:, 0:1], p[:, 1:2]
-            straddles = (ay > py) != (by > py)
-            dy = np.where(straddles, by - ay, 1.0)
-            crossing = straddles & (px < ax + (py - ay) * (bx - ax) / dy)
-            inside = np.add.reduceat(crossing.astype(np.int32), starts, axis=1) % 2 == 1
-            ex, ey = bx - ax, by - ay
-            length = np.hypot(ex, ey)
-            cross = ex * (py - ay) - ey * (px - ax)
-            along = ex * (px - ax) + ey * (py - ay)
-            slack = ON_EDGE_PX * length
-            on = (np.abs(cross) <= slack) & (along >= -slack) & (along <= length * length + slack)
-            result[:, members] = inside | np.logical_or.reduceat(on, starts, axis=1)
+        for anchor, members, edges, starts in self._by_anchor:
+            ray, on_edge = _edge_tests(anchor_points(b, anchor), *edges)
+            inside = np.add.reduceat(ray.astype(np.int32), starts, axis=1) % 2 == 1
+            result[:, members] = inside | np.logical_or.reduceat(on_edge, starts, axis=1)
         for i in self._box_zones:
             result[:, i] = overlap_areas(b, self.zones[i].polygon) > MIN_OVERLAP_PX2
         return result
@@ -280,20 +289,7 @@ class LineGroup:
         result: Array = np.where(self._centre[None, :, None], centre[:, None, :], bottom[:, None, :])
         return result
 
-    def sides(self, points: Array) -> npt.NDArray[np.int8]:
-        """(N, L) `line_sides` of (N, L, 2) points: +1 left (`in` side), -1 right, 0 on the line."""
-        d = self.end - self.start
-        cross = d[:, 0] * (points[..., 1] - self.start[:, 1]) - d[:, 1] * (points[..., 0] - self.start[:, 0])
-        slack = ON_EDGE_PX * np.hypot(d[:, 0], d[:, 1])
-        return np.where(cross < -slack, 1, np.where(cross > slack, -1, 0)).astype(np.int8)
-
     def crossings(self, p0: Array, p1: Array) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int8]]:
-        """(N, L) `crossings` of (N, L, 2) paths from p0 to p1 (NaN in p0: no crossing), and p1's sides."""
-        before, after = self.sides(p0), self.sides(p1)
-        dx, dy = p1[..., 0] - p0[..., 0], p1[..., 1] - p0[..., 1]
-        slack = ON_EDGE_PX * np.hypot(dx, dy)
-        at_start = dx * (self.start[:, 1] - p0[..., 1]) - dy * (self.start[:, 0] - p0[..., 0])
-        at_end = dx * (self.end[:, 1] - p0[..., 1]) - dy * (self.end[:, 0] - p0[..., 0])
-        apart = ((at_start > slack) & (at_end > slack)) | ((at_start < -slack) & (at_end < -slack))
-        crossed = (before.astype(np.int16) * after == -1) & ~apart & ~np.isnan(p0[..., 0])
-        return np.where(crossed, after, 0).astype(np.int8), after
+        """(N, L) `crossings` of (N, L, 2) paths from p0 to p1 (NaN in p0: no crossing), and p1's
+        `line_sides`."""
+        return _crossed(p0, p1, self.start, self.end)
