@@ -92,8 +92,9 @@ class TrackJournal:
                 "open": sorted(tracks.values(), key=lambda t: t["id"]),
             }
             self.directory.mkdir(parents=True, exist_ok=True)
-            # Not fsynced: rewritten on every track's start and end; a power cut may lose the newest
-            # change (a track then ends without the `restarted` end, or ends twice), never the file.
+            # Not fsynced: rewritten on every frame whose events start, change or end a track; a power
+            # cut may lose the newest change (a track then ends without the `restarted` end, or ends
+            # twice, or its `restarted` end describes it as it was a little earlier), never the file.
             atomic_write_bytes(self._path(pipeline), json.dumps(data).encode(), mode=0o600, durable=False)
 
 
@@ -106,8 +107,6 @@ class EventWriter:
         self.configure(device_id, topic_prefix)
         self.outbox = outbox
         self.journal = journal
-        self.written = 0
-        self.dropped = 0
 
     def configure(self, device_id: str, topic_prefix: str) -> None:
         self.device_id = device_id
@@ -135,11 +134,9 @@ class EventWriter:
 
             try:
                 self.outbox.put_numbered(topic, payload, qos=1, stream=f"events/{pipeline}")
-            except OutboxFull:
-                self.dropped += 1
+            except OutboxFull:  # when_full: drop-newest; counted per stream by the outbox
                 continue
             stored += 1
-        self.written += stored
         closed = [int(e["object"]["id"]) for e in events if e.get("type") == "end"]
         if self.journal is not None and closed:
             self.journal.change(pipeline, closed=closed)

@@ -275,15 +275,16 @@ class HomeAutomation:
         """A published result of `pipeline` (its `output`, the frame's capture time)."""
         if not self.config.state_topics_on:
             return
-        with self._lock:
-            state = self._states.get(pipeline)
-            if state is None:
-                if pipeline not in self._views:
-                    self._pending[pipeline] = (output, captured_at)  # before the first tick saw it
-                return
+
+        def take(state: PipelineState) -> bool:
             self._take(state, output, captured_at, time.monotonic())
-            if self._mqtt.connected:
-                self._flush(pipeline, state.values, None)
+            return True
+
+        def keep() -> None:
+            self._pending[pipeline] = (output, captured_at)
+
+        with self._lock:
+            self._hand_to(pipeline, take, keep)
 
     def observe_scene(
         self, pipeline: str, summary: Mapping[str, Any], events: Sequence[Mapping[str, Any]]
@@ -292,15 +293,16 @@ class HomeAutomation:
         the state topics follow the counts, which say all the `events` did to them."""
         if not self.config.state_topics_on:
             return
-        with self._lock:
-            state = self._states.get(pipeline)
-            if state is None:
-                if pipeline not in self._views:
-                    self._pending_scenes[pipeline] = summary  # before the first tick saw it
-                return
+
+        def take(state: PipelineState) -> bool:
             state.take_scene(summary)
-            if self._mqtt.connected:
-                self._flush(pipeline, state.values, None)
+            return True
+
+        def keep() -> None:
+            self._pending_scenes[pipeline] = summary
+
+        with self._lock:
+            self._hand_to(pipeline, take, keep)
 
     def observe_snapshot(self, pipeline: str, label: str, jpeg: bytes) -> None:
         """A new snapshot of a tracked `label` object of `pipeline` (JPEG, its box drawn)."""
@@ -321,13 +323,25 @@ class HomeAutomation:
                         self._snapshots_too_big,
                     )
                 return
-            state = self._states.get(pipeline)
-            if state is None:
-                if pipeline not in self._views:
-                    self._pending_snapshots.setdefault(pipeline, {})[label] = jpeg
-                return
-            if state.take_snapshot(label, jpeg) and self._mqtt.connected:
-                self._flush(pipeline, state.values, None)
+
+            def keep() -> None:
+                self._pending_snapshots.setdefault(pipeline, {})[label] = jpeg
+
+            self._hand_to(pipeline, lambda state: bool(state.take_snapshot(label, jpeg)), keep)
+
+    def _hand_to(
+        self, pipeline: str, take: Callable[[PipelineState], bool], keep: Callable[[], None]
+    ) -> None:
+        """What a pipeline's thread observed, to its state: `take` it (True: a value may have changed,
+        published now if connected), or, before the first tick has seen the pipeline, `keep` it for
+        that tick. Holds the lock."""
+        state = self._states.get(pipeline)
+        if state is None:
+            if pipeline not in self._views:
+                keep()
+            return
+        if take(state) and self._mqtt.connected:
+            self._flush(pipeline, state.values, None)
 
     def _take(self, state: PipelineState, output: Mapping[str, Any], captured_at: float, now: float) -> None:
         detections = state.update(output, now)
