@@ -15,7 +15,7 @@ import numpy as np
 
 from agent.config import PipelineConfig, SnapshotsConfig
 from agent.processing import Geometry
-from agent.processing.scene import Event, Scene, SnapshotWanted
+from agent.processing.scene import Event, Scene, SnapshotWanted, boxes_of
 from agent.sources import Frame
 
 log = logging.getLogger(__name__)
@@ -84,8 +84,8 @@ class PipelineTracking:
         if config is not self._config:
             scene.use(tracking, config.zones, config.lines)
             self._config = config
-        entries = output.get("detections", output.get("regions"))
-        if not isinstance(entries, list):
+        entries = boxes_of(output)
+        if entries is None:
             return []  # a plugin without boxes this frame
         width, height = _frame_size(frame, geometry)
         shaped = scene.problems

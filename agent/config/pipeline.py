@@ -15,12 +15,12 @@ from agent.config.processing import (
     AudioPreprocessConfig,
     ClassificationPostprocess,
     DetectionPostprocess,
-    PluginPostprocess,
     PostprocessConfig,
     PreprocessConfig,
     RawPostprocess,
     RegionsPostprocess,
     StateLink,
+    gives_boxes,
 )
 from agent.config.registry import ModelRef
 from agent.config.sources import SourceConfig, VideoSourceConfig
@@ -204,7 +204,7 @@ class PipelineConfig(StrictModel):
         if not (self.zones or self.lines or self.track):
             return self
         post = self.postprocess
-        if not isinstance(post, DetectionPostprocess | RegionsPostprocess | PluginPostprocess):
+        if not gives_boxes(post):
             key = "zones" if self.zones else "lines" if self.lines else "track"
             what = "tracking needs" if key == "track" else "zones and lines need"
             need = f"{what} boxes: use a detection or regions postprocess, not {post.type}"

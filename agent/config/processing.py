@@ -198,3 +198,9 @@ PostprocessConfig = Annotated[
     | RawPostprocess,
     Field(discriminator="type"),
 ]
+
+
+def gives_boxes(postprocess: object) -> bool:
+    """Whether a postprocess gives boxes (detection, regions; a plugin may): what tracking, zones and
+    lines need."""
+    return isinstance(postprocess, DetectionPostprocess | RegionsPostprocess | PluginPostprocess)

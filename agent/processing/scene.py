@@ -514,6 +514,13 @@ class Scene:
         self.ended += 1
 
 
+def boxes_of(output: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The entries a postprocessed output gives the scene: its detections or regions (None: this
+    output has no boxes, e.g. a plugin's frame without any)."""
+    entries = output.get("detections", output.get("regions"))
+    return entries if isinstance(entries, list) else None
+
+
 def _label_of(entry: Mapping[str, Any]) -> str:
     label = entry.get("label")
     if label is not None:

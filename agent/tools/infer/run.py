@@ -135,6 +135,23 @@ class InferResult:
 # --- running --------------------------------------------------------------------------------------
 
 
+def model_and_pipeline(
+    model_spec: str,
+    store: ModelStore,
+    agent: AgentConfig | None,
+    pipeline: str | None,
+    config_path: Path | None,
+    kind: str,
+    input_path: Path,
+) -> tuple[ResolvedModel, PipelineConfig, dict[str, Any]]:
+    """The model MODEL names, the pipeline settings it runs with (the named pipeline's, else bare)
+    filled in by its hints, and the hints its files carry (for `on_model`)."""
+    model = resolve(model_spec, store)
+    base = pipeline_config(agent, pipeline, config_path, kind, input_path)
+    embedded = embedded_hints(model.artifacts)
+    return model, with_model_hints(base, model.manifest, embedded), embedded
+
+
 def infer(
     model_spec: str,
     input_path: Path,
@@ -153,10 +170,9 @@ def infer(
     kind = input_kind(input_path)
     if frame is not None and kind != "video":
         raise EdgeAgentError(f"--frame is for a video input; {input_path} is {NAMED[kind]}")
-    model = resolve(model_spec, store)
-    base = pipeline_config(agent, pipeline, config_path, kind, input_path)
-    embedded = embedded_hints(model.artifacts)
-    config = with_model_hints(base, model.manifest, embedded)
+    model, config, embedded = model_and_pipeline(
+        model_spec, store, agent, pipeline, config_path, kind, input_path
+    )
     picture = None
     if kind == "image":
         picture = read_image(input_path)

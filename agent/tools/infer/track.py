@@ -27,25 +27,18 @@ from typing import Any
 import cv2
 import numpy as np
 
-from agent.config import (
-    AgentConfig,
-    DetectionPostprocess,
-    PipelineConfig,
-    PluginPostprocess,
-    RegionsPostprocess,
-    TrackConfig,
-)
+from agent.config import AgentConfig, PipelineConfig, TrackConfig
+from agent.config.processing import gives_boxes
 from agent.errors import EdgeAgentError, ModelError
-from agent.model_hints import embedded_hints, with_model_hints
 from agent.processing.drawing import draw_boxes, draw_zones
-from agent.processing.scene import Event, Scene
+from agent.processing.scene import Event, Scene, boxes_of
 from agent.processing.zones import LineShape, ZoneShape
 from agent.stage import Stage
 from agent.store import ModelStore
-from agent.tools.infer.choice import Loaded, ResolvedModel, artifact_run, pipeline_config, resolve
+from agent.tools.infer.choice import Loaded, ResolvedModel, artifact_run
 from agent.tools.infer.draw import write_picture
 from agent.tools.infer.inputs import NAMED, input_kind, read_video_frame
-from agent.tools.infer.run import latency, on_model, ready_stage
+from agent.tools.infer.run import latency, model_and_pipeline, on_model, ready_stage
 from providers import BackendError
 
 # Video files --draw writes with --track: suffix -> the FourCC OpenCV encodes it with (both are in
@@ -152,10 +145,9 @@ def track(
         )
     if draw is not None:
         check_track_draw(draw)
-    model = resolve(model_spec, store)
-    base = pipeline_config(agent, pipeline, config_path, kind, input_path)
-    embedded = embedded_hints(model.artifacts)
-    config = with_model_hints(base, model.manifest, embedded)
+    model, config, embedded = model_and_pipeline(
+        model_spec, store, agent, pipeline, config_path, kind, input_path
+    )
     first = read_video_frame(input_path, 0)
 
     def run(completed: PipelineConfig, loaded: Loaded) -> TrackResult:
@@ -181,7 +173,7 @@ def track(
 def boxes_problem(config: PipelineConfig) -> str | None:
     """Why this pipeline's output has no boxes to track, or None."""
     post = config.postprocess
-    if isinstance(post, DetectionPostprocess | RegionsPostprocess | PluginPostprocess):
+    if gives_boxes(post):
         return None
     return (
         f"--track needs boxes, and a {post.type} postprocess gives none: tracking is for a detection "
@@ -278,9 +270,9 @@ class _ClipTracker:
                 self.on_start(result)
             frames += 1
             totals += (run.preprocess_ms, run.inference_ms, run.postprocess_ms)
-            entries = run.output.get("detections", run.output.get("regions"))
-            if not isinstance(entries, list):
-                entries = None  # a plugin without boxes this frame: the pipeline skips it too
+            entries = boxes_of(
+                run.output
+            )  # None: a plugin without boxes this frame (skipped, as in the daemon)
             height, width = picture.shape[:2]
             if entries is not None:
                 scene.step(entries, started + position, width, height)
