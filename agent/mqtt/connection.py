@@ -46,6 +46,7 @@ from agent.mqtt.outbox import Outbox, OutboxMessage
 from agent.mqtt.publisher import OutboxPublisher, reason_value
 from agent.mqtt.router import SubscriptionTable
 from agent.mqtt.topics import status_topic
+from agent.retry import backoff_delay
 
 log = logging.getLogger(__name__)
 
@@ -391,8 +392,8 @@ class MqttConnection:
         _PROBE_PRESSED_S until the broker listens, and connects at once (results would be dropped
         while it waited; the spread is for boxes with room to wait)."""
         cfg = self._config
-        backoff = min(cfg.reconnect_max_s, cfg.reconnect_min_s * 2 ** min(attempt - 2, 16))
-        deadline = time.monotonic() + random.uniform(backoff / 2, backoff)
+        backoff = backoff_delay(attempt - 1, cfg.reconnect_min_s, cfg.reconnect_max_s, jitter="half")
+        deadline = time.monotonic() + backoff
         while not self._stopping.is_set():
             pressed = self._outbox.fill() >= _PRESSED_FILL
             if self._broker_listens():

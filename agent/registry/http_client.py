@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import io
 import logging
-import random
 import ssl
 import time
 from collections.abc import Callable, Generator
@@ -32,6 +31,7 @@ import httpx
 from agent.config import RegistryConnection
 from agent.errors import RegistryError
 from agent.registry.urls import public_url
+from agent.retry import backoff_delay
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ class RegistryClient:
 
     def _pause(self, attempt: int, why: str, retry_after: str | None = None) -> None:
         cfg = self.settings
-        delay = random.uniform(0, min(cfg.backoff_max_s, cfg.backoff_s * 2**attempt))  # full jitter
+        delay = backoff_delay(attempt + 1, cfg.backoff_s, cfg.backoff_max_s, jitter="full")
         if retry_after is not None and retry_after.strip().isdigit():
             delay = max(delay, min(cfg.backoff_max_s, float(retry_after)))
         log.warning("%s; retrying in %.1f s (%d of %d)", why, delay, attempt + 1, cfg.retries)
