@@ -34,7 +34,7 @@ from agent.pipeline import Pipeline
 from agent.processing import Preprocessor
 from agent.registry import FileRegistry
 from agent.stage import LoadedModel
-from agent.supervisor.health import _unhealthy
+from agent.supervisor.health import unhealthy
 from agent.testdata import MODEL_ZOO_ATOL, MODEL_ZOO_RTOL, TestData
 from agent.validate import Validation, validate
 from providers import ModelArtifact, NoBackendError, SelectionPolicy, decide, run_trial
@@ -354,5 +354,5 @@ def test_the_health_window_counts_the_nan_inferences_among_all_of_them(
     # Early in the window (fewer frames than min_frames): the NaN is the reason, counted right.
     early = HealthWindowConfig(min_frames=100)
     assert (
-        _unhealthy(stage, early, None, final=False) == f"{n} of {n} inferences gave NaN or infinite outputs"
+        unhealthy(stage, early, None, final=False) == f"{n} of {n} inferences gave NaN or infinite outputs"
     )

@@ -24,9 +24,10 @@ in flight. A pipeline that never started is retried with backoff; a failed upgra
 pipeline at once, and so does the registry answering again for those that could not reach it
 (`retry_failed`).
 
-The package: `state` (ApplyReport, PipelineSlot, RegistryLink), `building` (a stage built through its
-phases), `health` (the health window's verdict), `memory` (versions known good or failed here);
-the `Supervisor` here brings changes in, rolls back, ticks, reports and stops.
+The package: `state` (ApplyReport, PipelineSlot, the Change in flight, RegistryLink), `building` (the
+`StageBuilder` the supervisor holds: a stage pulled, proven, loaded and warmed), `health` (the health
+window's verdict), `memory` (versions known good or failed here); the `Supervisor` here brings
+changes in, rolls back, retries, ticks, reports and stops.
 """
 
 from __future__ import annotations
@@ -34,29 +35,31 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from agent.config import AgentConfig, HealthWindowConfig
 from agent.desired_pipeline import DesiredPipeline
-from agent.errors import EdgeAgentError
+from agent.errors import EdgeAgentError, RegistryError
 from agent.pipeline import Pipeline, ResultSink
+from agent.registry import open_registry
 from agent.retry import backoff_delay
 from agent.session_pool import SessionPool
 from agent.sources import BrokerLink, Slot, Source, is_live, open_source
 from agent.stage import Stage, changes_only_reporting
 from agent.store import ModelStore
-from agent.supervisor.building import StageBuilder
-from agent.supervisor.health import _unhealthy
+from agent.supervisor.building import StageBuilder, peek_for
+from agent.supervisor.health import unhealthy
 from agent.supervisor.memory import VersionMemory
 from agent.supervisor.state import (
     IN_FLIGHT,
     ApplyReport,
     Cancelled,
+    Change,
     PipelineSlot,
     RegistryLink,
-    _Change,
-    _ref,
+    model_ref,
+    unreachable,
 )
 from providers import BackendError
 
@@ -84,7 +87,7 @@ __all__ = [
 ]
 
 
-class Supervisor(StageBuilder):
+class Supervisor:
     def __init__(
         self,
         config: AgentConfig,
@@ -92,23 +95,27 @@ class Supervisor(StageBuilder):
         sessions: SessionPool,
         sink: ResultSink,
         broker: BrokerLink | None = None,
-        on_change: Callable[[], None] | None = None,
     ) -> None:
+        """`sink`: where every pipeline's results go; `broker`: the daemon's MQTT link, for sources
+        that read sensors from it."""
         self.config = config
         self.store = store
-        self.sessions = sessions
         self.sink = sink
         self.broker = broker
         self.registry_link = RegistryLink(
             config.registry.url if config.registry else None,
             back=lambda: self.retry_failed("the registry answers again", waiting_on_registry=True),
         )
-        self._on_change = on_change or (lambda: None)
+        self.builder = StageBuilder(store, sessions, self.registry_link, lambda: self.config)
         self._lock = threading.RLock()
         self._slots: dict[str, PipelineSlot] = {}
         self._stopping = threading.Event()
         self.phase_timeout_s = config.fleet.phase_timeout_s
         self.memory = VersionMemory(config.state_dir / "pipelines.json")
+
+    def use_config(self, config: AgentConfig) -> None:
+        """A reloaded config (only its reloadable settings differ): builds and the health window read it."""
+        self.config = config
 
     # --- the one entry point ---------------------------------------------------------------------
 
@@ -141,7 +148,6 @@ class Supervisor(StageBuilder):
                     self._begin(slot, want)
         if report.added or report.changed or report.removed:
             log.info("apply: %s", ", ".join(f"{k} {v}" for k, v in report.to_dict().items() if v))
-        self._on_change()
         return report
 
     def _start_new(self, slot: PipelineSlot, want: DesiredPipeline) -> None:
@@ -150,7 +156,7 @@ class Supervisor(StageBuilder):
         if good is None:
             self._begin(slot, want)
             return
-        failed, last_good = _ref(want.config), _ref(good.config)
+        failed, last_good = model_ref(want.config), model_ref(good.config)
         self._begin(slot, good, f"{failed} failed here before ({why}); running the last good {last_good}")
 
     def _begin(self, slot: PipelineSlot, desired: DesiredPipeline, note: str | None = None) -> None:
@@ -163,7 +169,7 @@ class Supervisor(StageBuilder):
             slot.change = None  # back to what runs (a change in flight was withdrawn)
             slot.set_phase("running")
             return
-        change = _Change(desired, note=note)
+        change = Change(slot, desired, self._lock, self._stopping, self.phase_timeout_s, note=note)
         slot.change = change
         slot.set_phase("pending")
         slot.retry_at = None
@@ -187,7 +193,7 @@ class Supervisor(StageBuilder):
 
     # --- bringing one version in (its own thread) ------------------------------------------------
 
-    def _bring_in(self, slot: PipelineSlot, change: _Change) -> None:
+    def _bring_in(self, slot: PipelineSlot, change: Change) -> None:
         desired = change.desired
         slot.attempts += 1
         source: tuple[Source, Slot] | None = None
@@ -208,11 +214,13 @@ class Supervisor(StageBuilder):
                 # New zones, lines, tracking or report rules on the same model: no pull, no proof, no
                 # reload (a TensorRT engine build takes minutes); the stage takes the new config.
                 stage = running.stage.with_config(desired.config)
-                self._phase(slot, change, "building", "the same model with new reporting settings")
+                change.phase("building", "the same model with new reporting settings")
             else:
-                peek = self._peek_for(running if keeps_source else None, source)
-                stage = self._build_stage(slot, change, peek, first=running is None)
-            self._phase(slot, change, "building", "starting the new version")
+                peek = peek_for(running if keeps_source else None, source)
+                stage = self.builder.build(
+                    desired.config, change, peek, first=running is None, verify=slot.attempts > 1
+                )
+            change.phase("building", "starting the new version")
             if keeps_source and running is not None:
                 if not running.swap_in(stage, _SWAP_TIMEOUT_S):
                     raise EdgeAgentError(
@@ -224,19 +232,18 @@ class Supervisor(StageBuilder):
                 pipeline = Pipeline(desired.config, stage, self.sink, source=source)
                 stage, source = None, None  # the pipeline owns them now
                 with self._lock:
-                    self._check(change)
+                    change.check()
                     previous, slot.pipeline = slot.pipeline, pipeline
                     change.new_pipeline = True
                 if previous is not None:  # a changed source: the old pipeline stops as the new one starts
                     self._stop_pipeline(previous, close_stage=False)
                     pipeline.keep_previous(previous.stage)  # warm, for a rollback
                 pipeline.start()
-            self._on_change()
             if desired.health is not None and not self._health_check(slot, change, pipeline, desired.health):
                 return  # rolled back (or stopped, when there was nothing to go back to)
             self._commit(slot, change, pipeline)
         except Cancelled:
-            log.info("pipeline %s: change to %s abandoned", slot.name, _ref(desired.config))
+            log.info("pipeline %s: change to %s abandoned", slot.name, model_ref(desired.config))
             # Pre-empted in its health window: back to the last good stage; the newer version will be
             # swapped in from there. (At a stop the stages are closed as they are.)
             live = slot.pipeline
@@ -255,14 +262,13 @@ class Supervisor(StageBuilder):
                 stage.close()
             if source is not None:
                 source[0].stop(timeout=5)
-            self._on_change()
 
     def _health_check(
-        self, slot: PipelineSlot, change: _Change, pipeline: Pipeline, health: HealthWindowConfig
+        self, slot: PipelineSlot, change: Change, pipeline: Pipeline, health: HealthWindowConfig
     ) -> bool:
         """Watch the new stage on live frames for the window; False (rolled back) when it fails."""
         watching = f"watching {pipeline.stage.ref} for {health.window_s:.0f} s"
-        self._phase(slot, change, "health-check", watching, extra_s=health.window_s)
+        change.phase("health-check", watching, extra_s=health.window_s)
         stage = pipeline.stage
         stage.watch_outputs = health.nan_is_failure
         before = pipeline.previous_stage.stats.median_latency_ms() if pipeline.previous_stage else None
@@ -271,8 +277,8 @@ class Supervisor(StageBuilder):
         while problem is None and time.monotonic() < window_ends:
             if change.cancel.wait(min(0.5, max(0.0, window_ends - time.monotonic()))):
                 raise Cancelled()
-            problem = _unhealthy(stage, health, before, final=False)
-        problem = problem or _unhealthy(stage, health, before, final=True)
+            problem = unhealthy(stage, health, before, final=False)
+        problem = problem or unhealthy(stage, health, before, final=True)
         stage.watch_outputs = False
         if problem is None:
             return True
@@ -282,7 +288,7 @@ class Supervisor(StageBuilder):
         self._roll_back(slot, change, pipeline, f"{stage.ref} failed its health window: {problem}")
         return False
 
-    def _roll_back(self, slot: PipelineSlot, change: _Change, pipeline: Pipeline, why: str) -> None:
+    def _roll_back(self, slot: PipelineSlot, change: Change, pipeline: Pipeline, why: str) -> None:
         """Back to the version that ran before (`rolled-back`), or stopped when there was none (`failed`)."""
         log.error("pipeline %s: %s; rolling back", slot.name, why)
         self.memory.failed(slot.name, change.desired, why)
@@ -306,7 +312,7 @@ class Supervisor(StageBuilder):
                 slot.pipeline = None
                 slot.set_phase("failed", why)
 
-    def _commit(self, slot: PipelineSlot, change: _Change, pipeline: Pipeline) -> None:
+    def _commit(self, slot: PipelineSlot, change: Change, pipeline: Pipeline) -> None:
         with self._lock:
             if change.cancel.is_set():
                 raise Cancelled()
@@ -326,7 +332,7 @@ class Supervisor(StageBuilder):
             log.info("pipeline %s: now running %s on %s", slot.name, ref, backend)
         self._prune_store()
 
-    def _failed(self, slot: PipelineSlot, change: _Change, exc: Exception) -> None:
+    def _failed(self, slot: PipelineSlot, change: Change, exc: Exception) -> None:
         expected = isinstance(exc, (EdgeAgentError, BackendError, OSError))
         with self._lock:
             if change.cancel.is_set() or slot.change is not change:
@@ -352,7 +358,7 @@ class Supervisor(StageBuilder):
                 log.error(
                     "pipeline %s: %s not brought in: %s; %s keeps running",
                     slot.name,
-                    _ref(change.desired.config),
+                    model_ref(change.desired.config),
                     exc,
                     running,
                     exc_info=not expected,
@@ -375,13 +381,63 @@ class Supervisor(StageBuilder):
                     slot.set_phase("failed", why)
                     if slot.pipeline is None:
                         slot.retry_at = now + backoff_delay(slot.attempts, REBUILD_MIN_S, REBUILD_MAX_S)
-                    self._on_change()
                 elif change is None and slot.retry_at is not None and now >= slot.retry_at:
                     self._begin(slot, slot.desired)
                 elif change is not None and slot.step and now - slot.step_logged >= _PHASE_LOG_EVERY_S:
                     slot.step_logged = now
                     log.info("pipeline %s: still %s (%.0f s)", slot.name, slot.step, now - slot.step_started)
         self.probe_registry()
+
+    # --- retries -------------------------------------------------------------------------------
+
+    def retry_failed(self, why: str, waiting_on_registry: bool = False) -> list[str]:
+        """Start again at once every pipeline whose last change failed (one that never ran, waiting
+        for its backoff slot, or an upgrade that did not come in), rather than at its next slot;
+        `waiting_on_registry`: only those that failed because the registry could not be reached.
+        A rollback (the version failed its health window) is not retried. Returns their names."""
+        retried = []
+        with self._lock:
+            if self._stopping.is_set():
+                return []
+            for slot in self._slots.values():
+                if slot.change is not None or slot.phase != "failed":
+                    continue
+                if waiting_on_registry and not unreachable(slot.reason):
+                    continue
+                log.info("pipeline %s: %s; retrying it now", slot.name, why)
+                self._begin(slot, slot.desired)
+                retried.append(slot.name)
+        return retried
+
+    def probe_registry(self) -> None:
+        """While the registry is unreachable and a pipeline failed waiting on it, ask it now and then
+        (REGISTRY_PROBE_S) for that pipeline's manifest: its return then retries them at once
+        (RegistryLink.reached), without a pull or a reload to notice it first."""
+        registry_config = self.config.registry
+        if registry_config is None or not self.registry_link.probe_due():
+            return
+        with self._lock:
+            waiting = [
+                slot.desired.config.model
+                for slot in self._slots.values()
+                if slot.change is None and slot.phase == "failed" and unreachable(slot.reason)
+            ]
+        model = next((m for m in waiting if m.path is None), None)
+        if model is None:
+            return
+
+        def ask() -> None:
+            registry = open_registry(registry_config.url, registry_config)
+            try:
+                registry.fetch_manifest(model.name, model.version)
+            except RegistryError as exc:
+                self.registry_link.failed(registry.url, exc, self.store)
+            else:
+                self.registry_link.reached(registry.url)
+            finally:
+                registry.close()
+
+        self.registry_link.probe(ask)
 
     # --- status and health ---------------------------------------------------------------------
 
@@ -447,7 +503,6 @@ class Supervisor(StageBuilder):
         with self._lock:
             if self._slots.get(name) is slot and slot.change is None:
                 self._begin(slot, slot.desired)
-        self._on_change()
 
     def stall(self) -> str | None:
         """Why the watchdog pings must stop: a pipeline's worker died, or is stuck in one frame

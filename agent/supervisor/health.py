@@ -8,7 +8,7 @@ from agent.stage import Stage
 _MIN_INFERENCES_FOR_LATENCY = 5  # the health window judges latency on at least this many frames
 
 
-def _unhealthy(
+def unhealthy(
     stage: Stage, health: HealthWindowConfig, latency_before_ms: float | None, final: bool
 ) -> str | None:
     """Why the stage fails its health window so far (None: fine). Error rate and NaN are judged as

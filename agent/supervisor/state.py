@@ -1,5 +1,6 @@
 """What the supervisor tracks and reports: the `ApplyReport` of one `apply`, each named pipeline's
-`PipelineSlot` (phase, step, download, attempts) with the change in flight, and the `RegistryLink`."""
+`PipelineSlot` (phase, step, download, attempts) with the `Change` in flight (which is also what its
+build reports through: its phases with their deadlines), and the `RegistryLink`."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ class RegistryLink:
     """Whether the registry answered when the agent last needed it (a version not in the store yet).
     Installed versions are served without asking it: offline, the box runs what its store has."""
 
-    def __init__(self, url: str | None, back: Callable[[], object] | None = None) -> None:
+    def __init__(self, url: str | None, back: Callable[[], object]) -> None:
         """`back`: called when the registry answers again after it could not be reached (the
         supervisor retries at once the pipelines that failed waiting on it)."""
         self.url = public_url(url) if url else None
@@ -72,8 +73,7 @@ class RegistryLink:
             self.state, self.error, self.since = "reachable", None, time.time()
             if was_away:
                 log.info("registry %s reachable again", url)
-                if self._back is not None:
-                    self._back()
+                self._back()
 
     def failed(self, url: str, exc: RegistryError, store: ModelStore) -> None:
         if not unreachable(exc):
@@ -120,17 +120,52 @@ def unreachable(problem: RegistryError | str | None) -> bool:
     return "cannot reach registry" in text
 
 
-@dataclass
-class _Change:
-    """One version being brought in: its thread, its cancel flag, its deadline."""
+class Change:
+    """One version being brought in: its thread, its cancel flag, its deadline. Its build reports
+    through it (building.BuildProgress): the slot's phase and step change under the supervisor's lock,
+    and each phase must end within `phase_timeout_s`."""
 
-    desired: DesiredPipeline
-    cancel: threading.Event = field(default_factory=threading.Event)
-    deadline: float = 0.0  # monotonic: the current phase must end by then
-    thread: threading.Thread | None = None
-    new_pipeline: bool = False  # a new source: a new Pipeline replaced the old one (not a stage swap)
-    note: str | None = None  # set: a rollback brought in at start (see Supervisor._begin)
-    swapped_in: Stage | None = None  # the stage it swapped into a running pipeline (not yet committed)
+    def __init__(
+        self,
+        slot: PipelineSlot,
+        desired: DesiredPipeline,
+        lock: threading.RLock,
+        stopping: threading.Event,
+        phase_timeout_s: float,
+        note: str | None = None,
+    ) -> None:
+        """`note`: set when a rollback is brought in at start (see Supervisor._begin)."""
+        self.slot = slot
+        self.desired = desired
+        self.note = note
+        self.cancel = threading.Event()
+        self.deadline = 0.0  # monotonic: the current phase must end by then
+        self.thread: threading.Thread | None = None
+        self.new_pipeline = False  # a new source: a new Pipeline replaced the old one (not a stage swap)
+        self.swapped_in: Stage | None = None  # the stage it swapped into a running pipeline (not committed)
+        self._lock = lock
+        self._stopping = stopping
+        self._phase_timeout_s = phase_timeout_s
+
+    def check(self) -> None:
+        """Raise Cancelled when a newer change pre-empted this one, or the agent stops."""
+        if self.cancel.is_set() or self._stopping.is_set():
+            raise Cancelled()
+
+    def phase(self, phase: str, step: str, extra_s: float = 0.0) -> None:
+        """Enter `phase`; it must end within fleet.phase_timeout_s (plus `extra_s`: a health window)."""
+        with self._lock:
+            self.check()
+            self.deadline = time.monotonic() + self._phase_timeout_s + extra_s
+            self.slot.set_phase(phase)
+            self.slot.set_step(step)
+
+    def step(self, text: str) -> None:
+        with self._lock:
+            self.slot.set_step(text)
+
+    def download(self, what: str, done: int, total: int, rate: float) -> None:
+        self.slot.download = {"artifact": what, "bytes": done, "total": total, "rate_bps": round(rate)}
 
 
 class PipelineSlot:
@@ -141,7 +176,7 @@ class PipelineSlot:
         self.desired = desired
         self.running: DesiredPipeline | None = None  # the version the pipeline serves
         self.pipeline: Pipeline | None = None
-        self.change: _Change | None = None
+        self.change: Change | None = None
         self.phase = "pending"
         self.reason: str | None = None
         self.since = time.time()
@@ -155,6 +190,13 @@ class PipelineSlot:
     def set_phase(self, phase: str, reason: str | None = None) -> None:
         if phase != self.phase or reason != self.reason:
             self.phase, self.reason, self.since = phase, reason, time.time()
+
+    def set_step(self, text: str) -> None:
+        now = time.monotonic()
+        self.step, self.step_started, self.step_logged = text, now, now
+        self.download = None
+        if text:
+            log.info("pipeline %s: %s", self.name, text)
 
     def to_dict(self, default_health: HealthWindowConfig | None = None) -> dict[str, Any]:
         """The pipeline's status: the running pipeline's own (counters, source) plus the change's.
@@ -182,7 +224,7 @@ class PipelineSlot:
                 "attempts": self.attempts,
             }
         )
-        state["desired_model"] = _ref(self.desired.config)
+        state["desired_model"] = model_ref(self.desired.config)
         if self.running is not None and self.running.config != self.desired.config:
             state["running_layer"], state["running_generation"] = self.running.layer, self.running.generation
         if self.phase in IN_FLIGHT and self.step:
@@ -193,5 +235,6 @@ class PipelineSlot:
         return state
 
 
-def _ref(config: PipelineConfig) -> str:
+def model_ref(config: PipelineConfig) -> str:
+    """`name@version` of the pipeline's model."""
     return f"{config.model.name}@{config.model.version}"
