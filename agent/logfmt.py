@@ -7,11 +7,13 @@ import json
 import logging
 import os
 import sys
-from typing import Literal
+from typing import Literal, get_args
 
 from agent.clock import iso_utc
 
 LogFormat = Literal["text", "json"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+LOG_LEVELS: tuple[LogLevel, ...] = get_args(LogLevel)
 
 
 class JsonLines(logging.Formatter):

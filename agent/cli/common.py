@@ -4,7 +4,7 @@ messages (exit 1), the config loaded, and where a model is looked up."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -20,20 +20,25 @@ def echo_json(data: Any) -> None:
 
 
 @contextmanager
-def user_errors(as_json: bool = False) -> Iterator[None]:
-    """Turn the agent's errors into a clear message and exit 1, never a traceback."""
+def user_errors(
+    as_json: bool = False, exit_code: Callable[[EdgeAgentError], int] | None = None
+) -> Iterator[None]:
+    """Turn the agent's errors into a clear message and exit 1, never a traceback. A command with
+    exit codes of its own passes `exit_code` (the error -> its status): its JSON says the code too."""
     try:
         yield
     except EdgeAgentError as exc:
+        code = 1 if exit_code is None else int(exit_code(exc))
+        problems = exc.problems if isinstance(exc, ConfigError) else [exc.message]
         if as_json:
-            problems = exc.problems if isinstance(exc, ConfigError) else [exc.message]
-            echo_json({"ok": False, "errors": problems, "hint": exc.hint})
+            extra = {} if exit_code is None else {"exit_code": code}
+            echo_json({"ok": False, "errors": problems, "hint": exc.hint, **extra})
         else:
-            for line in exc.problems if isinstance(exc, ConfigError) else [exc.message]:
+            for line in problems:
                 typer.echo(f"error: {line}", err=True)
             if exc.hint:
                 typer.echo(f"hint: {exc.hint}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(code) from None
 
 
 def load(config_path: Path) -> AgentConfig:

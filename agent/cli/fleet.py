@@ -7,15 +7,14 @@ the exit codes below, which live here.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from enum import IntEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from agent.cli.common import echo_json
+from agent.cli.common import echo_json, user_errors
 from agent.cli.options import (
     Broker,
     DeviceOption,
@@ -27,7 +26,7 @@ from agent.cli.options import (
     broker_options,
 )
 from agent.cli.render.fleet import print_deploy_result, print_progress, print_status
-from agent.errors import ConfigError, EdgeAgentError
+from agent.errors import EdgeAgentError
 
 if TYPE_CHECKING:
     from agent.fleetctl.results import DeployResult
@@ -74,22 +73,9 @@ fleet_app = typer.Typer(
 )
 
 
-@contextmanager
-def _fleet_errors(as_json: bool) -> Iterator[None]:
+def _fleet_errors(as_json: bool) -> AbstractContextManager[None]:
     """The controller's errors as a message (or JSON) and their exit code, never a traceback."""
-    try:
-        yield
-    except EdgeAgentError as exc:
-        code = _error_exit_code(exc)
-        problems = exc.problems if isinstance(exc, ConfigError) else [exc.message]
-        if as_json:
-            echo_json({"ok": False, "errors": problems, "hint": exc.hint, "exit_code": int(code)})
-        else:
-            for line in problems:
-                typer.echo(f"error: {line}", err=True)
-            if exc.hint:
-                typer.echo(f"hint: {exc.hint}", err=True)
-        raise typer.Exit(int(code)) from None
+    return user_errors(as_json, exit_code=_error_exit_code)
 
 
 def _error_exit_code(exc: EdgeAgentError) -> ExitCode:

@@ -12,7 +12,7 @@ import typer
 
 from agent.cli.common import user_errors
 from agent.cli.options import DEFAULT_CONFIG, ConfigOption
-from agent.logfmt import setup_logging
+from agent.logfmt import LOG_LEVELS, setup_logging
 
 
 def run(
@@ -34,6 +34,12 @@ def run(
     os.umask(0o077)
     if log_format not in (None, "text", "json"):
         raise typer.BadParameter(f"--log-format is text or json, not {log_format!r}")
+    if log_level is not None:
+        if log_level.lower() not in LOG_LEVELS:
+            raise typer.BadParameter(
+                f"--log-level is {', '.join(LOG_LEVELS[:-1])} or {LOG_LEVELS[-1]}, not {log_level!r}"
+            )
+        log_level = log_level.lower()
     setup_logging(log_level or "info", "json" if log_format == "json" else "text")  # (the fallback logs)
     from agent.reload import load_for_run
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 
@@ -15,6 +15,7 @@ from agent.config.fleet import FleetConfig
 from agent.config.mqtt import MqttConfig
 from agent.config.pipeline import PipelineConfig
 from agent.config.registry import RegistryConfig
+from agent.logfmt import LogFormat, LogLevel
 
 
 class DeviceConfig(StrictModel):
@@ -127,8 +128,8 @@ class AgentConfig(StrictModel):
 
     device: DeviceConfig
     state_dir: Path = Field(Path("/var/lib/edge-agent"), description="Model store, outbox and decisions.")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    log_format: Literal["text", "json"] = Field(
+    log_level: LogLevel = "info"
+    log_format: LogFormat = Field(
         "text", description="text: plain lines (no time under journald); json: one JSON object per line."
     )
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
