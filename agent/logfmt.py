@@ -1,5 +1,6 @@
 """How the agent's log lines look: plain text (under systemd without a time stamp: journald adds
-its own), or JSON lines for log shippers (`log_format: json`, `run --log-format json`)."""
+its own), or JSON lines for log shippers (`log_format: json`, `run --log-format json`); and how
+often a problem that repeats is logged (`first_or_every`)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,10 @@ def setup_logging(level: str, fmt: LogFormat = "text") -> None:
             logging.Formatter(("%(asctime)s " if with_time else "") + "%(levelname)s %(name)s: %(message)s")
         )
     logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler], force=True)
+
+
+def first_or_every(count: int, every: int = 100) -> bool:
+    """Whether the `count`th time something happened (counted from 1) is logged: the first time, then
+    every `every`th (1, 100, 200, ...), so a problem that repeats each frame or message is not a
+    line each time. The caller counts (under its own lock) and says "so far" in the line."""
+    return count == 1 or count % every == 0

@@ -31,6 +31,7 @@ from agent.mqtt.router import Router
 from agent.mqtt.topics import desired_topic, group_desired_topic, reported_topic
 from agent.registry.signing import TrustPolicy
 from agent.supervisor import Supervisor
+from agent.text import clip
 
 if TYPE_CHECKING:
     from agent.self_update import Updater
@@ -42,9 +43,7 @@ _REASON_CHARS = 600  # one reason in reported state; the log has it whole
 
 
 def _clip(text: str | None) -> str | None:
-    if text is None or len(text) <= _REASON_CHARS:
-        return text
-    return text[: _REASON_CHARS - 15] + " ... (clipped)"
+    return None if text is None else clip(text, _REASON_CHARS, " ... (clipped)")
 
 
 class Reconciler:

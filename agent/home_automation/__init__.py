@@ -86,15 +86,15 @@ from agent.home_automation.views import (
     health_values,
     label_of,
 )
+from agent.logfmt import first_or_every
 from agent.mqtt.message import Message
+from agent.mqtt.publisher import payload_room
 from agent.mqtt.topics import ha_device_config_topic, ha_status_topic, state_topic
 
 log = logging.getLogger(__name__)
 
 MEMORY_FILE = "home_automation.json"
 _MAX_REMOVED = 256  # removed components kept (as removals) in the retained discovery config
-_PACKET_OVERHEAD = 64  # fixed header, packet id, properties (as agent/mqtt/connection.py)
-_TOO_BIG_LOGGED_EVERY = 100  # a snapshot too big for the broker: logged the first time, then every 100th
 HEALTH_EVERY_S = 10.0  # how often fps, backend and the outbox backlog are looked at (on change: sent)
 
 __all__ = [
@@ -310,11 +310,11 @@ class HomeAutomation:
             return
         # The longer of its two topics (state/<pipeline>/snapshot/<label>) bounds it.
         topic = self._topic(pipeline, ("snapshot", "x" * max(1, len(label.encode()))))
-        too_big = len(jpeg) > int(self.config.mqtt.max_payload_bytes) - len(topic.encode()) - _PACKET_OVERHEAD
+        too_big = len(jpeg) > payload_room(int(self.config.mqtt.max_payload_bytes), topic)
         with self._lock:
             if too_big:
                 self._snapshots_too_big += 1
-                if self._snapshots_too_big % _TOO_BIG_LOGGED_EVERY == 1:
+                if first_or_every(self._snapshots_too_big):
                     log.warning(
                         "pipeline %s: a %d-byte snapshot does not fit mqtt.max_payload_bytes: not published "
                         "(%d so far)",
@@ -549,7 +549,7 @@ class HomeAutomation:
 
     def _publish_image(self, pipeline: str, frame: np.ndarray, detections: list[dict[str, Any]]) -> None:
         topic = self._topic(pipeline, ("image",))
-        limit = int(self.config.mqtt.max_payload_bytes) - len(topic.encode()) - _PACKET_OVERHEAD
+        limit = payload_room(int(self.config.mqtt.max_payload_bytes), topic)
         try:
             data = annotated_jpeg(frame, detections, limit)
         except (cv2.error, ValueError, TypeError) as exc:

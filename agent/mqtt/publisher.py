@@ -39,7 +39,7 @@ from agent.mqtt.outbox import Outbox, OutboxFull, OutboxMessage
 log = logging.getLogger(__name__)
 
 # Bytes of an MQTT PUBLISH besides topic and payload: fixed header, packet id, properties.
-_PACKET_OVERHEAD = 64
+PACKET_OVERHEAD = 64
 
 # PUBACK reason codes that no retry can fix (MQTT 5 spec 3.4.2.1).
 _PERMANENT_PUBACK_REFUSALS = {
@@ -51,6 +51,12 @@ _RETRY_MIN_S = 1.0
 _RETRY_MAX_S = 60.0
 _HANDOFF_WINDOWS = 4  # see OutboxPublisher._handoff
 IDLE_POLL_S = 0.5  # the publisher re-checks the outbox at least this often
+
+
+def payload_room(max_packet: int, topic: str) -> int:
+    """The most payload bytes a PUBLISH to `topic` may carry where a packet may have `max_packet`
+    bytes (mqtt.max_payload_bytes, or the broker's maximum packet size)."""
+    return max_packet - len(topic.encode()) - PACKET_OVERHEAD
 
 
 def reason_value(reason: ReasonCode | int) -> int:
@@ -237,7 +243,7 @@ class OutboxPublisher:
                 return
             payload = self._prepare_payload(message) if self._prepare_payload else message.payload
             # Topic, payload and header must fit: leave room for the fixed header and properties.
-            if len(payload) + len(message.topic.encode()) + _PACKET_OVERHEAD > self.max_payload:
+            if len(payload) > payload_room(self.max_payload, message.topic):
                 self._reject(
                     message.id,
                     message.topic,

@@ -21,6 +21,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 
 from agent.config import MqttConfig, MqttSourceConfig
+from agent.logfmt import first_or_every
 from agent.mqtt.client import use_credentials
 from agent.sources.base import SourceBase
 from agent.sources.frames import FrameQueue, Windower
@@ -184,7 +185,7 @@ class MqttSource(SourceBase):
                 self.bad_messages += 1
                 self.last_bad = f"topic {message.topic}: {exc}"
                 count = self.bad_messages
-            if count == 1 or count % 100 == 0:
+            if first_or_every(count):
                 log.warning(
                     "source %s: bad message (%d so far): topic %s: %s", self.name, count, message.topic, exc
                 )

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from agent.config import SerialSourceConfig
+from agent.logfmt import first_or_every
 from agent.retry import backoff_delay
 from agent.sources.base import ThreadedSource
 from agent.sources.frames import FrameQueue, Windower
@@ -132,5 +133,5 @@ class SerialSource(ThreadedSource):
             self.bad_lines += 1
             self.last_bad_line = f"line {self.lines}: {why}"
             count = self.bad_lines
-        if count == 1 or count % 100 == 0:
+        if first_or_every(count):
             log.warning("source %s: bad line (%d so far): %s", self.name, count, why)

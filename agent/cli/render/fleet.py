@@ -8,11 +8,14 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from agent.text import clip
+
 if TYPE_CHECKING:
     from agent.fleetctl.results import DeployResult
     from agent.fleetctl.status import DeviceStatus
 
 PROBLEMS_SHOWN = 10  # per wave, in the human output
+LINE_CHARS = 240  # a pipeline's line in the status table (reasons can be long; --json has them whole)
 
 
 def print_progress(phase: str, generation: int, counts: Mapping[str, int], devices: int) -> None:
@@ -63,7 +66,8 @@ def print_status(devices: list[DeviceStatus], summary: str) -> None:
         lines = []
         for name in names:
             view = device.pipelines.get(name)
-            lines.append(f"{name}: {_clip(view.text if view else record.pipelines[name].phase or '?')}")
+            text = view.text if view else record.pipelines[name].phase or "?"
+            lines.append(f"{name}: {clip(text, LINE_CHARS)}")
         backends = [
             (record.pipelines[n].backend or "") if (v := device.pipelines.get(n)) and v.serving else ""
             for n in names
@@ -88,8 +92,3 @@ def print_status(devices: list[DeviceStatus], summary: str) -> None:
 
 def _gen(value: int | None) -> str:
     return "-" if value is None else str(value)
-
-
-def _clip(text: str, limit: int = 240) -> str:
-    """A pipeline's line in the table (reasons can be long; --json has them whole)."""
-    return text if len(text) <= limit else text[: limit - 3] + "..."

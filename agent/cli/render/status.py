@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from agent.text import clip
+
 
 def console() -> Any:
     """A terminal's own width; piped (a script, a log), wide enough that rows are not folded."""
@@ -68,7 +70,7 @@ def render(data: dict[str, Any]) -> Any:
         if problem:
             why_lines.append(Text(f"{name}: {problem}", style="yellow"))
         if p.get("backend_why"):
-            why_lines.append(Text(f"{name}: {_clip(p['backend_why'], 160)}", style="dim"))
+            why_lines.append(Text(f"{name}: {clip(p['backend_why'], 160)}", style="dim"))
         if isinstance(p.get("tracking"), dict):
             tracking_lines.append(tracking_line(name, p["tracking"]))
     return Group(*lines, table, *tracking_lines, *why_lines)
@@ -178,7 +180,3 @@ def _duration(seconds: float | None) -> str:
     if hours:
         return f"{hours}h {minutes:02d}m"
     return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
