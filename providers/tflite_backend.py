@@ -40,7 +40,7 @@ from providers.base import (
     one_line,
     parse_options,
 )
-from providers.native_stderr import filtered_stderr
+from providers.native_stderr import captured_stderr
 from providers.options import EdgeTpuOptions, TfliteOptions
 
 # (interpreter module, distribution that ships it), in order of preference.
@@ -53,8 +53,9 @@ _EDGETPU_LIBRARY = "libedgetpu.so.1"
 _EDGETPU_PATHS = ("/usr/lib/*/libedgetpu.so.1", "/usr/lib/libedgetpu.so.1", "/usr/local/lib/libedgetpu.so.1")
 _EDGETPU_MISSING = "Edge TPU runtime libedgetpu not installed (apt-get install libedgetpu1-std)"
 _DEVICES = ("cpu", "edgetpu")
-# What the runtime prints to stderr on every interpreter (providers/native_stderr.py drops it).
-_RUNTIME_NOISE = (b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.",)
+# What the runtime prints to stderr on its first interpreter in a process, with no switch to turn it
+# off: the probe's (_check_interpreter, which every load comes after) is captured, and the line dropped.
+_RUNTIME_NOISE = re.compile(rb"INFO: Created TensorFlow Lite XNNPACK delegate for CPU\.\s*$")
 
 # How LiteRT names an operator it has no kernel for.
 _UNSUPPORTED_OP_PATTERNS = (
@@ -174,7 +175,7 @@ class _Runtime:
 def _check_interpreter(module: Any) -> None:
     """Build, allocate and run the probe model; raise when any step fails or computes wrong."""
     interpreter = module.Interpreter(model_content=tiny_model(), num_threads=1)
-    with filtered_stderr(_RUNTIME_NOISE):
+    with captured_stderr(_RUNTIME_NOISE.match):
         interpreter.allocate_tensors()
     [inp] = interpreter.get_input_details()
     [out] = interpreter.get_output_details()
@@ -424,8 +425,7 @@ class TfliteSession(Session):
                 self._input_shape[spec.name] = shape
                 resized = True
             if resized:
-                with filtered_stderr(_RUNTIME_NOISE):
-                    self._interpreter.allocate_tensors()
+                self._interpreter.allocate_tensors()
             for name, array in arrays.items():
                 self._interpreter.set_tensor(self._input_index[name], array)
             self._interpreter.invoke()
@@ -519,8 +519,7 @@ class TfliteBackend(Backend):
                 num_threads=options.threads,
                 experimental_delegates=delegates or None,
             )
-            with filtered_stderr(_RUNTIME_NOISE):
-                interpreter.allocate_tensors()
+            interpreter.allocate_tensors()
         except Exception as exc:
             ops = _unsupported_ops(exc)
             why = one_line(exc)

@@ -1,12 +1,12 @@
-"""providers/native_stderr.py's router of fd 2: captures in several threads run at once, other output
-is never held, what is in the pipe at exit still reaches the real stderr, noise goes to its sink. Each
-case runs in a child Python whose real stderr is a pipe read here, so the real fd 2 is observed."""
+"""FFmpeg's own lines (agent/sources/video.py): turned off through OpenCV's switch, so a camera open
+touches nothing of the process's stderr; where the agent logs at DEBUG, captured around each open into
+the log, naming the source, passwords hidden. Each case is a child Python whose real stderr is a pipe
+read here, opening real cameras on loopback (one refusing, one that accepts and never answers)."""
 
 from __future__ import annotations
 
-import json
-import logging
 import os
+import re
 import select
 import subprocess
 import sys
@@ -15,21 +15,53 @@ import time
 
 import pytest
 
-from agent.sources.video import _log_ffmpeg_line
+from agent.sources.video import ffmpeg_text
+from tests.waits import free_port
+
+# A child that opens `uri` as source "door" in a thread, with the agent's log at LEVEL to stderr as
+# "LOG <level> <message>"; once a silent camera has been reached it writes a line of its own and
+# waits for a line on stdin before it hangs up on the open.
+OPENER = """
+import json, logging, os, socket, sys, threading
+import cv2
+from agent.config import VideoSourceConfig
+from agent.sources.frames import LatestFrameSlot
+from agent.sources.video import VideoSource
+logging.basicConfig(stream=sys.stderr, level=logging.{level}, format="LOG %(levelname)s %(message)s")
+server = socket.create_server(("127.0.0.1", 0))
+held, connected = [], threading.Event()
+def accept():
+    held.append(server.accept()[0])  # never answered
+    connected.set()
+threading.Thread(target=accept, daemon=True).start()
+silent = f"http://127.0.0.1:{{server.getsockname()[1]}}/mjpeg"
+params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, 60000, cv2.CAP_PROP_READ_TIMEOUT_MSEC, 60000]
+result = {{}}
+def open_silent():
+    source = VideoSource(VideoSourceConfig(type="video", uri=silent), "silent", LatestFrameSlot())
+    result["silent_opened"] = source._open_ffmpeg(params).isOpened()
+opener = threading.Thread(target=open_silent)
+opener.start()
+result["connected"] = connected.wait(30)
+os.write(2, b"LIVE line while a camera opens\\n")
+sys.stdin.readline()
+held[0].close()  # the open ends
+opener.join(60)
+source = VideoSource(VideoSourceConfig(type="video", uri={uri!r}), "door", LatestFrameSlot())
+result["door_opened"] = source._open_ffmpeg(params).isOpened()
+result["env"] = os.environ.get("OPENCV_FFMPEG_LOGLEVEL")
+print(json.dumps(result))
+"""
 
 
-def child(code: str, **kwargs: object) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(  # type: ignore[call-overload]
-        [sys.executable, "-c", textwrap.dedent(code)],
+def opener(level: str, uri: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(OPENER.format(level=level, uri=uri))],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        **kwargs,
+        env={**os.environ, **(env or {})},
     )
-
-
-def finish(process: subprocess.Popen[bytes]) -> tuple[int, str, str]:
-    out, err = process.communicate(timeout=60)
-    return process.returncode, out.decode(), err.decode()
 
 
 def read_until(fd: int, wanted: bytes, timeout: float) -> bytes:
@@ -46,221 +78,68 @@ def read_until(fd: int, wanted: bytes, timeout: float) -> bytes:
     return got
 
 
-def test_two_threads_capturing_at_once_do_not_wait_for_each_other() -> None:
-    process = child(
-        """
-        import json, os, threading, time
-        from providers.native_stderr import filtered_stderr
-        inside, release, result = threading.Event(), threading.Event(), {}
-        def first():
-            with filtered_stderr((b"ONE",)):
-                inside.set()
-                result["released_while_inside"] = release.wait(20)  # until the second block is done
-        def second():
-            inside.wait(20)
-            started = time.monotonic()
-            with filtered_stderr((b"TWO",)):
-                os.write(2, b"TWO noise\\n")
-            result["second_s"] = time.monotonic() - started
-            release.set()
-        threads = [threading.Thread(target=first), threading.Thread(target=second)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
-        print(json.dumps(result))
-        """
-    )
-    rc, out, err = finish(process)
-    assert rc == 0, err
-    result = json.loads(out)
-    # With one capture at a time, the second waited for the first, which waited its 20 s in vain.
-    assert result["released_while_inside"] is True, result
-    assert result["second_s"] < 5, result
-    assert err == "", err
+def refused_uri() -> str:
+    return f"rtsp://admin:hunter2@127.0.0.1:{free_port()}/stream"  # nothing listens there
 
 
-def test_another_threads_line_reaches_the_real_stderr_while_a_capture_is_on() -> None:
-    process = child(
-        """
-        import os, sys, threading
-        from providers.native_stderr import filtered_stderr
-        with filtered_stderr((b"NOISE",)):
-            threading.Thread(target=lambda: os.write(2, b"LIVE line from another thread\\n")).start()
-            sys.stdin.readline()  # inside until the parent has seen the line
-        print("done", flush=True)
-        """,
-        stdin=subprocess.PIPE,
-    )
+def test_at_info_ffmpeg_says_nothing_and_a_stalled_open_holds_no_other_line() -> None:
+    uri = refused_uri()
+    process = opener("INFO", uri)
     assert process.stdin is not None and process.stderr is not None
     try:
-        seen = read_until(process.stderr.fileno(), b"LIVE line from another thread\n", timeout=20)
-        assert process.poll() is None  # still inside the block
+        # Written while the silent camera's open is in progress, and seen at once: fd 2 is untouched.
+        seen = read_until(process.stderr.fileno(), b"LIVE line while a camera opens\n", timeout=60)
+        assert process.poll() is None
     finally:
-        out, err = process.communicate(b"\n", timeout=60)  # (the child leaves the block and ends)
+        out, err = process.communicate(b"\n", timeout=120)
     assert process.returncode == 0, seen + err
-    assert out == b"done\n"
-    assert seen + err == b"LIVE line from another thread\n"
+    assert out.strip() == (
+        b'{"connected": true, "silent_opened": false, "door_opened": false, "env": null}'
+    )  # (the level was in the environment for the first open only)
+    assert seen + err == b"LIVE line while a camera opens\n"  # not one of FFmpeg's lines
 
 
-def test_at_exit_what_is_in_the_pipe_reaches_the_real_stderr() -> None:
-    rc, _, err = finish(
-        child(
-            """
-            import os
-            from providers.native_stderr import filtered_stderr
-            with filtered_stderr((b"NOISE",)):
-                pass
-            for i in range(3000):  # more than a default pipe holds, written just before the end
-                os.write(2, b"line %04d " % i + b"x" * 80 + b"\\n")
-            os.write(2, b"NOISE after the block: not routed away any more\\n")
-            raise RuntimeError("the end")
-            """
-        )
+def test_at_debug_ffmpegs_lines_go_to_the_log_naming_the_source_with_passwords_hidden() -> None:
+    uri = refused_uri()
+    port = uri.rsplit(":", 1)[1].split("/")[0]
+    process = opener("DEBUG", uri)
+    out, err = process.communicate(b"\n", timeout=120)
+    assert process.returncode == 0, err
+    assert out.strip() == b'{"connected": true, "silent_opened": false, "door_opened": false, "env": null}'
+    lines = err.decode().splitlines()
+    # The other line, held while the silent camera's open was captured, went on after it.
+    assert lines.count("LIVE line while a camera opens") == 1, lines
+    refused = re.compile(
+        r"LOG DEBUG source door: FFmpeg: \[tcp @ 0x[0-9a-f]+\] "
+        rf"Connection to tcp://127\.0\.0\.1:{port}\S* failed: Connection refused"
     )
-    assert rc == 1
-    lines = err.splitlines()
-    assert lines[:3000] == [f"line {i:04d} " + "x" * 80 for i in range(3000)]
-    assert lines[3000] == "NOISE after the block: not routed away any more"
-    assert lines[3001] == "Traceback (most recent call last):"
-    assert lines[-1] == "RuntimeError: the end"
+    assert [line for line in lines if refused.fullmatch(line)], lines
+    assert not [line for line in lines if line.startswith("[")], lines  # none as FFmpeg writes them
+    assert "hunter2" not in err.decode()
 
 
-def test_a_line_without_its_newline_goes_on_after_a_short_wait_and_at_exit() -> None:
-    process = child(
-        """
-        import os, sys
-        from providers.native_stderr import filtered_stderr
-        with filtered_stderr((b"NOISE",)):
-            os.write(2, b"prompt> ")
-            sys.stdin.readline()
-        os.write(2, b"last words")
-        """,
-        stdin=subprocess.PIPE,
-    )
-    assert process.stdin is not None and process.stderr is not None
-    try:
-        seen = read_until(process.stderr.fileno(), b"prompt> ", timeout=20)
-    finally:
-        _, err = process.communicate(b"\n", timeout=60)
-    assert process.returncode == 0
-    assert seen + err == b"prompt> last words"
-
-
-def test_noise_goes_to_the_sink_and_not_to_stderr_even_from_a_logging_sink() -> None:
-    rc, out, err = finish(
-        child(
-            """
-            import json, logging, os, re, sys, threading
-            from providers.native_stderr import filtered_stderr, keep_routed
-            logging.basicConfig(stream=sys.stderr, level=logging.DEBUG, format="LOG %(message)s")
-            lib = re.compile(rb"\\[lib @ 0x[0-9a-f]+\\] ")
-            keep_routed(lib, lambda line: logging.debug("lib said %r", line))
-            said = []
-            with filtered_stderr((b"NOISE",), said):
-                writers = [
-                    threading.Thread(target=os.write, args=(2, b"NOISE %d\\n" % i)) for i in range(20)
-                ]
-                for writer in writers:
-                    writer.start()
-                for writer in writers:
-                    writer.join(10)
-                os.write(2, b"[lib @ 0xabc] hello\\nkept line\\n")
-            print(json.dumps(sorted(line.decode() for line in said)))
-            """
-        )
-    )
-    assert rc == 0, err
-    assert json.loads(out) == sorted(f"NOISE {i}\n" for i in range(20))
-    assert sorted(err.splitlines()) == ["LOG lib said b'[lib @ 0xabc] hello\\n'", "kept line"]
-
-
-def test_a_reader_that_fails_gives_fd_2_back_and_nothing_is_lost() -> None:
-    # The reader's failure is provoked (its line splitter replaced by one that raises): what it read
-    # goes out unrouted, fd 2 is the real stderr again and later lines go straight there.
-    rc, out, err = finish(
-        child(
-            """
-            import os
-            from providers import native_stderr
-            router = native_stderr.install()
-            real = os.readlink(f"/proc/self/fd/{router.real}")
-            def broken(data):
-                raise MemoryError("provoked")
-            router._split = broken
-            os.write(2, b"first line\\n")
-            native_stderr.settle(5)  # returns at once: the reader is gone
-            with native_stderr.filtered_stderr((b"NOISE",)):
-                os.write(2, b"NOISE: nobody routes it now\\n")
-            print(os.readlink("/proc/self/fd/2") == real)
-            """
-        )
-    )
-    assert rc == 0, err
-    assert out == "True\n"
-    assert err.splitlines() == [
-        "native stderr router: its reader failed (MemoryError: provoked): stderr goes straight out now",
-        "first line",
-        "NOISE: nobody routes it now",
-    ]
-
-
-def test_a_stalled_camera_open_holds_neither_a_model_load_nor_other_output() -> None:
-    # A camera that accepts and never answers keeps its FFmpeg open 2 s; meanwhile another thread's
-    # capture (a model load's) and its other line go through at once. (Opens of two cameras still
-    # take turns inside OpenCV, which locks its FFmpeg open: not fd 2's doing.)
-    rc, out, err = finish(
-        child(
-            """
-            import json, os, socket, threading, time
-            import cv2
-            from agent.config import VideoSourceConfig
-            from agent.sources.frames import LatestFrameSlot
-            from agent.sources.video import VideoSource
-            from providers.native_stderr import filtered_stderr
-            server = socket.create_server(("127.0.0.1", 0))
-            connected, held = threading.Event(), []
-            def accept():
-                held.append(server.accept())  # never answered
-                connected.set()
-            threading.Thread(target=accept, daemon=True).start()
-            uri = f"http://127.0.0.1:{server.getsockname()[1]}/mjpeg"
-            source = VideoSource(VideoSourceConfig(type="video", uri=uri), "silent", LatestFrameSlot())
-            params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, 2000, cv2.CAP_PROP_READ_TIMEOUT_MSEC, 2000]
-            opener = threading.Thread(target=source._open_ffmpeg, args=(params,))
-            opener.start()
-            result = {"connected": connected.wait(20)}
-            started = time.monotonic()
-            with filtered_stderr((b"INFO: Created",)):
-                os.write(2, b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.\\n")
-            os.write(2, b"LIVE line\\n")
-            result["block_s"] = time.monotonic() - started
-            result["still_opening"] = opener.is_alive()
-            opener.join(30)
-            print(json.dumps(result))
-            """
-        )
-    )
-    assert rc == 0, err
-    result = json.loads(out)
-    assert result["connected"] is True, result
-    assert result["still_opening"] is True and result["block_s"] < 1.0, result
-    assert err == "LIVE line\n", err
+def test_an_operators_own_ffmpeg_level_is_kept_and_its_lines_stay_on_stderr() -> None:
+    # OPENCV_FFMPEG_LOGLEVEL set by hand: FFmpeg says what it has to say, on stderr (OpenCV's own
+    # writer would put it on stdout) and untouched by the agent at INFO.
+    uri = refused_uri()
+    process = opener("INFO", uri, env={"OPENCV_FFMPEG_LOGLEVEL": "16"})
+    out, err = process.communicate(b"\n", timeout=120)
+    assert process.returncode == 0, err
+    assert out.strip() == b'{"connected": true, "silent_opened": false, "door_opened": false, "env": "16"}'
+    assert b"failed: Connection refused" in err and b"] Connection to tcp://127.0.0.1:" in err, err
 
 
 @pytest.mark.parametrize(
-    ("line", "logged"),
+    ("line", "uri", "said"),
     [
         (
             b"[rtsp @ 0x55d0c0a1b2c0] method DESCRIBE failed for rtsp://admin:hunter2@10.0.0.7/x\n",
-            "FFmpeg: [rtsp @ 0x55d0c0a1b2c0] method DESCRIBE failed for rtsp://admin:***@10.0.0.7/x",
+            "rtsp://admin:hunter2@10.0.0.7/x",
+            "[rtsp @ 0x55d0c0a1b2c0] method DESCRIBE failed for rtsp://admin:***@10.0.0.7/x",
         ),
-        (b"[http @ 0x1] bad http://u:secret@[::1 here\n", "FFmpeg: [http @ 0x1] bad http://*** here"),
+        (b"[http @ 0x1] bad http://u:secret@[::1 here\n", "rtsp://cam/x", "[http @ 0x1] bad http://*** here"),
+        (b"[tcp @ 0x2] hunter2 in the text\n", "rtsp://admin:hunter2@cam/x", "[tcp @ 0x2] *** in the text"),
     ],
 )
-def test_ffmpegs_lines_are_logged_with_passwords_hidden(
-    line: bytes, logged: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    with caplog.at_level(logging.DEBUG, logger="agent.sources.video"):
-        _log_ffmpeg_line(line)
-    assert [r.getMessage() for r in caplog.records] == [logged]
+def test_ffmpegs_lines_are_logged_with_passwords_hidden(line: bytes, uri: str, said: str) -> None:
+    assert ffmpeg_text(line, uri) == said

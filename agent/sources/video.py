@@ -9,9 +9,11 @@ never stalls on one dead camera.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,7 +25,7 @@ from agent.sources.base import ThreadedSource
 from agent.sources.frames import Frame, LatestFrameSlot
 from agent.sources.gstreamer import GstLaunchCapture
 from agent.sources.uri import URL, hide_password, redact_uri
-from providers.native_stderr import keep_routed, settle
+from providers.native_stderr import captured_stderr
 
 log = logging.getLogger(__name__)
 
@@ -33,32 +35,23 @@ IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".
 NETWORK_TIMEOUT_S = 5.0
 DIAGNOSE_TIMEOUT_S = 3.0
 # FFmpeg's own lines ("[tcp @ 0x55d0c0a1b2c0] Connection to tcp://... failed: Connection refused"),
-# which it writes to the process's stderr from C: they go to the log at DEBUG (_log_ffmpeg_line).
+# which it writes to the process's stderr from C. Its level is set through OpenCV's switch, which
+# OpenCV reads once, at the first FFmpeg open in the process (_ffmpeg_level): quiet, since the
+# diagnosis says more (agent/sources/diagnose.py); AV_LOG_ERROR where the agent then logs at DEBUG,
+# and each open is then captured (providers/native_stderr.py) into the log at DEBUG.
 FFMPEG_LINE = re.compile(rb"\[[^\]\s]+ @ 0x[0-9a-fA-F]+\] ")
+FFMPEG_LEVEL_ENV = "OPENCV_FFMPEG_LOGLEVEL"
+FFMPEG_SKIP_CALLBACK_ENV = "OPENCV_FFMPEG_SKIP_LOG_CALLBACK"  # "1": FFmpeg writes, not OpenCV (stdout)
+AV_LOG_QUIET, AV_LOG_ERROR = -8, 16
 _URL_IN_TEXT = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
-# The FFmpeg opens in progress, by source: (name, URI). One route for the whole process takes
-# FFmpeg's lines (installed on the first open); FFmpeg does not say which capture printed a line, so
-# a line names the source whose open was in progress when it came where there was one only.
-_OPENING: dict[int, tuple[str, str]] = {}
-_OPENING_LOCK = threading.Lock()
-_ROUTED: list[bool] = []
+_LEVEL_LOCK = threading.Lock()
+_LEVEL_SET = threading.Event()
 
 
-def _log_ffmpeg_line(line: bytes) -> None:
-    """One of FFmpeg's lines, at DEBUG, passwords hidden (providers/native_stderr.py calls it)."""
-    with _OPENING_LOCK:
-        opening = sorted(_OPENING.values())
-    text = line.decode(errors="replace").rstrip()
-    for _, uri in opening:
-        text = hide_password(text, uri)
-    text = _URL_IN_TEXT.sub(lambda url: _redacted(url.group()), text)
-    names = [name for name, _ in opening]
-    if len(names) == 1:
-        log.debug("source %s: FFmpeg: %s", names[0], text)
-    elif names:
-        log.debug("sources %s (opening at once): FFmpeg: %s", ", ".join(names), text)
-    else:
-        log.debug("FFmpeg: %s", text)
+def ffmpeg_text(line: bytes, uri: str) -> str:
+    """One of FFmpeg's lines as the log says it: the password of `uri`, and of any URL, hidden."""
+    text = hide_password(line.decode(errors="replace").rstrip(), uri)
+    return _URL_IN_TEXT.sub(lambda url: _redacted(url.group()), text)
 
 
 def _redacted(url: str) -> str:
@@ -66,6 +59,28 @@ def _redacted(url: str) -> str:
         return redact_uri(url)
     except ValueError:  # not a URL urlsplit can take apart: hide all but its scheme
         return url.partition("://")[0] + "://***"
+
+
+def _ffmpeg_level(open_: Callable[[], cv2.VideoCapture]) -> cv2.VideoCapture:
+    """`open_()`, an OpenCV FFmpeg open. The process's first runs with FFmpeg's level in the
+    environment, where OpenCV reads it (then only), and for that open only: a program the agent
+    starts, or a release it execs into, decides for itself. An operator's own OPENCV_FFMPEG_LOGLEVEL
+    is kept. A later change of the agent's log level does not change FFmpeg's."""
+    if _LEVEL_SET.is_set():
+        return open_()
+    with _LEVEL_LOCK:
+        if _LEVEL_SET.is_set():
+            return open_()
+        level = AV_LOG_ERROR if log.isEnabledFor(logging.DEBUG) else AV_LOG_QUIET
+        wanted = {FFMPEG_LEVEL_ENV: str(level), FFMPEG_SKIP_CALLBACK_ENV: "1"}
+        added = {name: value for name, value in wanted.items() if name not in os.environ}
+        os.environ.update(added)
+        try:
+            return open_()
+        finally:
+            for name in added:
+                os.environ.pop(name, None)
+            _LEVEL_SET.set()
 
 
 class Capture(Protocol):
@@ -197,24 +212,24 @@ class VideoSource(ThreadedSource):
 
     def _open_ffmpeg(self, params: list[int]) -> cv2.VideoCapture | None:
         """The config's URI through OpenCV's FFmpeg backend (None: stopped first). What FFmpeg prints
-        ("[tcp @ 0x...] Connection to tcp://... failed: Connection refused") goes to the log at DEBUG
-        rather than to the operator's terminal or the journal: the diagnosis says it in words they
-        can act on. Opens of several sources run at once (providers/native_stderr.py routes fd 2).
+        ("[tcp @ 0x...] Connection to tcp://... failed: Connection refused") is turned off, the
+        diagnosis says it in words an operator can act on; where the agent logs at DEBUG it goes to
+        the log, captured around the open (other lines written meanwhile go on after it).
         """
-        with _OPENING_LOCK:
-            if not _ROUTED:
-                keep_routed(FFMPEG_LINE, _log_ffmpeg_line)
-                _ROUTED.append(True)
-            _OPENING[id(self)] = (self.name, self.config.uri)
-        try:
-            if self._stop.is_set():
+
+        def open_() -> cv2.VideoCapture | None:
+            if self._stop.is_set():  # (stopped before, or while it waited for another capture)
                 return None
-            capture = cv2.VideoCapture(self.config.uri, cv2.CAP_FFMPEG, params)
-            settle()  # its lines logged while it is still the one opening
-            return capture
-        finally:
-            with _OPENING_LOCK:
-                del _OPENING[id(self)]
+            return _ffmpeg_level(lambda: cv2.VideoCapture(self.config.uri, cv2.CAP_FFMPEG, params))
+
+        if not log.isEnabledFor(logging.DEBUG):
+            return open_()
+        with captured_stderr(FFMPEG_LINE.match, self._log_ffmpeg_line):
+            return open_()
+
+    def _log_ffmpeg_line(self, line: bytes) -> None:
+        # (FFmpeg does not say which stream a line is about: most likely, the one opening.)
+        log.debug("source %s: FFmpeg: %s", self.name, ffmpeg_text(line, self.config.uri))
 
     def _read_until_end(self, capture: Capture, index: int) -> tuple[str, int]:
         """Read frames until stop, end of file or failure. Returns (outcome, next index).
