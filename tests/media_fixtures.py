@@ -218,6 +218,13 @@ def yolo_labels(yolo_path: Path) -> list[str]:
     return [names[i] for i in range(len(names))]
 
 
+def mediapipe_model(relative: str) -> Path:
+    """A model file the mediapipe wheel ships under its modules/ (located, mediapipe not imported)."""
+    spec = importlib.util.find_spec("mediapipe")
+    assert spec is not None and spec.submodule_search_locations, "mediapipe is not installed"
+    return Path(next(iter(spec.submodule_search_locations))) / "modules" / relative
+
+
 def astronaut_bgr() -> np.ndarray:
     return cv2.cvtColor(skimage_data.astronaut(), cv2.COLOR_RGB2BGR)
 

@@ -98,7 +98,7 @@ def test_speech_start_and_end_events_where_the_speech_is(
     # on_change: the first (idle) result, then only the changes were published.
     assert results[0]["output"] == {"active": False, "score": results[0]["output"]["score"], "event": None}
     assert len(results) == 1 + len(events)
-    held = sum(int(r["held_back"]) for r in results) + pipeline.rules.held_since_last
+    held = sum(int(r["held_back"]) for r in results) + pipeline.stage.rules.held_since_last
     assert held == windows - len(results)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy
 import pytest
 
-from agent import pipeline as pipeline_module
+from agent import stage as stage_module
 from agent.backend_choice import DecisionSwitcher
 from agent.config import ClassificationPostprocess, ModelRef, PipelineConfig, VideoSourceConfig
 from agent.pipeline import Pipeline
@@ -112,8 +112,8 @@ def test_a_failing_backend_is_replaced_by_the_next_candidate_and_taken_back_late
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="agent.pipeline")
-    monkeypatch.setattr(pipeline_module, "_RETRY_PREFERRED_EVERY_S", 0.5)
+    caplog.set_level(logging.INFO, logger="agent.stage")
+    monkeypatch.setattr(stage_module, "_RETRY_PREFERRED_EVERY_S", 0.5)
     first_run = {"x": numpy.zeros((1, 3, 48, 192), "float32")}
     switcher = DecisionSwitcher(
         _decision(artifact), [artifact], SelectionPolicy(), warm_up=first_run,
@@ -125,18 +125,18 @@ def test_a_failing_backend_is_replaced_by_the_next_candidate_and_taken_back_late
     pipeline.start()
     # Five failures in a row, then OpenVINO serves: no stop, results keep coming.
     assert wait_until(lambda: OV in sink.backends(), "results from the fallback backend", timeout=120)
-    assert pipeline.backend_switches[0].startswith(f"{ORT} -> {OV}: 5 failures in a row")
-    assert "device lost" in pipeline.backend_switches[0]
+    assert pipeline.stage.model.switches[0].startswith(f"{ORT} -> {OV}: 5 failures in a row")
+    assert "device lost" in pipeline.stage.model.switches[0]
     assert pipeline.status()["errors"] == 5 and pipeline.status()["state"] == "running"
     # After the backoff (2 s), onnxruntime is tried again; it loads and runs, so it is taken back.
     assert wait_until(lambda: sink.backends()[-1:] == [ORT], "results from onnxruntime again", timeout=120)
-    assert pipeline.backend_switches[-1] == f"{OV} -> {ORT}: the preferred backend works again"
+    assert pipeline.stage.model.switches[-1] == f"{OV} -> {ORT}: the preferred backend works again"
     status = pipeline.status()
     assert status["backend"] == ORT and len(status["backend_switches"]) == 2
     truth_labels = {r["output"]["top"][0]["label"] for r in sink.results}
     assert truth_labels <= set(CLS_LABELS)
     # The fallback is a problem (WARNING); getting the preferred backend back is good news (INFO).
-    fallback, back = pipeline.backend_switches
+    fallback, back = pipeline.stage.model.switches
     assert switch_logs(caplog) == [
         ("WARNING", f"pipeline door: switched backend {fallback}"),
         ("INFO", f"pipeline door: switched backend {back}"),
@@ -151,7 +151,7 @@ def test_a_backend_proven_better_on_a_frame_takes_over_logged_at_info(
 
     The proof is the real selection (trials in child processes on the frame's inputs), under a
     policy that leaves only OpenVINO to choose, so that the winner is not the backend serving."""
-    caplog.set_level(logging.INFO, logger="agent.pipeline")
+    caplog.set_level(logging.INFO, logger="agent.stage")
     backends = [OnnxRuntimeBackend(), OpenVinoBackend("CPU")]
     policy = SelectionPolicy(fixed=OV, runs=3, warmup=1, min_time_s=0.0, budget_s=1.0, timeout_s=60.0)
 
@@ -167,7 +167,7 @@ def test_a_backend_proven_better_on_a_frame_takes_over_logged_at_info(
     pipeline.start()
     assert wait_until(lambda: OV in sink.backends(), "results from the proven backend", timeout=120)
     assert sink.backends()[0] == ORT  # served at once on the reference, before the proof
-    [upgrade] = pipeline.backend_switches
+    [upgrade] = pipeline.stage.model.switches
     assert upgrade == f"{ORT} -> {OV}: a frame from the source proved it the best candidate"
     assert switch_logs(caplog) == [("INFO", f"pipeline door: switched backend {upgrade}")]
     assert pipeline.status()["errors"] == 0
@@ -183,5 +183,5 @@ def test_with_no_candidate_left_the_pipeline_reports_degraded(
     running.append(pipeline)
     pipeline.start()
     assert wait_until(lambda: pipeline.status()["state"] == "degraded", "degraded", timeout=60)
-    assert pipeline.backend_switches == [] and sink.results == []
+    assert pipeline.stage.model.switches == [] and sink.results == []
     assert "device lost" in str(pipeline.status()["error"])

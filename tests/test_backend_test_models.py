@@ -173,7 +173,7 @@ def test_cli_validate_reports_every_candidate_and_publish_takes_the_model_zoo_la
     5.9e199 where 2 is expected. `models validate` shows each; `registry publish` takes the folder."""
     import json
 
-    from tests.test_cli_config import edge_agent
+    from tests.cli_runs import edge_agent
 
     model_dir = DATA / "pytorch-operator" / "test_operator_add_broadcast"
     result = edge_agent(
@@ -218,7 +218,7 @@ def test_cli_validate_reports_every_candidate_and_publish_takes_the_model_zoo_la
 def test_models_check_says_an_old_opset_is_the_reason_and_the_upgrade_fixes_it() -> None:
     import json
 
-    from tests.test_cli_config import edge_agent
+    from tests.cli_runs import edge_agent
 
     model = DATA / "pytorch-operator" / "test_operator_add_broadcast" / "model.onnx"
     result = edge_agent("models", "check", str(model), "--json")

@@ -5,9 +5,7 @@ script as a subprocess, real models (PP-OCR cls, a scikit-learn model exported w
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -17,43 +15,15 @@ import pytest
 import yaml
 
 from tests.agent_process import EDGE_AGENT, StartAgent
+from tests.cli_runs import cli, cli_json
+from tests.daemon_fixtures import DEVICE, MODEL, VERSION, pipeline, results_of, write_config
+from tests.media_fixtures import demo_video_module, mediapipe_model
 from tests.mosquitto import Mosquitto
 from tests.mqtt_fixtures import SubscriberFactory
-from tests.test_daemon_e2e import (
-    DEVICE,
-    MODEL,
-    VERSION,
-    make_orientation_video,
-    pipeline,
-    results_of,
-    write_config,
-)
 
 SYSROOTS = Path(__file__).resolve().parent / "fixtures" / "sysroots"
-MEDIAPIPE = Path(importlib.util.find_spec("mediapipe").submodule_search_locations[0]) / "modules"  # type: ignore[union-attr,index]
-TFLITE_MODEL = MEDIAPIPE / "face_detection" / "face_detection_short_range.tflite"
+TFLITE_MODEL = mediapipe_model("face_detection/face_detection_short_range.tflite")
 CPU_BACKENDS = ("onnxruntime/CPUExecutionProvider", "openvino/CPU", "openvino/AUTO")
-
-
-def cli(*args: str, expect: int = 0, env: dict[str, str] | None = None, timeout: float = 180) -> str:
-    """Run `edge-agent ARGS`; check the exit status and that no traceback leaked; return stdout.
-
-    A wide terminal keeps rich from wrapping table cells, so rows can be read line by line."""
-    done = subprocess.run(
-        [EDGE_AGENT, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "COLUMNS": "250", **(env or {})},
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == expect, f"exit {done.returncode}, wanted {expect}:\n{output[-4000:]}"
-    assert "Traceback" not in output, output[-4000:]
-    return done.stdout if expect == 0 else output
-
-
-def cli_json(*args: str, **kwargs: Any) -> Any:
-    return json.loads(cli(*args, "--json", **kwargs))
 
 
 def by_backend(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -274,7 +244,7 @@ def test_explain_shows_why_the_running_pipeline_got_its_backend(
     cli("registry", "publish", str(cls_model_path), "--name", MODEL, "--version", VERSION,
         "--registry", f"file://{registry}")  # fmt: skip
     video = tmp_path / "signs.mp4"
-    make_orientation_video(video, fps=10, seconds_per_sign=0.5)
+    demo_video_module().make_orientation_video(video, fps=10, seconds_per_sign=0.5)
     # Looping: results keep coming however long the backend choice takes on a busy machine.
     signs = pipeline("signs", str(video), loop=True)
     config = write_config(tmp_path, mosquitto.port, registry, [signs], benchmark=True)

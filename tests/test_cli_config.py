@@ -15,11 +15,11 @@ from typing import Any
 import yaml
 
 from agent.config_loader import config_json_schema
+from tests.cli_runs import edge_agent
 
 EDGE_AGENT = Path(sys.executable).parent / "edge-agent"
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "configs" / "agent.example.yaml"
-TIMEOUT_S = 120  # generous: a busy machine starts the CLI slowly
 
 # Two problems on different lines: the CLI must print both.
 BAD = """\
@@ -33,20 +33,6 @@ BAD_PROBLEMS = [
     "{path}:4: mqtt.port: Input should be less than or equal to 65535 (got 99999)",
     "{path}:5: mqtt.keepalive_s: Input should be greater than or equal to 5 (got 1)",
 ]
-
-
-def edge_agent(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    # The example config reads these; keep the host's values out of the results.
-    env = {k: v for k, v in os.environ.items() if k not in ("EDGE_DEVICE_ID", "MQTT_HOST")}
-    return subprocess.run(
-        [str(EDGE_AGENT), *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        env=env,
-        cwd=cwd,
-        check=False,
-    )
 
 
 def assert_user_error(result: subprocess.CompletedProcess[str], problems: list[str]) -> None:

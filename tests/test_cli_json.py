@@ -34,6 +34,7 @@ from agent.cli import app
 from agent.control import NotRunning, ask, socket_path
 from agent.registry import FileRegistry
 from tests.agent_process import StartAgent
+from tests.config_cases import assert_both_accept
 from tests.fleet_fixtures import GOOD, MODEL, pipeline_body
 from tests.media_fixtures import astronaut_bgr, demo_video_module
 from tests.media_fixtures import yolo_path as yolo_path  # a fixture
@@ -208,6 +209,11 @@ def write_config(path: Path, tmp: Path, port: int, registry: Path, video: Path, 
 def cam_pipeline(video: Path, fps: float) -> dict[str, Any]:
     """The fleet tests' `cam` pipeline (scripts/fleet_agents.py), on the CPU backend every box has."""
     return {**pipeline_body(VERSION, video, fps), "backend": {"prefer": [CPU_BACKEND]}}
+
+
+def test_the_config_written_here_passes_the_validator_and_the_schema(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "agent.yaml", tmp_path, 1883, tmp_path / "registry", tmp_path / "v.mp4")
+    assert_both_accept(path.read_text(), str(path))
 
 
 def status_with_fps(state_dir: Path) -> bool:

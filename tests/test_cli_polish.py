@@ -13,7 +13,7 @@ import yaml
 
 from agent import __version__
 from tests.agent_process import EDGE_AGENT, StartAgent, read_status
-from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
+from tests.config_cases import assert_both_accept
 from tests.waits import free_port
 
 
@@ -53,6 +53,17 @@ def _config(tmp_path: Path, pipelines: list[dict[str, Any]]) -> Path:
     return path
 
 
+def test_the_config_written_here_passes_the_validator_and_the_schema(tmp_path: Path) -> None:
+    local = {
+        "name": "cam",
+        "model": {"path": str(tmp_path / "m.onnx")},
+        "source": {"type": "video", "uri": str(tmp_path / "v.mp4"), "loop": True},
+        "postprocess": {"type": "classification", "labels": ["upright", "upside-down"]},
+    }
+    path = _config(tmp_path, [local])
+    assert_both_accept(path.read_text(), str(path))
+
+
 def test_run_fails_when_no_pipeline_ran(tmp_path: Path) -> None:
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"not a model")
@@ -70,7 +81,7 @@ def test_run_fails_when_no_pipeline_ran(tmp_path: Path) -> None:
 def test_a_looping_file_is_logged_opened_once_and_stderr_has_no_runtime_noise(
     tmp_path: Path,
     cls_model_path: Path,
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
 ) -> None:
     pipeline = {

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.cli_runs import cli, cli_json
 from tests.media_fixtures import demo_video_module
 from tests.test_audio import _write_wav
-from tests.test_cli_backends import cli, cli_json
 from tests.waits import free_port
 
 

@@ -23,7 +23,7 @@ from providers.onnxruntime_backend import OnnxRuntimeBackend
 from providers.openvino_backend import OpenVinoBackend
 from providers.options import options_model
 from providers.tflite_backend import TfliteBackend
-from tests.test_config import problems_of, write
+from tests.config_cases import assert_both_accept, problems_of, write
 
 REPO = Path(__file__).resolve().parents[1]
 ORT_CPU = "onnxruntime/CPUExecutionProvider"
@@ -35,6 +35,11 @@ def _config(tmp_path: Path, backend: str, options: str) -> Path:
     body = textwrap.indent(textwrap.dedent(options).strip(), " " * 6)
     path.write_text(f"device:\n  id: box-1\nbackends:\n  options:\n    {backend}:\n{body}\n")
     return path
+
+
+def test_the_config_written_here_passes_the_validator_and_the_schema(tmp_path: Path) -> None:
+    path = _config(tmp_path, "onnxruntime/CPUExecutionProvider", "intra_op_threads: 2")
+    assert_both_accept(path.read_text(), str(path))
 
 
 def _validate(path: Path) -> tuple[int, str]:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.test_cli_config import edge_agent
+from tests.cli_runs import edge_agent
 
 LONG = "file:///srv/videos/" + "a-very-long-folder-name/" * 6 + "entrance.mp4"
 

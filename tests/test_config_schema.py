@@ -1,8 +1,10 @@
 """The exported JSON Schema (`edge-agent config schema`, `config_json_schema`) and the validator
 (`edge-agent config validate`, `parse_config`) accept and reject the same files, checked with the
 jsonschema library as an editor (yaml-language-server) would check them: every config in configs/,
-configs the tests write, both kinds of `model:`; every bad config of tests/test_config.py the schema
-can say is bad. And configs/agent.example.yaml names every key the schema has, and no other."""
+configs the tests' shared writers write (a test module's own writer is checked in that module, with
+tests/config_cases.py's `assert_both_accept`), both kinds of `model:`; every bad config of
+tests/config_cases.py the schema can say is bad. And configs/agent.example.yaml names every key the
+schema has, and no other."""
 
 from __future__ import annotations
 
@@ -10,33 +12,28 @@ import json
 import re
 import textwrap
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from agent.config_loader import config_data, config_json_schema, parse_config
+from agent.config_loader import config_data
 from agent.errors import ConfigError
-from agent.registry import FileRegistry
-from tests import (
-    test_cli_json,
-    test_cli_polish,
-    test_config,
-    test_config_backend_options,
-    test_daemon_e2e,
-    test_offline,
-    test_reload,
-    test_store_gc,
-    test_supervisor_e2e,
+from tests.config_cases import (
+    BAD_CONFIGS,
+    DEMO,
+    EXAMPLE,
+    PIPELINE,
+    SCHEMA,
+    assert_both_accept,
+    assert_both_reject,
+    schema_problems,
 )
+from tests.daemon_fixtures import pipeline, write_config
+from tests.store_fixtures import http_registry_config
 
-EXAMPLE = test_config.EXAMPLE
-SCHEMA = config_json_schema()
-VALIDATOR = Draft202012Validator(SCHEMA)
-
-# Bad configs of tests/test_config.py the validator refuses for what no JSON Schema can say: a
+# Bad configs of tests/config_cases.py the validator refuses for what no JSON Schema can say: a
 # comparison between two values (each case's own test checks the validator's message).
 BEYOND_A_SCHEMA = {
     "duplicate_pipeline_names": "names unique across the list's items",
@@ -44,24 +41,6 @@ BEYOND_A_SCHEMA = {
     "mean_of_wrong_length": "a list's length depending on another key's value",
     "gray_with_three_std_values": "a list's length depending on another key's value",
 }
-
-
-def schema_problems(data: Any) -> list[str]:
-    return sorted(
-        f"{'.'.join(str(p) for p in error.absolute_path) or '(top)'}: {error.message}"
-        for error in VALIDATOR.iter_errors(data)
-    )
-
-
-def assert_both_accept(text: str, source: str) -> None:
-    parse_config(text, source=source, environ={})  # `config validate` says OK ...
-    assert schema_problems(config_data(text, source, environ={})) == [], source  # ... and so does the schema
-
-
-def assert_both_reject(text: str, source: str) -> None:
-    with pytest.raises(ConfigError):
-        parse_config(text, source=source, environ={})
-    assert schema_problems(config_data(text, source, environ={})), f"the schema accepts {source}"
 
 
 def test_the_schema_is_a_valid_2020_12_schema() -> None:
@@ -73,52 +52,34 @@ def test_the_schema_is_a_valid_2020_12_schema() -> None:
 
 
 def _configs_dir(tmp_path: Path) -> list[Path]:
-    demo = test_config.DEMO.read_text()  # a template: scripts/demo.sh fills it in
+    demo = DEMO.read_text()  # a template: scripts/demo.sh fills it in
     rendered = tmp_path / "demo.yaml"
     rendered.write_text(demo.replace("@PORT@", "1883").replace("@WORK@", str(tmp_path)))
     return [EXAMPLE, rendered]
 
 
-def _written_by_tests(tmp_path: Path) -> list[Path]:
-    """What the tests' own config writers produce (a representative set: each writer once)."""
-    video, registry, model = tmp_path / "v.mp4", tmp_path / "registry", tmp_path / "m.onnx"
-    folders = [tmp_path / str(i) for i in range(8)]
+def _written_by_shared_writers(tmp_path: Path) -> list[Path]:
+    """What the config writers of the tests' helper modules produce. A writer kept in one test module
+    is checked there, beside it (`assert_both_accept` in test_cli_json, test_cli_polish, test_reload, ...)."""
+    video, registry = tmp_path / "v.mp4", tmp_path / "registry"
+    folders = [tmp_path / str(i) for i in range(2)]
     for folder in folders:
         folder.mkdir()
-    local = {
-        "name": "cam",
-        "model": {"path": str(model)},
-        "source": {"type": "video", "uri": str(video), "loop": True},
-        "postprocess": {"type": "classification", "labels": ["upright", "upside-down"]},
-    }
-    broker = SimpleNamespace(host="127.0.0.1", port=1883)
-    reload_config = folders[7] / "agent.yaml"
-    reload_config.write_text(yaml.safe_dump(test_reload.config_dict()))
     return [
-        test_cli_json.write_config(folders[0] / "agent.yaml", folders[0], 1883, registry, video),
-        test_daemon_e2e.write_config(
-            folders[1], 1883, registry, [{"name": "cam", **test_cli_json.cam_pipeline(video, 5)}]
-        ),
-        test_offline._config(folders[2], 8080, video),
-        test_store_gc._config(folders[3], FileRegistry(registry), "2", store="store: {keep_versions: 2}\n"),
-        test_config_backend_options._config(
-            folders[4], "onnxruntime/CPUExecutionProvider", "intra_op_threads: 2"
-        ),
-        test_cli_polish._config(folders[5], [local]),
-        test_supervisor_e2e.agent_config(folders[6], broker, registry, [local], username="box"),
-        reload_config,
+        write_config(folders[0], 1883, registry, [pipeline("cam", str(video))]),
+        http_registry_config(folders[1], 8080, video),
     ]
 
 
-def test_every_config_in_configs_and_those_the_tests_write_pass_both(tmp_path: Path) -> None:
-    paths = [*_configs_dir(tmp_path), *_written_by_tests(tmp_path)]
-    assert len(paths) == 10
+def test_every_config_in_configs_and_those_the_shared_writers_write_pass_both(tmp_path: Path) -> None:
+    paths = [*_configs_dir(tmp_path), *_written_by_shared_writers(tmp_path)]
+    assert len(paths) == 4
     for path in paths:
         assert_both_accept(path.read_text(), str(path))
 
 
 def test_the_good_configs_of_test_config_pass_both() -> None:
-    assert_both_accept("device:\n  id: box-1\n" + test_config.PIPELINE, "PIPELINE")
+    assert_both_accept("device:\n  id: box-1\n" + PIPELINE, "PIPELINE")
     assert_both_accept("device: {id: box-1}\nmqtt: {protocol: 5}\n", "protocol as a YAML int")
     assert_both_accept(
         "device: {id: box-1}\npipelines:\n  - {name: c, model: {path: /m.onnx}, "
@@ -185,9 +146,9 @@ def test_a_registry_is_needed_exactly_when_a_pipeline_names_a_registry_model() -
 # --- refused by both ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", sorted(test_config.BAD_CONFIGS))
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
 def test_what_the_validator_refuses_the_schema_refuses_where_a_schema_can_say_it(case: str) -> None:
-    text = textwrap.dedent(test_config.BAD_CONFIGS[case][0])
+    text = textwrap.dedent(BAD_CONFIGS[case][0])
     try:
         data = config_data(text, case, environ={})
     except ConfigError:  # the YAML itself (syntax, a duplicate key, an unset ${VAR}): before any schema
@@ -200,7 +161,7 @@ def test_what_the_validator_refuses_the_schema_refuses_where_a_schema_can_say_it
 
 
 def test_the_refusals_the_schema_cannot_state_are_still_bad_configs() -> None:
-    assert set(BEYOND_A_SCHEMA) <= set(test_config.BAD_CONFIGS)
+    assert set(BEYOND_A_SCHEMA) <= set(BAD_CONFIGS)
 
 
 # --- the example names every key ----------------------------------------------------------------------

@@ -8,11 +8,8 @@ import hashlib
 import json
 import shutil
 import socket
-import sqlite3
 import subprocess
-import sys
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,99 +17,21 @@ import pytest
 import yaml
 
 from tests.agent_process import EDGE_AGENT, StartAgent
+from tests.daemon_fixtures import (
+    DEVICE,
+    LABELS,
+    MODEL,
+    VERSION,
+    outbox_pending,
+    parse_time,
+    pipeline,
+    results_of,
+    write_config,
+)
+from tests.media_fixtures import demo_video_module
 from tests.mosquitto import Mosquitto
 from tests.mqtt_fixtures import SubscriberFactory
 from tests.waits import free_port, wait_until
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from make_demo_video import make_orientation_video, truth_at
-
-DEVICE = "e2e-box"
-MODEL, VERSION = "text-direction", "2.0"
-LABELS = ["upright", "upside-down"]
-SECONDS_PER_SIGN = 1.0  # 6 signs: a 6 s video
-FPS_CAP = 2.0  # one result per 0.5 s of video: exactly 12 for the whole file
-
-
-@pytest.fixture(scope="module")
-def video(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
-    path = tmp_path_factory.mktemp("media") / "signs.mp4"
-    truth = make_orientation_video(path, fps=10, seconds_per_sign=SECONDS_PER_SIGN)
-    return path, truth
-
-
-@pytest.fixture
-def registry_dir(tmp_path: Path, cls_model_path: Path) -> Path:
-    """A file registry with the model published through the CLI, as a user would."""
-    root = tmp_path / "registry"
-    subprocess.run(
-        [EDGE_AGENT, "registry", "publish", str(cls_model_path), "--name", MODEL, "--version", VERSION,
-         "--registry", f"file://{root}"],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    return root
-
-
-def pipeline(
-    name: str, uri: str, model: str = MODEL, version: str = VERSION, **source: Any
-) -> dict[str, Any]:
-    return {
-        "name": name,
-        "model": {"name": model, "version": version},
-        "source": {"type": "video", "uri": uri, "fps": FPS_CAP, **source},
-        "preprocess": {
-            "resize": {"width": 192, "height": 48},
-            "color": "bgr",
-            "mean": [0.5, 0.5, 0.5],
-            "std": [0.5, 0.5, 0.5],
-        },
-        "postprocess": {"type": "classification", "softmax": False, "top_k": 2, "labels": LABELS},
-    }
-
-
-def write_config(
-    tmp_path: Path,
-    port: int,
-    registry: Path,
-    pipelines: list[dict[str, Any]],
-    benchmark: bool = False,
-    **mqtt: Any,
-) -> Path:
-    """Benchmarking is off unless a test is about backend selection: it adds seconds per start."""
-    config = {
-        "device": {"id": DEVICE, "groups": ["tests"]},
-        "state_dir": str(tmp_path / "state"),
-        "mqtt": {"host": "127.0.0.1", "port": port, "reconnect_min_s": 0.2, "reconnect_max_s": 1.0, **mqtt},
-        "registry": {"url": f"file://{registry}"},
-        # Tests check the choice, not the speed: no minimum timing per candidate.
-        "backends": {"benchmark": benchmark, "min_time_s": 0.0},
-        "pipelines": pipelines,
-    }
-    path = tmp_path / "agent.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
-
-
-def results_of(messages: list[Any]) -> list[dict[str, Any]]:
-    return [json.loads(m.payload) for m in messages if "/results/" in m.topic]
-
-
-def parse_time(text: str) -> datetime:
-    assert text.endswith("Z") and "T" in text, text
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-def outbox_pending(state_dir: Path) -> int:
-    path = state_dir / "outbox.sqlite"
-    if not path.exists():
-        return 0
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30) as db:
-        # The file appears before the daemon has created its table: nothing is queued until then.
-        table = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'messages'"
-        if db.execute(table).fetchone() is None:
-            return 0
-        return int(db.execute("SELECT COUNT(*) FROM messages").fetchone()[0])
-
 
 # --- the main job ----------------------------------------------------------------------------
 
@@ -174,7 +93,7 @@ def test_results_arrive_over_mqtt_and_agree_with_the_video(
         top = r["output"]["top"]
         assert [t["label"] for t in top] == sorted(LABELS, key=lambda label: label != top[0]["label"])
         assert abs(sum(t["score"] for t in top) - 1.0) < 1e-3
-        shown = truth_at(truth, r["source"]["position_s"])
+        shown = demo_video_module().truth_at(truth, r["source"]["position_s"])
         assert shown is not None and top[0]["label"] == shown["orientation"], (r["source"], top, shown)
     positions = [r["source"]["position_s"] for r in results]
     assert positions == pytest.approx([i * 0.5 for i in range(12)], abs=0.05)

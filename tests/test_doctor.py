@@ -31,12 +31,12 @@ from agent.tools.doctor.broker import check_broker, doctor_client_id
 from agent.tools.doctor.core import FAIL, OK, SKIPPED, WARN, Check, bounded
 from agent.tools.doctor.pipelines import check_backend_of, check_source_of, running_agent
 from agent.tools.doctor.storage import check_registry, check_store
+from tests.cli_runs import cli
 from tests.media_fixtures import demo_video_module
 from tests.mosquitto import Mosquitto
 from tests.pki import Pki, run_tool, tool
 from tests.registry_server import RegistryServer
 from tests.store_fixtures import CLS_NAME, CLS_VERSION
-from tests.test_cli_backends import cli
 from tests.waits import free_port
 
 USER, PASSWORD = "doctor-box", "doctor-s3cret"  # a throwaway test login

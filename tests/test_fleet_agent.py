@@ -35,7 +35,6 @@ from tests.fleet_fixtures import (
 )
 from tests.mosquitto import Mosquitto
 from tests.mqtt_fixtures import SubscriberFactory
-from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
 from tests.waits import wait_until
 
 DEVICE = "fleet-box"
@@ -60,7 +59,7 @@ def test_a_group_deployment_hot_swaps_the_model_on_a_live_stream(
     mosquitto: Mosquitto,
     mqtt_subscriber_factory: SubscriberFactory,
     fleet_registry: Path,
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
 ) -> None:
     path = video[0]
@@ -117,7 +116,7 @@ def test_bad_documents_and_bad_versions_leave_the_running_pipeline_serving(
     tmp_path: Path,
     mosquitto: Mosquitto,
     fleet_registry: Path,
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
 ) -> None:
     path = video[0]
@@ -193,7 +192,7 @@ def test_signed_desired_state_refuses_forged_unsigned_replayed_and_expired_docum
     tmp_path: Path,
     mosquitto: Mosquitto,
     cls_model_path: Path,
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
 ) -> None:
     """With registry.trusted_keys, documents need a signature by a trusted key (the same keys sign
@@ -272,7 +271,7 @@ def test_a_newer_generation_pre_empts_one_still_in_its_health_window(
     tmp_path: Path,
     mosquitto: Mosquitto,
     fleet_registry: Path,
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
 ) -> None:
     """Generation 1 (2.0, a 60 s health window) is still being watched when generation 2 (back to

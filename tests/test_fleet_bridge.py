@@ -24,7 +24,6 @@ from tests.test_broker_configs import PASSWORDS, BrokerFactory, Client, ClientFa
 from tests.test_broker_configs import brokers as brokers  # fixtures
 from tests.test_broker_configs import clients as clients
 from tests.test_broker_configs import passwd as passwd
-from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
 from tests.waits import free_port, wait_until
 
 DEVICE = "cam-01"  # at site-north, in group lobby (configs/mosquitto/inventory.example.yaml)
@@ -60,7 +59,7 @@ def test_an_agent_on_a_site_broker_is_deployed_to_and_reports_through_the_bridge
     clients: ClientFactory,
     pki: Pki,
     cls_model_path: Path,
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
 ) -> None:
     registry = FileRegistry(tmp_path / "registry")

@@ -28,7 +28,6 @@ from tests.mosquitto import Mosquitto
 from tests.mqtt_fixtures import SubscriberFactory
 from tests.test_broker_configs import Client, ClientFactory, prop, request_properties
 from tests.test_broker_configs import clients as clients  # a fixture
-from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
 from tests.waits import wait_until
 
 DEVICE = "cmd-box"
@@ -95,7 +94,7 @@ def test_the_operator_cli_runs_each_command_on_a_live_agent(
     mosquitto: Mosquitto,
     mqtt_subscriber_factory: SubscriberFactory,
     registry: Path,
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
 ) -> None:
     results = mqtt_subscriber_factory(mosquitto, f"edge/{DEVICE}/results/cam")
@@ -206,7 +205,7 @@ def test_requests_the_cli_cannot_send_get_the_documented_answers(
     tmp_path: Path,
     mosquitto: Mosquitto,
     registry: Path,
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
     clients: ClientFactory,
 ) -> None:

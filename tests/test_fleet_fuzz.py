@@ -35,7 +35,6 @@ from tests.fleet_fixtures import (
     publish_fleet_versions,
 )
 from tests.mosquitto import Mosquitto
-from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
 from tests.waits import wait_until
 
 DEVICE = "fuzz-box"
@@ -175,7 +174,7 @@ def test_ten_thousand_generated_payloads_each_get_an_answer_and_the_pipeline_run
     mosquitto: Mosquitto,
     cls_model_path: Path,
     monkeypatch: Any,
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
 ) -> None:
     registry = publish_fleet_versions(tmp_path / "registry", cls_model_path, monkeypatch)

@@ -36,7 +36,6 @@ from tests.fleet_fixtures import (
     publish_fleet_versions,
 )
 from tests.mosquitto import Mosquitto
-from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
 from tests.waits import wait_until
 
 AGENTS = 20
@@ -50,7 +49,7 @@ def fleet(
     mosquitto: Mosquitto,
     cls_model_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    video: tuple[Path, list[dict[str, Any]]],
 ) -> Iterator[tuple[AgentFleet, Path]]:
     registry = publish_fleet_versions(tmp_path / "registry", cls_model_path, monkeypatch)
     body = pipeline_body(GOOD, video[0], FPS)

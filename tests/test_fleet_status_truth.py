@@ -36,7 +36,6 @@ from tests.fleet_fixtures import (
     publish_fleet_versions,
 )
 from tests.mosquitto import Mosquitto, Subscriber
-from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
 from tests.test_fleet_controller import fleet
 from tests.waits import wait_until
 
@@ -280,7 +279,7 @@ def test_a_real_agent_reports_what_serves_clears_its_last_error_and_goes_offline
     mosquitto: Mosquitto,
     cls_model_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
 ) -> None:
     path = video[0]

@@ -29,15 +29,12 @@ from agent.config import (
 from agent.hardware import detect_hardware
 from providers import all_backends, catalog
 from providers.catalog import CACHE_FILE, ProbedBackend, cache_key, cached_backends, forget_in_process
-from tests import test_daemon_e2e
+from tests import daemon_fixtures
 from tests.agent_process import StartAgent, pipeline_state
 from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, cls_artifact
 from tests.mosquitto import Mosquitto
 from tests.mqtt_fixtures import SubscriberFactory
 from tests.waits import wait_until
-
-registry_dir = test_daemon_e2e.registry_dir
-video = test_daemon_e2e.video
 
 ORT_CPU = "onnxruntime/CPUExecutionProvider"
 FINGERPRINT = "test-box"
@@ -270,11 +267,11 @@ def test_a_restarted_daemon_maps_only_the_runtime_it_serves_on(
     start_agent: StartAgent,
 ) -> None:
     path, _ = video
-    signs = test_daemon_e2e.pipeline("signs", str(path), loop=True)
+    signs = daemon_fixtures.pipeline("signs", str(path), loop=True)
     signs["backend"] = {"prefer": [ORT_CPU]}
-    config = test_daemon_e2e.write_config(tmp_path, mosquitto.port, registry_dir, [signs])
+    config = daemon_fixtures.write_config(tmp_path, mosquitto.port, registry_dir, [signs])
     state_dir = tmp_path / "state"
-    results = mqtt_subscriber_factory(mosquitto, f"edge/{test_daemon_e2e.DEVICE}/results/#")
+    results = mqtt_subscriber_factory(mosquitto, f"edge/{daemon_fixtures.DEVICE}/results/#")
 
     first = start_agent(config)  # pulls the model, probes and screens the runtimes in children, decides
     wait_until(lambda: results.messages or first.poll() is not None, "a first result",
@@ -290,7 +287,7 @@ def test_a_restarted_daemon_maps_only_the_runtime_it_serves_on(
 
     def served_by_second() -> list[dict[str, Any]]:
         payloads = [json.loads(m.payload) for m in results.messages]
-        return [r for r in payloads if test_daemon_e2e.parse_time(r["produced_at"]) > started]
+        return [r for r in payloads if daemon_fixtures.parse_time(r["produced_at"]) > started]
 
     wait_until(lambda: served_by_second() and second.poll() is None, "a result from the restarted daemon",
                timeout=180, state=lambda: "; agent log:\n" + second.log()[-3000:])  # fmt: skip

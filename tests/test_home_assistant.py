@@ -51,7 +51,6 @@ from tests.fleet_fixtures import GOOD, agent_config, pipeline_body, publish_flee
 from tests.ha_schema import check_device_discovery, entity_topics, unique_ids
 from tests.media_fixtures import astronaut_bgr
 from tests.mosquitto import Mosquitto, Subscriber
-from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
 from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -582,7 +581,7 @@ def test_a_real_agent_seen_by_home_assistant_node_red_and_telegraf(
     cls_model_path: Path,
     yolo_path: Path,
     yolo_labels: list[str],
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -30,7 +30,6 @@ from tests.agent_process import StartAgent, read_status
 from tests.fleet_fixtures import GOOD, agent_config, pipeline_body, publish_fleet_versions
 from tests.ha_schema import check_device_discovery, entity_topics, unique_ids
 from tests.mosquitto import Mosquitto
-from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
 from tests.test_home_assistant import Link, Recorder, Router, classifier, config_of, valid_discovery
 from tests.waits import wait_until
 
@@ -140,7 +139,7 @@ def test_a_real_agent_publishes_the_box_entities(
     tmp_path: Path,
     mosquitto: Mosquitto,
     cls_model_path: Path,
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -26,7 +26,7 @@ from agent.store import ModelStore
 from agent.transform import onnx_opset
 from providers import ModelArtifact
 from tests.agent_process import StartAgent, pipeline_state
-from tests.media_fixtures import FACE_BOX, astronaut_bgr, iou
+from tests.media_fixtures import FACE_BOX, astronaut_bgr, iou, mediapipe_model
 
 
 def _artifact(path: Path, format: str = "onnx") -> ModelArtifact:
@@ -221,8 +221,7 @@ def test_yaml_then_manifest_then_the_file_win_key_by_key(yolo_path: Path, yolo_l
 
 def test_tflite_associated_label_files_give_labels(tmp_path: Path) -> None:
     """A .tflite with metadata carries its label file in a zip appended to the flatbuffer."""
-    from tests.test_cli_backends import TFLITE_MODEL as face_tflite
-
+    face_tflite = mediapipe_model("face_detection/face_detection_short_range.tflite")
     packed = tmp_path / "with-labels.tflite"
     packed.write_bytes(face_tflite.read_bytes())
     with zipfile.ZipFile(packed, "a") as archive:

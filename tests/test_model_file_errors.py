@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 from agent.registry import FileRegistry
+from tests.cli_runs import edge_agent
 from tests.media_fixtures import CLS_PREPROCESS
-from tests.test_cli_config import edge_agent
 from tests.test_store import _publish_by_hand
 
 

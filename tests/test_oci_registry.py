@@ -463,7 +463,7 @@ def test_cli_publishes_signs_and_pulls_through_an_oci_registry(
     pki: Pki,
     signing_key: tuple[Path, Path, str],
 ) -> None:
-    from tests.test_cli_config import edge_agent
+    from tests.cli_runs import edge_agent
 
     private, public, kid = signing_key
     password = tmp_path / "registry.pw"

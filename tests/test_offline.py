@@ -10,34 +10,11 @@ from pathlib import Path
 from agent.registry import FileRegistry
 from agent.store import ModelStore
 from tests.agent_process import StartAgent, pipeline_state, read_status
-from tests.media_fixtures import CLS_PREPROCESS, demo_video_module
+from tests.cli_runs import edge_agent
+from tests.media_fixtures import demo_video_module
 from tests.registry_server import RegistryServer
-from tests.store_fixtures import CLS_NAME, CLS_VERSION
-from tests.test_cli_config import edge_agent
+from tests.store_fixtures import CLS_NAME, CLS_VERSION, http_registry_config
 from tests.waits import free_port, wait_until
-
-
-def _config(tmp_path: Path, port: int, video: Path | None = None) -> Path:
-    def pipeline(name: str, version: str) -> dict[str, object]:
-        return {
-            "name": name,
-            "model": {"name": CLS_NAME, "version": version},
-            "source": {"type": "video", "uri": str(video or "file:///dev/null"), "loop": True},
-            "preprocess": CLS_PREPROCESS.model_dump(),
-            "postprocess": {"type": "classification", "softmax": False},
-        }
-
-    config = {
-        "device": {"id": "offline-box"},
-        "state_dir": str(tmp_path / "state"),
-        "mqtt": {"host": "127.0.0.1", "port": free_port(), "reconnect_min_s": 0.2, "reconnect_max_s": 1.0},
-        "registry": {"url": f"http://127.0.0.1:{port}", "retries": 0, "connect_timeout_s": 2},
-        "backends": {"benchmark": False},
-        "pipelines": [pipeline("installed", CLS_VERSION), pipeline("missing", "2.1")],
-    }
-    path = tmp_path / "agent.yaml"
-    path.write_text(json.dumps(config))
-    return path
 
 
 def _preinstall(tmp_path: Path, file_registry: FileRegistry) -> None:
@@ -50,7 +27,7 @@ def test_models_pull_says_what_it_could_not_reach(
 ) -> None:
     _preinstall(tmp_path, file_registry)
     port = free_port()
-    config = _config(tmp_path, port)
+    config = http_registry_config(tmp_path, port)
     result = edge_agent("models", "pull", "-c", str(config), "--json")
     assert result.returncode == 1
     rows = {r["version"]: r for r in json.loads(result.stdout)}
@@ -99,7 +76,7 @@ def test_the_daemon_serves_the_store_while_the_registry_is_away_and_says_so(
     demo_video_module().make_orientation_video(video, fps=10, seconds_per_sign=0.5)
     port = free_port()
     state_dir = tmp_path / "state"
-    agent = start_agent(_config(tmp_path, port, video))
+    agent = start_agent(http_registry_config(tmp_path, port, video))
 
     def registry_state() -> str:
         return str(read_status(state_dir).get("registry", {}).get("state", ""))

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.test_cli_config import edge_agent
+from tests.cli_runs import edge_agent
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import sweep_backend_test_models as sweep

@@ -16,7 +16,6 @@ from tests.agent_process import StartAgent, read_status
 from tests.delivery import count_delivery, seqs
 from tests.fleet_fixtures import start_watched_cam
 from tests.mosquitto import Mosquitto
-from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
 from tests.waits import wait_until
 
 DEVICE = "full-box"
@@ -41,7 +40,7 @@ def test_a_full_outbox_follows_its_policy_counts_drops_and_drops_nothing_once_th
     tmp_path: Path,
     cls_model_path: Path,
     monkeypatch: Any,
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
     policy: str,
 ) -> None:

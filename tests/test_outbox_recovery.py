@@ -26,17 +26,15 @@ from agent.mqtt import outbox_sequences as sequences_module
 from agent.mqtt.outbox import Outbox
 from agent.mqtt.outbox_file import OutboxLocked
 from tests.agent_process import EDGE_AGENT, StartAgent, read_status
-from tests.mosquitto import Mosquitto
-from tests.mqtt_fixtures import SubscriberFactory
-from tests.test_daemon_e2e import (  # noqa: F401  (video and registry_dir are fixtures)
+from tests.daemon_fixtures import (
     DEVICE,
     outbox_pending,
     pipeline,
-    registry_dir,
     results_of,
-    video,
     write_config,
 )
+from tests.mosquitto import Mosquitto
+from tests.mqtt_fixtures import SubscriberFactory
 from tests.waits import free_port, wait_until
 
 STREAMS = ("results/a", "results/b")
@@ -469,8 +467,8 @@ def test_the_daemon_delivers_what_a_damaged_outbox_held_and_seq_goes_on(
     tmp_path: Path,
     mosquitto: Mosquitto,
     mqtt_subscriber_factory: SubscriberFactory,
-    registry_dir: Path,  # noqa: F811
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    registry_dir: Path,
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
 ) -> None:
     """Results queue while the broker is unreachable; the agent is killed; the outbox's first page

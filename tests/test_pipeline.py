@@ -75,7 +75,7 @@ def test_pipeline_end_to_end_matches_ground_truth(
     sink = ListSink()
     pipeline = Pipeline(_config(path, fps=2), loaded, sink)
     started.append(pipeline)
-    assert pipeline.preprocess.shape == (1, 3, 48, 192)
+    assert pipeline.stage.feeder.preprocess.shape == (1, 3, 48, 192)
     pipeline.warm_up()
     pipeline.start()
     assert wait_until(lambda: pipeline.finished, timeout=60, interval=0.05)
@@ -251,7 +251,7 @@ def test_busy_for_shows_a_worker_stuck_in_one_frame(
     assert pipeline.busy_for_s() == 0.0
     pipeline.start()
     assert wait_until(lambda: pipeline.busy_for_s() > 1.0, timeout=30)
-    assert wait_until(lambda: pipeline.results >= 1, timeout=30)
+    assert wait_until(lambda: pipeline.stats.results >= 1, timeout=30)
 
 
 class NanSession(FlakySession):
@@ -389,7 +389,7 @@ def test_frames_waiting_for_their_result_hold_no_pixels_or_model_inputs(
         )
         waiting = list(pipeline._inferred.queue)
         assert len(waiting) == 2
-        assert all(item.job.frame.data.size == 0 and item.job.feeds is None for item in waiting)
+        assert all(job.record.pixels is None and job.record.feeds is None and job.frame is None for job in waiting)
         assert pipeline.last_frame is not None and pipeline.last_frame.data.shape[2] == 3  # a sample is kept
     finally:
         sink.let_go.set()

@@ -19,7 +19,6 @@ from tests.delivery import count_delivery, seqs
 from tests.fleet_fixtures import start_watched_cam
 from tests.mosquitto import Mosquitto, Subscriber
 from tests.tcp_proxy import CuttableProxy
-from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
 from tests.waits import wait_until
 
 DEVICE = "soak-box"
@@ -44,7 +43,7 @@ def test_every_result_arrives_through_broker_bounces_and_kills(
     tmp_path: Path,
     cls_model_path: Path,
     monkeypatch: Any,
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
 ) -> None:
     broker = Mosquitto(tmp_path / "broker", persistence=True)
@@ -98,7 +97,7 @@ def test_every_result_arrives_in_order_through_uplink_cuts(
     tmp_path: Path,
     cls_model_path: Path,
     monkeypatch: Any,
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
 ) -> None:
     """The link between agent and broker cut twice (a proxy closes every connection and refuses new

@@ -20,9 +20,9 @@ from agent.config_loader import parse_config
 from agent.errors import ConfigError
 from agent.reload import LastGoodConfig, load_for_run, plan_reload, state_dir_of, with_hot_settings
 from tests.agent_process import EDGE_AGENT, StartAgent, read_status
+from tests.config_cases import assert_both_accept
 from tests.fleet_fixtures import GOOD, agent_config, pipeline_body, publish_fleet_versions
 from tests.mosquitto import Mosquitto, Subscriber
-from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
 from tests.waits import wait_until
 
 DEVICE = "reload-box"
@@ -46,6 +46,10 @@ def config_dict(**overrides: Any) -> dict[str, Any]:
     }
     base.update(overrides)
     return base
+
+
+def test_the_config_written_here_passes_the_validator_and_the_schema() -> None:
+    assert_both_accept(yaml.safe_dump(config_dict()), "test_reload.config_dict()")
 
 
 def parsed(data: dict[str, Any]) -> Any:
@@ -149,7 +153,7 @@ def test_sighup_applies_what_changed_refuses_an_invalid_config_and_boot_falls_ba
     mosquitto: Mosquitto,
     cls_model_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
 ) -> None:
     clip = video[0]

@@ -22,8 +22,7 @@ from agent.reload import load_for_run
 from tests.agent_process import read_status
 from tests.media_fixtures import demo_video_module
 from tests.registry_server import RegistryServer
-from tests.store_fixtures import CLS_NAME
-from tests.test_offline import _config as offline_config
+from tests.store_fixtures import CLS_NAME, http_registry_config
 from tests.waits import free_port, wait_until
 
 BACKOFF_S = 600.0
@@ -46,7 +45,7 @@ def _config(tmp_path: Path, port: int, versions: dict[str, str]) -> Path:
     """The offline tests' config (a looping video, the registry on `port`), with these pipelines."""
     video = tmp_path / "signs.mp4"
     demo_video_module().make_orientation_video(video, fps=10, seconds_per_sign=0.5)
-    path = offline_config(tmp_path, port, video)
+    path = http_registry_config(tmp_path, port, video)
     config = json.loads(path.read_text())
     like = config["pipelines"][0]
     config["pipelines"] = [

@@ -146,7 +146,7 @@ def test_explain_shows_refused_and_unchecked_decisions(tmp_path: Path) -> None:
     from agent.backend_choice import DecisionStore
     from providers import Decision, NoBackendError
     from providers.select import CandidateReport
-    from tests.test_cli_config import edge_agent
+    from tests.cli_runs import edge_agent
 
     store = DecisionStore(tmp_path)
     wrong = CandidateReport(

@@ -220,7 +220,7 @@ def test_on_change_turns_a_video_of_signs_into_one_event_per_sign(
     assert held["on_change"] > 0
     # Each published result carries the count held back before it; the rest came after the last.
     carried = sum(int(r["held_back"]) for r in results)
-    assert carried + pipeline.rules.held_since_last == sum(held.values())
+    assert carried + pipeline.stage.rules.held_since_last == sum(held.values())
 
 
 def test_every_n_thins_the_stream_evenly(

@@ -38,7 +38,6 @@ from agent.store import ModelStore
 from tests.agent_process import EDGE_AGENT, read_status
 from tests.fleet_fixtures import GOOD, MODEL, Reported, agent_config, pipeline_body, publish
 from tests.mosquitto import Mosquitto, Subscriber
-from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
 from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -359,7 +358,7 @@ def test_self_update_to_a_new_wheel_and_back_from_one_that_fails_to_start(
     mosquitto: Mosquitto,
     cls_model_path: Path,
     wheels: dict[str, Path],
-    video: tuple[Path, Any],  # noqa: F811
+    video: tuple[Path, Any],
     systemd_runs: list[Systemd],
 ) -> None:
     key_path = tmp_path / "release.key"

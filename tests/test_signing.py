@@ -31,10 +31,10 @@ from agent.registry.signing import (
 )
 from agent.store import ModelStore, store_for
 from tests.agent_process import StartAgent, pipeline_state, read_status
+from tests.cli_runs import edge_agent
 from tests.media_fixtures import CLS_PREPROCESS, demo_video_module
 from tests.registry_server import RegistryServer
 from tests.store_fixtures import CLS_NAME, CLS_VERSION
-from tests.test_cli_config import edge_agent
 from tests.waits import free_port
 
 

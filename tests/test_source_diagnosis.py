@@ -22,11 +22,9 @@ import yaml
 from agent.sources.check import DIAGNOSIS_GRACE_S
 from agent.sources.diagnose import diagnose_url
 from tests.agent_process import EDGE_AGENT, StartAgent
+from tests.daemon_fixtures import pipeline, write_config
 from tests.mosquitto import Mosquitto
-from tests.test_daemon_e2e import pipeline, registry_dir, write_config
 from tests.waits import free_port
-
-__all__ = ["registry_dir"]  # (the daemon test's fixture: a file registry with the model published)
 
 FFMPEG_LINE = re.compile(r"^\[[^\]\s]+ @ 0x[0-9a-fA-F]+\]", re.MULTILINE)  # as FFmpeg prints its own
 STALL = "the server did not answer HTTP (no answer in time)"  # diagnose.py's words for this case

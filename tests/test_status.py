@@ -18,7 +18,6 @@ from agent.pipeline import _live_rates
 from tests.agent_process import EDGE_AGENT, StartAgent
 from tests.fleet_fixtures import GOOD, MODEL, agent_config, pipeline_body, publish_fleet_versions
 from tests.mosquitto import Mosquitto, Subscriber
-from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
 from tests.waits import wait_until
 
 DEVICE = "status-box"
@@ -111,7 +110,7 @@ def test_status_of_a_running_daemon_and_of_none(
     mosquitto: Mosquitto,
     cls_model_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
 ) -> None:
     registry = publish_fleet_versions(tmp_path / "registry", cls_model_path, monkeypatch)

@@ -18,8 +18,9 @@ from agent.errors import StoreError
 from agent.registry import FileRegistry
 from agent.registry.manifest import MANIFEST_FILE
 from agent.store import ModelStore
+from tests.cli_runs import edge_agent
+from tests.config_cases import assert_both_accept
 from tests.store_fixtures import CLS_NAME
-from tests.test_cli_config import edge_agent
 from tests.test_store import CountingRegistry
 from tests.waits import wait_until
 
@@ -158,6 +159,11 @@ def _config(tmp_path: Path, registry: FileRegistry, version: str, store: str = "
         f"    model: {{name: {CLS_NAME}, version: '{version}'}}\n    postprocess: {{type: raw}}\n"
     )
     return path
+
+
+def test_the_config_written_here_passes_the_validator_and_the_schema(tmp_path: Path) -> None:
+    path = _config(tmp_path, FileRegistry(tmp_path / "registry"), "2", store="store: {keep_versions: 2}\n")
+    assert_both_accept(path.read_text(), str(path))
 
 
 def test_cli_rm_and_gc(tmp_path: Path, registry: FileRegistry) -> None:

@@ -18,9 +18,9 @@ from agent.config import RegistryConnection
 from agent.errors import RegistryError, StoreError
 from agent.registry import FileRegistry, HttpRegistry
 from agent.store import PARTIAL_SUFFIX, ModelStore
+from tests.agent_process import EDGE_AGENT
 from tests.registry_server import RegistryServer
 from tests.store_fixtures import CLS_MODEL_FILE, CLS_NAME, CLS_VERSION
-from tests.test_cli_config import EDGE_AGENT
 from tests.waits import wait_until
 
 SENT_BEFORE_STALL = 64 * 1024

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ import yaml
 from onnx import TensorProto, helper
 
 from tests.agent_process import EDGE_AGENT, StartAgent, read_status
+from tests.config_cases import assert_both_accept
 from tests.media_fixtures import demo_video_module
 from tests.mosquitto import Mosquitto
 from tests.pki import Pki, run_tool, tool
@@ -142,6 +144,18 @@ def agent_config(
     path = tmp_path / "agent.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+def test_the_config_written_here_passes_the_validator_and_the_schema(tmp_path: Path) -> None:
+    local = {
+        "name": "cam",
+        "model": {"path": str(tmp_path / "m.onnx")},
+        "source": {"type": "video", "uri": str(tmp_path / "v.mp4"), "loop": True},
+        "postprocess": {"type": "classification", "labels": ["upright", "upside-down"]},
+    }
+    broker = SimpleNamespace(host="127.0.0.1", port=1883)
+    path = agent_config(tmp_path, broker, tmp_path / "registry", [local], username="box")
+    assert_both_accept(path.read_text(), str(path))
 
 
 # --- a broker client with the broker's login and TLS ----------------------------------------------

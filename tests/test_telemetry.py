@@ -13,16 +13,14 @@ import yaml
 
 from agent.telemetry import read_temperatures
 from tests.agent_process import StartAgent, read_status
-from tests.mosquitto import Mosquitto
-from tests.mqtt_fixtures import SubscriberFactory
-from tests.test_daemon_e2e import (  # noqa: F401  (fixtures)
+from tests.daemon_fixtures import (
     DEVICE,
     outbox_pending,
     pipeline,
-    registry_dir,
-    video,
     write_config,
 )
+from tests.mosquitto import Mosquitto
+from tests.mqtt_fixtures import SubscriberFactory
 from tests.waits import free_port
 
 SYSROOTS = Path(__file__).resolve().parent / "fixtures" / "sysroots"
@@ -45,8 +43,8 @@ def test_reports_arrive_every_interval_with_the_pipelines_rates(
     tmp_path: Path,
     mosquitto: Mosquitto,
     mqtt_subscriber_factory: SubscriberFactory,
-    registry_dir: Path,  # noqa: F811
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    registry_dir: Path,
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
 ) -> None:
     path, _ = video
@@ -86,8 +84,8 @@ def test_reports_arrive_every_interval_with_the_pipelines_rates(
 
 def test_without_a_broker_reports_are_skipped_and_counted_not_queued(
     tmp_path: Path,
-    registry_dir: Path,  # noqa: F811
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    registry_dir: Path,
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
 ) -> None:
     path, _ = video

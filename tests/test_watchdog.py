@@ -22,7 +22,6 @@ from tests.agent_process import StartAgent, read_status
 from tests.fleet_fixtures import GOOD, agent_config, pipeline_body, publish_fleet_versions
 from tests.mosquitto import Mosquitto, Subscriber
 from tests.plugin_fixtures import install_plugin
-from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
 from tests.test_mqtt_connection import DEVICE, ConnectionFactory, publish_one
 from tests.test_mqtt_connection import connection_factory as connection_factory  # a fixture
 from tests.waits import wait_until
@@ -77,7 +76,7 @@ def test_pings_stop_while_a_pipeline_hangs_in_a_frame_and_resume_after(
     mosquitto: Mosquitto,
     cls_model_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
 ) -> None:
     site = tmp_path / "site"

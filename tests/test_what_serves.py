@@ -36,7 +36,6 @@ from tests.fleet_fixtures import (
     publish_fleet_versions,
 )
 from tests.mosquitto import Mosquitto, Subscriber
-from tests.test_daemon_e2e import video  # noqa: F401  (the module-scoped video fixture)
 from tests.waits import wait_until
 
 DEVICE = "serving-box"
@@ -105,7 +104,7 @@ def test_status_reported_and_explain_name_what_produced_the_latest_results(
     mosquitto: Mosquitto,
     cls_model_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    video: tuple[Path, list[dict[str, Any]]],  # noqa: F811
+    video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
 ) -> None:
     path = video[0]

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from agent.cli import app
 from agent.config import LineConfig, PipelineConfig, ZoneConfig, polygon_problem
 from agent.config_loader import config_data, parse_config
-from tests.test_config_schema import assert_both_accept, schema_problems
+from tests.config_cases import assert_both_accept, schema_problems
 
 HEAD = """\
 device: {id: box-1}
