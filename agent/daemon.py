@@ -23,6 +23,7 @@ import sqlite3
 import stat
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from agent import __version__
 from agent.clock import iso_utc
 from agent.config import AgentConfig
 from agent.control import ControlServer, socket_path
+from agent.daemon_ticks import Contained, Every, OutageSummary, StateChanges, Tickable, Watchdog
 from agent.errors import ConfigError, EdgeAgentError
 from agent.events import EventWriter, TrackJournal
 from agent.fleet.commands import CommandServer, RecentLogs
@@ -42,7 +44,7 @@ from agent.mqtt.router import Router
 from agent.processing.preprocess import keep_opencv_serial
 from agent.reload import LastGoodConfig, LoadedConfig, plan_reload, sha256_text, with_hot_settings
 from agent.results import ResultWriter, stamp_published_at
-from agent.sd_notify import notify, watchdog_interval_s
+from agent.sd_notify import notify
 from agent.self_update import RESTART_EXIT_CODE, Updater, releases_dir
 from agent.session_pool import SessionPool
 from agent.snapshots import SnapshotStore
@@ -141,14 +143,22 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
         return False
 
 
+# What reads reloadable settings takes each reloaded config (Agent.on_reload).
+TakesConfig = Callable[[AgentConfig], None]
+
+
 class Agent:
-    def __init__(self, config: AgentConfig, loaded: LoadedConfig | None = None) -> None:
-        """`loaded`: where `config` came from (the file a reload re-reads); None: not from a file."""
+    def __init__(
+        self, config: AgentConfig, loaded: LoadedConfig | None = None, log_level_from_cli: str | None = None
+    ) -> None:
+        """`loaded`: where `config` came from (the file a reload re-reads); None: not from a file.
+        `log_level_from_cli`: `run --log-level`, which a reload does not override."""
         self.config = config
         self.loaded = loaded or LoadedConfig(config, None, None)
         self.started_at = time.time()
         self.reload_requested = threading.Event()  # set by SIGHUP; the main loop reloads
-        self.log_level_from_cli: str | None = None  # `run --log-level`: a reload does not override it
+        self.log_level_from_cli = log_level_from_cli
+        self._log_level = config.log_level
         self.last_good = LastGoodConfig(config.state_dir)
         limit_malloc_arenas()
         keep_opencv_serial()
@@ -211,6 +221,15 @@ class Agent:
             config.device.id, config.mqtt.topic_prefix, self.outbox, TrackJournal(state_dir / "tracks")
         )
         self.snapshots = SnapshotStore(state_dir / "snapshots", config.snapshots)
+        # State topics and Home Assistant discovery (docs/integrations.md): fed by the result writer,
+        # asking the supervisor (made next, to take the writer) what is wanted and what runs.
+        self.home = HomeAutomation(
+            config,
+            self.mqtt,
+            wanted=lambda: [slot.desired.config for slot in self.supervisor.slots()],
+            running=lambda: self.supervisor.pipelines(),
+            health=lambda: (self.supervisor.states(), self.outbox.pending()),
+        )
         self.writer = ResultWriter(
             config.device.id,
             config.mqtt.topic_prefix,
@@ -219,7 +238,11 @@ class Agent:
             self.mqtt.notify_new_message,
             events=events,
             snapshots=self.snapshots,
+            observer=self.home.observe,
         )
+        # ResultWriter's constructor takes no scene or snapshot observer (yet: agent/results.py).
+        self.writer.scene_observer = self.home.observe_scene
+        self.writer.snapshot_observer = self.home.observe_snapshot
         self.supervisor = Supervisor(
             config,
             self.store,
@@ -227,18 +250,11 @@ class Agent:
             self.writer,
             broker=BrokerLink(config.mqtt, self.mqtt.client_id),
         )
-        # State topics and Home Assistant discovery (docs/integrations.md): fed by the result writer.
-        self.home = HomeAutomation(
-            config,
-            self.mqtt,
-            wanted=lambda: [slot.desired.config for slot in self.supervisor.slots()],
-            running=self.supervisor.pipelines,
-            health=lambda: (self.supervisor.states(), self.outbox.pending()),
-        )
-        self.writer.observer = self.home.observe
-        self.writer.scene_observer = self.home.observe_scene
-        self.writer.snapshot_observer = self.home.observe_snapshot
         self.registry_link = self.supervisor.registry_link
+        # Self-update (agent/self_update.py): the release desired state names, and this one's trial.
+        self.exit_code = 0  # RESTART_EXIT_CODE: stopped to be restarted (by systemd) into a release
+        self._stop: threading.Event | None = None
+        self.updater = Updater(config.state_dir, self._pull_release, self._trial_health, self.request_restart)
         # Every subscription goes through the router; desired state through the reconciler.
         self.router = Router(self.mqtt)
         self.reconciler = Reconciler(
@@ -249,12 +265,8 @@ class Agent:
                 topic, payload, qos=1, retain=True
             ),
             connects=lambda: int(self.mqtt.stats()["connects"]),
+            updater=self.updater,
         )
-        # Self-update (agent/self_update.py): the release desired state names, and this one's trial.
-        self.exit_code = 0  # RESTART_EXIT_CODE: stopped to be restarted (by systemd) into a release
-        self._stop: threading.Event | None = None
-        self.updater = Updater(config.state_dir, self._pull_release, self._trial_health, self.request_restart)
-        self.reconciler.updater = self.updater
         self.recent_logs = RecentLogs()
         self.commands = CommandServer(
             config.fleet.commands, device_handlers(self, self.recent_logs), config.mqtt.max_payload_bytes
@@ -263,10 +275,30 @@ class Agent:
             socket_path(config.state_dir),
             {"status": self.status, "explain": lambda: {"pipelines": self.supervisor.serving_records()}},
         )
-        self._last_states: dict[str, tuple[str, str, str]] = {}
-        self._stall: str | None = None  # why the watchdog pings stopped (None: they go on)
         self.final_states: dict[str, dict[str, Any]] = {}
-        self._outage_mark: tuple[int, dict[str, int]] = (0, self.outbox.dropped_by_stream())
+        self.watchdog = Watchdog(lambda: self.supervisor.stall() or self.mqtt.stall())
+        # The main loop's work, ticked in this order every half second.
+        self.ticks: tuple[Tickable, ...] = (
+            self.supervisor,  # deadlines, retries, the registry probe
+            self.updater,  # a release on trial confirmed or rolled back
+            StateChanges(self.pipeline_states, self._summary, self.mqtt.publish_status_now),
+            self.reconciler,  # reported state not sent yet
+            Contained(self.home, "state topics / Home Assistant discovery"),
+            OutageSummary(self.mqtt, self.outbox, lambda: self.config.mqtt.outbox.when_full),
+            Every(lambda: _STATUS_FILE_EVERY_S, self.write_status_file, at_start=True),
+            # The first after one interval: rates need one.
+            Every(lambda: self.config.telemetry.interval_s, self.publish_telemetry),
+            self.watchdog,  # last: it pings only when the rest made progress
+        )
+        # What reads reloadable settings, handed each reloaded config in this order (reload()).
+        self.on_reload: tuple[TakesConfig, ...] = (
+            self.reconciler.use_config,
+            self.supervisor.use_config,
+            lambda c: self.writer.configure(c.device.id, c.mqtt.topic_prefix, c.mqtt.max_payload_bytes),
+            lambda c: self.snapshots.use(c.snapshots),
+            self.home.use_config,
+            self._use_log_level,
+        )
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -296,41 +328,18 @@ class Agent:
         log.info("edge-agent %s running as %s", __version__, self.config.device.id)
         if self.loaded.text is not None and not self.loaded.running_last_good:
             self.last_good.save(self.loaded.text, self.loaded.path)  # it got this far: it runs
-        watchdog = watchdog_interval_s()
-        next_status_file = 0.0
-        telemetry_every = self.config.telemetry.interval_s
-        next_telemetry = time.monotonic() + telemetry_every  # the first after one interval: rates need one
+        wait = 0.5 if self.watchdog.interval_s is None else min(0.5, self.watchdog.interval_s)
         try:
             while not stop.is_set():
-                now = time.monotonic()
-                if deadline is not None and now >= deadline:
+                if deadline is not None and time.monotonic() >= deadline:
                     log.info("run duration reached, stopping")
                     break
                 if self.reload_requested.is_set():
                     self.reload_requested.clear()
                     self.reload()
-                self.supervisor.tick()
-                self.updater.tick()
-                self._report_state_changes()
-                self.reconciler.report()
-                self._tick_home()
-                self._summarise_outage()
-                if now >= next_status_file:
-                    self.write_status_file()
-                    next_status_file = now + _STATUS_FILE_EVERY_S
-                if self.config.telemetry.interval_s != telemetry_every:  # reloaded
-                    telemetry_every = self.config.telemetry.interval_s
-                    next_telemetry = now + telemetry_every
-                if telemetry_every and now >= next_telemetry:
-                    self.publish_telemetry()
-                    next_telemetry = now + telemetry_every
-                stall = self._watch_progress()
-                if watchdog is not None and stall is None:
-                    notify("WATCHDOG=1")
-                wait = 0.5 if watchdog is None else min(0.5, watchdog)
-                if deadline is not None:
-                    wait = max(0.0, min(wait, deadline - time.monotonic()))
-                stop.wait(wait)
+                for part in self.ticks:
+                    part.tick()
+                stop.wait(wait if deadline is None else max(0.0, min(wait, deadline - time.monotonic())))
         finally:
             stop.set()
             self.shutdown()
@@ -396,24 +405,6 @@ class Agent:
                 return f"pipeline {name} is {state['state']}"
         return self.supervisor.stall()
 
-    def _tick_home(self) -> None:
-        try:
-            self.home.tick()
-        except Exception:  # the state topics must never take the daemon down
-            log.exception("state topics / Home Assistant discovery: tick failed")
-
-    def _watch_progress(self) -> str | None:
-        """What stops the systemd watchdog pings (a hung pipeline or MQTT thread: systemd then
-        restarts the daemon), logged when it starts and when it clears; None while all progresses."""
-        stall = self.supervisor.stall() or self.mqtt.stall()
-        if stall != self._stall:
-            if stall is not None:
-                log.error("%s: watchdog pings stopped (under systemd the daemon is restarted)", stall)
-            else:
-                log.warning("progress again (%s): watchdog pings resumed", self._stall)
-            self._stall = stall
-        return stall
-
     # --- reload (SIGHUP) -----------------------------------------------------------------
 
     def reload(self) -> dict[str, Any]:
@@ -441,7 +432,7 @@ class Agent:
             )
             outcome: dict[str, Any] = {"at": at, "result": "refused", "problems": list(exc.problems)}
         else:
-            self._use_config(effective, plan.settings)
+            self._use_config(effective)
             if plan.added or plan.removed or plan.changed:
                 self.reconciler.apply()
             plan.retry(self.supervisor.retry_failed("the config was reloaded"))  # not at their slot
@@ -468,16 +459,17 @@ class Agent:
         self.mqtt.publish_status_now()
         return outcome
 
-    def _use_config(self, config: AgentConfig, settings: list[str]) -> None:
+    def _use_config(self, config: AgentConfig) -> None:
         """Hand the reloaded config (only its reloadable settings differ) to what reads it."""
         self.config = config
-        self.reconciler.config = config
-        self.supervisor.config = config
-        self.writer.configure(config.device.id, config.mqtt.topic_prefix, config.mqtt.max_payload_bytes)
-        self.snapshots.use(config.snapshots)
-        self.home.use_config(config)
-        if "log_level" in settings and self.log_level_from_cli is None:
+        for take in self.on_reload:
+            take(config)
+
+    def _use_log_level(self, config: AgentConfig) -> None:
+        """A reloaded log_level applies, unless `run --log-level` set it."""
+        if config.log_level != self._log_level and self.log_level_from_cli is None:
             logging.getLogger().setLevel(config.log_level.upper())
+        self._log_level = config.log_level
 
     def none_ran(self) -> list[str] | None:
         """After the run: when there were pipelines and every one failed without ever running a
@@ -501,24 +493,6 @@ class Agent:
         for name, state in states.items():
             state["results_dropped"] = dropped.get(f"results/{name}", 0)  # by the outbox's when_full
         return states
-
-    def _summarise_outage(self) -> None:
-        """When the link comes back after drops, one line says what the outage cost, per pipeline."""
-        connects = int(self.mqtt.stats()["connects"])
-        if connects == self._outage_mark[0]:
-            return
-        dropped = self.outbox.dropped_by_stream()
-        before = self._outage_mark[1]
-        lost = {s: n - before.get(s, 0) for s, n in dropped.items() if n > before.get(s, 0)}
-        if lost:
-            log.warning(
-                "broker reachable again; while it was away the outbox (when_full: %s) dropped %d "
-                "result(s): %s",
-                self.config.mqtt.outbox.when_full,
-                sum(lost.values()),
-                ", ".join(f"{s.removeprefix('results/')}: {n}" for s, n in sorted(lost.items())),
-            )
-        self._outage_mark = (connects, dropped)
 
     def _status_payload(self, state: str) -> bytes:
         payload: dict[str, Any] = {
@@ -561,16 +535,6 @@ class Agent:
             else {"at": last["at"], "result": last["result"], "problems": first(last.get("problems", []))},
         }
 
-    def _report_state_changes(self) -> None:
-        """A pipeline's new state, or a new step while it is built, goes out in the MQTT status."""
-        states = {
-            name: (s["state"], s["phase"], s.get("step", "")) for name, s in self.pipeline_states().items()
-        }
-        if states != self._last_states:
-            self._last_states = states
-            notify(f"STATUS={self._summary()}")
-            self.mqtt.publish_status_now()
-
     def _summary(self) -> str:
         states = self.pipeline_states()
         running = sum(1 for s in states.values() if s["state"] == "running")
@@ -586,7 +550,7 @@ class Agent:
             "pid": os.getpid(),
             "started_at": iso_utc(self.started_at),
             "uptime_s": round(time.time() - self.started_at, 1),
-            "stall": self._stall,
+            "stall": self.watchdog.stall,
             "updated_at": iso_utc(time.time()),
             "mqtt": self.mqtt.stats(),
             "router": self.router.stats(),

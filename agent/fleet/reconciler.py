@@ -54,9 +54,11 @@ class Reconciler:
         trust: TrustPolicy,
         publish_retained: Callable[[str, bytes], bool],
         connects: Callable[[], int],
+        updater: Updater | None = None,
     ) -> None:
         """`publish_retained(topic, payload)` sends reported state (False: not sent, try later);
-        `connects()` counts connections, so a reconnect republishes it."""
+        `connects()` counts connections, so a reconnect republishes it; `updater` hears the `agent`
+        release desired state names (None: no self-update)."""
         self.config = config
         self.device = config.device.id
         self.supervisor = supervisor
@@ -73,13 +75,17 @@ class Reconciler:
         self._refusals = 0  # (`refused` keeps the last few)
         self._last_sent: bytes | None = None
         self._sent_on_connect = -1
-        self.updater: Updater | None = None  # hears the `agent` release desired state names
+        self.updater = updater
         self.topic = reported_topic(config.mqtt.topic_prefix, self.device)
         self.layers = {
             desired_topic(config.mqtt.topic_prefix, self.device): protocol.device_layer(self.device)
         }
         for group in config.device.groups:
             self.layers[group_desired_topic(config.mqtt.topic_prefix, group)] = protocol.group_layer(group)
+
+    def use_config(self, config: AgentConfig) -> None:
+        """A reloaded config (only its reloadable settings differ: the pipelines desired state layers)."""
+        self.config = config
 
     # --- start: the persisted documents, then the broker's ------------------------------------
 
@@ -284,6 +290,10 @@ class Reconciler:
             return {"version": __version__, "desired": None, "state": "current", "reason": None}
         report = self.updater.report()
         return {**report, "reason": _clip(report.get("reason"))}
+
+    def tick(self) -> None:
+        """From the daemon's loop: reported state that could not be sent goes out once the link is back."""
+        self.report()
 
     def report(self, force: bool = False) -> None:
         """Publish reported state when it changed (or after a reconnect); called on every transition
