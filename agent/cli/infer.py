@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -14,6 +14,9 @@ from agent.cli.options import DEFAULT_CONFIG, ConfigOption, JsonOption, StateDir
 from agent.cli.render.infer import print_inference
 from agent.config import AgentConfig
 from agent.errors import EdgeAgentError
+
+if TYPE_CHECKING:
+    from agent.tools.infer.run import InferRequest
 
 
 def infer(
@@ -87,7 +90,7 @@ def infer(
     from agent.store import ModelStore, store_for
     from agent.tools.infer.draw import check_picture_path
     from agent.tools.infer.inputs import PICTURES, input_kind, is_model_file_name
-    from agent.tools.infer.run import infer
+    from agent.tools.infer.run import InferRequest, infer
     from agent.tools.infer.track import VIDEO_WRITERS, check_track_draw
 
     os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")  # a broken file is said once, as an error
@@ -127,11 +130,7 @@ def infer(
             store = ModelStore((states or Path(".")) / "store")
         else:
             store = store_for(agent_config)
-        if track:
-            _track(model, input_path, store, agent_config, config, pipeline, states, backend, benchmark,
-                   draw, as_json)  # fmt: skip
-            return
-        result = infer(
+        request = InferRequest(
             model,
             input_path,
             store,
@@ -141,9 +140,11 @@ def infer(
             state_dir=states,
             backend=backend,
             benchmark=benchmark,
-            frame=frame,
-            raw=raw,
         )
+        if track:
+            _track(request, draw, as_json)
+            return
+        result = infer(request, frame=frame, raw=raw)
         drawn = _draw_result(result, draw) if draw is not None else None
     data = result.to_dict()
     if drawn is not None:
@@ -163,34 +164,14 @@ def _draw_result(result: Any, path: Path) -> str:
     return note
 
 
-def _track(
-    model: str,
-    input_path: Path,
-    store: Any,
-    agent_config: AgentConfig | None,
-    config: Path,
-    pipeline: str | None,
-    states: Path | None,
-    backend: str | None,
-    benchmark: bool,
-    draw: Path | None,
-    as_json: bool,
-) -> None:
+def _track(request: InferRequest, draw: Path | None, as_json: bool) -> None:
     """`infer --track`: people see the events as they happen, scripts one JSON document at the end."""
     from agent.cli.render.infer import track_printer
     from agent.tools.infer.track import track
 
     printer = None if as_json else track_printer()
     result = track(
-        model,
-        input_path,
-        store,
-        agent=agent_config,
-        config_path=config,
-        pipeline=pipeline,
-        state_dir=states,
-        backend=backend,
-        benchmark=benchmark,
+        request,
         draw=draw,
         on_start=printer.start if printer is not None else None,
         on_event=printer.event if printer is not None else None,

@@ -132,47 +132,47 @@ class InferResult:
         return data
 
 
+@dataclass(frozen=True)
+class InferRequest:
+    """What `infer` and `infer --track` run: MODEL (a model file, or NAME@VERSION in `store`) on
+    INPUT, as the pipeline `pipeline` of `agent` (the config read from `config_path`) processes it,
+    else with the model's own hints; on `backend`, else where the daemon would run it (`benchmark`:
+    the candidates proven on this input first). `state_dir` holds the agent's backend decisions
+    (None: a scratch folder)."""
+
+    model_spec: str
+    input_path: Path
+    store: ModelStore
+    agent: AgentConfig | None = None
+    config_path: Path | None = None
+    pipeline: str | None = None
+    state_dir: Path | None = None
+    backend: str | None = None
+    benchmark: bool = False
+
+
 # --- running --------------------------------------------------------------------------------------
 
 
 def model_and_pipeline(
-    model_spec: str,
-    store: ModelStore,
-    agent: AgentConfig | None,
-    pipeline: str | None,
-    config_path: Path | None,
-    kind: str,
-    input_path: Path,
+    request: InferRequest, kind: str
 ) -> tuple[ResolvedModel, PipelineConfig, dict[str, Any]]:
     """The model MODEL names, the pipeline settings it runs with (the named pipeline's, else bare)
     filled in by its hints, and the hints its files carry (for `on_model`)."""
-    model = resolve(model_spec, store)
-    base = pipeline_config(agent, pipeline, config_path, kind, input_path)
+    model = resolve(request.model_spec, request.store)
+    base = pipeline_config(request.agent, request.pipeline, request.config_path, kind, request.input_path)
     embedded = embedded_hints(model.artifacts)
     return model, with_model_hints(base, model.manifest, embedded), embedded
 
 
-def infer(
-    model_spec: str,
-    input_path: Path,
-    store: ModelStore,
-    *,
-    agent: AgentConfig | None = None,
-    config_path: Path | None = None,
-    pipeline: str | None = None,
-    state_dir: Path | None = None,
-    backend: str | None = None,
-    benchmark: bool = False,
-    frame: int | None = None,
-    raw: bool = False,
-) -> InferResult:
-    """Run MODEL on INPUT as the pipeline `pipeline` of `agent` (or with the model's defaults)."""
+def infer(request: InferRequest, *, frame: int | None = None, raw: bool = False) -> InferResult:
+    """Run MODEL on INPUT as the pipeline `pipeline` of `agent` (or with the model's defaults): on
+    `frame` of a video (default 0); `raw`: every output tensor's values in the result too."""
+    input_path, pipeline = request.input_path, request.pipeline
     kind = input_kind(input_path)
     if frame is not None and kind != "video":
         raise EdgeAgentError(f"--frame is for a video input; {input_path} is {NAMED[kind]}")
-    model, config, embedded = model_and_pipeline(
-        model_spec, store, agent, pipeline, config_path, kind, input_path
-    )
+    model, config, embedded = model_and_pipeline(request, kind)
     picture = None
     if kind == "image":
         picture = read_image(input_path)
@@ -183,48 +183,36 @@ def infer(
     def run(completed: PipelineConfig, loaded: Loaded) -> InferResult:
         return _run(completed, model, loaded, kind, input_path, picture, defaults=defaults, raw=raw)
 
-    result = on_model(
-        model,
-        config,
-        embedded,
-        run,
-        agent=agent,
-        pipeline=pipeline,
-        state_dir=state_dir,
-        backend=backend,
-        benchmark=benchmark,
-        kind=kind,
-        input_path=input_path,
-        picture=picture,
-    )
+    result = on_model(request, model, config, embedded, run, kind=kind, picture=picture)
     result.pipeline = pipeline
     result.frame = (frame or 0) if kind == "video" else None
     return result
 
 
 def on_model(
+    request: InferRequest,
     model: ResolvedModel,
     config: PipelineConfig,
     embedded: Mapping[str, Any],
     body: Callable[[PipelineConfig, Loaded], T],
     *,
-    agent: AgentConfig | None,
-    pipeline: str | None,
-    state_dir: Path | None,
-    backend: str | None,
-    benchmark: bool,
     kind: str,
-    input_path: Path,
     picture: np.ndarray | None,
 ) -> T:
     """`body(config, loaded)`: the model loaded where the daemon would run it (or on `backend`), and
     `config` (after the model's hints) completed for it when no pipeline names the settings. The
     session is closed after. A first choice that cannot run this input (a BackendError from `body`)
     is replaced by the candidates proven on it, and `body` runs again."""
+    agent, pipeline, backend, input_path = (
+        request.agent,
+        request.pipeline,
+        request.backend,
+        request.input_path,
+    )
     # Where the daemon runs this model: under the named pipeline's backend settings, else those of
     # the config's pipeline on this version, else the agent's.
     ruled_by = config if pipeline is not None else pipeline_on(agent, model)
-    with state_or_scratch(state_dir) as states:
+    with state_or_scratch(request.state_dir) as states:
         settings = settings_for(agent, states)
         loaded = load_backend(model, settings, ruled_by, backend)
         try:
@@ -234,7 +222,7 @@ def on_model(
                 config = default_processing(config, session.inputs, session.outputs, labels)
             choice = loaded.choice
             guess = choice.policy.benchmark and not (choice.proven or choice.full_precision_reference)
-            if backend is None and (benchmark or guess):
+            if backend is None and (request.benchmark or guess):
                 # Never an unchecked reduced-precision guess: prove the candidates on this input
                 # first, as the daemon proves them on its first frame.
                 loaded = proven_here(loaded, settings, config, model, kind, input_path, picture)

@@ -27,18 +27,17 @@ from typing import Any
 import cv2
 import numpy as np
 
-from agent.config import AgentConfig, PipelineConfig, TrackConfig
+from agent.config import PipelineConfig, TrackConfig
 from agent.config.processing import gives_boxes
 from agent.errors import EdgeAgentError, ModelError
 from agent.processing.drawing import draw_boxes, draw_zones
 from agent.processing.scene import Event, Scene, boxes_of
 from agent.processing.zones import LineShape, ZoneShape
 from agent.stage import Stage
-from agent.store import ModelStore
 from agent.tools.infer.choice import Loaded, ResolvedModel, artifact_run
 from agent.tools.infer.draw import write_picture
 from agent.tools.infer.inputs import NAMED, input_kind, read_video_frame
-from agent.tools.infer.run import latency, model_and_pipeline, on_model, ready_stage
+from agent.tools.infer.run import InferRequest, latency, model_and_pipeline, on_model, ready_stage
 from providers import BackendError
 
 # Video files --draw writes with --track: suffix -> the FourCC OpenCV encodes it with (both are in
@@ -122,22 +121,15 @@ def check_track_draw(path: Path) -> None:
 
 
 def track(
-    model_spec: str,
-    input_path: Path,
-    store: ModelStore,
+    request: InferRequest,
     *,
-    agent: AgentConfig | None = None,
-    config_path: Path | None = None,
-    pipeline: str | None = None,
-    state_dir: Path | None = None,
-    backend: str | None = None,
-    benchmark: bool = False,
     draw: Path | None = None,
     on_start: Callable[[TrackResult], None] | None = None,
     on_event: OnEvent | None = None,
 ) -> TrackResult:
     """Run MODEL on every frame of the video INPUT and track what it finds (the module's docstring):
     `on_start` is called once the backend is loaded, `on_event` with each event as it happens."""
+    input_path, pipeline = request.input_path, request.pipeline
     kind = input_kind(input_path)
     if kind != "video":
         raise EdgeAgentError(
@@ -145,29 +137,14 @@ def track(
         )
     if draw is not None:
         check_track_draw(draw)
-    model, config, embedded = model_and_pipeline(
-        model_spec, store, agent, pipeline, config_path, kind, input_path
-    )
+    model, config, embedded = model_and_pipeline(request, kind)
     first = read_video_frame(input_path, 0)
 
     def run(completed: PipelineConfig, loaded: Loaded) -> TrackResult:
         tracker = _ClipTracker(completed, model, loaded, input_path, pipeline, draw, on_start, on_event)
         return tracker.run()
 
-    return on_model(
-        model,
-        config,
-        embedded,
-        run,
-        agent=agent,
-        pipeline=pipeline,
-        state_dir=state_dir,
-        backend=backend,
-        benchmark=benchmark,
-        kind=kind,
-        input_path=input_path,
-        picture=first,
-    )
+    return on_model(request, model, config, embedded, run, kind=kind, picture=first)
 
 
 def boxes_problem(config: PipelineConfig) -> str | None:
