@@ -29,8 +29,8 @@ from agent.backend_choice.box import (
     policy_for,
     providers_report,
 )
-from agent.backend_choice.decisions import DecisionStore, _deciding, decision_key
-from agent.backend_choice.proof import Peek, _samples, grab_sample, pipeline_judge
+from agent.backend_choice.decisions import DecisionStore, deciding_lock, decision_key
+from agent.backend_choice.proof import Peek, grab_sample, pipeline_judge, proof_samples
 from agent.backend_choice.switcher import DecisionSwitcher, Prover
 from agent.config import AgentConfig, PipelineConfig
 from agent.errors import ModelError
@@ -201,7 +201,7 @@ def choose_and_load(
     `prove_later`: with no cached decision, serve the first-start choice at once, unproven (the
     caller proves the candidates on a live frame beside it: make_prover), instead of running
     trials first. Else candidates are proven on the model's test data (`testdata`) where it fits,
-    else on a frame from the pipeline's own source (`peek`: see _samples). `progress` hears each
+    else on a frame from the pipeline's own source (`peek`: see proof_samples). `progress` hears each
     step (trials, engine builds) before it starts.
 
     Pipelines on the same model decide one at a time: the second finds the first's proven decision
@@ -231,7 +231,7 @@ def choose_and_load(
         )
     else:
         say("getting inputs to prove backends on")
-        samples, no_frame = _samples(config, pipeline, choice.artifacts, testdata, backends, peek)
+        samples, no_frame = proof_samples(config, pipeline, choice.artifacts, testdata, backends, peek)
         choice = _prove_now(config, pipeline, choice, samples, no_frame, progress)
     try:
         session, choice = load_choice(choice, f"pipeline {pipeline.name}", progress, load)
@@ -255,7 +255,7 @@ def _prove_now(
 ) -> Choice:
     """Prove the candidates on `samples` before serving (the choice is not cached yet)."""
     store = DecisionStore(config.state_dir)
-    with _deciding(choice.key):
+    with deciding_lock(choice.key):
         # Another pipeline on this model may have proven a decision while this one waited for a frame.
         cached = store.get(choice.key)
         if no_frame:

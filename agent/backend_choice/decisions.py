@@ -126,7 +126,7 @@ _decision_locks: dict[str, threading.Lock] = {}
 _decision_locks_guard = threading.Lock()
 
 
-def _deciding(key: str) -> threading.Lock:
+def deciding_lock(key: str) -> threading.Lock:
     """The lock held while deciding for one decision key (one model, policy and box)."""
     with _decision_locks_guard:
         return _decision_locks.setdefault(key, threading.Lock())

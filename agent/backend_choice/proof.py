@@ -36,7 +36,7 @@ def grab_sample(pipeline: PipelineConfig, feeder: Feeder, timeout_s: float) -> d
 Peek = Callable[[float], Frame | None]  # a frame of an open source, within a timeout, not taken from it
 
 
-def _samples(
+def proof_samples(
     config: AgentConfig,
     pipeline: PipelineConfig,
     artifacts: Sequence[ModelArtifact],

@@ -46,12 +46,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from agent.hardware.addons import _coral_pcie, _hailo, _usb_accelerators
-from agent.hardware.buses import _Pci, _pci_devices, _Usb, _usb_devices
-from agent.hardware.cpu import CPU_FLAGS, _detect_cpu, _kernel, _os_release
-from agent.hardware.files import _dt_strings, _Tree
-from agent.hardware.intel import _intel_gpus, _intel_npus
-from agent.hardware.nvidia import JETPACK_FOR_L4T, _jetson, _nvidia_gpus, jetpack_for_l4t
+from agent.hardware.addons import coral_pcie, hailo_devices, usb_accelerators
+from agent.hardware.buses import Pci, Usb, pci_devices, usb_devices
+from agent.hardware.cpu import CPU_FLAGS, detect_cpu, kernel_release, read_os_release
+from agent.hardware.files import Tree, dt_strings
+from agent.hardware.intel import intel_gpus, intel_npus
+from agent.hardware.nvidia import JETPACK_FOR_L4T, detect_jetson, jetpack_for_l4t, nvidia_gpus
 from agent.hardware.records import (
     CORAL_PCIE,
     CORAL_USB,
@@ -70,7 +70,7 @@ from agent.hardware.records import (
     DetailValue,
     HardwareInfo,
 )
-from agent.hardware.rockchip import _rockchip
+from agent.hardware.rockchip import rockchip_npu
 
 # Detection's root, shared with the backends' probes (re-exported: callers import it from here).
 from providers.base import SYSROOT_ENV, sysroot
@@ -115,10 +115,10 @@ def _guarded(what: str, default: _T, detect: Callable[[], _T]) -> _T:
         return default
 
 
-def _device_tree(tree: _Tree) -> tuple[str | None, list[str]]:
+def _device_tree(tree: Tree) -> tuple[str | None, list[str]]:
     for base in ("proc/device-tree", "sys/firmware/devicetree/base"):
-        model = next(iter(_dt_strings(tree.read(f"{base}/model"))), None)
-        compatible = _dt_strings(tree.read(f"{base}/compatible"))
+        model = next(iter(dt_strings(tree.read(f"{base}/model"))), None)
+        compatible = dt_strings(tree.read(f"{base}/compatible"))
         if model or compatible:
             return model, compatible
     return None, []
@@ -129,25 +129,25 @@ def detect_hardware(root: Path | None = None) -> HardwareInfo:
 
     Never raises because of the files it reads: missing, unreadable or garbled files are skipped.
     """
-    tree = _Tree(sysroot(root))
+    tree = Tree(sysroot(root))
     empty_cpu = CpuInfo("unknown", "unknown", "", None, (), None)
-    cpu = _guarded("the CPU", empty_cpu, lambda: _detect_cpu(tree))
+    cpu = _guarded("the CPU", empty_cpu, lambda: detect_cpu(tree))
     no_device_tree: tuple[str | None, list[str]] = (None, [])
     dt_model, compatible = _guarded("the device tree", no_device_tree, lambda: _device_tree(tree))
-    pcis: list[_Pci] = _guarded("PCI devices", [], lambda: _pci_devices(tree))
-    usbs: list[_Usb] = _guarded("USB devices", [], lambda: _usb_devices(tree))
+    pcis: list[Pci] = _guarded("PCI devices", [], lambda: pci_devices(tree))
+    usbs: list[Usb] = _guarded("USB devices", [], lambda: usb_devices(tree))
     on_tegra = any(c.startswith("nvidia,tegra") for c in compatible)
 
     accelerators: list[Accelerator] = []
-    jetson = _guarded(NVIDIA_JETSON, None, lambda: _jetson(tree, dt_model, compatible))
-    rockchip = _guarded(ROCKCHIP_NPU, None, lambda: _rockchip(tree, compatible))
+    jetson = _guarded(NVIDIA_JETSON, None, lambda: detect_jetson(tree, dt_model, compatible))
+    rockchip = _guarded(ROCKCHIP_NPU, None, lambda: rockchip_npu(tree, compatible))
     accelerators += [a for a in (jetson, rockchip) if a is not None]
-    accelerators += _guarded(NVIDIA_GPU, [], lambda: _nvidia_gpus(tree, pcis, on_tegra or jetson is not None))
-    accelerators += _guarded(INTEL_NPU, [], lambda: _intel_npus(tree, pcis))
-    accelerators += _guarded(INTEL_GPU, [], lambda: _intel_gpus(tree, pcis))
-    accelerators += _guarded("USB accelerators", [], lambda: _usb_accelerators(tree, usbs))
-    accelerators += _guarded(CORAL_PCIE, [], lambda: _coral_pcie(tree, pcis))
-    accelerators += _guarded(HAILO, [], lambda: _hailo(tree, pcis))
+    accelerators += _guarded(NVIDIA_GPU, [], lambda: nvidia_gpus(tree, pcis, on_tegra or jetson is not None))
+    accelerators += _guarded(INTEL_NPU, [], lambda: intel_npus(tree, pcis))
+    accelerators += _guarded(INTEL_GPU, [], lambda: intel_gpus(tree, pcis))
+    accelerators += _guarded("USB accelerators", [], lambda: usb_accelerators(tree, usbs))
+    accelerators += _guarded(CORAL_PCIE, [], lambda: coral_pcie(tree, pcis))
+    accelerators += _guarded(HAILO, [], lambda: hailo_devices(tree, pcis))
 
     def order(accelerator: Accelerator) -> tuple[int, str]:
         where = accelerator.details.get("pci_address") or accelerator.details.get("usb_path") or ""
@@ -156,8 +156,8 @@ def detect_hardware(root: Path | None = None) -> HardwareInfo:
     info = HardwareInfo(
         cpu=cpu,
         accelerators=tuple(sorted(accelerators, key=order)),
-        os_release=_guarded("os-release", None, lambda: _os_release(tree)),
-        kernel=_guarded("the kernel", None, lambda: _kernel(tree)),
+        os_release=_guarded("os-release", None, lambda: read_os_release(tree)),
+        kernel=_guarded("the kernel", None, lambda: kernel_release(tree)),
         root=tree.root,
     )
     log.debug(

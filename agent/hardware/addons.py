@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from agent.hardware.buses import _class_nodes, _dev_glob, _nodes, _Pci, _pci_details, _Usb
-from agent.hardware.files import _Tree
+from agent.hardware.buses import Pci, Usb, class_nodes, dev_glob, dev_nodes, pci_details
+from agent.hardware.files import Tree
 from agent.hardware.records import (
     CORAL_PCIE,
     CORAL_USB,
@@ -36,7 +36,7 @@ _CORAL_HINT = (
 )
 
 
-def _usb_accelerators(tree: _Tree, usbs: list[_Usb]) -> list[Accelerator]:
+def usb_accelerators(tree: Tree, usbs: list[Usb]) -> list[Accelerator]:
     found: list[Accelerator] = []
     for usb in usbs:
         known = _USB_KINDS.get((usb.vendor, usb.product_id))
@@ -48,7 +48,7 @@ def _usb_accelerators(tree: _Tree, usbs: list[_Usb]) -> list[Accelerator]:
         nodes: tuple[str, ...] = ()
         if usb.busnum is not None and usb.devnum is not None:
             details["usb_bus"], details["usb_device"] = usb.busnum, usb.devnum
-            nodes = _nodes(tree, f"dev/bus/usb/{usb.busnum:03d}/{usb.devnum:03d}")
+            nodes = dev_nodes(tree, f"dev/bus/usb/{usb.busnum:03d}/{usb.devnum:03d}")
         details["device_nodes"] = nodes
         details["driver_loaded"] = bool(nodes)  # the runtimes drive the stick through usbfs (libusb)
         if usb.speed is not None:
@@ -67,28 +67,28 @@ def _usb_accelerators(tree: _Tree, usbs: list[_Usb]) -> list[Accelerator]:
 
 
 def _pci_with_nodes(
-    tree: _Tree,
-    pcis: list[_Pci],
+    tree: Tree,
+    pcis: list[Pci],
     pci_ids: set[tuple[int, int]],
     class_dir: str,
     node_prefix: str,
-) -> list[tuple[_Pci, tuple[str, ...]]]:
+) -> list[tuple[Pci, tuple[str, ...]]]:
     """PCI devices with those ids and their /dev/<prefix>N nodes (by sysfs class dir, else in order)."""
     matches = [p for p in pcis if (p.vendor, p.device) in pci_ids]
-    spare = _dev_glob(tree, "dev", node_prefix)
-    result: list[tuple[_Pci, tuple[str, ...]]] = []
+    spare = dev_glob(tree, "dev", node_prefix)
+    result: list[tuple[Pci, tuple[str, ...]]] = []
     for index, pci in enumerate(matches):
-        nodes = _class_nodes(tree, pci, class_dir, node_prefix, "dev")
+        nodes = class_nodes(tree, pci, class_dir, node_prefix, "dev")
         if not nodes and len(spare) == len(matches):
             nodes = (spare[index],)
         result.append((pci, nodes))
     return result
 
 
-def _coral_pcie(tree: _Tree, pcis: list[_Pci]) -> list[Accelerator]:
+def coral_pcie(tree: Tree, pcis: list[Pci]) -> list[Accelerator]:
     found: list[Accelerator] = []
     for pci, nodes in _pci_with_nodes(tree, pcis, {(0x1AC1, 0x089A)}, "apex", "apex_"):
-        details = _pci_details(pci)
+        details = pci_details(pci)
         details["device_nodes"] = nodes
         details["driver_loaded"] = bool(nodes)
         if nodes:
@@ -104,10 +104,10 @@ def _coral_pcie(tree: _Tree, pcis: list[_Pci]) -> list[Accelerator]:
     return found
 
 
-def _hailo(tree: _Tree, pcis: list[_Pci]) -> list[Accelerator]:
+def hailo_devices(tree: Tree, pcis: list[Pci]) -> list[Accelerator]:
     found: list[Accelerator] = []
     for pci, nodes in _pci_with_nodes(tree, pcis, {(0x1E60, 0x2864)}, "hailo_chardev", "hailo"):
-        details = _pci_details(pci)
+        details = pci_details(pci)
         details["device_nodes"] = nodes
         details["driver_loaded"] = bool(nodes)
         details["note"] = "Hailo-8 and Hailo-8L share PCI id 1e60:2864 (hailortcli fw-control identify tells)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from agent.hardware.files import _clean, _hex, _int, _Tree
+from agent.hardware.files import Tree, clean_text, parse_hex, parse_int
 from agent.hardware.records import CpuInfo
 
 _MAX_CPUINFO = 8 << 20  # /proc/cpuinfo of a many-core server
@@ -95,17 +95,17 @@ def _cpuinfo_blocks(text: str) -> list[dict[str, str]]:
 
 
 def _parse_arch(text: str | None) -> str | None:
-    value = (_clean(text) or "").lower()
+    value = (clean_text(text) or "").lower()
     value = _ARCH_ALIASES.get(value, value)
     return value if re.fullmatch(r"[a-z0-9_]{2,16}", value) else None
 
 
-def _detect_cpu(tree: _Tree) -> CpuInfo:
+def detect_cpu(tree: Tree) -> CpuInfo:
     blocks = _cpuinfo_blocks(tree.read("proc/cpuinfo", _MAX_CPUINFO) or "")
-    processors = [b for b in blocks if _int(b.get("processor")) is not None]
+    processors = [b for b in blocks if parse_int(b.get("processor")) is not None]
     extra: dict[str, str] = {}  # lines outside processor blocks (Raspberry Pi: Revision, Model)
     for block in blocks:
-        if _int(block.get("processor")) is None:
+        if parse_int(block.get("processor")) is None:
             extra.update(block)
 
     x86 = any("vendor_id" in b or "flags" in b for b in processors)
@@ -137,12 +137,12 @@ def _detect_cpu(tree: _Tree) -> CpuInfo:
     model: str | None = None
     first = processors[0] if processors else {}
     if x86:
-        vendor = _clean(first.get("vendor_id")) or ""
-        model = _clean(first.get("model name"))
+        vendor = clean_text(first.get("vendor_id")) or ""
+        model = clean_text(first.get("model name"))
     elif processors:
         parts: dict[str, int] = {}
         for block in processors:
-            implementer, part = _hex(block.get("CPU implementer")), _hex(block.get("CPU part"))
+            implementer, part = parse_hex(block.get("CPU implementer")), parse_hex(block.get("CPU part"))
             if implementer is None or part is None:
                 continue
             vendor = vendor or _ARM_IMPLEMENTERS.get(implementer, "")
@@ -152,7 +152,7 @@ def _detect_cpu(tree: _Tree) -> CpuInfo:
             model = f"{vendor or 'ARM'} {next(iter(parts))}"
         elif parts:
             model = f"{vendor or 'ARM'} " + " + ".join(f"{name} x{count}" for name, count in parts.items())
-        model = model or _clean(first.get("model name")) or _clean(extra.get("Hardware"))
+        model = model or clean_text(first.get("model name")) or clean_text(extra.get("Hardware"))
 
     cores = len(processors) or _count_cpu_list(tree.value("sys/devices/system/cpu/online"))
     return CpuInfo(
@@ -184,7 +184,7 @@ def _mem_total(text: str | None) -> int | None:
     return int(match.group(1)) * 1024 if match else None
 
 
-def _os_release(tree: _Tree) -> str | None:
+def read_os_release(tree: Tree) -> str | None:
     for rel in ("etc/os-release", "usr/lib/os-release"):
         text = tree.read(rel)
         if text is None:
@@ -198,7 +198,7 @@ def _os_release(tree: _Tree) -> str | None:
             if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
                 value = re.sub(r"\\(.)", r"\1", value[1:-1])
             values[key.strip()] = value
-        pretty = _clean(values.get("PRETTY_NAME")) or _clean(
+        pretty = clean_text(values.get("PRETTY_NAME")) or clean_text(
             " ".join(v for v in (values.get("NAME"), values.get("VERSION")) if v)
         )
         if pretty:
@@ -206,11 +206,11 @@ def _os_release(tree: _Tree) -> str | None:
     return None
 
 
-def _kernel(tree: _Tree) -> str | None:
+def kernel_release(tree: Tree) -> str | None:
     match = re.match(r"Linux version (\S{1,100})", tree.read("proc/version") or "")
     if match:
-        return _clean(match.group(1))
-    return _clean(tree.value("proc/sys/kernel/osrelease"), 100)
+        return clean_text(match.group(1))
+    return clean_text(tree.value("proc/sys/kernel/osrelease"), 100)
 
 
 # --------------------------------------------------------------------------- buses

@@ -1,4 +1,4 @@
-"""Read-only access to a box's files under a root (`_Tree`: links followed as a chroot would, nothing
+"""Read-only access to a box's files under a root (`Tree`: links followed as a chroot would, nothing
 ever raises) and the small parsers of what sysfs, procfs and the device tree hold."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ _MAX_READ = 1 << 20  # a /proc or /sys file, /etc/os-release, ...
 _MAX_LINK_HOPS = 40
 
 
-class _Tree:
+class Tree:
     """Read-only access to a box's files under `root`; every method answers, none raises."""
 
     def __init__(self, root: Path) -> None:
@@ -132,21 +132,21 @@ class _Tree:
 _HEX = re.compile(r"(?:0x)?([0-9a-fA-F]{1,8})")
 
 
-def _hex(text: str | None) -> int | None:
+def parse_hex(text: str | None) -> int | None:
     if text is None:
         return None
     match = _HEX.fullmatch(text.strip())
     return int(match.group(1), 16) if match else None
 
 
-def _int(text: str | None) -> int | None:
+def parse_int(text: str | None) -> int | None:
     if text is None:
         return None
     text = text.strip()
     return int(text) if re.fullmatch(r"-?\d{1,18}", text) else None
 
 
-def _clean(text: str | None, limit: int = 200) -> str | None:
+def clean_text(text: str | None, limit: int = 200) -> str | None:
     """A name from a file made printable and bounded; None when nothing is left."""
     if text is None:
         return None
@@ -155,7 +155,7 @@ def _clean(text: str | None, limit: int = 200) -> str | None:
     return text or None
 
 
-def _colon_fields(text: str | None) -> dict[str, str]:
+def colon_fields(text: str | None) -> dict[str, str]:
     """`Key: value` lines (/proc/driver/nvidia/gpus/*/information, uevent-like files)."""
     fields: dict[str, str] = {}
     for line in (text or "").splitlines():
@@ -165,7 +165,7 @@ def _colon_fields(text: str | None) -> dict[str, str]:
     return fields
 
 
-def _uevent(text: str | None) -> dict[str, str]:
+def uevent_fields(text: str | None) -> dict[str, str]:
     fields: dict[str, str] = {}
     for line in (text or "").splitlines():
         key, sep, value = line.partition("=")
@@ -174,6 +174,6 @@ def _uevent(text: str | None) -> dict[str, str]:
     return fields
 
 
-def _dt_strings(text: str | None) -> list[str]:
+def dt_strings(text: str | None) -> list[str]:
     """A device-tree string list (NUL-separated, NUL-terminated)."""
-    return [s for s in (_clean(part) for part in (text or "").split("\x00")) if s]
+    return [s for s in (clean_text(part) for part in (text or "").split("\x00")) if s]

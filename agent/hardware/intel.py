@@ -3,8 +3,8 @@ PCI; the Movidius sticks are USB devices (`addons`)."""
 
 from __future__ import annotations
 
-from agent.hardware.buses import _class_nodes, _dev_glob, _Pci, _pci_details
-from agent.hardware.files import _Tree
+from agent.hardware.buses import Pci, class_nodes, dev_glob, pci_details
+from agent.hardware.files import Tree
 from agent.hardware.records import INTEL_GPU, INTEL_NPU, RUNTIMES, Accelerator
 
 _INTEL_NPUS = {  # PCI device id -> (platform, NPU generation), from the kernel's ivpu driver
@@ -26,14 +26,14 @@ _INTEL_GPUS = {  # a few edge-box iGPUs; others are named by their PCI id
 }
 
 
-def _intel_npus(tree: _Tree, pcis: list[_Pci]) -> list[Accelerator]:
+def intel_npus(tree: Tree, pcis: list[Pci]) -> list[Accelerator]:
     npus = [p for p in pcis if p.vendor == 0x8086 and (p.device in _INTEL_NPUS or p.cls >> 8 == 0x1200)]
     found: list[Accelerator] = []
     for pci in npus:
-        details = _pci_details(pci)
-        nodes = _class_nodes(tree, pci, "accel", "accel", "dev/accel")
+        details = pci_details(pci)
+        nodes = class_nodes(tree, pci, "accel", "accel", "dev/accel")
         if not nodes and len(npus) == 1:
-            nodes = tuple(_dev_glob(tree, "dev/accel", "accel"))
+            nodes = tuple(dev_glob(tree, "dev/accel", "accel"))
         details["device_nodes"] = nodes
         details["driver_loaded"] = bool(nodes)
         known = _INTEL_NPUS.get(pci.device)
@@ -57,14 +57,14 @@ def _intel_npus(tree: _Tree, pcis: list[_Pci]) -> list[Accelerator]:
     return found
 
 
-def _intel_gpus(tree: _Tree, pcis: list[_Pci]) -> list[Accelerator]:
+def intel_gpus(tree: Tree, pcis: list[Pci]) -> list[Accelerator]:
     gpus = [p for p in pcis if p.vendor == 0x8086 and p.cls >> 16 == 0x03]
     found: list[Accelerator] = []
     for pci in gpus:
-        details = _pci_details(pci)
-        nodes = _class_nodes(tree, pci, "drm", "renderD", "dev/dri")
+        details = pci_details(pci)
+        nodes = class_nodes(tree, pci, "drm", "renderD", "dev/dri")
         if not nodes and len(gpus) == 1:
-            nodes = tuple(_dev_glob(tree, "dev/dri", "renderD"))
+            nodes = tuple(dev_glob(tree, "dev/dri", "renderD"))
         details["device_nodes"] = nodes
         details["driver_loaded"] = bool(nodes)
         model = _INTEL_GPUS.get(pci.device, f"Intel GPU (PCI {pci.pci_id})")

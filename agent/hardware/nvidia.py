@@ -8,8 +8,8 @@ import re
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from agent.hardware.buses import _PCI_ADDRESS, _nodes, _Pci, _pci_details
-from agent.hardware.files import _clean, _colon_fields, _int, _Tree
+from agent.hardware.buses import PCI_ADDRESS, Pci, dev_nodes, pci_details
+from agent.hardware.files import Tree, clean_text, colon_fields, parse_int
 from agent.hardware.records import NVIDIA_GPU, NVIDIA_JETSON, RUNTIMES, Accelerator, DetailValue
 
 _MAX_DPKG_STATUS = 64 << 20
@@ -39,13 +39,13 @@ def _nvidia_driver(text: str | None) -> tuple[str | None, str | None]:
     return match.group(1), "open" if "Open Kernel Module" in (text or "") else "proprietary"
 
 
-def _nvidia_gpus(tree: _Tree, pcis: list[_Pci], on_tegra: bool) -> list[Accelerator]:
+def nvidia_gpus(tree: Tree, pcis: list[Pci], on_tegra: bool) -> list[Accelerator]:
     driver_version, flavour = _nvidia_driver(tree.read("proc/driver/nvidia/version"))
     infos: dict[str, dict[str, str]] = {}
     for name in tree.listdir("proc/driver/nvidia/gpus"):
-        info = _colon_fields(tree.read(f"proc/driver/nvidia/gpus/{name}/information"))
+        info = colon_fields(tree.read(f"proc/driver/nvidia/gpus/{name}/information"))
         address = (info.get("Bus Location") or name).lower()
-        if info and _PCI_ADDRESS.fullmatch(address):  # a directory alone is not enough
+        if info and PCI_ADDRESS.fullmatch(address):  # a directory alone is not enough
             infos.setdefault(address, info)
     by_address = {p.address: p for p in pcis if p.vendor == 0x10DE and p.cls >> 16 == 0x03}
     # On a Jetson the SoC's own GPU/display can show in /proc/driver/nvidia: not a dGPU.
@@ -54,8 +54,8 @@ def _nvidia_gpus(tree: _Tree, pcis: list[_Pci], on_tegra: bool) -> list[Accelera
     found: list[Accelerator] = []
     for address in addresses:
         pci, info = by_address.get(address), infos.get(address, {})
-        details: dict[str, DetailValue] = _pci_details(pci) if pci else {"pci_address": address}
-        model = _clean(info.get("Model")) or (
+        details: dict[str, DetailValue] = pci_details(pci) if pci else {"pci_address": address}
+        model = clean_text(info.get("Model")) or (
             f"NVIDIA GPU (PCI {pci.pci_id})" if pci else f"NVIDIA GPU at {address}"
         )
         loaded = driver_version is not None and (pci is None or pci.driver in (None, "nvidia"))
@@ -67,9 +67,9 @@ def _nvidia_gpus(tree: _Tree, pcis: list[_Pci], on_tegra: bool) -> list[Accelera
             if cuda:
                 details["cuda_driver_api"] = cuda
         details["driver_loaded"] = loaded
-        minor = _int(info.get("Device Minor"))
+        minor = parse_int(info.get("Device Minor"))
         gpu_node = [f"dev/nvidia{minor}"] if minor is not None else []
-        details["device_nodes"] = _nodes(tree, *gpu_node, "dev/nvidiactl", "dev/nvidia-uvm")
+        details["device_nodes"] = dev_nodes(tree, *gpu_node, "dev/nvidiactl", "dev/nvidia-uvm")
         if not loaded:
             hint = (
                 "install the NVIDIA driver (e.g. nvidia-driver-580-open) and reboot, then install "
@@ -145,7 +145,7 @@ def jetpack_for_l4t(l4t: str) -> str | None:
     return JETPACK_FOR_L4T.get(_l4t_name(*match.groups())) if match else None
 
 
-def _dpkg_versions(tree: _Tree, packages: frozenset[str]) -> dict[str, str]:
+def _dpkg_versions(tree: Tree, packages: frozenset[str]) -> dict[str, str]:
     """Versions of installed `packages` from /var/lib/dpkg/status."""
     found: dict[str, str] = {}
     package = version = status = None
@@ -161,13 +161,13 @@ def _dpkg_versions(tree: _Tree, packages: frozenset[str]) -> dict[str, str]:
         if key == "Package":
             package = value.strip()
         elif key == "Version":
-            version = _clean(value, 100)
+            version = clean_text(value, 100)
         elif key == "Status":
             status = value.strip()
     return found
 
 
-def _jetson(tree: _Tree, dt_model: str | None, compatible: list[str]) -> Accelerator | None:
+def detect_jetson(tree: Tree, dt_model: str | None, compatible: list[str]) -> Accelerator | None:
     socs = [c.split(",", 1)[1] for c in compatible if c.startswith("nvidia,tegra")]
     release = tree.read("etc/nv_tegra_release")
     if not socs and release is None:
@@ -212,11 +212,11 @@ def _jetson(tree: _Tree, dt_model: str | None, compatible: list[str]) -> Acceler
     if trt_match:
         details["tensorrt_version"] = trt_match.group()
 
-    gpu_nodes = _nodes(tree, "dev/nvgpu/igpu0/ctrl", "dev/nvhost-ctrl-gpu", "dev/nvhost-gpu")
+    gpu_nodes = dev_nodes(tree, "dev/nvgpu/igpu0/ctrl", "dev/nvhost-ctrl-gpu", "dev/nvhost-gpu")
     dla = [n for n in tree.listdir("dev") if re.fullmatch(r"nvhost-ctrl-nvdla\d", n)]
     details["dla_cores"] = len(dla)
     details["driver_loaded"] = bool(gpu_nodes)
-    details["device_nodes"] = gpu_nodes + _nodes(tree, "dev/nvmap", *(f"dev/{n}" for n in dla))
+    details["device_nodes"] = gpu_nodes + dev_nodes(tree, "dev/nvmap", *(f"dev/{n}" for n in dla))
 
     family = _TEGRA_SOCS.get(soc or "")
     model = dt_model if dt_model and "jetson" in dt_model.lower() else None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from agent.hardware.buses import _dev_glob, _nodes
-from agent.hardware.files import _Tree, _uevent
+from agent.hardware.buses import dev_glob, dev_nodes
+from agent.hardware.files import Tree, uevent_fields
 from agent.hardware.records import ROCKCHIP_NPU, RUNTIMES, Accelerator, DetailValue
 
 _ROCKCHIP_NPUS = {  # SoC -> (name, NPU cores); the RKNN toolkit's platforms
@@ -24,7 +24,7 @@ _RKNPU_VERSION_FILES = (  # where the RKNN docs say the driver version can be re
 )
 
 
-def _rockchip(tree: _Tree, compatible: list[str]) -> Accelerator | None:
+def rockchip_npu(tree: Tree, compatible: list[str]) -> Accelerator | None:
     socs = [c.split(",", 1)[1] for c in compatible if c.startswith("rockchip,")]
     soc = next((s for s in socs if s in _ROCKCHIP_NPUS), None)
     if soc is None:
@@ -45,12 +45,12 @@ def _rockchip(tree: _Tree, compatible: list[str]) -> Accelerator | None:
         for node in tree.listdir(f"sys/class/{class_dir}"):
             if not node.startswith(prefix):
                 continue
-            uevent = _uevent(tree.read(f"sys/class/{class_dir}/{node}/device/uevent"))
+            uevent = uevent_fields(tree.read(f"sys/class/{class_dir}/{node}/device/uevent"))
             driver = uevent.get("DRIVER", "").lower()
             if driver in ("rknpu", "rocket") or "rknpu" in uevent.get("OF_COMPATIBLE_0", ""):
                 drivers[driver or "rknpu"] = node
-                nodes.extend(_nodes(tree, f"{dev_dir}/{node}"))
-    nodes.extend(_dev_glob(tree, "dev", "rknpu") + list(_nodes(tree, "dev/rknpu")))
+                nodes.extend(dev_nodes(tree, f"{dev_dir}/{node}"))
+    nodes.extend(dev_glob(tree, "dev", "rknpu") + list(dev_nodes(tree, "dev/rknpu")))
     details["device_nodes"] = tuple(dict.fromkeys(nodes))
     if drivers:
         details["kernel_driver"] = next(iter(drivers))

@@ -28,7 +28,9 @@ def preference_index(name: str, policy: SelectionPolicy) -> tuple[int, int]:
     return (2, 0)
 
 
-def _report(backend: str, artifact: ModelArtifact, verdict: str, reason: str = "") -> CandidateReport:
+def candidate_report(
+    backend: str, artifact: ModelArtifact, verdict: str, reason: str = ""
+) -> CandidateReport:
     return CandidateReport(backend, artifact.label, artifact.format, artifact.sha256, verdict, reason)
 
 
@@ -61,12 +63,12 @@ def screen(
                     kept.append((backend, artifact))
                     continue
                 reason = support.reason
-            rejected.append(_report(name, artifact, "rejected", reason))
+            rejected.append(candidate_report(name, artifact, "rejected", reason))
     known = {b.name for b in backends}
     for name, found in notes.items():  # hardware that no backend of edge-agent can drive
         if name not in known:
             reason = f"{found}, but edge-agent has no {name} backend"
-            rejected.extend(_report(name, a, "rejected", reason) for a in artifacts)
+            rejected.extend(candidate_report(name, a, "rejected", reason) for a in artifacts)
     kept.sort(
         key=lambda pair: (not pair[0].is_native(pair[1].format), preference_index(pair[0].name, policy))
     )
@@ -115,7 +117,7 @@ def reference_first(
         )  # as screen() ranks them: the format the runtime reads natively first
         if readable:
             artifact = readable[0]
-            chosen = _report(name, artifact, "chosen")
+            chosen = candidate_report(name, artifact, "chosen")
             chosen.rank = 1
             note = (
                 "outputs not checked: no sample input; serving on the full-precision reference until a "

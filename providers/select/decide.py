@@ -11,7 +11,7 @@ import numpy as np
 
 from providers.base import Backend, ModelArtifact
 from providers.registry import all_backends
-from providers.select.candidates import _report, screen
+from providers.select.candidates import candidate_report, screen
 from providers.select.compare import compare_outputs, judged_by, reference_problem, what_would_pass
 from providers.select.policy import (
     FULL_PRECISION_REFERENCES,
@@ -81,7 +81,7 @@ def decide(
     ranked, rejected = screen(artifacts, policy, backends, hardware)
     if not ranked:
         raise NoBackendError(rejected)
-    reports = [_report(b.name, a, "untried") for b, a in ranked]
+    reports = [candidate_report(b.name, a, "untried") for b, a in ranked]
     for i, report in enumerate(reports):
         report.rank = i + 1
     # The explanation names what this box has hardware for (and what it lacks) before the fallbacks.
