@@ -29,7 +29,7 @@ import psutil
 import yaml
 from onnx import TensorProto, helper
 
-from agent.registry import file_registry
+from agent.registry import PublishOptions, file_registry
 from agent.registry.file_registry import FileRegistry
 
 MODEL = "text-direction"
@@ -82,10 +82,12 @@ def publish_fleet_versions(root: Path, cls_model: Path | None = None) -> Path:
     log_of_one: dict[str, Any] = {"x": ones, "expected:y": np.zeros((1, 2), np.float32)}
     np.savez(work / "nan-testdata.npz", **log_of_one)
     nan_model = nan_on_live_frames_model(work / "nan-on-live.onnx")
-    registry.publish(nan_model, MODEL, NAN_LIVE, testdata=[work / "nan-testdata.npz"])
+    registry.publish(nan_model, MODEL, NAN_LIVE, PublishOptions(testdata=[work / "nan-testdata.npz"]))
     # As published by someone whose own box let it through: every device must refuse it.
     with mock.patch.object(file_registry, "_require_a_correct_candidate", lambda *args: None):
-        registry.publish(cls_model, MODEL, BAD_TESTDATA, testdata=[work / "wrong-expected.npz"])
+        registry.publish(
+            cls_model, MODEL, BAD_TESTDATA, PublishOptions(testdata=[work / "wrong-expected.npz"])
+        )
     return root
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.registry import FileRegistry, Manifest
+from agent.registry import FileRegistry, Manifest, PublishOptions
 from tests.media_fixtures import CLS_PREPROCESS
 from tests.waits import free_port
 
@@ -39,7 +39,7 @@ def cls_model_path() -> Path:
 def file_registry(tmp_path: Path, cls_model_path: Path) -> FileRegistry:
     """A file:// registry under tmp_path with the cls model published as pp-ocr-cls@2.0."""
     registry = FileRegistry(tmp_path / "registry")
-    registry.publish(cls_model_path, CLS_NAME, CLS_VERSION, metadata={"labels": ["0", "180"]})
+    registry.publish(cls_model_path, CLS_NAME, CLS_VERSION, PublishOptions(metadata={"labels": ["0", "180"]}))
     return registry
 
 

@@ -23,7 +23,7 @@ import pytest
 from onnx import numpy_helper, version_converter
 
 from agent.errors import RegistryError
-from agent.registry import FileRegistry
+from agent.registry import FileRegistry, PublishOptions
 from agent.store import ModelStore
 from agent.testdata import MODEL_ZOO_ATOL, MODEL_ZOO_RTOL
 from agent.validate import validate
@@ -108,7 +108,7 @@ def test_every_backend_test_model_is_published_if_and_only_if_some_backend_runs_
     for model_dir in _model_dirs():
         name = f"{model_dir.parent.name}.{model_dir.name}".replace("_", "-")[:64].lower()
         try:
-            registry.publish(model_dir / "model.onnx", name, "1", testdata=[model_dir])
+            registry.publish(model_dir / "model.onnx", name, "1", PublishOptions(testdata=[model_dir]))
             outcomes.append(Outcome(name, _oracle(model_dir), True))
         except RegistryError as exc:
             outcomes.append(Outcome(name, _oracle(model_dir), False, exc.message))
@@ -158,7 +158,7 @@ def test_a_corrupted_expected_output_is_refused_with_the_numbers(tmp_path: Path)
     output.write_bytes(numpy_helper.from_array(values, tensor.name).SerializeToString())
     registry = FileRegistry(tmp_path / "registry")
     with pytest.raises(RegistryError) as caught:
-        registry.publish(model_dir / "model.onnx", "corrupted", "1", testdata=[model_dir])
+        registry.publish(model_dir / "model.onnx", "corrupted", "1", PublishOptions(testdata=[model_dir]))
     message = caught.value.message
     assert message.startswith(
         "refusing to publish corrupted@1: no backend of this box gives the expected outputs"

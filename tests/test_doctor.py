@@ -23,7 +23,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from agent.config import AgentConfig
 from agent.config_loader import load_config
-from agent.registry import FileRegistry, HttpRegistry
+from agent.registry import FileRegistry, HttpRegistry, PublishOptions
 from agent.registry.signing import generate_key
 from agent.store import ModelStore
 from agent.tools.doctor.box import BUILD_YEAR, check_clock, check_secret_files
@@ -62,7 +62,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
 def registry(tmp_path_factory: pytest.TempPathFactory, cls_model_path: Path) -> Iterator[RegistryServer]:
     """The real classifier published as pp-ocr-cls@2.0, served over HTTP."""
     folder = FileRegistry(tmp_path_factory.mktemp("registry") / "registry")
-    folder.publish(cls_model_path, CLS_NAME, CLS_VERSION, metadata={"labels": ["0", "180"]})
+    folder.publish(cls_model_path, CLS_NAME, CLS_VERSION, PublishOptions(metadata={"labels": ["0", "180"]}))
     served = RegistryServer(folder.root)
     yield served
     served.close()

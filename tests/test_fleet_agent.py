@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from agent.fleet import protocol
+from agent.registry import PublishOptions
 from agent.registry.file_registry import FileRegistry
 from agent.registry.signing import generate_key, load_private_key
 from tests.agent_process import StartAgent, read_status
@@ -208,7 +209,7 @@ def test_signed_desired_state_refuses_forged_unsigned_replayed_and_expired_docum
     )
     registry = FileRegistry(tmp_path / "registry")
     for version in (GOOD, NEWER):
-        registry.publish(cls_model_path, MODEL, version, sign_with=release_key)
+        registry.publish(cls_model_path, MODEL, version, PublishOptions(sign_with=release_key))
     trusted = {"trusted_keys": [{"key": str(tmp_path / "keys" / "release.key.pub")}]}
     cam = {"cam": pipeline_body(GOOD, path)}
     config = agent_config(tmp_path, DEVICE, mosquitto.port, registry.root, cam, registry_settings=trusted)

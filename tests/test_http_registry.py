@@ -17,7 +17,7 @@ import pytest
 
 from agent.config import AgentConfig, RegistryConfig, RegistryConnection
 from agent.errors import IntegrityError, RegistryError, StoreError
-from agent.registry import FileRegistry, HttpRegistry, open_registry
+from agent.registry import FileRegistry, HttpRegistry, PublishOptions, open_registry
 from agent.registry.manifest import INDEX_FILE
 from agent.store import ModelStore
 from tests.agent_process import StartAgent, pipeline_state, read_status
@@ -41,7 +41,7 @@ def server(file_registry: FileRegistry, cls_model_path: Path, tmp_path: Path) ->
     renamed = tmp_path / "v2.1" / MODEL_FILE
     renamed.parent.mkdir()
     onnx.save(model, str(renamed))
-    file_registry.publish(renamed, CLS_NAME, "2.1", metadata={"labels": ["up", "down"]})
+    file_registry.publish(renamed, CLS_NAME, "2.1", PublishOptions(metadata={"labels": ["up", "down"]}))
     served = RegistryServer(file_registry.root)
     yield served
     served.close()

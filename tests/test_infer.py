@@ -30,7 +30,7 @@ from agent.cli import app
 from agent.config_loader import load_config
 from agent.model_hints import embedded_hints, with_model_hints
 from agent.processing import Preprocessor
-from agent.registry import FileRegistry
+from agent.registry import FileRegistry, PublishOptions
 from agent.sources import read_wav
 from agent.store import ModelStore, store_for
 from agent.tools.infer.draw import box_colour
@@ -285,7 +285,7 @@ def test_a_store_version_brings_its_own_preprocessing_and_labels(
 ) -> None:
     registry = FileRegistry(tmp_path / "registry")
     hints = {"preprocess": CLS_PREPROCESS.model_dump(exclude_unset=True), "labels": CLS_LABELS}
-    registry.publish(CLS, "pp-ocr-cls", "2.0", metadata=hints)
+    registry.publish(CLS, "pp-ocr-cls", "2.0", PublishOptions(metadata=hints))
     ModelStore(tmp_path / "state" / "store").pull(registry, "pp-ocr-cls", "2.0")
 
     data = infer_json(

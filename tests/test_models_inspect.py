@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
 from agent.cli import app
-from agent.registry import FileRegistry
+from agent.registry import FileRegistry, PublishOptions
 from agent.registry.signing import generate_key, load_private_key
 from agent.store import ModelStore
 from agent.tools.model_info import inspect_model
@@ -368,10 +368,7 @@ def installed_cls(tmp_path: Path, cls_model_path: Path, cls_testdata: Path) -> P
         cls_model_path,
         CLS_NAME,
         CLS_VERSION,
-        metadata=METADATA,
-        testdata=[cls_testdata],
-        rtol=1e-3,
-        atol=1e-5,
+        PublishOptions(metadata=METADATA, testdata=[cls_testdata], rtol=1e-3, atol=1e-5),
     )
     ModelStore(tmp_path / "state" / "store").pull(registry, CLS_NAME, CLS_VERSION)
     return tmp_path / "state"
@@ -435,7 +432,10 @@ def test_a_signed_version_names_its_key(tmp_path: Path, cls_model_path: Path) ->
     kid, public = generate_key(tmp_path / "keys" / "release.key")
     registry = FileRegistry(tmp_path / "registry")
     registry.publish(
-        cls_model_path, CLS_NAME, "2.1", sign_with=load_private_key(tmp_path / "keys" / "release.key")
+        cls_model_path,
+        CLS_NAME,
+        "2.1",
+        PublishOptions(sign_with=load_private_key(tmp_path / "keys" / "release.key")),
     )
     store = ModelStore(tmp_path / "store", trust=_trust((public, [CLS_NAME])))
     store.pull(registry, CLS_NAME, "2.1")

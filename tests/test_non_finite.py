@@ -32,7 +32,7 @@ from agent.config import (
 from agent.errors import RegistryError
 from agent.pipeline import Pipeline
 from agent.processing import Preprocessor
-from agent.registry import FileRegistry
+from agent.registry import FileRegistry, PublishOptions
 from agent.stage import LoadedModel
 from agent.supervisor.health import unhealthy
 from agent.testdata import MODEL_ZOO_ATOL, MODEL_ZOO_RTOL, TestData
@@ -128,7 +128,7 @@ def _validate(model: Path, npz: Path, tmp_path: Path) -> Validation:
 
 def _refused(registry: FileRegistry, model: Path, npz: Path) -> str:
     with pytest.raises(RegistryError) as caught:
-        registry.publish(model, "cls-nan", "1", testdata=[npz])
+        registry.publish(model, "cls-nan", "1", PublishOptions(testdata=[npz]))
     message = caught.value.message
     assert message.startswith("refusing to publish cls-nan@1: no backend of this box gives"), message
     assert not (registry.root / "cls-nan").exists()
@@ -258,7 +258,7 @@ def test_expected_nan_of_sqrt_on_negative_numbers_is_the_publishers_contract(tmp
     expected = numpy_helper.to_array(onnx.load_tensor(str(source / "test_data_set_0" / "output_0.pb")))
     assert np.isnan(expected).any() and np.isfinite(expected).any()
     registry = FileRegistry(tmp_path / "registry")
-    manifest = registry.publish(source / "model.onnx", "sqrt", "1", testdata=[source])
+    manifest = registry.publish(source / "model.onnx", "sqrt", "1", PublishOptions(testdata=[source]))
     [data] = manifest.testdata()
     assert (data.rtol, data.atol) == (MODEL_ZOO_RTOL, MODEL_ZOO_ATOL)
 
@@ -270,7 +270,7 @@ def test_expected_nan_of_sqrt_on_negative_numbers_is_the_publishers_contract(tmp
         numpy_helper.from_array(zeroed, tensor.name).SerializeToString()
     )
     with pytest.raises(RegistryError) as caught:
-        registry.publish(changed / "model.onnx", "sqrt", "2", testdata=[changed])
+        registry.publish(changed / "model.onnx", "sqrt", "2", PublishOptions(testdata=[changed]))
     message = caught.value.message
     nans = int(np.isnan(expected).sum())
     assert (
@@ -353,6 +353,4 @@ def test_the_health_window_counts_the_nan_inferences_among_all_of_them(
     assert stats.mean_latency_ms() is not None and len(stats.recent_ms) == n  # of the same inferences
     # Early in the window (fewer frames than min_frames): the NaN is the reason, counted right.
     early = HealthWindowConfig(min_frames=100)
-    assert (
-        unhealthy(stage, early, None, final=False) == f"{n} of {n} inferences gave NaN or infinite outputs"
-    )
+    assert unhealthy(stage, early, None, final=False) == f"{n} of {n} inferences gave NaN or infinite outputs"

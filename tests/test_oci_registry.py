@@ -15,7 +15,7 @@ import pytest
 
 from agent.config import RegistryConnection, TrustedKey
 from agent.errors import IntegrityError, RegistryError, StoreError
-from agent.registry import FileRegistry, OciRegistry, open_registry
+from agent.registry import FileRegistry, OciRegistry, PublishOptions, open_registry
 from agent.registry.manifest import MANIFEST_FILE, SIGNATURE_FILE
 from agent.registry.oci_registry import EDGE_MANIFEST, OciReference
 from agent.registry.publish import sign_version
@@ -54,10 +54,8 @@ def signing_key(tmp_path: Path) -> tuple[Path, Path, str]:
 def staged(tmp_path: Path, cls_model_path: Path, signing_key: tuple[Path, Path, str]) -> FileRegistry:
     """pp-ocr-cls 2.0 published (signed) in a folder, ready to push."""
     registry = FileRegistry(tmp_path / "staged")
-    registry.publish(
-        cls_model_path, CLS_NAME, CLS_VERSION, metadata={"labels": ["0", "180"]},
-        sign_with=load_private_key(signing_key[0]),
-    )  # fmt: skip
+    options = PublishOptions(metadata={"labels": ["0", "180"]}, sign_with=load_private_key(signing_key[0]))
+    registry.publish(cls_model_path, CLS_NAME, CLS_VERSION, options)
     return registry
 
 
@@ -311,7 +309,7 @@ def test_a_layer_whose_blob_is_gone_is_named(
     model = onnx.load(str(other))
     onnx.helper.set_model_props(model, {"note": "2.1"})
     onnx.save(model, str(other))
-    staged.publish(other, CLS_NAME, "2.1", metadata={"labels": ["0", "180"]})
+    staged.publish(other, CLS_NAME, "2.1", PublishOptions(metadata={"labels": ["0", "180"]}))
     _push(oci, staged, version="2.1")
     sha = staged.get_manifest(CLS_NAME, "2.1").artifact("other.onnx").sha256
     _blob_file(oci_registry, "sha256:" + sha).unlink()

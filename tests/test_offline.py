@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agent.registry import FileRegistry
+from agent.registry import FileRegistry, PublishOptions
 from agent.store import ModelStore
 from tests.agent_process import StartAgent, pipeline_state, read_status
 from tests.cli_runs import edge_agent
@@ -54,7 +54,7 @@ def test_models_pull_says_what_it_could_not_reach(
     assert only.returncode == 0 and [r["version"] for r in json.loads(only.stdout)] == [CLS_VERSION]
 
     # The registry is up: 2.1 comes.
-    file_registry.publish(cls_model_path, CLS_NAME, "2.1", metadata={"labels": ["0", "180"]})
+    file_registry.publish(cls_model_path, CLS_NAME, "2.1", PublishOptions(metadata={"labels": ["0", "180"]}))
     server = RegistryServer(file_registry.root, port=port)
     try:
         back = edge_agent("models", "pull", "-c", str(config), "--json")
@@ -71,7 +71,7 @@ def test_the_daemon_serves_the_store_while_the_registry_is_away_and_says_so(
     tmp_path: Path, file_registry: FileRegistry, cls_model_path: Path, start_agent: StartAgent
 ) -> None:
     _preinstall(tmp_path, file_registry)
-    file_registry.publish(cls_model_path, CLS_NAME, "2.1", metadata={"labels": ["0", "180"]})
+    file_registry.publish(cls_model_path, CLS_NAME, "2.1", PublishOptions(metadata={"labels": ["0", "180"]}))
     video = tmp_path / "signs.mp4"
     demo_video_module().make_orientation_video(video, fps=10, seconds_per_sign=0.5)
     port = free_port()

@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from agent.errors import RegistryError
-from agent.registry import FileRegistry, HttpRegistry, Manifest, OciRegistry, Registry, open_registry
+from agent.registry import (
+    FileRegistry,
+    HttpRegistry,
+    Manifest,
+    OciRegistry,
+    PublishOptions,
+    Registry,
+    open_registry,
+)
 from tests.store_fixtures import CLS_NAME, CLS_VERSION
 
 
@@ -41,7 +49,9 @@ def _parse_error(doc: object, source: str = "/reg/m/1/manifest.json") -> str:
 def test_publish_writes_manifest_with_real_hash_and_size(tmp_path: Path, cls_model_path: Path) -> None:
     registry = FileRegistry(tmp_path / "reg")
     before = datetime.now(timezone.utc).replace(microsecond=0)
-    manifest = registry.publish(cls_model_path, CLS_NAME, CLS_VERSION, metadata={"labels": ["0", "180"]})
+    manifest = registry.publish(
+        cls_model_path, CLS_NAME, CLS_VERSION, PublishOptions(metadata={"labels": ["0", "180"]})
+    )
 
     data = cls_model_path.read_bytes()
     assert manifest.name == CLS_NAME and manifest.version == CLS_VERSION
@@ -77,7 +87,7 @@ def test_publish_refuses_to_overwrite_a_version_unless_forced(tmp_path: Path, cl
         registry.publish(cls_model_path, CLS_NAME, "1")
     assert registry.get_manifest(CLS_NAME, "1") == first
 
-    replaced = registry.publish(cls_model_path, CLS_NAME, "1", target="x86_64", force=True)
+    replaced = registry.publish(cls_model_path, CLS_NAME, "1", PublishOptions(target="x86_64", force=True))
     assert replaced.artifacts[0].target == "x86_64"
     assert registry.get_manifest(CLS_NAME, "1") == replaced
     leftovers = [p.name for p in (tmp_path / "reg" / CLS_NAME / "1").iterdir()]
@@ -109,7 +119,7 @@ def test_forced_republish_of_a_bad_file_keeps_the_old_version(tmp_path: Path, cl
     junk = tmp_path / cls_model_path.name
     junk.write_bytes(b"garbage")
     with pytest.raises(RegistryError, match="not a valid ONNX model"):
-        registry.publish(junk, "m", "1", force=True)
+        registry.publish(junk, "m", "1", PublishOptions(force=True))
     assert registry.get_manifest("m", "1") == good
     assert sorted(p.name for p in (tmp_path / "reg" / "m" / "1").iterdir()) == sorted(
         ["manifest.json", cls_model_path.name]
@@ -122,14 +132,14 @@ def test_publish_needs_a_known_format(tmp_path: Path, cls_model_path: Path) -> N
     renamed.write_bytes(cls_model_path.read_bytes())
     with pytest.raises(RegistryError, match=r"cannot tell the model format of model\.bin"):
         registry.publish(renamed, "m", "1")
-    manifest = registry.publish(renamed, "m", "1", format="onnx")
+    manifest = registry.publish(renamed, "m", "1", PublishOptions(format="onnx"))
     assert manifest.artifacts[0].format == "onnx"
     with pytest.raises(RegistryError, match="unknown format 'pytorch'"):
-        registry.publish(renamed, "m", "2", format="pytorch")
+        registry.publish(renamed, "m", "2", PublishOptions(format="pytorch"))
     with pytest.raises(RegistryError, match="no such file"):
         registry.publish(tmp_path / "missing.onnx", "m", "3")
     with pytest.raises(RegistryError, match="invalid model version"):
-        registry.publish(renamed, "m", "../escape", format="onnx")
+        registry.publish(renamed, "m", "../escape", PublishOptions(format="onnx"))
 
 
 def test_publish_tflite_checks_the_flatbuffer_identifier(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 import agent.supervisor
 from agent.daemon import Agent
-from agent.registry import FileRegistry
+from agent.registry import FileRegistry, PublishOptions
 from agent.reload import load_for_run
 from tests.agent_process import read_status
 from tests.media_fixtures import demo_video_module
@@ -79,7 +79,9 @@ class Running:
 @pytest.fixture
 def published(file_registry: FileRegistry, cls_model_path: Path) -> FileRegistry:
     for version in ("2.1", "2.2"):
-        file_registry.publish(cls_model_path, CLS_NAME, version, metadata={"labels": ["0", "180"]})
+        file_registry.publish(
+            cls_model_path, CLS_NAME, version, PublishOptions(metadata={"labels": ["0", "180"]})
+        )
     return file_registry
 
 

@@ -30,6 +30,7 @@ from agent.errors import DesiredStateError, ModelError, RegistryError
 from agent.fleet import protocol
 from agent.fleet.desired import layer_agent
 from agent.fleet.document import parse_document
+from agent.registry import PublishOptions
 from agent.registry.file_registry import FileRegistry
 from agent.registry.manifest import Manifest
 from agent.registry.signing import TrustPolicy, generate_key, load_private_key
@@ -107,7 +108,7 @@ def test_a_release_wheel_is_published_signed_pulled_and_never_a_model(
     key = load_private_key(tmp_path / "k")
     registry = FileRegistry(tmp_path / "registry")
     wheel = _fake_wheel(tmp_path / "edge_agent-0.2.0-py3-none-any.whl")
-    manifest = registry.publish(wheel, "edge-agent", "0.2.0", sign_with=key)
+    manifest = registry.publish(wheel, "edge-agent", "0.2.0", PublishOptions(sign_with=key))
     assert [a.format for a in manifest.artifacts] == ["wheel"] and manifest.is_release()
     assert manifest.models() == []
     not_a_wheel = tmp_path / "broken-0.1-py3-none-any.whl"
@@ -129,7 +130,9 @@ def test_a_release_wheel_is_published_signed_pulled_and_never_a_model(
     assert installed.artifact_path(manifest.artifacts[0]).read_bytes() == wheel.read_bytes()
     with pytest.raises(ModelError, match="is an edge-agent release"):
         installed.model_artifacts()
-    registry.publish(cls_model_path, "cls", "1", sign_with=key)  # the key is trusted for edge-agent only
+    registry.publish(
+        cls_model_path, "cls", "1", PublishOptions(sign_with=key)
+    )  # the key is trusted for edge-agent only
     with pytest.raises(Exception, match="trusted only for models matching edge-agent"):
         store.pull(registry, "cls", "1")
 
@@ -366,7 +369,7 @@ def test_self_update_to_a_new_wheel_and_back_from_one_that_fails_to_start(
     key = load_private_key(key_path)
     registry_dir = tmp_path / "registry"
     registry = FileRegistry(registry_dir)
-    registry.publish(cls_model_path, MODEL, GOOD, sign_with=key)
+    registry.publish(cls_model_path, MODEL, GOOD, PublishOptions(sign_with=key))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the installed agent runs this worktree's code
     # A release is published like a model, by the CLI.
     published = subprocess.run(
@@ -376,7 +379,7 @@ def test_self_update_to_a_new_wheel_and_back_from_one_that_fails_to_start(
     )  # fmt: skip
     assert published.returncode == 0, published.stderr
     assert "(wheel," in published.stdout, published.stdout
-    registry.publish(wheels[BROKEN_RELEASE], "edge-agent", BROKEN_RELEASE, sign_with=key)
+    registry.publish(wheels[BROKEN_RELEASE], "edge-agent", BROKEN_RELEASE, PublishOptions(sign_with=key))
 
     config = agent_config(
         tmp_path, DEVICE, mosquitto.port, registry_dir, {"cam": pipeline_body(GOOD, video[0], 5.0)},

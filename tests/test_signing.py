@@ -17,7 +17,7 @@ import pytest
 from agent.config import RegistryConfig, TrustedKey
 from agent.config_loader import load_config
 from agent.errors import ConfigError, IntegrityError
-from agent.registry import FileRegistry, HttpRegistry
+from agent.registry import FileRegistry, HttpRegistry, PublishOptions
 from agent.registry.manifest import MANIFEST_FILE, SIGNATURE_FILE
 from agent.registry.signing import (
     SignatureError,
@@ -59,13 +59,12 @@ def signed_registry(
 ) -> FileRegistry:
     """pp-ocr-cls 2.0 published unsigned (file_registry's way) and 2.1 published signed."""
     registry = FileRegistry(tmp_path / "registry")
-    registry.publish(cls_model_path, CLS_NAME, CLS_VERSION, metadata={"labels": ["0", "180"]})
+    registry.publish(cls_model_path, CLS_NAME, CLS_VERSION, PublishOptions(metadata={"labels": ["0", "180"]}))
     registry.publish(
         cls_model_path,
         CLS_NAME,
         "2.1",
-        metadata={"labels": ["0", "180"]},
-        sign_with=load_private_key(release_key[0]),
+        PublishOptions(metadata={"labels": ["0", "180"]}, sign_with=load_private_key(release_key[0])),
     )
     return registry
 
@@ -174,7 +173,9 @@ def test_keys_are_trusted_only_for_the_model_names_they_are_scoped_to(
     tmp_path: Path, cls_model_path: Path, signed_registry: FileRegistry, release_key: tuple[Path, Path, str]
 ) -> None:
     private, public, kid = release_key
-    signed_registry.publish(cls_model_path, "face-detector", "1", sign_with=load_private_key(private))
+    signed_registry.publish(
+        cls_model_path, "face-detector", "1", PublishOptions(sign_with=load_private_key(private))
+    )
     store = ModelStore(tmp_path / "store", trust=_trust((public, ["pp-ocr-*", "text-*"])))
     assert store.pull(signed_registry, CLS_NAME, "2.1").signed_by == kid
     with pytest.raises(SignatureError) as caught:
@@ -308,7 +309,9 @@ def test_a_version_installed_before_signatures_were_required_is_fetched_again_si
 def test_a_forced_republish_drops_the_signature_of_the_old_bytes(
     cls_model_path: Path, signed_registry: FileRegistry
 ) -> None:
-    signed_registry.publish(cls_model_path, CLS_NAME, "2.1", metadata={"labels": ["a", "b"]}, force=True)
+    signed_registry.publish(
+        cls_model_path, CLS_NAME, "2.1", PublishOptions(metadata={"labels": ["a", "b"]}, force=True)
+    )
     assert signed_registry.fetch_manifest(CLS_NAME, "2.1").signature is None
 
 

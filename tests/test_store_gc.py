@@ -15,7 +15,7 @@ import pytest
 from agent.config_loader import load_config
 from agent.daemon import Agent
 from agent.errors import StoreError
-from agent.registry import FileRegistry
+from agent.registry import FileRegistry, PublishOptions
 from agent.registry.manifest import MANIFEST_FILE
 from agent.store import ModelStore
 from tests.cli_runs import edge_agent
@@ -95,8 +95,10 @@ def test_gc_by_age_and_by_size(tmp_path: Path, registry: FileRegistry) -> None:
 
 def test_a_blob_another_version_shares_stays(tmp_path: Path, cls_model_path: Path) -> None:
     registry = FileRegistry(tmp_path / "registry")
-    registry.publish(cls_model_path, CLS_NAME, "1", metadata={"labels": ["0", "180"]})
-    registry.publish(cls_model_path, CLS_NAME, "2", metadata={"labels": ["up", "down"]})  # same file
+    registry.publish(cls_model_path, CLS_NAME, "1", PublishOptions(metadata={"labels": ["0", "180"]}))
+    registry.publish(
+        cls_model_path, CLS_NAME, "2", PublishOptions(metadata={"labels": ["up", "down"]})
+    )  # same file
     store = ModelStore(tmp_path / "store")
     for version in ("1", "2"):
         store.pull(registry, CLS_NAME, version)

@@ -36,7 +36,7 @@ from agent.config import (
 )
 from agent.errors import EdgeAgentError, ModelError, RegistryError
 from agent.processing import Preprocessor
-from agent.registry import FileRegistry, Manifest
+from agent.registry import FileRegistry, Manifest, PublishOptions
 from agent.store import ModelStore
 from agent.testdata import TestData, load_testdata
 from agent.testdata import testdata_samples as samples_from_testdata
@@ -308,7 +308,7 @@ def test_publish_with_test_data_lists_it_and_a_pull_installs_it(
     tmp_path: Path, cls_model_path: Path, good_npz: Path
 ) -> None:
     registry = FileRegistry(tmp_path / "registry")
-    manifest = registry.publish(cls_model_path, CLS_NAME, CLS_VERSION, testdata=[good_npz])
+    manifest = registry.publish(cls_model_path, CLS_NAME, CLS_VERSION, PublishOptions(testdata=[good_npz]))
 
     assert [(a.file, a.format) for a in manifest.artifacts] == [
         (cls_model_path.name, "onnx"),
@@ -341,7 +341,7 @@ def test_expected_outputs_of_another_sign_computed_by_onnxruntime_are_accepted(
     assert int(probs.argmax()) == 0, probs
     npz = _savez(tmp_path / "upright.npz", {"x": upright, f"expected:{CLS_OUTPUT}": probs})
     registry = FileRegistry(tmp_path / "registry")
-    manifest = registry.publish(cls_model_path, CLS_NAME, "2.1", testdata=[npz])
+    manifest = registry.publish(cls_model_path, CLS_NAME, "2.1", PublishOptions(testdata=[npz]))
     assert [a.file for a in manifest.testdata()] == ["upright.npz"]
 
 
@@ -349,7 +349,7 @@ def _refused_publish(tmp_path: Path, model: Path, arrays: Mapping[str, np.ndarra
     npz = _savez(tmp_path / "bad-inputs.npz", arrays)
     registry = FileRegistry(tmp_path / "registry")
     with pytest.raises(RegistryError) as caught:
-        registry.publish(model, CLS_NAME, CLS_VERSION, testdata=[npz])
+        registry.publish(model, CLS_NAME, CLS_VERSION, PublishOptions(testdata=[npz]))
     message = str(caught.value)
     assert message.startswith(f"refusing to publish test data {npz.name}: it fits no model file"), message
     # Nothing is published: no manifest, no version (nor model) directory, no staged files.
@@ -388,7 +388,7 @@ def test_publish_refuses_test_data_whose_expected_outputs_are_wrong(
     npz = _savez(tmp_path / "swapped.npz", {"x": cls_input, f"expected:{CLS_OUTPUT}": swapped})
     registry = FileRegistry(tmp_path / "registry")
     with pytest.raises(RegistryError) as caught:
-        registry.publish(cls_model_path, CLS_NAME, CLS_VERSION, testdata=[npz])
+        registry.publish(cls_model_path, CLS_NAME, CLS_VERSION, PublishOptions(testdata=[npz]))
     message = caught.value.message
     assert message.startswith(
         f"refusing to publish {CLS_NAME}@{CLS_VERSION}: no backend of this box gives the expected outputs"
@@ -408,7 +408,7 @@ def test_publish_refuses_a_test_data_file_that_is_no_archive(tmp_path: Path, cls
     npz.write_bytes(b"not a zip at all, just text\n" * 10)
     registry = FileRegistry(tmp_path / "registry")
     with pytest.raises(RegistryError) as caught:
-        registry.publish(cls_model_path, CLS_NAME, CLS_VERSION, testdata=[npz])
+        registry.publish(cls_model_path, CLS_NAME, CLS_VERSION, PublishOptions(testdata=[npz]))
     assert str(caught.value) == (
         f"refusing to publish {npz} as {CLS_NAME}@{CLS_VERSION}: inputs.npz is not valid test data: not a "
         "NumPy .npz archive (no zip structure)"

@@ -74,18 +74,14 @@ def registry_publish(
 ) -> None:
     """Publish a model file as NAME@VERSION: copies it in (or pushes it to an OCI registry) with its
     manifest (sha256, size, format of every file)."""
+    from agent.registry.file_registry import PublishOptions
     from agent.registry.publish import publish_version
     from agent.registry.signing import key_id, load_private_key
 
     with user_errors(as_json):
         extra = _read_json_file(metadata) if metadata else None
         private_key = load_private_key(sign_key) if sign_key is not None else None  # before any copying
-        manifest, digest = publish_version(
-            registry,
-            file,
-            name,
-            version,
-            connection=_connection(username, password_file, token_file, ca_file),
+        options = PublishOptions(
             target=target,
             metadata=extra,
             force=force,
@@ -94,6 +90,8 @@ def registry_publish(
             rtol=rtol,
             atol=atol,
         )
+        connection = _connection(username, password_file, token_file, ca_file)
+        manifest, digest = publish_version(registry, file, name, version, options, connection)
     signed_by = key_id(private_key.public_key()) if private_key is not None else None
     if as_json:
         echo_json({**json.loads(manifest.to_bytes()), "signed_by": signed_by, "digest": digest})

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from agent.config import RegistryConfig
 from agent.errors import RegistryError
-from agent.registry.file_registry import FileRegistry
+from agent.registry.file_registry import FileRegistry, PublishOptions
 from agent.registry.manifest import (
     ARTIFACT_FORMATS,
     MANIFEST_FILE,
@@ -39,6 +39,7 @@ __all__ = [
     "Manifest",
     "ManifestDocument",
     "OciRegistry",
+    "PublishOptions",
     "Registry",
     "check_model_file",
     "open_registry",

@@ -24,7 +24,8 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -82,6 +83,24 @@ def check_name(kind: str, value: str, error: type[EdgeAgentError]) -> None:
 
 
 # --- the registry ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PublishOptions:
+    """How a version is published (`FileRegistry.publish`, `publish_version`, `registry publish`):
+    `format` (None: from the file's suffix) and `target` of its artifact, manifest `metadata`
+    (labels, ...), `force` (replace an existing version), `testdata` (.npz archives or ONNX
+    model-zoo folders) with the tolerances `rtol`/`atol` their expected outputs hold to, and a key
+    to sign the manifest with (`sign_with`)."""
+
+    format: str | None = None
+    target: str = "any"
+    metadata: Mapping[str, Any] | None = None
+    force: bool = False
+    testdata: Sequence[Path] = ()
+    sign_with: Ed25519PrivateKey | None = None
+    rtol: float | None = None
+    atol: float | None = None
 
 
 class FileRegistry:
@@ -230,24 +249,13 @@ class FileRegistry:
     # writing
 
     def publish(
-        self,
-        model_path: Path,
-        name: str,
-        version: str,
-        format: str | None = None,
-        target: str = "any",
-        metadata: dict[str, Any] | None = None,
-        force: bool = False,
-        testdata: Sequence[Path] = (),
-        sign_with: Ed25519PrivateKey | None = None,
-        rtol: float | None = None,
-        atol: float | None = None,
+        self, model_path: Path, name: str, version: str, options: PublishOptions | None = None
     ) -> Manifest:
         """Copy a model file in as `name@version` and write its manifest; return the manifest.
 
-        The format is inferred from the suffix (.onnx, .tflite, .xml) unless given. An OpenVINO
-        .xml is published together with the .bin beside it. The file must be a valid model of
-        its format (for ONNX: what the onnx checker accepts). `testdata` are .npz archives of
+        The format is inferred from the suffix (.onnx, .tflite, .xml) unless `options` give it. An
+        OpenVINO .xml is published together with the .bin beside it. The file must be a valid model
+        of its format (for ONNX: what the onnx checker accepts). The test data are .npz archives of
         inputs (and expected outputs) for it (agent/testdata.py), or ONNX model-zoo folders
         (`test_data_set_N` of input_K.pb/output_K.pb, or a folder of them), converted to .npz
         archives, one per set; `rtol`/`atol` are the tolerances their expected outputs hold to
@@ -258,6 +266,8 @@ class FileRegistry:
         file is written before the manifest, so the version never shows up unsigned). An existing
         version is refused unless `force` (versions are immutable).
         """
+        options = options or PublishOptions()
+        format, target, testdata = options.format, options.target, options.testdata
         check_name("name", name, RegistryError)
         check_name("version", version, RegistryError)
         model_path = Path(model_path)
@@ -291,7 +301,9 @@ class FileRegistry:
             _check_artifact_fields(src.name, format, target)
         with tempfile.TemporaryDirectory(prefix="edge-agent-testdata-") as converted:
             try:
-                tests = testdata_files(testdata, model_path, format, Path(converted), rtol, atol)
+                tests = testdata_files(
+                    testdata, model_path, format, Path(converted), options.rtol, options.atol
+                )
             except ModelError as exc:
                 raise RegistryError(exc.message) from None
             for test in tests:
@@ -301,9 +313,7 @@ class FileRegistry:
                 raise RegistryError(
                     f"cannot publish {model_path}: two files share a name ({', '.join(names)})"
                 )
-            return self._publish(
-                sources, tests, name, version, format, target, metadata, force, sign_with, model_path
-            )
+            return self._publish(sources, tests, name, version, format, options, model_path)
 
     def _publish(
         self,
@@ -312,17 +322,17 @@ class FileRegistry:
         name: str,
         version: str,
         format: str,
-        target: str,
-        metadata: dict[str, Any] | None,
-        force: bool,
-        sign_with: Ed25519PrivateKey | None,
+        options: PublishOptions,
         model_path: Path,
     ) -> Manifest:
+        """The checked `sources` (in `format`: the options' own, or the suffix's) and `tests` in as
+        `name@version`, with the options' target, metadata, force and signature."""
+        target, sign_with = options.target, options.sign_with
         version_dir = self.root / name / version
         manifest_path = version_dir / MANIFEST_FILE
         with self._lock(name, version):
             exists = manifest_path.exists()
-            if exists and not force:
+            if exists and not options.force:
                 raise RegistryError(
                     f"model {name!r} version {version!r} already exists in registry {self.url}",
                     hint="versions are immutable (a fleet relies on that): publish a new version, "
@@ -350,7 +360,7 @@ class FileRegistry:
                     version=version,
                     created=utc_now_iso(),
                     artifacts=artifacts,
-                    metadata=dict(metadata or {}),
+                    metadata=dict(options.metadata or {}),
                 )
                 old = self._read_existing(manifest_path) if exists else None
                 data = manifest.to_bytes()

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from agent.config import RegistryConnection
 from agent.errors import RegistryError
-from agent.registry.file_registry import FileRegistry
+from agent.registry.file_registry import FileRegistry, PublishOptions
 from agent.registry.manifest import Manifest
 from agent.registry.oci_registry import OciRegistry
 from agent.registry.urls import public_url
@@ -31,28 +30,18 @@ def publish_version(
     model_path: Path,
     name: str,
     version: str,
-    *,
+    options: PublishOptions | None = None,
     connection: RegistryConnection | None = None,
-    target: str = "any",
-    metadata: dict[str, Any] | None = None,
-    force: bool = False,
-    testdata: Sequence[Path] = (),
-    sign_with: Ed25519PrivateKey | None = None,
-    rtol: float | None = None,
-    atol: float | None = None,
 ) -> tuple[Manifest, str | None]:
     """Publish a model file as name@version at `url`; return its manifest and, for an OCI registry,
     the pushed image manifest's digest (what `model.digest` pins)."""
     scheme = urlsplit(url).scheme.lower()
-    options: dict[str, Any] = {
-        "target": target, "metadata": metadata, "force": force, "testdata": testdata, "sign_with": sign_with,
-        "rtol": rtol, "atol": atol,
-    }  # fmt: skip
+    options = options or PublishOptions()
     if scheme == "file":
-        return FileRegistry.from_url(url).publish(model_path, name, version, **options), None
+        return FileRegistry.from_url(url).publish(model_path, name, version, options), None
     if scheme == "oci":
         with contextlib.closing(OciRegistry(url, connection)) as registry:
-            if not force and registry.has_version(name, version):
+            if not options.force and registry.has_version(name, version):
                 raise RegistryError(
                     f"model {name!r} version {version!r} already exists in registry {registry.url} "
                     f"({registry.reference(name, version)})",
@@ -61,7 +50,7 @@ def publish_version(
                 )
             with tempfile.TemporaryDirectory(prefix="edge-agent-publish-") as staging_dir:
                 staging = FileRegistry(Path(staging_dir))
-                manifest = staging.publish(model_path, name, version, **options)
+                manifest = staging.publish(model_path, name, version, options)
                 document = staging.fetch_manifest(name, version)
                 files = {a.file: staging.root / name / version / a.file for a in manifest.artifacts}
                 return manifest, registry.push(document, files)
