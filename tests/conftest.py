@@ -8,4 +8,5 @@ pytest_plugins = [
     "tests.pki",
     "tests.oci_registry",
     "tests.daemon_fixtures",
+    "tests.selection_fixtures",
 ]

@@ -13,7 +13,9 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
+from typer.testing import CliRunner
 
+from agent.cli import app
 from agent.fleet import protocol
 from tests.mosquitto import Mosquitto, Subscriber
 
@@ -70,6 +72,17 @@ def publish(broker: Mosquitto, topic: str, payload: bytes | dict[str, Any], reta
     finally:
         client.disconnect()
         client.loop_stop()
+
+
+def fleet(broker: Mosquitto, *args: str) -> tuple[int, dict[str, Any]]:
+    """Run `edge-agent fleet ARGS --json` in-process: (exit code, the printed JSON object)."""
+    result = CliRunner().invoke(app, ["fleet", *args, "--json", "--broker", f"{broker.host}:{broker.port}"])
+    try:
+        return result.exit_code, json.loads(result.stdout)
+    except ValueError:
+        raise AssertionError(
+            f"no JSON (exit {result.exit_code}): {result.output}\n{result.exception}"
+        ) from None
 
 
 class Reported:

@@ -1,15 +1,21 @@
-"""Fixtures for the model registry and store: a real ONNX model and a file:// registry holding it; the
-config of an agent whose registry is an HTTP server (tests/test_offline.py, tests/test_reload_retry.py)."""
+"""Fixtures for the model registry and store: a real ONNX model and a file:// registry holding it, a
+registry that counts (and can slow) its calls, an entry published by hand around bytes that are not a
+model; the config of an agent whose registry is an HTTP server (tests/test_offline.py,
+tests/test_reload_retry.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
+import threading
+import time
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
-from agent.registry import FileRegistry, Manifest, PublishOptions
+from agent.registry import Artifact, FileRegistry, Manifest, ManifestDocument, PublishOptions
 from tests.media_fixtures import CLS_PREPROCESS
 from tests.waits import free_port
 
@@ -72,3 +78,64 @@ def http_registry_config(tmp_path: Path, port: int, video: Path | None = None) -
     path = tmp_path / "agent.yaml"
     path.write_text(json.dumps(config))
     return path
+
+
+class CountingRegistry:
+    """A real FileRegistry that counts calls (and can slow them down to widen race windows)."""
+
+    def __init__(self, inner: FileRegistry, delay_s: float = 0.0) -> None:
+        self.inner = inner
+        self.delay_s = delay_s
+        self.manifest_calls = 0
+        self.artifact_calls = 0
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    def get_manifest(self, name: str, version: str) -> Manifest:
+        return self.fetch_manifest(name, version).manifest
+
+    def fetch_manifest(self, name: str, version: str, digest: str | None = None) -> ManifestDocument:
+        with self._lock:
+            self.manifest_calls += 1
+        time.sleep(self.delay_s)
+        return self.inner.fetch_manifest(name, version, digest)
+
+    def open_artifact(self, name: str, version: str, artifact: Artifact | str) -> BinaryIO:
+        with self._lock:
+            self.artifact_calls += 1
+        time.sleep(self.delay_s)
+        return self.inner.open_artifact(name, version, artifact)
+
+    def open_artifact_at(
+        self, name: str, version: str, artifact: Artifact | str, offset: int, validator: str | None = None
+    ) -> tuple[int, BinaryIO]:
+        with self._lock:
+            self.artifact_calls += 1
+        time.sleep(self.delay_s)
+        return self.inner.open_artifact_at(name, version, artifact, offset, validator)
+
+    def list_versions(self, name: str) -> list[str]:
+        return self.inner.list_versions(name)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def publish_by_hand(registry: FileRegistry, name: str, version: str, file: str, data: bytes) -> None:
+    """A registry entry whose manifest truthfully describes bytes that are not a model."""
+    version_dir = registry.root / name / version
+    version_dir.mkdir(parents=True)
+    (version_dir / file).write_bytes(data)
+    manifest = Manifest(
+        schema_version=1,
+        name=name,
+        version=version,
+        created="2024-05-01T12:00:00Z",
+        artifacts=[
+            Artifact(file=file, sha256=hashlib.sha256(data).hexdigest(), size=len(data), format="onnx")
+        ],
+    )
+    (version_dir / "manifest.json").write_bytes(manifest.to_bytes())

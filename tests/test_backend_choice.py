@@ -39,7 +39,7 @@ from providers.catalog import ProbedBackend
 from providers.select import NoBackendError
 from tests.agent_process import StartAgent
 from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, demo_video_module
-from tests.test_select import explained_others
+from tests.selection_fixtures import explained_others
 
 SYSROOTS = Path(__file__).resolve().parent / "fixtures" / "sysroots"
 ORT_CPU = "onnxruntime/CPUExecutionProvider"

@@ -26,7 +26,7 @@ import yaml
 from agent.sources.diagnose import diagnose_device, diagnose_url, holders
 from tests.agent_process import EDGE_AGENT
 from tests.media_fixtures import demo_video_module
-from tests.test_rtsp import RtspServer
+from tests.rtsp_camera import RtspServer
 from tests.waits import free_port
 
 # --- device nodes ----------------------------------------------------------------------------------

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from providers import ModelArtifact, NoBackendError, SelectionPolicy, TrialResult, decide
+from providers import NoBackendError, SelectionPolicy, TrialResult, decide
 from providers.select import Sample, what_would_pass
-from tests.test_testdata import CLS_OUTPUT, QUICK, _preprocessed_sign, _run_cls, _sha
+from tests.selection_fixtures import CLS_OUTPUT, QUICK, artifact_of, preprocessed_sign, run_cls
 
 REFERENCE = {"y": np.linspace(0, 10, 1000, dtype=np.float32).reshape(1, 1000)}
 
@@ -59,9 +59,9 @@ def test_nothing_lets_through_outputs_of_another_shape_or_nan() -> None:
 
 def test_explain_says_what_would_let_a_rejected_candidate_through(cls_model_path: Path) -> None:
     """Expected outputs shifted by 0.02: every backend is 'wrong' by 0.02 and is told so."""
-    cls_input = _preprocessed_sign(cls_model_path, "Gate B open", True, 3)
-    cls_probs = _run_cls(cls_model_path, cls_input)
-    artifact = ModelArtifact(cls_model_path, "onnx", _sha(cls_model_path), name=cls_model_path.name)
+    cls_input = preprocessed_sign(cls_model_path, "Gate B open", True, 3)
+    cls_probs = run_cls(cls_model_path, cls_input)
+    artifact = artifact_of(cls_model_path, name=cls_model_path.name)
     shifted = Sample(
         {"x": cls_input}, "test data shifted.npz", {CLS_OUTPUT: cls_probs + 0.02}, rtol=0.0, atol=1e-3
     )

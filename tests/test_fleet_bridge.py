@@ -17,13 +17,13 @@ import yaml
 
 from agent.registry.file_registry import FileRegistry
 from tests.agent_process import EDGE_AGENT, StartAgent
+from tests.broker_fixtures import PASSWORDS, BrokerFactory, Client, ClientFactory, Tls, bridge_config
+from tests.broker_fixtures import brokers as brokers  # fixtures
+from tests.broker_fixtures import clients as clients
+from tests.broker_fixtures import passwd as passwd
 from tests.fleet_fixtures import GOOD, MODEL, NEWER, agent_config, pipeline_body
 from tests.mosquitto import Mosquitto
 from tests.pki import Pki
-from tests.test_broker_configs import PASSWORDS, BrokerFactory, Client, ClientFactory, Tls, bridge_config
-from tests.test_broker_configs import brokers as brokers  # fixtures
-from tests.test_broker_configs import clients as clients
-from tests.test_broker_configs import passwd as passwd
 from tests.waits import free_port, wait_until
 
 DEVICE = "cam-01"  # at site-north, in group lobby (configs/mosquitto/inventory.example.yaml)

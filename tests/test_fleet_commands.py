@@ -23,11 +23,11 @@ from agent.config_loader import load_config
 from agent.daemon import Agent
 from agent.registry.file_registry import FileRegistry
 from tests.agent_process import EDGE_AGENT, AgentProcess, StartAgent
+from tests.broker_fixtures import Client, ClientFactory, prop, request_properties
+from tests.broker_fixtures import clients as clients  # a fixture
 from tests.fleet_fixtures import GOOD, MODEL, Reported, agent_config, pipeline_body, pipeline_in
 from tests.mosquitto import Mosquitto
 from tests.mqtt_fixtures import SubscriberFactory
-from tests.test_broker_configs import Client, ClientFactory, prop, request_properties
-from tests.test_broker_configs import clients as clients  # a fixture
 from tests.waits import wait_until
 
 DEVICE = "cmd-box"

@@ -25,6 +25,7 @@ from agent.fleet.protocol import in_canary, open_envelope
 from agent.fleetctl.client import FleetClient
 from agent.fleetctl.connection import BrokerOptions
 from agent.registry.signing import TrustPolicy, generate_key
+from tests.fleet_fixtures import fleet
 from tests.mosquitto import Mosquitto
 from tests.mqtt_fixtures import SubscriberFactory
 from tests.pki import Pki, run_tool, tool
@@ -64,17 +65,6 @@ health: {{window_s: 30}}
 """
     )
     return path
-
-
-def fleet(broker: Mosquitto, *args: str) -> tuple[int, dict[str, Any]]:
-    """Run `edge-agent fleet ARGS --json` in-process: (exit code, the printed JSON object)."""
-    result = CliRunner().invoke(app, ["fleet", *args, "--json", "--broker", f"{broker.host}:{broker.port}"])
-    try:
-        return result.exit_code, json.loads(result.stdout)
-    except ValueError:
-        raise AssertionError(
-            f"no JSON (exit {result.exit_code}): {result.output}\n{result.exception}"
-        ) from None
 
 
 def _client(broker: Mosquitto) -> FleetClient:

@@ -30,13 +30,13 @@ from tests.fleet_fixtures import (
     Reported,
     agent_config,
     document,
+    fleet,
     pipeline_body,
     pipeline_in,
     publish,
     publish_fleet_versions,
 )
 from tests.mosquitto import Mosquitto, Subscriber
-from tests.test_fleet_controller import fleet
 from tests.waits import wait_until
 
 T0 = "2026-11-23T19:00:00.000Z"

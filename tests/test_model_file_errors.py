@@ -11,7 +11,7 @@ from pathlib import Path
 from agent.registry import FileRegistry
 from tests.cli_runs import edge_agent
 from tests.media_fixtures import CLS_PREPROCESS
-from tests.test_store import _publish_by_hand
+from tests.store_fixtures import publish_by_hand
 
 
 def _cut_short(cls_model_path: Path, to: Path) -> Path:
@@ -62,7 +62,7 @@ def test_pulling_a_corrupt_version_names_the_artifact_and_version_not_the_store(
     tmp_path: Path, file_registry: FileRegistry, cls_model_path: Path
 ) -> None:
     data = cls_model_path.read_bytes()[:200_000]
-    _publish_by_hand(file_registry, "half", "1", "model.onnx", data)
+    publish_by_hand(file_registry, "half", "1", "model.onnx", data)
     config = _config(tmp_path, file_registry.root, {"name": "half", "version": "1"})
     result = edge_agent("models", "pull", "half@1", "-c", str(config))
     assert result.returncode == 1

@@ -10,75 +10,29 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-import paho.mqtt.client as mqtt
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
-from agent.config import MqttConfig, OutboxConfig
+from agent.config import OutboxConfig
 from agent.mqtt import MqttConnection, Outbox, results_topic
 from tests.mosquitto import Mosquitto, Subscriber, cast_delay, refusing_acl
-from tests.mqtt_fixtures import SubscriberFactory
+from tests.mqtt_fixtures import (
+    DEVICE,
+    OFFLINE,
+    ONLINE,
+    ConnectionFactory,
+    SubscriberFactory,
+    make_config,
+    publish_one,
+)
 from tests.tcp_proxy import CuttableProxy
 from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-DEVICE = "dev1"
-ONLINE = b'{"state": "online"}'
-OFFLINE = b'{"state": "offline"}'
 PROTOCOLS = ["5", "3.1.1"]
-
-ConnectionFactory = Callable[..., tuple[MqttConnection, Outbox]]
-
-
-def make_config(broker: Mosquitto, protocol: str, **overrides: Any) -> MqttConfig:
-    values: dict[str, Any] = {
-        "host": broker.host,
-        "port": broker.port,
-        "protocol": protocol,
-        "keepalive_s": 5,
-        "reconnect_min_s": 0.1,
-        "reconnect_max_s": 0.5,
-        "outbox": OutboxConfig(max_inflight=10),
-    }
-    values.update(overrides)
-    return MqttConfig(**values)
-
-
-@pytest.fixture
-def connection_factory(tmp_path: Path) -> Iterator[ConnectionFactory]:
-    made: list[tuple[MqttConnection, Outbox]] = []
-
-    def factory(broker: Mosquitto, protocol: str, **overrides: Any) -> tuple[MqttConnection, Outbox]:
-        outbox = Outbox(tmp_path / f"outbox-{len(made)}.db")
-        conn = MqttConnection(
-            make_config(broker, protocol, **overrides), DEVICE, outbox, lambda: ONLINE, lambda: OFFLINE
-        )
-        made.append((conn, outbox))
-        return conn, outbox
-
-    yield factory
-    for conn, outbox in made:
-        conn.stop(publish_offline=False)
-        outbox.close()
-
-
-def publish_one(broker: Mosquitto, topic: str, payload: bytes) -> None:
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"test-pub-{time.monotonic_ns()}")
-    client.connect(broker.host, broker.port)
-    client.loop_start()
-    try:
-        sent = client.publish(topic, payload, qos=1)
-        sent.wait_for_publish(timeout=30)
-        assert sent.is_published(), f"the broker did not acknowledge the test message on {topic}"
-    finally:
-        client.disconnect()
-        client.loop_stop()
 
 
 def put_results(conn: MqttConnection, outbox: Outbox, ids: list[str], pause_s: float = 0.0) -> None:

@@ -19,25 +19,22 @@ import pytest
 
 from agent.config import TlsConfig
 from agent.mqtt import MqttConnection, Outbox
-from tests import test_mqtt_tls_auth as tls_auth
 from tests.mosquitto import Mosquitto
 from tests.pki import Pki
-from tests.test_mqtt_tls_auth import (
+from tests.tls_fixtures import (
     ConnectionFactory,
     Watcher,
-    _tls_listener,
     assert_delivers,
     assert_refused,
     no_tracebacks,
     put_results,
+    tls_listener,
 )
+from tests.tls_fixtures import brokers as brokers  # fixtures
+from tests.tls_fixtures import connections as connections
+from tests.tls_fixtures import outbox as outbox
+from tests.tls_fixtures import watchers as watchers
 from tests.waits import wait_until
-
-# The fixtures of the TLS tests: brokers with generated configs, watchers, connections on one outbox.
-brokers = tls_auth.brokers
-watchers = tls_auth.watchers
-connections = tls_auth.connections
-outbox = tls_auth.outbox
 
 
 def _misnamed_listener(pki: Pki) -> str:
@@ -69,7 +66,7 @@ def test_a_client_certificate_from_an_untrusted_ca_is_refused_and_the_results_wa
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    broker = brokers(extra_config=_tls_listener(pki, require_certificate=True))
+    broker = brokers(extra_config=tls_listener(pki, require_certificate=True))
     watcher = watchers(broker, ca=pki.ca, cert=pki.client_cert, key=pki.client_key)
     put_results(None, outbox, ["u1", "u2", "u3"])
 
@@ -173,7 +170,7 @@ def test_insecure_still_checks_the_certificate_chain(
     """insecure skips only the host name: a broker certificate from a CA the agent does not trust is
     refused as before."""
     caplog.set_level(logging.DEBUG)
-    broker = brokers(extra_config=_tls_listener(pki))
+    broker = brokers(extra_config=tls_listener(pki))
     put_results(None, outbox, ["c1"])
     conn = connections(broker, tls=TlsConfig(ca_file=pki.other_ca, insecure=True))
     error = assert_refused(conn, outbox, 1, ("certificate verify failed",))

@@ -18,8 +18,7 @@ from paho.mqtt.properties import Properties
 from agent.mqtt.message import Message
 from agent.mqtt.router import Router
 from tests.mosquitto import Mosquitto
-from tests.test_mqtt_connection import DEVICE, ConnectionFactory
-from tests.test_mqtt_connection import connection_factory as connection_factory  # a fixture
+from tests.mqtt_fixtures import DEVICE, ConnectionFactory
 from tests.waits import wait_until
 
 

@@ -6,7 +6,6 @@ computes values near 1e199). Every trial runs in a child process, as it does in 
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 from pathlib import Path
 
@@ -21,12 +20,10 @@ from skl2onnx import to_onnx
 from sklearn.datasets import load_iris
 from sklearn.linear_model import LogisticRegression
 
-from agent.processing import Preprocessor
 from agent.transform import upgraded_artifacts
 from providers import (
     BackendError,
     CandidateReport,
-    Decision,
     ModelArtifact,
     NoBackendError,
     SelectionPolicy,
@@ -39,40 +36,12 @@ from providers import (
 )
 from providers.select import compare_outputs, reference_first
 from tests.cpu_precision import assert_judged_on_its_numbers
-from tests.media_fixtures import CLS_PREPROCESS, demo_video_module
+from tests.selection_fixtures import QUICK, artifact_of, explained_others, report_of
 
 ORT_CPU = "onnxruntime/CPUExecutionProvider"
-# Small benchmarks: each trial is a fresh Python process (~1 s); the numbers only have to exist.
-QUICK = {"runs": 3, "warmup": 1, "min_time_s": 0.0, "budget_s": 1.0, "timeout_s": 60.0}
 # (artifacts: the original and its upgraded twin, inputs, the expected output)
 AddBroadcast = tuple[list[ModelArtifact], dict[str, np.ndarray], np.ndarray]
 ADD_BROADCAST = Path(onnx.__file__).parent / "backend/test/data/pytorch-operator/test_operator_add_broadcast"
-
-
-def _artifact(path: Path, fmt: str = "onnx", name: str = "") -> ModelArtifact:
-    return ModelArtifact(path, fmt, hashlib.sha256(path.read_bytes()).hexdigest(), name)
-
-
-def explained_others(decision: Decision) -> dict[tuple[str, str], tuple[int, str]]:
-    """The "(others: A, B on model: verdict; ...)" part of `explain()`: (backend, model) -> (entry
-    number, verdict). Candidates alike share one entry."""
-    entries = decision.explain().split(" (others: ", 1)[1].removesuffix(")").split("; ")
-    found = {}
-    for n, entry in enumerate(entries):
-        backends, rest = entry.split(" on ", 1)
-        artifact, verdict = rest.split(": ", 1)
-        found.update({(backend, artifact): (n, verdict) for backend in backends.split(", ")})
-    return found
-
-
-def _report(decision: Decision, backend: str, artifact: str | None = None) -> CandidateReport:
-    matches = [
-        c
-        for c in decision.candidates
-        if c.backend == backend and (artifact is None or c.artifact == artifact)
-    ]
-    assert len(matches) == 1, (backend, artifact, [(c.backend, c.artifact) for c in decision.candidates])
-    return matches[0]
 
 
 def _tensor(path: Path) -> np.ndarray:
@@ -84,24 +53,10 @@ def _tensor(path: Path) -> np.ndarray:
 # --- 1. PP-OCR cls on a rendered sign ------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def cls_sample(cls_model_path: Path) -> dict[str, np.ndarray]:
-    """An upside-down rendered sign, preprocessed as the pipeline does (BGR, 192x48, (x/255-0.5)/0.5)."""
-    image = demo_video_module().render_sign("Gate B open", True, np.random.default_rng(3))
-    session = get_backend(ORT_CPU).load(_artifact(cls_model_path))
-    try:
-        preprocess = Preprocessor(CLS_PREPROCESS, session.inputs)
-    finally:
-        session.close()
-    tensor = preprocess(image)
-    assert tensor.shape == (1, 3, 48, 192)
-    return {preprocess.input.name: tensor}
-
-
 def test_cls_on_a_rendered_sign_is_benchmarked_checked_and_explained(
     cls_model_path: Path, cls_sample: dict[str, np.ndarray]
 ) -> None:
-    artifact = _artifact(cls_model_path)
+    artifact = artifact_of(cls_model_path)
     policy = SelectionPolicy(**QUICK)
     decision = decide([artifact], policy, cls_sample)
 
@@ -121,7 +76,7 @@ def test_cls_on_a_rendered_sign_is_benchmarked_checked_and_explained(
     assert chosen.median_ms is not None and chosen.median_ms <= fastest * 1.05
     near = [c for c in correct if c.median_ms is not None and c.median_ms <= fastest * 1.05]
     assert chosen.rank == min(c.rank for c in near if c.rank is not None)
-    assert _report(decision, ORT_CPU).max_abs_diff == 0.0  # the reference against itself
+    assert report_of(decision, ORT_CPU).max_abs_diff == 0.0  # the reference against itself
 
     # Every backend that passed gives the right class (1: upside down), loaded here in-process.
     for candidate in correct:
@@ -146,7 +101,7 @@ def test_cls_on_a_rendered_sign_is_benchmarked_checked_and_explained(
 @pytest.fixture(scope="module")
 def add_broadcast(tmp_path_factory: pytest.TempPathFactory) -> AddBroadcast:
     """onnx's opset-6 float64 Add with broadcasting, plus its upgraded twin; inputs, expected output."""
-    original = _artifact(ADD_BROADCAST / "model.onnx")
+    original = artifact_of(ADD_BROADCAST / "model.onnx")
     reference = get_backend(ORT_CPU)
     assert reference.supports(original).reason == "unsupported operators: Add"
     derived = upgraded_artifacts([original], tmp_path_factory.mktemp("derived"), reference)
@@ -173,7 +128,7 @@ def test_fast_but_wrong_backend_is_rejected_by_the_output_check(add_broadcast: A
         assert candidate.verdict == "rejected"
         assert candidate.reason.startswith("output '2' differs from the reference: 50.0% of values off by")
         assert candidate.max_abs_diff is not None and candidate.max_abs_diff > 1e100
-    refused = _report(decision, ORT_CPU, original.label)
+    refused = report_of(decision, ORT_CPU, original.label)
     assert (refused.verdict, refused.reason) == ("rejected", "unsupported operators: Add")
     assert "openvino/CPU on model.onnx: rejected (" in decision.explain()
     # What OpenVINO was not tried on is no fallback either: it was shown wrong on this model.
@@ -240,13 +195,13 @@ def test_sklearn_model_goes_to_onnxruntime_with_openvinos_missing_operators_name
     assert ("ZipMap" in {n.op_type for n in proto.graph.node}) is zipmap
     path = tmp_path / "iris-logreg.onnx"
     path.write_bytes(proto.SerializeToString())
-    artifact = _artifact(path)
+    artifact = artifact_of(path)
 
     decision = decide([artifact], SelectionPolicy(**QUICK), {"X": features[:8]})
 
     assert decision.backend == ORT_CPU and decision.checked is True
     for name in ("openvino/CPU", "openvino/AUTO"):
-        report = _report(decision, name)
+        report = report_of(decision, name)
         assert report.verdict == "rejected"
         assert report.reason.startswith(f"{name} cannot read iris-logreg.onnx: ")
         assert report.reason.endswith(f"; unsupported operators: {missing}")
@@ -284,7 +239,7 @@ def test_tflite_detector_is_checked_against_tflite_on_a_real_photo() -> None:
     model = (
         Path(spec.submodule_search_locations[0]) / "modules/face_detection/face_detection_short_range.tflite"
     )
-    artifact = _artifact(model, "tflite")
+    artifact = artifact_of(model, "tflite")
     sample = {"input": _letterbox(skimage_data.astronaut(), 128)}
 
     ranked, rejected = screen([artifact], SelectionPolicy())
@@ -297,15 +252,15 @@ def test_tflite_detector_is_checked_against_tflite_on_a_real_photo() -> None:
     assert decision.reference == "tflite/cpu" and decision.checked is True
     assert decision.backend == "tflite/cpu"  # a .tflite artifact goes to TFLite when it works
     assert decision.precision == "fp32"
-    chosen = _report(decision, "tflite/cpu")
+    chosen = report_of(decision, "tflite/cpu")
     assert chosen.verdict == "chosen" and chosen.max_abs_diff == 0.0  # the reference itself
     # OpenVINO's default precision here is the CPU's (bf16 where it has avx512_bf16/AMX, which moves
     # BlazeFace's raw scores by several units): passed or rejected, its verdict follows its numbers.
-    assert_judged_on_its_numbers(_report(decision, "openvino/CPU"), policy)
+    assert_judged_on_its_numbers(report_of(decision, "openvino/CPU"), policy)
 
     # Pinned to f32, OpenVINO computes what LiteRT does on every CPU, and is proven so.
     pinned = SelectionPolicy(**QUICK, options={"openvino/CPU": {"precision": "f32"}})
-    proven = _report(decide([artifact], pinned, sample), "openvino/CPU")
+    proven = report_of(decide([artifact], pinned, sample), "openvino/CPU")
     assert proven.verdict == "passed" and proven.precision == "fp32", proven
     assert proven.max_abs_diff is not None and proven.max_abs_diff < 1e-3, proven
 
@@ -329,7 +284,7 @@ def _reason(reports: list[CandidateReport], backend: str) -> str:
 
 
 def test_deny_keeps_every_matching_backend_out(cls_model_path: Path) -> None:
-    artifact = _artifact(cls_model_path)
+    artifact = artifact_of(cls_model_path)
     decision = decide([artifact], SelectionPolicy(deny=("openvino/*",), benchmark=False), None)
     assert decision.backend == ORT_CPU
     openvino = [c for c in decision.candidates if c.backend.startswith("openvino/")]
@@ -342,7 +297,7 @@ def test_deny_keeps_every_matching_backend_out(cls_model_path: Path) -> None:
 def test_fixed_backend_is_used_and_still_checked_against_the_reference(
     cls_model_path: Path, cls_sample: dict[str, np.ndarray]
 ) -> None:
-    artifact = _artifact(cls_model_path)
+    artifact = artifact_of(cls_model_path)
     # Pinned to f32 so that it is right on every CPU: this test is about `fixed`, not precision.
     pinned = SelectionPolicy(fixed="openvino/CPU", options={"openvino/CPU": {"precision": "f32"}}, **QUICK)
     decision = decide([artifact], pinned, cls_sample)
@@ -352,7 +307,7 @@ def test_fixed_backend_is_used_and_still_checked_against_the_reference(
     assert others and all(
         c.verdict == "rejected" and c.reason == "policy fixes the backend to openvino/CPU" for c in others
     )
-    assert _report(decision, "openvino/CPU").max_abs_diff < 1e-2
+    assert report_of(decision, "openvino/CPU").max_abs_diff < 1e-2
     # The others, rejected alike, are named in one entry with the reason said once.
     explained = explained_others(decision)
     assert {explained[(c.backend, c.artifact)] for c in others} == {
@@ -363,7 +318,7 @@ def test_fixed_backend_is_used_and_still_checked_against_the_reference(
 
 def test_prefer_without_benchmark_takes_the_first_preferred(cls_model_path: Path) -> None:
     decision = decide(
-        [_artifact(cls_model_path)], SelectionPolicy(prefer=("openvino/AUTO",), benchmark=False), None
+        [artifact_of(cls_model_path)], SelectionPolicy(prefer=("openvino/AUTO",), benchmark=False), None
     )
     assert decision.backend == "openvino/AUTO"
     assert decision.note == "benchmark off" and decision.checked is False and decision.reference is None
@@ -374,7 +329,7 @@ def test_prefer_without_benchmark_takes_the_first_preferred(cls_model_path: Path
 def test_a_file_that_is_no_model_gets_every_backends_reason(tmp_path: Path) -> None:
     path = tmp_path / "notes.onnx"
     path.write_text("this is a shopping list, not a model\n")
-    artifact = _artifact(path)
+    artifact = artifact_of(path)
     with pytest.raises(NoBackendError) as caught:
         decide([artifact], SelectionPolicy(), None)
     message = str(caught.value)
@@ -395,7 +350,7 @@ def test_a_file_that_is_no_model_gets_every_backends_reason(tmp_path: Path) -> N
 def test_trial_that_takes_too_long_is_cut_off(
     cls_model_path: Path, cls_sample: dict[str, np.ndarray]
 ) -> None:
-    request = TrialRequest(ORT_CPU, _artifact(cls_model_path), cls_sample, warmup=1, runs=1)
+    request = TrialRequest(ORT_CPU, artifact_of(cls_model_path), cls_sample, warmup=1, runs=1)
     result = run_trial_isolated(request, timeout_s=0.05)
     assert result.ok is False
     assert result.error == "no answer within 0.05 s (hung while loading or running)"
@@ -404,7 +359,7 @@ def test_trial_that_takes_too_long_is_cut_off(
 def test_trial_on_an_unknown_backend_names_it(
     cls_model_path: Path, cls_sample: dict[str, np.ndarray]
 ) -> None:
-    request = TrialRequest("nosuch/NPU", _artifact(cls_model_path), cls_sample, warmup=1, runs=1)
+    request = TrialRequest("nosuch/NPU", artifact_of(cls_model_path), cls_sample, warmup=1, runs=1)
     result = run_trial_isolated(request, timeout_s=60)
     assert result.ok is False and result.backend == "nosuch/NPU"
     assert result.error.startswith("unknown backend 'nosuch/NPU'; known: ")
@@ -412,7 +367,7 @@ def test_trial_on_an_unknown_backend_names_it(
 
 
 def test_load_decided_names_every_failure_when_nothing_loads(tmp_path: Path, cls_model_path: Path) -> None:
-    artifact = _artifact(cls_model_path)
+    artifact = artifact_of(cls_model_path)
     decision = decide([artifact], SelectionPolicy(benchmark=False), None)
     gone = ModelArtifact(tmp_path / "gone.onnx", "onnx", artifact.sha256)  # same hash, file missing
     with pytest.raises(BackendError, match=r"^no decided backend could load the model: openvino/CPU: "):
@@ -505,7 +460,7 @@ def test_reference_first_is_decide_without_a_sample_less_the_screening(
     assert spec is not None and spec.submodule_search_locations
     mediapipe = Path(spec.submodule_search_locations[0])
     face = mediapipe / "modules" / "face_detection" / "face_detection_short_range.tflite"
-    onnx_file, tflite_file = _artifact(cls_model_path), ModelArtifact(face, "tflite", "cd" * 32)
+    onnx_file, tflite_file = artifact_of(cls_model_path), ModelArtifact(face, "tflite", "cd" * 32)
     backends = [get_backend(name) for name in (ORT_CPU, "tflite/cpu", "openvino/CPU")]
     for artifacts in ([onnx_file], [tflite_file, onnx_file]):
         quick = reference_first(artifacts, SelectionPolicy(), backends)

@@ -22,12 +22,10 @@ from providers import Decision, SelectionPolicy, Session, decide, get_backend, l
 from providers.select import policy as select_module
 from providers.select import serving_options, spare_core_variant
 from providers.trial import TrialRequest, TrialResult, _timed, run_trial
-from tests import test_select
-from tests.test_select import QUICK, _artifact, _report
+from tests.selection_fixtures import QUICK, artifact_of, report_of
 
 ORT_CPU = "onnxruntime/CPUExecutionProvider"
 OV_CPU = "openvino/CPU"
-cls_sample = test_select.cls_sample  # the fixture
 
 
 @pytest.fixture
@@ -59,7 +57,7 @@ def timed_as(
 def test_a_trial_times_the_variant_on_a_fresh_session(
     cls_model_path: Path, cls_sample: dict[str, np.ndarray]
 ) -> None:
-    artifact = _artifact(cls_model_path)
+    artifact = artifact_of(cls_model_path)
     request = TrialRequest(ORT_CPU, artifact, cls_sample, warmup=1, runs=3, variant={"intra_op_threads": 1})
     result = run_trial(request)
     assert result.ok and len(result.latencies_ms) >= 3 and len(result.variant_ms) >= 3
@@ -87,10 +85,10 @@ def test_one_core_fewer_is_taken_when_at_most_10_percent_slower(
     fewer_ms: float | None,
     taken: bool,
 ) -> None:
-    artifact = _artifact(cls_model_path)
+    artifact = artifact_of(cls_model_path)
     policy = SelectionPolicy(fixed=ORT_CPU, **QUICK)
     decision = decide([artifact], policy, cls_sample, trial=timed_as(default_ms, fewer_ms))
-    chosen = _report(decision, ORT_CPU)
+    chosen = report_of(decision, ORT_CPU)
     assert chosen.verdict == "chosen"
     if taken:
         assert chosen.threads == 3 and chosen.default_threads_ms == 1.0 and chosen.median_ms == fewer_ms
@@ -111,7 +109,7 @@ def test_a_busy_spell_on_the_default_threads_does_not_make_one_core_fewer_look_a
     slowed the default threads' median to the variant's, not their best runs."""
     policy = SelectionPolicy(fixed=ORT_CPU, **QUICK)
     spell = timed_as([1.0] * 4 + [2.0] * 6, [1.9] * 10)  # medians 2.0 and 1.9; fast tenths 1.0 and 1.9
-    chosen = _report(decide([_artifact(cls_model_path)], policy, cls_sample, trial=spell), ORT_CPU)
+    chosen = report_of(decide([artifact_of(cls_model_path)], policy, cls_sample, trial=spell), ORT_CPU)
     assert chosen.threads is None and chosen.median_ms == 2.0
 
 
@@ -120,7 +118,7 @@ def test_the_faster_candidate_is_the_one_as_it_will_run(
 ) -> None:
     """Ranked on the speed each will serve at: a backend slower on every core but faster with one
     core fewer wins (onnxruntime on a tiny model, spinning off, is often that)."""
-    artifact = _artifact(cls_model_path)
+    artifact = artifact_of(cls_model_path)
     timings = {ORT_CPU: timed_as(1.5, 0.8), OV_CPU: timed_as(1.0, 2.0)}
 
     def trial(request: TrialRequest, timeout_s: float) -> TrialResult:
@@ -135,17 +133,17 @@ def test_the_faster_candidate_is_the_one_as_it_will_run(
     )
     decision = decide([artifact], policy, cls_sample, trial=trial)
     assert decision.backend == ORT_CPU
-    assert _report(decision, OV_CPU).verdict == "passed" and _report(decision, OV_CPU).threads is None
+    assert report_of(decision, OV_CPU).verdict == "passed" and report_of(decision, OV_CPU).threads is None
 
 
 def test_the_thread_count_is_kept_with_the_cached_decision_and_used_to_load(
     tmp_path: Path, cls_model_path: Path, cls_sample: dict[str, np.ndarray], four_cores: None
 ) -> None:
-    artifact = _artifact(cls_model_path)
+    artifact = artifact_of(cls_model_path)
     policy = SelectionPolicy(fixed=ORT_CPU, **QUICK)
     decision = decide([artifact], policy, cls_sample, trial=timed_as(1.0, 1.0))
     cached = Decision.from_dict(decision.to_dict())  # as DecisionStore writes and reads it
-    assert _report(cached, ORT_CPU).threads == 3
+    assert report_of(cached, ORT_CPU).threads == 3
     session, report, _failures = load_decided(cached, [artifact], policy)
     try:
         assert report.threads == 3
@@ -216,7 +214,7 @@ class FailsOnRun:
 def test_a_variant_failing_while_timed_is_dropped_and_the_trial_still_counts(
     cls_model_path: Path, cls_sample: dict[str, np.ndarray]
 ) -> None:
-    artifact = _artifact(cls_model_path)
+    artifact = artifact_of(cls_model_path)
     backend = get_backend(ORT_CPU)
     session, fewer = backend.load(artifact), backend.load(artifact, {"intra_op_threads": 1})
     try:

@@ -11,64 +11,19 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 
 from agent.errors import IntegrityError, ModelError, StoreError
-from agent.registry import Artifact, FileRegistry, Manifest, ManifestDocument
+from agent.registry import FileRegistry, Manifest
 from agent.registry.file_registry import file_lock
 from agent.store import InstalledModel, ModelStore
-from tests.store_fixtures import CLS_NAME, CLS_VERSION
+from tests.store_fixtures import CLS_NAME, CLS_VERSION, CountingRegistry, publish_by_hand
 from tests.waits import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-class CountingRegistry:
-    """A real FileRegistry that counts calls (and can slow them down to widen race windows)."""
-
-    def __init__(self, inner: FileRegistry, delay_s: float = 0.0) -> None:
-        self.inner = inner
-        self.delay_s = delay_s
-        self.manifest_calls = 0
-        self.artifact_calls = 0
-        self._lock = threading.Lock()
-
-    @property
-    def url(self) -> str:
-        return self.inner.url
-
-    def get_manifest(self, name: str, version: str) -> Manifest:
-        return self.fetch_manifest(name, version).manifest
-
-    def fetch_manifest(self, name: str, version: str, digest: str | None = None) -> ManifestDocument:
-        with self._lock:
-            self.manifest_calls += 1
-        time.sleep(self.delay_s)
-        return self.inner.fetch_manifest(name, version, digest)
-
-    def open_artifact(self, name: str, version: str, artifact: Artifact | str) -> BinaryIO:
-        with self._lock:
-            self.artifact_calls += 1
-        time.sleep(self.delay_s)
-        return self.inner.open_artifact(name, version, artifact)
-
-    def open_artifact_at(
-        self, name: str, version: str, artifact: Artifact | str, offset: int, validator: str | None = None
-    ) -> tuple[int, BinaryIO]:
-        with self._lock:
-            self.artifact_calls += 1
-        time.sleep(self.delay_s)
-        return self.inner.open_artifact_at(name, version, artifact, offset, validator)
-
-    def list_versions(self, name: str) -> list[str]:
-        return self.inner.list_versions(name)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def blob_dir(store: ModelStore) -> Path:
@@ -260,25 +215,8 @@ def test_registry_copy_larger_than_published_is_refused(
     assert_nothing_installed(store, CLS_NAME, CLS_VERSION)
 
 
-def _publish_by_hand(registry: FileRegistry, name: str, version: str, file: str, data: bytes) -> None:
-    """A registry entry whose manifest truthfully describes bytes that are not a model."""
-    version_dir = registry.root / name / version
-    version_dir.mkdir(parents=True)
-    (version_dir / file).write_bytes(data)
-    manifest = Manifest(
-        schema_version=1,
-        name=name,
-        version=version,
-        created="2024-05-01T12:00:00Z",
-        artifacts=[
-            Artifact(file=file, sha256=hashlib.sha256(data).hexdigest(), size=len(data), format="onnx")
-        ],
-    )
-    (version_dir / "manifest.json").write_bytes(manifest.to_bytes())
-
-
 def test_non_onnx_file_with_a_matching_hash_is_refused(tmp_path: Path, file_registry: FileRegistry) -> None:
-    _publish_by_hand(file_registry, "junk", "1", "model.onnx", b"definitely not an ONNX protobuf\n" * 4)
+    publish_by_hand(file_registry, "junk", "1", "model.onnx", b"definitely not an ONNX protobuf\n" * 4)
     store = ModelStore(tmp_path / "store")
     with pytest.raises(ModelError) as info:
         store.pull(file_registry, "junk", "1")
@@ -293,7 +231,7 @@ def test_non_onnx_file_with_a_matching_hash_is_refused(tmp_path: Path, file_regi
 def test_truncated_onnx_with_a_matching_hash_is_refused(
     tmp_path: Path, file_registry: FileRegistry, cls_model_path: Path
 ) -> None:
-    _publish_by_hand(file_registry, "half", "1", "model.onnx", cls_model_path.read_bytes()[:200_000])
+    publish_by_hand(file_registry, "half", "1", "model.onnx", cls_model_path.read_bytes()[:200_000])
     store = ModelStore(tmp_path / "store")
     with pytest.raises(ModelError, match=r"model\.onnx is not a valid ONNX model"):
         store.pull(file_registry, "half", "1")

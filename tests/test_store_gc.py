@@ -20,8 +20,7 @@ from agent.registry.manifest import MANIFEST_FILE
 from agent.store import ModelStore
 from tests.cli_runs import edge_agent
 from tests.config_cases import assert_both_accept
-from tests.store_fixtures import CLS_NAME
-from tests.test_store import CountingRegistry
+from tests.store_fixtures import CLS_NAME, CountingRegistry
 from tests.waits import wait_until
 
 VERSIONS = ["1", "2", "3", "4", "5"]

@@ -33,7 +33,7 @@ from tests.config_cases import assert_both_accept
 from tests.media_fixtures import demo_video_module
 from tests.mosquitto import Mosquitto
 from tests.pki import Pki, run_tool, tool
-from tests.test_mqtt_tls_auth import PASSWORD, USER, _tls_listener
+from tests.tls_fixtures import PASSWORD, USER, tls_listener
 from tests.waits import free_port, wait_until
 
 DEVICE = "newuser-box"
@@ -452,7 +452,7 @@ def login_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tup
     )
     os.chmod(password_file, 0o600)
     pki: Pki | None = request.getfixturevalue("pki") if request.param == "login+tls" else None
-    extra = f"password_file {password_file}" + (f"\n{_tls_listener(pki)}" if pki else "")
+    extra = f"password_file {password_file}" + (f"\n{tls_listener(pki)}" if pki else "")
     with Mosquitto(tmp_path / "mosquitto", allow_anonymous=False, extra_config=extra) as broker:
         yield broker, pki
 

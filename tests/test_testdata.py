@@ -16,7 +16,6 @@ from typing import Any
 
 import cv2
 import numpy as np
-import onnxruntime as ort
 import pytest
 from skimage import data as skimage_data
 from typer.testing import CliRunner
@@ -35,7 +34,6 @@ from agent.config import (
     VideoSourceConfig,
 )
 from agent.errors import EdgeAgentError, ModelError, RegistryError
-from agent.processing import Preprocessor
 from agent.registry import FileRegistry, Manifest, PublishOptions
 from agent.store import ModelStore
 from agent.testdata import TestData, load_testdata
@@ -57,13 +55,17 @@ from providers import (
 from providers.select import Sample, reference_session
 from tests.cpu_precision import assert_judged_on_its_numbers
 from tests.media_fixtures import CLS_LABELS, CLS_PREPROCESS, demo_video_module
+from tests.selection_fixtures import (
+    CLS_OUTPUT,
+    QUICK,
+    artifact_of,
+    explained_others,
+    preprocessed_sign,
+    run_cls,
+)
 from tests.store_fixtures import CLS_NAME, CLS_VERSION
-from tests.test_select import explained_others
 
 ORT_CPU = "onnxruntime/CPUExecutionProvider"
-CLS_OUTPUT = "save_infer_model/scale_0.tmp_1"  # the cls model's one output: [batch, 2] probabilities
-# Small benchmarks: each trial is a fresh Python process (~1 s); the numbers only have to exist.
-QUICK: dict[str, Any] = {"runs": 3, "warmup": 1, "min_time_s": 0.0, "budget_s": 1.0, "timeout_s": 60.0}
 NOT_FITTING = "not tried: no test input fits this artifact"
 
 
@@ -71,44 +73,20 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _artifact(path: Path, fmt: str = "onnx", name: str = "") -> ModelArtifact:
-    return ModelArtifact(path, fmt, _sha(path), name)
-
-
 def _savez(path: Path, arrays: Mapping[str, np.ndarray]) -> Path:
     np.savez(path, **arrays)  # type: ignore[arg-type]
     return path
 
 
-def _run_cls(model: Path, tensor: np.ndarray) -> np.ndarray:
-    """The cls model's probabilities, computed by plain onnxruntime on CPU (not by edge-agent)."""
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    [probs] = session.run([CLS_OUTPUT], {"x": tensor})
-    return np.asarray(probs)
-
-
-def _preprocessed_sign(model: Path, text: str, upside_down: bool, seed: int) -> np.ndarray:
-    """A rendered sign, preprocessed as the pipeline does (BGR, 192x48, (x/255-0.5)/0.5)."""
-    image = demo_video_module().render_sign(text, upside_down, np.random.default_rng(seed))
-    session = reference_session([_artifact(model)])
-    try:
-        preprocess = Preprocessor(CLS_PREPROCESS, session.inputs)
-    finally:
-        session.close()
-    tensor = preprocess(image)
-    assert preprocess.input.name == "x" and tensor.shape == (1, 3, 48, 192) and tensor.dtype == np.float32
-    return tensor
-
-
 @pytest.fixture(scope="module")
 def cls_input(cls_model_path: Path) -> np.ndarray:
     """An upside-down rendered sign, preprocessed for the cls model."""
-    return _preprocessed_sign(cls_model_path, "Gate B open", True, 3)
+    return preprocessed_sign(cls_model_path, "Gate B open", True, 3)
 
 
 @pytest.fixture(scope="module")
 def cls_probs(cls_model_path: Path, cls_input: np.ndarray) -> np.ndarray:
-    probs = _run_cls(cls_model_path, cls_input)
+    probs = run_cls(cls_model_path, cls_input)
     assert probs.shape == (1, 2) and int(probs.argmax()) == 1, probs  # upside down
     assert float(probs.max()) > 0.8, probs  # far from 50/50: swapping the two is clearly wrong
     return probs
@@ -129,7 +107,7 @@ def blazeface() -> tuple[ModelArtifact, dict[str, np.ndarray]]:
     model = (
         Path(spec.submodule_search_locations[0]) / "modules/face_detection/face_detection_short_range.tflite"
     )
-    return _artifact(model, "tflite"), {"input": _letterbox(skimage_data.astronaut(), 128)}
+    return artifact_of(model, "tflite"), {"input": _letterbox(skimage_data.astronaut(), 128)}
 
 
 def _letterbox(image: np.ndarray, size: int) -> np.ndarray:
@@ -336,8 +314,8 @@ def test_publish_with_test_data_lists_it_and_a_pull_installs_it(
 def test_expected_outputs_of_another_sign_computed_by_onnxruntime_are_accepted(
     tmp_path: Path, cls_model_path: Path
 ) -> None:
-    upright = _preprocessed_sign(cls_model_path, "EDGE CAMERA 42", False, 1)
-    probs = _run_cls(cls_model_path, upright)
+    upright = preprocessed_sign(cls_model_path, "EDGE CAMERA 42", False, 1)
+    probs = run_cls(cls_model_path, upright)
     assert int(probs.argmax()) == 0, probs
     npz = _savez(tmp_path / "upright.npz", {"x": upright, f"expected:{CLS_OUTPUT}": probs})
     registry = FileRegistry(tmp_path / "registry")
@@ -426,7 +404,7 @@ def _tried(decision: Decision) -> list[Any]:
 def test_expected_outputs_are_the_reference(
     cls_model_path: Path, cls_input: np.ndarray, cls_probs: np.ndarray
 ) -> None:
-    artifact = _artifact(cls_model_path)
+    artifact = artifact_of(cls_model_path)
     sample = Sample({"x": cls_input}, "test data inputs.npz", {CLS_OUTPUT: cls_probs})
     policy = SelectionPolicy(max_trials=2, **QUICK)
     decision = decide([artifact], policy, [sample])
@@ -446,7 +424,7 @@ def test_expected_outputs_are_the_reference(
 def test_wrong_expected_outputs_reject_every_candidate(
     cls_model_path: Path, cls_input: np.ndarray, cls_probs: np.ndarray
 ) -> None:
-    artifact = _artifact(cls_model_path)
+    artifact = artifact_of(cls_model_path)
     swapped = {CLS_OUTPUT: np.ascontiguousarray(cls_probs[:, ::-1])}
     sample = Sample({"x": cls_input}, "test data wrong.npz", swapped)
     with pytest.raises(NoBackendError) as caught:
@@ -477,7 +455,7 @@ def test_each_artifact_is_proven_on_the_sample_made_for_it(
     cls_input: np.ndarray,
     blazeface: tuple[ModelArtifact, dict[str, np.ndarray]],
 ) -> None:
-    cls, tflite = _artifact(cls_model_path), blazeface[0]
+    cls, tflite = artifact_of(cls_model_path), blazeface[0]
     face = blazeface[1]
     samples = [
         Sample({"x": cls_input}, "test data cls.npz", fits=frozenset({cls.sha256})),
@@ -520,7 +498,7 @@ def test_an_artifact_no_sample_fits_is_not_tried(
     cls_probs: np.ndarray,
     blazeface: tuple[ModelArtifact, dict[str, np.ndarray]],
 ) -> None:
-    cls, tflite = _artifact(cls_model_path), blazeface[0]
+    cls, tflite = artifact_of(cls_model_path), blazeface[0]
     sample = Sample({"x": cls_input}, "test data cls.npz", {CLS_OUTPUT: cls_probs}, frozenset({cls.sha256}))
     calls: list[tuple[str, str, dict[str, tuple[int, ...]]]] = []
     decision = decide(
@@ -556,13 +534,15 @@ def test_testdata_samples_are_marked_with_the_artifacts_they_fit(
     broken = tmp_path / "broken.npz"
     broken.write_bytes(b"")
     testdata = [
-        TestData(_artifact(good_npz, "test-data", "inputs.npz"), None),  # any model file it fits: the cls one
-        TestData(_artifact(face, "test-data", "face.npz"), "face.tflite"),
         TestData(
-            _artifact(face, "test-data", "face-for-cls.npz"), "cls.onnx"
+            artifact_of(good_npz, "test-data", "inputs.npz"), None
+        ),  # any model file it fits: the cls one
+        TestData(artifact_of(face, "test-data", "face.npz"), "face.tflite"),
+        TestData(
+            artifact_of(face, "test-data", "face-for-cls.npz"), "cls.onnx"
         ),  # bound to one it does not fit
-        TestData(_artifact(face, "test-data", "face-for-nothing.npz"), "nope.onnx"),
-        TestData(_artifact(broken, "test-data", "broken.npz"), None),
+        TestData(artifact_of(face, "test-data", "face-for-nothing.npz"), "nope.onnx"),
+        TestData(artifact_of(broken, "test-data", "broken.npz"), None),
     ]
     samples = samples_from_testdata(testdata, [cls, tflite], all_backends())
 
@@ -633,9 +613,9 @@ def test_test_data_proves_the_model_before_the_source_has_a_frame(
 ) -> None:
     caplog.set_level(logging.INFO)
     config = _config(tmp_path / "state", str(tmp_path / "no-such-camera.mp4"))
-    testdata = [TestData(_artifact(good_npz, "test-data", "inputs.npz"), None)]
+    testdata = [TestData(artifact_of(good_npz, "test-data", "inputs.npz"), None)]
     session, chosen = choose_and_load(
-        config, config.pipelines[0], [_artifact(cls_model_path)], "pp-ocr-cls@2.0", testdata
+        config, config.pipelines[0], [artifact_of(cls_model_path)], "pp-ocr-cls@2.0", testdata
     )
     decision = chosen.decision
     try:
@@ -661,9 +641,9 @@ def test_test_data_that_fits_nothing_is_ignored_and_a_frame_is_used(
     caplog.set_level(logging.INFO)
     npz = _savez(tmp_path / "wrong.npz", {"image": cls_input})
     config = _config(tmp_path / "state", str(sign_video))
-    testdata = [TestData(_artifact(npz, "test-data", "wrong.npz"), None)]
+    testdata = [TestData(artifact_of(npz, "test-data", "wrong.npz"), None)]
     session, chosen = choose_and_load(
-        config, config.pipelines[0], [_artifact(cls_model_path)], "pp-ocr-cls@2.0", testdata
+        config, config.pipelines[0], [artifact_of(cls_model_path)], "pp-ocr-cls@2.0", testdata
     )
     decision = chosen.decision
     session.close()
@@ -682,14 +662,14 @@ def test_the_cached_decision_is_keyed_by_the_test_data_too(
     tmp_path: Path, cls_model_path: Path, good_npz: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="agent.backend_choice")
-    upright = _preprocessed_sign(cls_model_path, "EDGE CAMERA 42", False, 1)
+    upright = preprocessed_sign(cls_model_path, "EDGE CAMERA 42", False, 1)
     other = _savez(tmp_path / "other.npz", {"x": upright})  # no expected outputs: onnxruntime's are
     config = _config(tmp_path / "state", str(tmp_path / "no-such-camera.mp4"))
-    model = [_artifact(cls_model_path)]
+    model = [artifact_of(cls_model_path)]
     decisions = tmp_path / "state" / "decisions"
     origins = []
     for path in (good_npz, other, good_npz):  # the third is the first again: from the cache
-        testdata = [TestData(_artifact(path, "test-data", "inputs.npz"), None)]
+        testdata = [TestData(artifact_of(path, "test-data", "inputs.npz"), None)]
         session, chosen = choose_and_load(config, config.pipelines[0], model, "pp-ocr-cls@2.0", testdata)
         decision = chosen.decision
         session.close()
@@ -710,7 +690,7 @@ def test_the_cached_decision_is_keyed_by_the_test_data_too(
 
 @pytest.fixture(scope="module")
 def cls_specs(cls_model_path: Path) -> list[TensorSpec]:
-    session = reference_session([_artifact(cls_model_path)])
+    session = reference_session([artifact_of(cls_model_path)])
     try:
         return list(session.inputs)
     finally:
@@ -749,7 +729,7 @@ def test_parse_shapes_of_a_model_with_several_inputs_needs_names() -> None:
 
 
 def test_bench_feeds_random_of_the_shape_asked_for(cls_model_path: Path) -> None:
-    resolved = ResolvedModel(str(cls_model_path), [_artifact(cls_model_path)], [])
+    resolved = ResolvedModel(str(cls_model_path), [artifact_of(cls_model_path)], [])
     feeds, described = bench_feeds(resolved, ["1x3x48x96"], None)
     assert described == "random inputs (x 1x3x48x96)"
     assert set(feeds) == {"x"} and feeds["x"].shape == (1, 3, 48, 96) and feeds["x"].dtype == np.float32
@@ -758,7 +738,7 @@ def test_bench_feeds_random_of_the_shape_asked_for(cls_model_path: Path) -> None
 
 
 def test_bench_feeds_refuses_a_shape_the_model_cannot_take(cls_model_path: Path) -> None:
-    resolved = ResolvedModel(str(cls_model_path), [_artifact(cls_model_path)], [])
+    resolved = ResolvedModel(str(cls_model_path), [artifact_of(cls_model_path)], [])
     with pytest.raises(EdgeAgentError) as caught:
         bench_feeds(resolved, ["1x4x48x192"], None)
     assert str(caught.value) == (
@@ -769,7 +749,7 @@ def test_bench_feeds_refuses_a_shape_the_model_cannot_take(cls_model_path: Path)
 
 
 def test_bench_feeds_from_an_inputs_file(cls_model_path: Path, good_npz: Path, cls_input: np.ndarray) -> None:
-    resolved = ResolvedModel(str(cls_model_path), [_artifact(cls_model_path)], [])
+    resolved = ResolvedModel(str(cls_model_path), [artifact_of(cls_model_path)], [])
     feeds, described = bench_feeds(resolved, [], good_npz)
     assert described == str(good_npz)
     assert set(feeds) == {"x"}  # the expected outputs are no inputs
@@ -777,7 +757,7 @@ def test_bench_feeds_from_an_inputs_file(cls_model_path: Path, good_npz: Path, c
 
 
 def test_bench_feeds_refuses_an_inputs_file_that_does_not_fit(tmp_path: Path, cls_model_path: Path) -> None:
-    resolved = ResolvedModel("pp-ocr-cls@2.0", [_artifact(cls_model_path)], [])
+    resolved = ResolvedModel("pp-ocr-cls@2.0", [artifact_of(cls_model_path)], [])
     npz = _savez(tmp_path / "images.npz", {"image": np.zeros((1, 3, 48, 192), np.float32)})
     with pytest.raises(EdgeAgentError) as caught:
         bench_feeds(resolved, [], npz)
@@ -792,10 +772,10 @@ def test_bench_feeds_uses_the_models_own_test_data(
 ) -> None:
     unfit = _savez(tmp_path / "unfit.npz", {"image": cls_input})
     testdata = [
-        TestData(_artifact(unfit, "test-data", "unfit.npz"), None),
-        TestData(_artifact(good_npz, "test-data", "inputs.npz"), None),
+        TestData(artifact_of(unfit, "test-data", "unfit.npz"), None),
+        TestData(artifact_of(good_npz, "test-data", "inputs.npz"), None),
     ]
-    resolved = ResolvedModel("pp-ocr-cls@2.0", [_artifact(cls_model_path)], testdata)
+    resolved = ResolvedModel("pp-ocr-cls@2.0", [artifact_of(cls_model_path)], testdata)
     feeds, described = bench_feeds(resolved, [], None)
     assert described == "test data inputs.npz"
     np.testing.assert_array_equal(feeds["x"], cls_input)

@@ -21,9 +21,8 @@ from agent.mqtt.router import Router
 from tests.agent_process import StartAgent, read_status
 from tests.fleet_fixtures import GOOD, agent_config, pipeline_body, publish_fleet_versions
 from tests.mosquitto import Mosquitto, Subscriber
+from tests.mqtt_fixtures import DEVICE, ConnectionFactory, publish_one
 from tests.plugin_fixtures import install_plugin
-from tests.test_mqtt_connection import DEVICE, ConnectionFactory, publish_one
-from tests.test_mqtt_connection import connection_factory as connection_factory  # a fixture
 from tests.waits import wait_until
 
 HANG_PLUGIN = """\
