@@ -16,7 +16,6 @@ import numpy as np
 from agent.config import PipelineConfig, SnapshotsConfig
 from agent.processing import Geometry
 from agent.processing.scene import Event, Scene, SnapshotWanted, boxes_of
-from agent.sources import Frame
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +65,22 @@ class PipelineTracking:
         self.summary = self.scene.summary()
 
     def frame(
-        self, config: PipelineConfig, output: dict[str, Any], frame: Frame, geometry: Geometry | None
+        self,
+        config: PipelineConfig,
+        output: dict[str, Any],
+        captured_at: float,
+        pixels: np.ndarray | None,
+        geometry: Geometry | None,
     ) -> list[Event]:
-        """Track one frame's boxes (the output's entries get their `track_id`) and take its snapshots;
-        the frame's events (none without tracking). `config` is the frame's stage's."""
+        """Track one frame's boxes (the output's entries get their `track_id`) and take its snapshots
+        from its `pixels` (None: not kept); the frame's events (none without tracking). `config` is
+        the frame's stage's."""
         tracking = config.tracking
         if tracking is None:
             if self.scene is None:
                 return []
             ended, self.scene, self.summary = self.scene, None, None
-            ended.end_all("tracking turned off", frame.captured_at)
+            ended.end_all("tracking turned off", captured_at)
             return ended.take_events()
         if self.scene is None:
             self._start(config)
@@ -87,18 +92,16 @@ class PipelineTracking:
         entries = boxes_of(output)
         if entries is None:
             return []  # a plugin without boxes this frame
-        width, height = _frame_size(frame, geometry)
+        width, height = _frame_size(pixels, geometry)
         shaped = scene.problems
-        scene.step(entries, frame.captured_at, width, height)
+        scene.step(entries, captured_at, width, height)
         if scene.problems and scene.problems is not shaped:  # once per frame size or config
             log.warning("pipeline %s: %s", self.name, "; ".join(scene.problems))
-        if frame.data.ndim == 3:  # the pixels were kept (snapshots on)
+        if pixels is not None:  # kept for the snapshots
             for wanted in scene.snapshots_wanted():
-                snapshot = self.sink.save_snapshot(
-                    self.name, wanted, frame.data, frame.captured_at, tracking.snapshots
-                )
+                snapshot = self.sink.save_snapshot(self.name, wanted, pixels, captured_at, tracking.snapshots)
                 if snapshot is not None:
-                    scene.snapshot_taken(wanted.track_id, snapshot, wanted.quality, frame.captured_at)
+                    scene.snapshot_taken(wanted.track_id, snapshot, wanted.quality, captured_at)
         events = scene.take_events()
         if events or self.summary is None:
             self.summary = scene.summary()
@@ -122,10 +125,10 @@ def keeps_pixels(config: PipelineConfig) -> bool:
     return tracking is not None and tracking.snapshots.enabled
 
 
-def _frame_size(frame: Frame, geometry: Geometry | None) -> tuple[int, int]:
+def _frame_size(pixels: np.ndarray | None, geometry: Geometry | None) -> tuple[int, int]:
     """The source image's width and height: the preprocessing's, else the pixels' (0, 0: unknown)."""
     if geometry is not None:
         return geometry.source_width, geometry.source_height
-    if frame.data.ndim >= 2:
-        return int(frame.data.shape[1]), int(frame.data.shape[0])
+    if pixels is not None and pixels.ndim >= 2:
+        return int(pixels.shape[1]), int(pixels.shape[0])
     return 0, 0

@@ -1,7 +1,8 @@
-"""A result's one path: the pipeline builds a `Result` once, `ResultWriter` turns it into the message
-the fleet reads and writes it to the outbox, and the publisher stamps its send time.
+"""A result's one path: the pipeline's report step builds a `Result` once (agent/steps/report.py),
+`ResultWriter` turns it into the message the fleet reads and writes it to the outbox, and the
+publisher stamps its send time.
 
-    Pipeline._report ─ Result ─> ResultWriter.submit ─ message (id, device, seq, times) ─> Outbox
+    steps' report (result_of) ─ Result ─> ResultWriter.submit ─ message (id, device, seq, times) ─> Outbox
                                              └─ its events ─> EventWriter (agent/events.py) ─> Outbox
     Outbox ─> mqtt publisher ─ stamp_published_at (wired by the daemon) ─> broker
 
@@ -21,7 +22,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from agent.clock import iso_utc
 from agent.config import SnapshotsConfig
 from agent.errors import ModelError
 from agent.events import EventWriter
+from agent.logfmt import first_or_every
 from agent.mqtt import Outbox, OutboxMessage, results_topic
 from agent.mqtt.outbox import OutboxFull
 from agent.processing.scene import SnapshotWanted
@@ -56,6 +58,10 @@ class Result:
     events: Sequence[Mapping[str, Any]] = ()  # the frame's tracking events, in order
     publish: bool = True  # False: only the events go (report.results off, or held back by the rules)
     scene: Mapping[str, Any] | None = None  # a tracking pipeline's counts after this frame (Scene.summary)
+    tags: Mapping[str, Any] = field(default_factory=dict)  # what steps added (published when any)
+    # The frame's pixels, when a consumer of the result needs them (the Home Assistant image): never
+    # serialised; the image is then the result's own frame.
+    pixels: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def fields(self) -> dict[str, Any]:
         """The message's own fields, in the order published (the sink adds id, device, seq, times)."""
@@ -67,6 +73,7 @@ class Result:
             "source": self.source,
             "output": self.output,
             "held_back": self.held_back,
+            **({"tags": self.tags} if self.tags else {}),
         }
 
 
@@ -81,13 +88,12 @@ def stamp_published_at(message: OutboxMessage) -> bytes:
     return message.payload.replace(_PUBLISHED_AT_PLACEHOLDER, stamp, 1)
 
 
-# A published result's pipeline, its `output` and the capture time of its frame.
-ResultObserver = Callable[[str, Mapping[str, Any], float], None]
+# A published result's pipeline, its `output` and its frame's pixels (None: the pipeline kept none).
+ResultObserver = Callable[[str, Mapping[str, Any], "np.ndarray | None"], None]
 # A tracking pipeline's frame: its pipeline, its scene's summary and its events.
 SceneObserver = Callable[[str, Mapping[str, Any], Sequence[Mapping[str, Any]]], None]
 # A new snapshot: its pipeline, label and JPEG (for the retained image topic).
 SnapshotObserver = Callable[[str, str, bytes], None]
-_SNAPSHOT_ERRORS_LOGGED_EVERY = 100
 
 
 class ResultWriter:
@@ -170,7 +176,7 @@ class ResultWriter:
             data = snapshot.path.read_bytes() if self.snapshot_observer is not None else b""
         except Exception as exc:  # a full disk costs the picture, never the events
             self.snapshot_errors += 1
-            if self.snapshot_errors % _SNAPSHOT_ERRORS_LOGGED_EVERY == 1:
+            if first_or_every(self.snapshot_errors):
                 log.warning(
                     "pipeline %s: cannot save a snapshot (%d failed so far): %s",
                     pipeline,
@@ -223,7 +229,7 @@ class ResultWriter:
             written = True
         if self.observer is not None:
             try:
-                self.observer(pipeline, result.output or {}, result.captured_at)
+                self.observer(pipeline, result.output or {}, result.pixels)
             except Exception:  # the state topics must never cost a result
                 log.exception("pipeline %s: the result observer failed", pipeline)
         if written:

@@ -9,6 +9,7 @@ time and swaps in the next between two frames; `edge-agent infer` runs one frame
 from __future__ import annotations
 
 import collections
+import logging
 import statistics
 import threading
 import time
@@ -24,6 +25,11 @@ from agent.processing import Geometry, build_postprocessor
 from agent.processing.feed import build_feeder
 from agent.rules import ReportRules
 from providers import Decision, Session
+
+log = logging.getLogger(__name__)
+
+# How often a stage running on a fallback backend asks whether its better backend works again.
+_RETRY_PREFERRED_EVERY_S = 30.0
 
 
 class BackendSwitcher(Protocol):
@@ -63,6 +69,8 @@ class LoadedModel:
     session: Session
     decision: Decision | None = None  # how the backend was chosen (None: given, not selected)
     key: str = ""  # the decision's cache key (agent/backend_choice/): reselect-backend forgets it
+    # Backend switches of this model's session ("a -> b: why", newest last): fallbacks and returns.
+    switches: list[str] = field(default_factory=list, repr=False, compare=False)
     # Stages on this model (`Stage.with_config` shares it): the session closes with the last of them.
     _users: int = field(default=0, repr=False, compare=False)
     _users_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -144,6 +152,7 @@ class Stage:
         self.stats = StageStats()
         # While on probation (a health window), outputs are checked for NaN and infinity each frame.
         self.watch_outputs = False
+        self._next_preferred_retry = time.monotonic() + _RETRY_PREFERRED_EVERY_S
 
     @property
     def ref(self) -> str:
@@ -173,9 +182,59 @@ class Stage:
             "backend_why": why,
         }
 
+    @property
+    def identity(self) -> dict[str, str]:
+        """The model as a result names it."""
+        return {"name": self.model.name, "version": self.model.version, "sha256": self.model.sha256}
+
     def warm_up(self) -> None:
         """Run the model once at its real input shape before it serves a live frame."""
         self.model.session.run(self.feeder.warm_up_feeds())
+
+    # --- backend switching (the inference thread only: it is the session's one user) -------------
+
+    def running_on(self) -> tuple[str, str]:
+        """The backend and precision the model runs on now."""
+        session = self.model.session
+        return session.backend, session.precision
+
+    def tend_backend(self) -> None:
+        """Between two frames: take a session a proof on a frame chose, or go back to the preferred
+        backend when it works again (at most every _RETRY_PREFERRED_EVERY_S)."""
+        if self.switcher is None:
+            return
+        upgrade = self.switcher.take_upgrade()
+        if upgrade is not None:
+            self._switch(upgrade, "a frame from the source proved it the best candidate")
+        if time.monotonic() < self._next_preferred_retry:
+            return
+        self._next_preferred_retry = time.monotonic() + _RETRY_PREFERRED_EVERY_S
+        better = self.switcher.retry_preferred(self.model.session.backend)
+        if better is not None:
+            self._switch(better, "the preferred backend works again")
+
+    def fall_back(self, why: str) -> None:
+        """The backend keeps failing: serve on the next candidate, if there is one."""
+        if self.switcher is None:
+            return
+        replacement = self.switcher.fallback(self.model.session.backend)
+        if replacement is not None:
+            self._switch(replacement, why, logging.WARNING)
+
+    def _switch(self, session: Session, why: str, level: int = logging.INFO) -> None:
+        """Serve on `session` from the next frame; logged at `level`: INFO for a better backend
+        (proven on a frame, or the preferred one back), WARNING for a fallback from a failing one."""
+        old = self.model.session
+        self.model.session = session
+        note = f"{old.backend} -> {session.backend}: {why}"
+        self.model.switches.append(note)
+        log.log(level, "pipeline %s: switched backend %s", self.config.name, note)
+        old.close()
+
+    def offer_sample(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """Hand a frame's inputs to a switcher whose decision still needs proving (cheap otherwise)."""
+        if self.switcher is not None and self.switcher.wants_sample:
+            self.switcher.offer_sample(feeds, self.model.session.backend)
 
     def prepare(self, data: np.ndarray, gap: bool = False) -> tuple[dict[str, np.ndarray], Geometry | None]:
         """The model's inputs for one frame (an image, an audio window), and how an image was fitted."""

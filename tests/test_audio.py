@@ -6,9 +6,7 @@ silero variant OpenVINO reads). Plus the audio reader, the window queue and bad 
 
 from __future__ import annotations
 
-import importlib.util
 import time
-import wave
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +23,11 @@ from agent.stage import LoadedModel
 from providers import ModelArtifact, TensorSpec, get_backend
 from tests import media_fixtures
 from tests.cpu_precision import exact_options
-from tests.media_fixtures import ListSink
+from tests.media_fixtures import ListSink, silero, write_wav
 from tests.waits import wait_until
 
 speech_wav = media_fixtures.speech_wav
 TOLERANCE_S = 0.3
-
-
-def silero(file: str) -> Path:
-    spec = importlib.util.find_spec("silero_vad")  # located, never imported (its __init__ wants torch)
-    assert spec is not None and spec.submodule_search_locations, "silero-vad==6.2.3 is not installed"
-    path = Path(next(iter(spec.submodule_search_locations))) / "data" / file
-    assert path.is_file(), path
-    return path
 
 
 def _vad_pipeline(uri: Path, model: str, **preprocess: Any) -> PipelineConfig:
@@ -105,31 +95,23 @@ def test_speech_start_and_end_events_where_the_speech_is(
 # --- the pieces --------------------------------------------------------------------------------------
 
 
-def _write_wav(path: Path, samples: np.ndarray, rate: int, width: int = 2, channels: int = 1) -> None:
-    with wave.open(str(path), "wb") as wav:
-        wav.setnchannels(channels)
-        wav.setsampwidth(width)
-        wav.setframerate(rate)
-        wav.writeframes(samples.tobytes())
-
-
 def test_read_wav_resamples_and_scales_every_pcm_width(tmp_path: Path) -> None:
     tone = np.sin(2 * np.pi * 440 * np.arange(22050) / 22050)  # 1 s at 22050 Hz
-    _write_wav(tmp_path / "s16.wav", (tone * 16384).astype(np.int16), 22050)
+    write_wav(tmp_path / "s16.wav", (tone * 16384).astype(np.int16), 22050)
     audio = read_wav(tmp_path / "s16.wav", 16000)
     assert audio.dtype == np.float32 and len(audio) == 16000  # 1 s at the model's rate
     assert abs(float(np.abs(audio[100:-100]).max()) - 0.5) < 0.02
     spectrum = np.abs(np.fft.rfft(audio))
     assert abs(int(spectrum.argmax()) - 440) <= 1  # still 440 Hz after resampling
 
-    _write_wav(tmp_path / "u8.wav", (tone * 64 + 128).astype(np.uint8), 22050, width=1)
+    write_wav(tmp_path / "u8.wav", (tone * 64 + 128).astype(np.uint8), 22050, width=1)
     assert abs(float(np.abs(read_wav(tmp_path / "u8.wav", 22050)).max()) - 0.5) < 0.02
     stereo = np.stack([(tone * 16384).astype(np.int16), np.zeros_like(tone, np.int16)], axis=1)
-    _write_wav(tmp_path / "stereo.wav", stereo, 22050, channels=2)
+    write_wav(tmp_path / "stereo.wav", stereo, 22050, channels=2)
     assert np.allclose(read_wav(tmp_path / "stereo.wav", 22050), tone * 0.5, atol=1e-3)  # the first channel
     s24 = (tone * (1 << 22)).astype(np.int32)
     packed = np.stack([(s24 >> s) & 0xFF for s in (0, 8, 16)], axis=1).astype(np.uint8)
-    _write_wav(tmp_path / "s24.wav", packed, 22050, width=3)
+    write_wav(tmp_path / "s24.wav", packed, 22050, width=3)
     assert np.allclose(read_wav(tmp_path / "s24.wav", 22050), tone * 0.5, atol=1e-4)
 
 
@@ -151,7 +133,7 @@ def test_windows_with_hop_lose_nothing_within_the_queue_bound(
     tmp_path: Path, sources: list[AudioSource]
 ) -> None:
     samples = (np.arange(16000) % 1000).astype(np.int16)
-    _write_wav(tmp_path / "ramp.wav", samples, 16000)
+    write_wav(tmp_path / "ramp.wav", samples, 16000)
     source, queue = _audio_source(tmp_path / "ramp.wav", window=400, hop=200, realtime=False, max_queue=1000)
     sources.append(source)
     source.start()
@@ -168,7 +150,7 @@ def test_windows_with_hop_lose_nothing_within_the_queue_bound(
 
 
 def test_a_full_queue_drops_the_oldest_and_counts_them(tmp_path: Path, sources: list[AudioSource]) -> None:
-    _write_wav(tmp_path / "tone.wav", np.zeros(16000, np.int16), 16000)
+    write_wav(tmp_path / "tone.wav", np.zeros(16000, np.int16), 16000)
     source, queue = _audio_source(tmp_path / "tone.wav", window=160, realtime=False, max_queue=10)
     sources.append(source)
     source.start()
@@ -178,7 +160,7 @@ def test_a_full_queue_drops_the_oldest_and_counts_them(tmp_path: Path, sources: 
 
 
 def test_realtime_plays_at_the_recorded_pace(tmp_path: Path, sources: list[AudioSource]) -> None:
-    _write_wav(tmp_path / "half.wav", np.zeros(8000, np.int16), 16000)  # 0.5 s
+    write_wav(tmp_path / "half.wav", np.zeros(8000, np.int16), 16000)  # 0.5 s
     source, queue = _audio_source(tmp_path / "half.wav", window=1600)
     sources.append(source)
     started = time.monotonic()
@@ -193,7 +175,7 @@ def test_a_missing_file_is_retried_and_reported(tmp_path: Path, sources: list[Au
     source.start()
     assert wait_until(lambda: source.stats()["reconnects"] >= 2, timeout=30)
     assert source.state == "retrying" and "later.wav does not exist" in str(source.stats()["error"])
-    _write_wav(tmp_path / "later.wav", np.zeros(1600, np.int16), 16000)
+    write_wav(tmp_path / "later.wav", np.zeros(1600, np.int16), 16000)
     assert wait_until(lambda: source.state == "finished", timeout=30)
     assert source.stats()["outages"] == 1
 

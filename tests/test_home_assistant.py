@@ -291,14 +291,9 @@ class Router:
 
 @dataclass
 class Holder:
+    """A running pipeline, as the state topics see it: its name."""
+
     name: str
-    last_frame: Any = None
-
-
-@dataclass
-class FakeFrame:
-    data: np.ndarray
-    captured_at: float
 
 
 def home_for(tmp_path: Path, pipelines: list[dict[str, Any]], holders: list[Holder] | None = None,
@@ -330,9 +325,9 @@ def test_state_is_published_on_change_only_and_again_after_a_reconnect(tmp_path:
     home, link, _, _ = home_for(tmp_path, [classifier(watch=["upside-down"])], state_topics={"enabled": True})
     home.tick()
     assert link.take() == []  # no result yet, no discovery (Home Assistant is off)
-    home.observe("signs", top("upright"), 1.0)
-    home.observe("signs", top("upright"), 2.0)
-    home.observe("signs", top("upside-down"), 3.0)
+    home.observe("signs", top("upright"), None)
+    home.observe("signs", top("upright"), None)
+    home.observe("signs", top("upside-down"), None)
     assert link.take() == [
         ("edge/box-1/state/signs/label", b"upright"),
         ("edge/box-1/state/signs/seen/upside-down", b"OFF"),
@@ -343,7 +338,7 @@ def test_state_is_published_on_change_only_and_again_after_a_reconnect(tmp_path:
     assert link.take() == []
     # The link drops: what changes meanwhile cannot go; after the reconnect everything goes again.
     link.connected = False
-    home.observe("signs", top("upright"), 4.0)
+    home.observe("signs", top("upright"), None)
     link.connected, link.connects = True, 2
     home.tick()
     assert sorted(link.take()) == [
@@ -352,7 +347,7 @@ def test_state_is_published_on_change_only_and_again_after_a_reconnect(tmp_path:
     ]
     # A result on a new connection before the loop noticed it: each value goes once on it.
     link.connects = 3
-    home.observe("signs", top("upside-down"), 5.0)
+    home.observe("signs", top("upside-down"), None)
     assert sorted(link.take()) == [
         ("edge/box-1/state/signs/label", b"upside-down"),
         ("edge/box-1/state/signs/seen/upside-down", b"ON"),
@@ -368,7 +363,7 @@ def test_discovery_births_removals_a_restart_and_turning_it_off(tmp_path: Path) 
     pipelines = [classifier(), detector(watch=["person"])]
     home, link, router, wanted = home_for(tmp_path, pipelines, home_assistant={"enabled": True})
     assert list(router.routes) == ["homeassistant/status"]
-    home.observe("signs", top("upright"), 1.0)  # before the first tick: kept, published by it
+    home.observe("signs", top("upright"), None)  # before the first tick: kept, published by it
     home.tick()
     sent = link.take()
     assert sent[0][0] == CONFIG_TOPIC and sent[1:] == [("edge/box-1/state/signs/label", b"upright")]
@@ -384,7 +379,7 @@ def test_discovery_births_removals_a_restart_and_turning_it_off(tmp_path: Path) 
     router.routes["homeassistant/status"](Message("homeassistant/status", b"online"))
     home.tick()
     assert link.take() == [(CONFIG_TOPIC, sent[0][1])]  # Home Assistant restarted: the config again
-    home.observe("yard", boxes("person"), 2.0)
+    home.observe("yard", boxes("person"), None)
     link.take()
 
     # The detector goes (a reload, the fleet): its components become removals, its state is cleared.
@@ -414,7 +409,7 @@ def test_discovery_births_removals_a_restart_and_turning_it_off(tmp_path: Path) 
     assert sent[1:] == [("edge/box-1/state/signs/label", b"")]
 
     # Discovery off (a reload): an empty config removes the device; the state topics go too.
-    again.observe("gate", boxes(), 3.0)
+    again.observe("gate", boxes(), None)
     link2.take()
     again.use_config(config_of(tmp_path, wanted))
     again.tick()
@@ -427,31 +422,32 @@ def test_discovery_births_removals_a_restart_and_turning_it_off(tmp_path: Path) 
 
 
 def test_the_image_is_the_results_frame_with_its_boxes_and_rate_limited(tmp_path: Path) -> None:
-    holder = Holder("yard")
     home, link, _, _ = home_for(
-        tmp_path, [detector(image=True, image_interval_s=60)], [holder], state_topics={"enabled": True}
+        tmp_path,
+        [detector(image=True, image_interval_s=60)],
+        [Holder("yard")],
+        state_topics={"enabled": True},
     )
     home.tick()
-    frame = FakeFrame(astronaut_bgr(), captured_at=100.0)
-    holder.last_frame = frame
+    photo = astronaut_bgr()
     face = {"index": 0, "label": "person", "score": 0.8, "box": [173, 82, 274, 180]}
-    home.observe("yard", {"detections": [face]}, 99.0)  # not this frame's result: no image
+    home.observe("yard", {"detections": [face]}, None)  # a result without its frame's pixels: no image
     home.tick()
     assert [t for t, _ in link.take()] == ["edge/box-1/state/yard/count"]
-    home.observe("yard", {"detections": [face, face]}, 100.0)
+    home.observe("yard", {"detections": [face, face]}, photo)
     home.tick()
     sent = dict(link.take())
     image = cv2.imdecode(np.frombuffer(sent["edge/box-1/state/yard/image"], np.uint8), cv2.IMREAD_COLOR)
-    assert image.shape == frame.data.shape
+    assert image.shape == photo.shape
     # The box is drawn along its edges; the photo elsewhere is the photo (JPEG aside).
-    diff = np.abs(image.astype(int) - frame.data.astype(int)).sum(axis=2)
+    diff = np.abs(image.astype(int) - photo.astype(int)).sum(axis=2)
     assert diff[82, 180:270].mean() > 100 and diff[120:170, 274].mean() > 100
     assert diff[300:500, 300:500].mean() < 15
-    home.observe("yard", {"detections": [face]}, 100.0)  # within image_interval_s: no new image
+    home.observe("yard", {"detections": [face]}, photo)  # within image_interval_s: no new image
     home.tick()
     assert "edge/box-1/state/yard/image" not in dict(link.take())
     # Too big for the broker: scaled down until it fits.
-    small = annotated_jpeg(frame.data, [face], max_bytes=12_000)
+    small = annotated_jpeg(photo, [face], max_bytes=12_000)
     assert small is not None and len(small) <= 12_000
     assert cv2.imdecode(np.frombuffer(small, np.uint8), cv2.IMREAD_COLOR).shape[0] < 512
 

@@ -389,7 +389,9 @@ def test_frames_waiting_for_their_result_hold_no_pixels_or_model_inputs(
         )
         waiting = list(pipeline._inferred.queue)
         assert len(waiting) == 2
-        assert all(job.record.pixels is None and job.record.feeds is None and job.frame is None for job in waiting)
+        assert all(
+            job.record.pixels is None and job.record.feeds is None and job.frame is None for job in waiting
+        )
         assert pipeline.last_frame is not None and pipeline.last_frame.data.shape[2] == 3  # a sample is kept
     finally:
         sink.let_go.set()

@@ -83,7 +83,7 @@ def device_handlers(agent: DeviceAgent, logs: RecentLogs) -> dict[str, Handler]:
         if type(runs) is not int or not 1 <= runs <= _MAX_BENCH_RUNS:
             raise CommandError("malformed", f'"runs" must be an integer from 1 to {_MAX_BENCH_RUNS}')
         pipeline = agent.supervisor.pipeline(name)
-        session, feeds = pipeline.model.session, pipeline.feeder.warm_up_feeds()
+        session, feeds = pipeline.stage.model.session, pipeline.stage.feeder.warm_up_feeds()
         times = []
         for _ in range(runs):  # beside the live stream: the numbers include its load
             start = time.perf_counter()

@@ -106,7 +106,6 @@ __all__ = [
     "QOS",
     "DiscoveryIdentity",
     "Entity",
-    "FrameHolder",
     "Health",
     "HomeAutomation",
     "PipelineState",
@@ -135,17 +134,17 @@ class Publisher(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
 
+class Running(Protocol):
+    """A running pipeline, as far as the state topics care: its name (agent/pipeline.py)."""
+
+    @property
+    def name(self) -> str: ...
+
+
 class Routes(Protocol):
     def route(
         self, topic_filter: str, handler: Callable[[Message], None], qos: int = 1
     ) -> Callable[[], None]: ...
-
-
-class FrameHolder(Protocol):
-    """A running pipeline: its name and the newest frame it processed (agent/pipeline.py)."""
-
-    name: str
-    last_frame: Any  # agent.sources.Frame | None
 
 
 # What the daemon knows of its health: each pipeline's status (agent/supervisor/: `fps`, `backend`)
@@ -209,7 +208,7 @@ class HomeAutomation:
         config: AgentConfig,
         mqtt: Publisher,
         wanted: Callable[[], list[PipelineConfig]],
-        running: Callable[[], Sequence[FrameHolder]],
+        running: Callable[[], Sequence[Running]],
         health: Callable[[], Health] | None = None,
     ) -> None:
         self.config = config
@@ -224,11 +223,11 @@ class HomeAutomation:
         self._memory = _Memory.load(self._path)
         self._views: dict[str, PipelineView] = {}
         self._states: dict[str, PipelineState] = {}
-        self._pending: dict[str, tuple[Mapping[str, Any], float]] = {}  # results before their view
+        # Results (output, pixels) before their view.
+        self._pending: dict[str, tuple[Mapping[str, Any], np.ndarray | None]] = {}
         self._pending_scenes: dict[str, Mapping[str, Any]] = {}  # scene summaries before their view
         self._pending_snapshots: dict[str, dict[str, bytes]] = {}  # label -> snapshot, before their view
         self._snapshots_too_big = 0
-        self._running: dict[str, FrameHolder] = {}
         self._images: dict[str, tuple[np.ndarray, list[dict[str, Any]]]] = {}  # due, not yet sent
         self._next_image: dict[str, float] = {}
         # state topic -> (payload, the connection it went out on: MqttConnection's connect count)
@@ -271,17 +270,18 @@ class HomeAutomation:
 
     # --- pipeline threads ------------------------------------------------------------------------
 
-    def observe(self, pipeline: str, output: Mapping[str, Any], captured_at: float) -> None:
-        """A published result of `pipeline` (its `output`, the frame's capture time)."""
+    def observe(self, pipeline: str, output: Mapping[str, Any], pixels: np.ndarray | None) -> None:
+        """A published result of `pipeline`: its `output`, and its frame's pixels when the pipeline
+        keeps them for the image (the image is always the result's own frame)."""
         if not self.config.state_topics_on:
             return
 
         def take(state: PipelineState) -> bool:
-            self._take(state, output, captured_at, time.monotonic())
+            self._take(state, output, pixels, time.monotonic())
             return True
 
         def keep() -> None:
-            self._pending[pipeline] = (output, captured_at)
+            self._pending[pipeline] = (output, pixels)
 
         with self._lock:
             self._hand_to(pipeline, take, keep)
@@ -343,17 +343,14 @@ class HomeAutomation:
         if take(state) and self._mqtt.connected:
             self._flush(pipeline, state.values, None)
 
-    def _take(self, state: PipelineState, output: Mapping[str, Any], captured_at: float, now: float) -> None:
+    def _take(
+        self, state: PipelineState, output: Mapping[str, Any], pixels: np.ndarray | None, now: float
+    ) -> None:
         detections = state.update(output, now)
         view = state.view
-        if not view.image or now < self._next_image.get(view.name, 0.0):
+        if not view.image or pixels is None or now < self._next_image.get(view.name, 0.0):
             return
-        holder = self._running.get(view.name)
-        frame = getattr(holder, "last_frame", None)
-        # The frame the worker is on is this result's (it submits before taking the next one).
-        if frame is None or frame.captured_at != captured_at:
-            return
-        self._images[view.name] = (frame.data, detections)
+        self._images[view.name] = (pixels, detections)
         self._next_image[view.name] = now + view.image_interval_s
 
     # --- the main loop ---------------------------------------------------------------------------
@@ -365,14 +362,13 @@ class HomeAutomation:
             for pipeline in self._wanted():
                 if pipeline.enabled:
                     views[pipeline.name] = PipelineView.of(pipeline)
-        running = {p.name: p for p in self._running_of()}
+        running = {p.name for p in self._running_of()}
         connects = int(self._mqtt.stats().get("connects", 0))
         connected = self._mqtt.connected
         # Also at once for a new connection (the backlog it found) and new pipelines (what serves them).
         health = self._look_at_health((connected and connects != self._connects) or views != self._views)
         images: dict[str, tuple[np.ndarray, list[dict[str, Any]]]] = {}
         with self._lock:
-            self._running = running
             if views != self._views:
                 self._set_views(views)
             now = time.monotonic()
@@ -432,9 +428,9 @@ class HomeAutomation:
                     self._states[name].carry(before[name])
         self._views = views
         now = time.monotonic()
-        for name, (output, captured_at) in list(self._pending.items()):
+        for name, (output, pixels) in list(self._pending.items()):
             if name in self._states:
-                self._take(self._states[name], output, captured_at, now)
+                self._take(self._states[name], output, pixels, now)
         for name, summary in self._pending_scenes.items():
             if name in self._states:
                 self._states[name].take_scene(summary)

@@ -325,7 +325,7 @@ class Supervisor:
             else:
                 slot.set_phase("running")
         self.memory.good(slot.name, change.desired)
-        backend, ref = pipeline.model.session.backend, pipeline.stage.ref
+        backend, ref = pipeline.stage.running_on()[0], pipeline.stage.ref
         if first:
             log.info("pipeline %s started: %s on %s", slot.name, ref, backend)
         else:
@@ -566,8 +566,8 @@ class Supervisor:
         for thread in builds:
             thread.join(max(0.0, build_deadline - time.monotonic()))
         for pipeline in running:  # the same for a backend being proven on a frame
-            if pipeline.switcher is not None:
-                pipeline.switcher.join(max(0.0, build_deadline - time.monotonic()))
+            if pipeline.stage.switcher is not None:
+                pipeline.stage.switcher.join(max(0.0, build_deadline - time.monotonic()))
         for pipeline in running:
             pipeline.request_stop()
         deadline = time.monotonic() + timeout

@@ -1,0 +1,110 @@
+"""A pipeline's per-frame path as an ordered list of steps over one `FrameRecord` (agent/steps/base.py).
+
+`build_steps` is the one place the list is put together from a pipeline's config; a new step is a
+module here and one line below. Each step declares its thread (prepare / inference / report), whether
+it is a gate, and whether it needs the frame's pixels; agent/pipeline.py runs them in order on their
+threads and counts a failure against the step that failed.
+
+    preprocess -> inference -> postprocess -> tracking -> report rules (gate) -> report
+    (prepare)     (inference)  (report ...........................................)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agent.config import PipelineConfig
+from agent.pipeline_tracking import PipelineTracking
+from agent.processing import Postprocessor
+from agent.processing.feed import Feeder
+from agent.rules import ReportRules
+from agent.stage import Stage
+from agent.steps.base import THREADS, FrameRecord, Step, StepStats, Thread
+from agent.steps.infer import InferStep, RunModel
+from agent.steps.postprocess import PostprocessStep
+from agent.steps.prepare import PrepareStep
+from agent.steps.report import ReportStep, ResultSink, result_of
+from agent.steps.report_rules import ReportRulesStep
+from agent.steps.track import TrackStep
+
+__all__ = [
+    "THREADS",
+    "FrameRecord",
+    "Plan",
+    "ResultSink",
+    "Step",
+    "StepParts",
+    "StepStats",
+    "Thread",
+    "build_steps",
+    "plan_for",
+    "result_of",
+]
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """What steps are made of besides the config: the stage's (its model's run, feeder, postprocessor
+    and report rules, agent/stage.py) and the pipeline's (its sink, its scene, its source)."""
+
+    feeder: Feeder
+    run_model: RunModel
+    serving: Callable[[], tuple[str, str]]  # the backend and precision the model runs on now
+    fall_back: Callable[[str], None]  # a backend keeps failing: try the next candidate
+    postprocess: Postprocessor
+    rules: ReportRules
+    model: Mapping[str, Any]  # name, version, sha256: the result's `model`
+    sink: ResultSink
+    tracking: PipelineTracking
+    source: Callable[[], Mapping[str, Any]]  # the source's uri and counters, for a result
+
+
+def build_steps(config: PipelineConfig, parts: StepParts) -> list[Step]:
+    """The steps a frame of this pipeline walks, in order."""
+    steps: list[Step] = [
+        PrepareStep(parts.feeder),
+        InferStep(parts.run_model, parts.serving, parts.fall_back),
+        PostprocessStep(parts.postprocess),
+    ]
+    if config.tracking is not None or parts.tracking.scene is not None:  # (a scene to end: turned off)
+        steps.append(TrackStep(config, parts.tracking))
+    steps.append(ReportRulesStep(config.report, parts.rules))
+    steps.append(ReportStep(config, parts.sink, parts.model, parts.source))
+    return steps
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A stage and the steps its frames walk in a pipeline, by thread."""
+
+    stage: Stage
+    steps: dict[Thread, list[Step]]
+    keeps_pixels: bool  # a step after the model needs the frame's pixels
+
+
+def plan_for(
+    stage: Stage,
+    sink: ResultSink,
+    tracking: PipelineTracking,
+    source: Callable[[], Mapping[str, Any]],
+) -> Plan:
+    """The steps of `stage` in a pipeline with this sink, scene and source."""
+    parts = StepParts(
+        feeder=stage.feeder,
+        run_model=lambda feeds: stage.infer(feeds, offer=stage.offer_sample),
+        serving=stage.running_on,
+        fall_back=stage.fall_back,
+        postprocess=stage.postprocess,
+        rules=stage.rules,
+        model=stage.identity,
+        sink=sink,
+        tracking=tracking,
+        source=source,
+    )
+    steps = build_steps(stage.config, parts)
+    order = [THREADS.index(step.thread) for step in steps]
+    assert order == sorted(order), f"steps out of their threads' order: {[s.name for s in steps]}"
+    by_thread: dict[Thread, list[Step]] = {t: [s for s in steps if s.thread == t] for t in THREADS}
+    return Plan(stage, by_thread, any(step.needs_pixels for step in by_thread["report"]))
