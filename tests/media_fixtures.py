@@ -195,6 +195,24 @@ def speech_wav(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tup
     return path, speech_spans(audio.astype(np.float32) / 32768, rate)
 
 
+def write_wav(path: Path, samples: np.ndarray, rate: int, width: int = 2, channels: int = 1) -> None:
+    """`samples` (already of the sample width's integer type; channels interleaved) as a PCM WAV."""
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(channels)
+        wav.setsampwidth(width)
+        wav.setframerate(rate)
+        wav.writeframes(samples.tobytes())
+
+
+def silero(file: str) -> Path:
+    """A file of the silero-vad wheel's data/ (its VAD models), located without importing it."""
+    spec = importlib.util.find_spec("silero_vad")  # located, never imported (its __init__ wants torch)
+    assert spec is not None and spec.submodule_search_locations, "silero-vad==6.2.3 is not installed"
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / file
+    assert path.is_file(), path
+    return path
+
+
 # --- the trained YOLOv8n detector (nudenet, AGPL: a test input only) and its photo ---------------------
 
 FACE_BOX = np.array([173, 82, 274, 180], dtype=np.float64)  # the astronaut's face, 512x512 photo

@@ -23,8 +23,7 @@ from agent.pipeline import Pipeline
 from agent.sources import AudioSource, Frame, FrameQueue
 from agent.stage import LoadedModel
 from providers import ModelArtifact, get_backend
-from tests.media_fixtures import ListSink
-from tests.test_audio import silero
+from tests.media_fixtures import ListSink, silero
 from tests.waits import wait_until
 
 RATE = 16000

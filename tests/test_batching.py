@@ -23,7 +23,7 @@ from agent.processing import Preprocessor
 from agent.session_pool import SessionPool
 from providers import ModelArtifact, Session, get_backend
 from providers.onnxruntime_backend import OnnxRuntimeBackend
-from tests.media_fixtures import CLS_PREPROCESS, demo_video_module
+from tests.media_fixtures import CLS_PREPROCESS, demo_video_module, silero
 from tests.store_fixtures import rapidocr_models_dir
 
 ORT = "onnxruntime/CPUExecutionProvider"
@@ -192,8 +192,6 @@ def test_outputs_that_are_not_per_frame_turn_batching_off(tmp_path: Path) -> Non
 
 
 def test_models_without_a_batch_axis_and_the_off_switch(tmp_path: Path) -> None:
-    from tests.test_audio import silero
-
     vad = get_backend(ORT).load(ModelArtifact(silero("silero_vad.onnx"), "onnx", "ef" * 32))
     stats = BatchRunner(vad, "auto").snapshot()  # its state input is [2, batch, 128]
     assert stats["state"] == "off" and stats["reason"].startswith("not every input and output")

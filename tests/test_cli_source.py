@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from tests.cli_runs import cli, cli_json
-from tests.media_fixtures import demo_video_module
-from tests.test_audio import _write_wav
+from tests.media_fixtures import demo_video_module, write_wav
 from tests.waits import free_port
 
 
@@ -42,7 +41,7 @@ def test_a_gstreamer_pipeline_and_the_plain_output(tmp_path: Path) -> None:
 
 def test_audio_and_a_pipeline_from_the_config(tmp_path: Path) -> None:
     wav = tmp_path / "tone.wav"
-    _write_wav(wav, (np.sin(np.arange(32000) / 5) * 8000).astype(np.int16), 16000)  # 2 s
+    write_wav(wav, (np.sin(np.arange(32000) / 5) * 8000).astype(np.int16), 16000)  # 2 s
     config = tmp_path / "agent.yaml"
     config.write_text(
         json.dumps(

@@ -23,13 +23,13 @@ from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
 from agent.cli import app
+from agent.config import TrustedKey
 from agent.registry import FileRegistry, PublishOptions
-from agent.registry.signing import generate_key, load_private_key
+from agent.registry.signing import TrustPolicy, generate_key, load_private_key
 from agent.store import ModelStore
 from agent.tools.model_info import inspect_model
 from tests.store_fixtures import CLS_NAME, CLS_VERSION, rapidocr_models_dir
-from tests.test_signing import _trust
-from tests.test_tflite_backend import _edgetpu_model
+from tests.tflite_models import edgetpu_model
 
 CLS_OUTPUT = "save_infer_model/scale_0.tmp_1"  # the cls model's one output: [batch, 2] probabilities
 MEDIAPIPE = Path(importlib.util.find_spec("mediapipe").submodule_search_locations[0]) / "modules"  # type: ignore[union-attr,index]
@@ -275,7 +275,7 @@ def test_a_tflite_file_shows_inputs_outputs_and_operators() -> None:
 
 
 def test_a_quantised_tflite_input_shows_its_scale_and_zero_point(tmp_path: Path) -> None:
-    path = _edgetpu_model(tmp_path)  # uint8 in (scale 1/255) and out (1/256), one edgetpu-custom-op
+    path = edgetpu_model(tmp_path)  # uint8 in (scale 1/255) and out (1/256), one edgetpu-custom-op
     [m] = _inspect_json(str(path))["models"]
     [image] = m["inputs"]
     assert (image["name"], image["dtype"], image["shape"]) == ("image", "uint8", [1, 4])
@@ -437,7 +437,8 @@ def test_a_signed_version_names_its_key(tmp_path: Path, cls_model_path: Path) ->
         "2.1",
         PublishOptions(sign_with=load_private_key(tmp_path / "keys" / "release.key")),
     )
-    store = ModelStore(tmp_path / "store", trust=_trust((public, [CLS_NAME])))
+    trust = TrustPolicy.from_config([TrustedKey(key=public, models=[CLS_NAME])])
+    store = ModelStore(tmp_path / "store", trust=trust)
     store.pull(registry, CLS_NAME, "2.1")
     info = inspect_model(f"{CLS_NAME}@2.1", store)
     assert info["version"]["signed_by"] == kid

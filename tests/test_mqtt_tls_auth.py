@@ -45,7 +45,6 @@ from tests.tls_fixtures import outbox as outbox
 from tests.tls_fixtures import watchers as watchers
 from tests.waits import wait_until
 
-
 # -- TLS --------------------------------------------------------------------------------------------
 
 

@@ -21,8 +21,8 @@ import yaml
 from agent.cli.render.status import render
 from tests import media_fixtures
 from tests.agent_process import EDGE_AGENT, StartAgent
+from tests.face_clip import faces_pipeline, write_clip
 from tests.mosquitto import Mosquitto
-from tests.test_infer_track import faces_pipeline, write_clip
 from tests.waits import wait_until
 
 yolo_path = media_fixtures.yolo_path

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import cv2
-import flatbuffers
 import numpy as np
 import pytest
 import skimage.data
@@ -27,6 +26,7 @@ from providers import registry
 from providers import tflite_backend as tfl
 from providers.base import BackendError, ModelArtifact, Session, TensorSpec
 from providers.tflite_backend import EDGETPU_OP, TfliteBackend, TfliteOptions, TfliteSession
+from tests.tflite_models import edgetpu_model, one_op_model, tflite_tensor
 
 MEDIAPIPE = Path(importlib.util.find_spec("mediapipe").submodule_search_locations[0]) / "modules"  # type: ignore[union-attr,index]
 SHORT_RANGE = MEDIAPIPE / "face_detection/face_detection_short_range.tflite"
@@ -61,58 +61,6 @@ def cpu() -> TfliteBackend:
 
 
 # --- models written with the official schema -----------------------------------------------------------
-
-
-def _tensor(
-    name: str,
-    shape: list[int],
-    dtype: int = schema.TensorType.FLOAT32,
-    signature: list[int] | None = None,
-    quant: tuple[float, int] | None = None,
-) -> schema.TensorT:
-    tensor = schema.TensorT()
-    tensor.name, tensor.shape, tensor.type, tensor.buffer = name, shape, dtype, 0
-    tensor.shapeSignature = signature
-    if quant is not None:
-        tensor.quantization = schema.QuantizationParametersT()
-        tensor.quantization.scale, tensor.quantization.zeroPoint = [quant[0]], [quant[1]]
-    return tensor
-
-
-def _one_op_model(
-    path: Path, op: int, inputs: list[schema.TensorT], output: schema.TensorT, custom: str = ""
-) -> Path:
-    """A model whose graph is one operator reading every input (ADD reads its single input twice)."""
-    code = schema.OperatorCodeT()
-    code.builtinCode = code.deprecatedBuiltinCode = op
-    code.version = 1
-    code.customCode = custom or None
-    operator = schema.OperatorT()
-    operator.opcodeIndex = 0
-    operator.inputs = [0, 0] if op == schema.BuiltinOperator.ADD else list(range(len(inputs)))
-    operator.outputs = [len(inputs)]
-    subgraph = schema.SubGraphT()
-    subgraph.tensors = [*inputs, output]
-    subgraph.inputs, subgraph.outputs = list(range(len(inputs))), [len(inputs)]
-    subgraph.operators = [operator]
-    model = schema.ModelT()
-    model.version, model.operatorCodes, model.subgraphs = 3, [code], [subgraph]
-    model.buffers = [schema.BufferT()]
-    builder = flatbuffers.Builder(1024)
-    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    path.write_bytes(bytes(builder.Output()))
-    return path
-
-
-def _edgetpu_model(tmp_path: Path) -> Path:
-    """What edgetpu_compiler emits, minus its compiled payload: uint8 in and out, one edgetpu-custom-op."""
-    return _one_op_model(
-        tmp_path / "detector_edgetpu.tflite",
-        schema.BuiltinOperator.CUSTOM,
-        [_tensor("image", [1, 4], schema.TensorType.UINT8, quant=(1 / 255, 0))],
-        _tensor("scores", [1, 2], schema.TensorType.UINT8, quant=(1 / 256, 0)),
-        custom=EDGETPU_OP,
-    )
 
 
 # --- BlazeFace ------------------------------------------------------------------------------------------
@@ -383,7 +331,7 @@ def test_broken_files_are_refused_in_one_line(cpu: TfliteBackend, tmp_path: Path
 
 
 def test_an_edgetpu_compiled_model_is_for_the_edgetpu_only(cpu: TfliteBackend, tmp_path: Path) -> None:
-    compiled = _edgetpu_model(tmp_path)
+    compiled = edgetpu_model(tmp_path)
     assert tfl.is_edgetpu_model(compiled)
     assert tfl.custom_ops(compiled) == (EDGETPU_OP,)
     assert not tfl.is_edgetpu_model(SHORT_RANGE)
@@ -419,11 +367,11 @@ def test_an_edgetpu_compiled_model_is_for_the_edgetpu_only(cpu: TfliteBackend, t
 
 
 def test_a_quantised_model_reports_scale_zero_point_and_int8(cpu: TfliteBackend, tmp_path: Path) -> None:
-    path = _one_op_model(
+    path = one_op_model(
         tmp_path / "dequantize.tflite",
         schema.BuiltinOperator.DEQUANTIZE,
-        [_tensor("q", [2], schema.TensorType.UINT8, quant=(0.5, 128))],
-        _tensor("y", [2]),
+        [tflite_tensor("q", [2], schema.TensorType.UINT8, quant=(0.5, 128))],
+        tflite_tensor("y", [2]),
     )
     session = cpu.load(_artifact(path))
     assert isinstance(session, TfliteSession)
@@ -444,11 +392,11 @@ def test_int_inputs_are_quantised_with_the_models_own_parameters(
     quantised with the scale and zero point stored in the model; the model's own DEQUANTIZE gets
     them back within half a step."""
     tensor_type = schema.TensorType.INT8 if dtype == "int8" else schema.TensorType.UINT8
-    path = _one_op_model(
+    path = one_op_model(
         tmp_path / f"{dtype}.tflite",
         schema.BuiltinOperator.DEQUANTIZE,
-        [_tensor("image", [1, 8, 10, 3], tensor_type, quant=quant)],
-        _tensor("real", [1, 8, 10, 3]),
+        [tflite_tensor("image", [1, 8, 10, 3], tensor_type, quant=quant)],
+        tflite_tensor("real", [1, 8, 10, 3]),
     )
     session = cpu.load(_artifact(path))
     config = PreprocessConfig(layout="nhwc", dtype=dtype, mean=[0.5], std=[0.5])  # type: ignore[arg-type]
@@ -463,11 +411,11 @@ def test_int_inputs_are_quantised_with_the_models_own_parameters(
 
 
 def test_an_open_dimension_is_resized_to_the_fed_shape(cpu: TfliteBackend, tmp_path: Path) -> None:
-    path = _one_op_model(
+    path = one_op_model(
         tmp_path / "double.tflite",
         schema.BuiltinOperator.ADD,
-        [_tensor("x", [1], signature=[-1])],
-        _tensor("y", [1], signature=[-1]),
+        [tflite_tensor("x", [1], signature=[-1])],
+        tflite_tensor("y", [1], signature=[-1]),
     )
     session = cpu.load(_artifact(path))
     assert session.inputs[0].shape == (None,) and session.outputs[0].shape == (None,)
