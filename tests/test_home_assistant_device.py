@@ -28,9 +28,9 @@ from agent.home_automation import (
 )
 from tests.agent_process import StartAgent, read_status
 from tests.fleet_fixtures import GOOD, agent_config, pipeline_body, publish_fleet_versions
+from tests.ha_fixtures import Link, Recorder, Router, classifier, config_of, valid_discovery
 from tests.ha_schema import check_device_discovery, entity_topics, unique_ids
 from tests.mosquitto import Mosquitto
-from tests.test_home_assistant import Link, Recorder, Router, classifier, config_of, valid_discovery
 from tests.waits import wait_until
 
 CPU = "onnxruntime/CPUExecutionProvider"

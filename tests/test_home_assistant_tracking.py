@@ -49,10 +49,7 @@ from agent.processing.drawing import encode_jpeg
 from agent.processing.scene import Scene
 from agent.results import Result, ResultWriter
 from agent.snapshots import SnapshotStore
-from tests.ha_schema import check_device_discovery, entity_topics, unique_ids
-from tests.media_fixtures import astronaut_bgr
-from tests.mosquitto import Mosquitto
-from tests.test_home_assistant import (
+from tests.ha_fixtures import (
     CONFIG_TOPIC,
     Holder,
     Link,
@@ -63,6 +60,9 @@ from tests.test_home_assistant import (
     msg_get,
     run_flow,
 )
+from tests.ha_schema import check_device_discovery, entity_topics, unique_ids
+from tests.media_fixtures import astronaut_bgr
+from tests.mosquitto import Mosquitto
 from tests.waits import wait_until
 
 W, H = 1000, 1000  # the frames' size (the zones and the line are in pixels of it)
@@ -497,10 +497,10 @@ def test_a_real_broker_gets_the_state_the_snapshots_and_the_events_and_the_docs_
         conn.notify_new_message,
         events=EventWriter(DEVICE_ID, "edge", outbox, TrackJournal(tmp_path / "state" / "tracks")),
         snapshots=snapshots,
+        observer=home.observe,  # as the daemon wires them
+        scene_observer=home.observe_scene,
+        snapshot_observer=home.observe_snapshot,
     )
-    writer.observer = home.observe  # as the daemon wires them
-    writer.scene_observer = home.observe_scene
-    writer.snapshot_observer = home.observe_snapshot
     ha = Recorder(mosquitto, "homeassistant/#", f"{E2E_STATE}/#")
     nodered = Recorder(mosquitto, "edge/+/events/+")
     try:
