@@ -239,10 +239,9 @@ class Agent:
             events=events,
             snapshots=self.snapshots,
             observer=self.home.observe,
+            scene_observer=self.home.observe_scene,
+            snapshot_observer=self.home.observe_snapshot,
         )
-        # ResultWriter's constructor takes no scene or snapshot observer (yet: agent/results.py).
-        self.writer.scene_observer = self.home.observe_scene
-        self.writer.snapshot_observer = self.home.observe_snapshot
         self.supervisor = Supervisor(
             config,
             self.store,

@@ -111,15 +111,18 @@ class ResultWriter:
         observer: ResultObserver | None = None,
         events: EventWriter | None = None,
         snapshots: SnapshotStore | None = None,
+        scene_observer: SceneObserver | None = None,
+        snapshot_observer: SnapshotObserver | None = None,
     ) -> None:
         self.outbox = outbox
         self.events = events if events is not None else EventWriter(device_id, topic_prefix, outbox, None)
         self.snapshots = snapshots
         self.configure(device_id, topic_prefix, max_payload_bytes)
         self.on_written = on_written
-        self.observer = observer  # sees every result handed to the outbox (the state topics)
-        self.scene_observer: SceneObserver | None = None  # sees every tracking frame (the state topics)
-        self.snapshot_observer: SnapshotObserver | None = None
+        # The state topics see every result handed to the outbox, every tracking frame, every snapshot.
+        self.observer = observer
+        self.scene_observer = scene_observer
+        self.snapshot_observer = snapshot_observer
         self.snapshot_errors = 0
 
     def configure(self, device_id: str, topic_prefix: str, max_payload_bytes: int) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 from agent.clock import iso_utc
 from agent.config import PipelineConfig
 from agent.processing import Geometry, build_postprocessor
-from agent.processing.feed import build_feeder
+from agent.processing.feed import Feeder, build_feeder
 from agent.rules import ReportRules
 from providers import Decision, Session
 
@@ -139,14 +139,22 @@ class Stage:
     """Everything a frame goes through after the source: the model's session, the feeder that turns
     frames into its inputs, the postprocessor and the report rules. Built and warmed before it serves."""
 
-    def __init__(self, config: PipelineConfig, model: LoadedModel, switcher: BackendSwitcher | None = None):
+    def __init__(
+        self,
+        config: PipelineConfig,
+        model: LoadedModel,
+        switcher: BackendSwitcher | None = None,
+        feeder: Feeder | None = None,
+    ):
+        """`feeder`: one built already for this config and session (its warm-up inputs were needed
+        first: the switcher's), else one is built."""
         self.config = config
         self.model = model
         self.switcher = switcher
         model.acquire()
         self._closed = False
         session = model.session
-        self.feeder = build_feeder(config, session.inputs, session.outputs)
+        self.feeder = feeder if feeder is not None else build_feeder(config, session.inputs, session.outputs)
         self.postprocess = build_postprocessor(config.postprocess, session.outputs)
         self.rules = ReportRules(config.report)
         self.stats = StageStats()

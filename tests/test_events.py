@@ -81,9 +81,16 @@ def test_the_result_writer_sends_a_frames_events_even_when_its_result_is_off(tmp
     outbox = Outbox(tmp_path / "outbox.sqlite")
     written: list[int] = []
     events = EventWriter("box-7", "edge", outbox, TrackJournal(tmp_path / "tracks"))
-    writer = ResultWriter("box-7", "edge", 262_144, outbox, lambda: written.append(1), events=events)
     scenes: list[tuple[str, Any, Any]] = []
-    writer.scene_observer = lambda pipeline, summary, evs: scenes.append((pipeline, summary, evs))
+    writer = ResultWriter(
+        "box-7",
+        "edge",
+        262_144,
+        outbox,
+        lambda: written.append(1),
+        events=events,
+        scene_observer=lambda pipeline, summary, evs: scenes.append((pipeline, summary, evs)),
+    )
     result = Result(
         pipeline="door",
         captured_at=1_763_800_000.0,
@@ -121,9 +128,14 @@ def test_an_object_keeps_one_snapshot_its_best(tmp_path: Path) -> None:
     store = SnapshotStore(tmp_path / "snapshots", SnapshotRetentionConfig())
     pictures: list[tuple[str, str, bytes]] = []
     writer = ResultWriter(
-        "box-7", "edge", 262_144, Outbox(tmp_path / "outbox.sqlite"), lambda: None, snapshots=store
+        "box-7",
+        "edge",
+        262_144,
+        Outbox(tmp_path / "outbox.sqlite"),
+        lambda: None,
+        snapshots=store,
+        snapshot_observer=lambda pipeline, label, jpeg: pictures.append((pipeline, label, jpeg)),
     )
-    writer.snapshot_observer = lambda pipeline, label, jpeg: pictures.append((pipeline, label, jpeg))
     frame, config = astronaut_bgr(), SnapshotsConfig(enabled=True)
     first = writer.save_snapshot(
         "door", SnapshotWanted(1, "person", [173, 82, 274, 180], 10.0), frame, 1.0, config

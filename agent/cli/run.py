@@ -73,8 +73,7 @@ def run(
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGHUP, on_hangup)  # now: its default action would end the process
     with user_errors():
-        agent = Agent(loaded.config, loaded)
-        agent.log_level_from_cli = log_level
+        agent = Agent(loaded.config, loaded, log_level_from_cli=log_level)
         agent.run(stop, duration_s=duration, reload=reload)
     if agent.exit_code:  # self-update: systemd starts it again, into the release (or back)
         raise typer.Exit(agent.exit_code)

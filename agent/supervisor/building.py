@@ -14,6 +14,7 @@ from agent.config import AgentConfig, PipelineConfig
 from agent.errors import RegistryError
 from agent.model_hints import embedded_hints, with_model_hints
 from agent.pipeline import Pipeline
+from agent.processing.feed import build_feeder
 from agent.registry import open_registry
 from agent.session_pool import SessionPool
 from agent.sources import Frame, Slot, Source
@@ -136,19 +137,20 @@ class StageBuilder:
         try:
             progress.check()
             progress.phase("building", f"warming up on {session.backend}")
-            stage = Stage(config, loaded)
-            stage.warm_up()
             prove = None
             if choice.policy.benchmark and not decision.checked:  # no sample at build time: a frame will do
                 prove = make_prover(agent, config, choice, testdata)
-            stage.switcher = DecisionSwitcher(
+            feeder = build_feeder(config, session.inputs, session.outputs)
+            switcher = DecisionSwitcher(
                 decision,
                 choice.artifacts,
                 choice.policy,
-                warm_up=stage.feeder.warm_up_feeds(),
+                warm_up=feeder.warm_up_feeds(),
                 backends=choice.box.backends,
                 prove=prove,
             )
+            stage = Stage(config, loaded, switcher, feeder)
+            stage.warm_up()
         except Exception:
             session.close()
             raise
