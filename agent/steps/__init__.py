@@ -62,17 +62,17 @@ class StepParts:
 
 
 def build_steps(config: PipelineConfig, parts: StepParts) -> list[Step]:
-    """The steps a frame of this pipeline walks, in order."""
-    steps: list[Step] = [
+    """The steps a frame of this pipeline walks, in order: one line a step (None: not in this one)."""
+    tracks = config.tracking is not None or parts.tracking.scene is not None  # (or a scene to end)
+    steps = [
         PrepareStep(parts.feeder),
         InferStep(parts.run_model, parts.serving, parts.fall_back),
         PostprocessStep(parts.postprocess),
+        TrackStep(config, parts.tracking) if tracks else None,
+        ReportRulesStep(config.report, parts.rules),
+        ReportStep(config, parts.sink, parts.model, parts.source),
     ]
-    if config.tracking is not None or parts.tracking.scene is not None:  # (a scene to end: turned off)
-        steps.append(TrackStep(config, parts.tracking))
-    steps.append(ReportRulesStep(config.report, parts.rules))
-    steps.append(ReportStep(config, parts.sink, parts.model, parts.source))
-    return steps
+    return [step for step in steps if step is not None]
 
 
 @dataclass(frozen=True)
