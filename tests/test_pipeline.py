@@ -271,6 +271,8 @@ def test_nan_outputs_fail_the_frame_instead_of_publishing_invalid_json(
     pipeline.start()
     assert wait_until(lambda: pipeline.status()["errors"] >= 3, timeout=60)
     assert sink.count() == 0
+    # The step that refused them is named: the model ran, its outputs could not be made a result.
+    assert str(pipeline.status()["last_error"]).startswith("postprocess failed: output ")
     assert "NaN or infinite" in str(pipeline.status()["last_error"])
 
 

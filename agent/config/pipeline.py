@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, StringConstraints, field_validator, model_validator
 
 from agent.config.analytics import LineConfig, TrackConfig, ZoneConfig, analytics_problems
 from agent.config.backends import BackendChoiceConfig
@@ -24,6 +24,10 @@ from agent.config.processing import (
 )
 from agent.config.registry import ModelRef
 from agent.config.sources import SourceConfig, VideoSourceConfig
+
+# A result's tags (report.tags): names a consumer can use as a key anywhere, short values.
+TagName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+TagValue = Annotated[str, StringConstraints(max_length=200)]
 
 
 class ReportConfig(StrictModel):
@@ -49,6 +53,12 @@ class ReportConfig(StrictModel):
         True,
         description="Publish per-frame results at all; false for a pipeline that only needs its events "
         "(tracking) and state topics.",
+    )
+    tags: dict[TagName, TagValue] = Field(
+        default_factory=dict,
+        max_length=20,
+        description="Tags every published result carries as `tags` (e.g. {site: shop-3, door: front}): "
+        "names of letters, digits, '_', '.', '-' (at most 64), values of at most 200 characters.",
     )
 
 

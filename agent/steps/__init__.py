@@ -27,6 +27,7 @@ from agent.steps.postprocess import PostprocessStep
 from agent.steps.prepare import PrepareStep
 from agent.steps.report import ReportStep, ResultSink, result_of
 from agent.steps.report_rules import ReportRulesStep
+from agent.steps.tag import TagStep
 from agent.steps.track import TrackStep
 
 __all__ = [
@@ -70,6 +71,7 @@ def build_steps(config: PipelineConfig, parts: StepParts) -> list[Step]:
         PostprocessStep(parts.postprocess),
         TrackStep(config, parts.tracking) if tracks else None,
         ReportRulesStep(config.report, parts.rules),
+        TagStep(config.report.tags) if config.report.tags else None,
         ReportStep(config, parts.sink, parts.model, parts.source),
     ]
     return [step for step in steps if step is not None]
