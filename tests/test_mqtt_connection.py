@@ -193,8 +193,14 @@ def test_refused_connack_is_not_treated_as_connected(
         outbox.put("edge/dev1/results/p", b"{}")
         with caplog.at_level(logging.ERROR, logger="agent.mqtt.connection"):
             conn.start()
-            wait_until(lambda: "refused" in (conn.stats()["last_error"] or ""), what="refusal")
-            time.sleep(0.3)  # several retries at the 0.2 s auth backoff
+            # Three refused CONNACKs (one ERROR each; retried at the 0.2 s auth backoff): had one been
+            # taken for a connection, it would show below, and the client would not have tried again.
+            wait_until(
+                lambda: sum("refused the connection" in r.getMessage() for r in list(caplog.records)) >= 3,
+                what="three refusals",
+                timeout=30,
+                state=conn.stats,
+            )
         stats = conn.stats()
         assert not conn.connected and stats["connects"] == 0
         assert "not authorized" in stats["last_error"].lower()

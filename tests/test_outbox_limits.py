@@ -4,12 +4,12 @@ stream, and sequence numbers taken in the same transaction as the result they nu
 
 from __future__ import annotations
 
+import logging
 import signal
 import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -52,14 +52,24 @@ def test_drop_newest_refuses_the_new_result_and_leaves_a_gap_in_its_stream(tmp_p
     box.close()
 
 
-def test_wait_blocks_the_writer_until_an_ack_makes_room_and_loses_nothing(tmp_path: Path) -> None:
+def test_wait_blocks_the_writer_until_an_ack_makes_room_and_loses_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="agent.mqtt.outbox")
     box = Outbox(tmp_path / "o.db", max_messages=100, when_full="wait")
     for _ in range(100):
         _put(box, "results/a")
     stored: list[int] = []
     writer = threading.Thread(target=lambda: stored.append(_put(box, "results/a")[1]))
     writer.start()
-    time.sleep(0.3)  # a writer that did not block would have stored by now (checked below)
+    # The writer says it waits once it found no room, just before it starts waiting: by then a writer
+    # that did not block would have stored.
+    waiting = "results/a waits until the broker takes some"
+    wait_until(
+        lambda: any(waiting in r.getMessage() for r in list(caplog.records)),
+        "the writer to find the outbox full and wait",
+        timeout=10,
+    )
     assert stored == [] and writer.is_alive()
     box.ack(box.peek(1)[0].id)
     wait_until(lambda: stored == [101], "the waiting writer stores once there is room", timeout=10)
