@@ -49,6 +49,7 @@ from agent.self_update import RESTART_EXIT_CODE, Updater, releases_dir
 from agent.session_pool import SessionPool
 from agent.snapshots import SnapshotStore
 from agent.sources import BrokerLink
+from agent.status import PipelineStatus, statuses_json
 from agent.store import store_for
 from agent.supervisor import Supervisor
 from agent.telemetry import TelemetrySampler
@@ -274,7 +275,7 @@ class Agent:
             socket_path(config.state_dir),
             {"status": self.status, "explain": lambda: {"pipelines": self.supervisor.serving_records()}},
         )
-        self.final_states: dict[str, dict[str, Any]] = {}
+        self.final_states: dict[str, PipelineStatus] = {}
         self.watchdog = Watchdog(lambda: self.supervisor.stall() or self.mqtt.stall())
         # The main loop's work, ticked in this order every half second.
         self.ticks: tuple[Tickable, ...] = (
@@ -400,8 +401,8 @@ class Agent:
         if not self.mqtt.stats()["connected"]:
             return "the broker is not connected"
         for name, state in self.supervisor.states().items():
-            if state["state"] not in ("running", "finished"):  # finished: a file that was played through
-                return f"pipeline {name} is {state['state']}"
+            if state.state not in ("running", "finished"):  # finished: a file that was played through
+                return f"pipeline {name} is {state.state}"
         return self.supervisor.stall()
 
     # --- reload (SIGHUP) -----------------------------------------------------------------
@@ -475,23 +476,26 @@ class Agent:
         frame, why each did (`run` then exits 1); None when one ran, one was still being built
         (a stop during a long pull is no failure), or there were none."""
         states = self.final_states
-        if not states or any(s.get("inferences") or s.get("state") == "finished" for s in states.values()):
+        if not states or any(s.inferences or s.state == "finished" for s in states.values()):
             return None
-        if not all(s.get("phase") == "failed" or s.get("error") for s in states.values()):
+        if not all(s.phase == "failed" or s.error for s in states.values()):
             return None
-        return [
-            f"{name}: {s.get('error') or s.get('last_error') or s.get('reason') or s.get('phase')}"
-            for name, s in states.items()
-        ]
+
+        def why(s: PipelineStatus) -> str:
+            last = s.last_error
+            return s.error or (None if last is None else last.text) or s.change.reason or s.phase
+
+        return [f"{name}: {why(s)}" for name, s in states.items()]
 
     # --- status ------------------------------------------------------------------------
 
-    def pipeline_states(self) -> dict[str, dict[str, Any]]:
-        states = self.supervisor.states()
+    def pipeline_states(self) -> dict[str, PipelineStatus]:
+        """Each pipeline's status with the results the outbox's when_full dropped of it."""
         dropped = self.outbox.dropped_by_stream()
-        for name, state in states.items():
-            state["results_dropped"] = dropped.get(f"results/{name}", 0)  # by the outbox's when_full
-        return states
+        return {
+            name: state.with_dropped(dropped.get(f"results/{name}", 0))
+            for name, state in self.supervisor.states().items()
+        }
 
     def _status_payload(self, state: str) -> bytes:
         payload: dict[str, Any] = {
@@ -505,15 +509,7 @@ class Agent:
             payload["started_at"] = iso_utc(self.started_at)
             payload["config"] = self._config_summary()
             payload["registry"] = self.registry_link.to_dict()
-            payload["pipelines"] = {
-                name: {
-                    "state": s["state"],
-                    "error": s.get("error"),
-                    "phase": s["phase"],
-                    **({"step": s["step"]} if "step" in s else {}),
-                }
-                for name, s in self.pipeline_states().items()
-            }
+            payload["pipelines"] = {name: s.brief_json() for name, s in self.pipeline_states().items()}
         return json.dumps(payload, separators=(",", ":")).encode()
 
     def _config_summary(self) -> dict[str, Any]:
@@ -536,7 +532,7 @@ class Agent:
 
     def _summary(self) -> str:
         states = self.pipeline_states()
-        running = sum(1 for s in states.values() if s["state"] == "running")
+        running = sum(1 for s in states.values() if s.state == "running")
         return f"{running}/{len(states)} pipelines running, {self.outbox.pending()} results queued"
 
     def status(self) -> dict[str, Any]:
@@ -565,7 +561,7 @@ class Agent:
             "fleet": {"enabled": self.config.fleet.enabled, "documents": documents},
             "home_automation": self.home.stats(),
             "store": {"installed": [m.ref for m in self.store.list()]},
-            "pipelines": pipelines,
+            "pipelines": statuses_json(pipelines),
         }
 
     def publish_telemetry(self) -> None:

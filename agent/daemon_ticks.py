@@ -18,10 +18,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from agent.mqtt import MqttConnection, Outbox
 from agent.sd_notify import notify, watchdog_interval_s
+from agent.status import Phase, PipelineStatus, RunState
 
 log = logging.getLogger("agent.daemon")  # the daemon's logger: these were its methods
 
@@ -77,21 +78,26 @@ class StateChanges:
 
     def __init__(
         self,
-        states: Callable[[], Mapping[str, Mapping[str, Any]]],
+        states: Callable[[], Mapping[str, PipelineStatus]],
         summary: Callable[[], str],
         publish: Callable[[], object],
     ) -> None:
         self._states = states
         self._summary = summary
         self._publish = publish
-        self._last: dict[str, tuple[str, str, str]] = {}
+        self._last: dict[str, tuple[RunState, Phase, str]] = {}
 
     def tick(self) -> None:
-        states = {name: (s["state"], s["phase"], s.get("step", "")) for name, s in self._states().items()}
+        states = {name: (s.state, s.phase, _step(s)) for name, s in self._states().items()}
         if states != self._last:
             self._last = states
             notify(f"STATUS={self._summary()}")
             self._publish()
+
+
+def _step(status: PipelineStatus) -> str:
+    """What an in-flight phase does now (its text: not how long it has taken)."""
+    return "" if status.change.step is None else status.change.step.text
 
 
 class OutageSummary:

@@ -29,6 +29,7 @@ from agent.pipeline_tracking import PipelineTracking
 from agent.sources import Frame, Slot, Source, open_source
 from agent.stage import BackendSwitcher, LoadedModel, Stage
 from agent.stage_swap import StageSwap
+from agent.status import RunStatus, run_status
 from agent.steps import FrameRecord, Plan, ResultSink, Thread, plan_for
 
 log = logging.getLogger(__name__)
@@ -160,35 +161,13 @@ class Pipeline:
     def finished(self) -> bool:
         return self._done.is_set()
 
-    def status(self, health: HealthWindowConfig | None = None) -> dict[str, Any]:
+    def status(self, health: HealthWindowConfig | None = None) -> RunStatus:
         """Counters, rates and state. `health`: the window a clean run must last for the last error
         to be cleared; None: the default health window (fleet.health's defaults)."""
-        stage = self.stage  # once: a swap between two reads would pair one version with another's backend
         counts = self.stats.read(health or _DEFAULT_HEALTH)
-        source = self.source.stats()
-        if self.finished:
-            state = "finished" if source["state"] == "finished" else "stopped"
-        elif counts["degraded"]:
-            state = "degraded"
-        elif source["state"] == "retrying":
-            state = "source-unavailable"
-        else:
-            state = "running"
-        return {
-            "state": state,
-            "error": counts["last_error"] if counts["degraded"] else source["error"],
-            "model": stage.ref,
-            **stage.serving(),
-            "stage_swaps": self.stages.swaps,
-            "backend_switches": list(stage.model.switches[-5:]),
-            "results": counts["results"],
-            "inferences": counts["inferences"],
-            "held_back": dict(stage.rules.held_back),
-            **{key: counts[key] for key in ("errors", "last_error", "last_error_at", "last_error_model")},
-            **{key: counts[key] for key in ("mean_inference_ms", "fps", "latency_ms")},
-            "source": source,
-            **({"tracking": summary} if (summary := self.tracking.summary) is not None else {}),
-        }
+        # The stage once: a swap between two reads would pair one version with another's backend.
+        stage, source = self.stage.status(), self.source.stats()
+        return run_status(stage, counts, source, self.stages.swaps, self.finished, self.tracking.summary)
 
     # --- the three threads ------------------------------------------------------------------------
 

@@ -11,7 +11,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -19,6 +18,7 @@ from agent.clock import iso_utc
 from agent.config import HealthWindowConfig
 from agent.logfmt import first_or_every
 from agent.stage import Stage
+from agent.status import Counts, LastError, Latency, Percentiles, Rates
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +29,15 @@ _RATE_WINDOW_S = 10.0  # the live rate is over the last this many seconds
 
 
 @dataclass(frozen=True)
-class LastError:
+class Failure:
     """The last failed frame: what went wrong, when (wall clock), through which model."""
 
     text: str
     at: float
     model: str
+
+    def reported(self) -> LastError:
+        return LastError(self.text, iso_utc(self.at), self.model)
 
 
 class PipelineStats:
@@ -45,7 +48,7 @@ class PipelineStats:
         self.inferences = 0  # frames the model ran on, published or held back by the report rules
         self.errors = 0
         self.errors_in_row = 0
-        self.last_error: LastError | None = None
+        self.last_error: Failure | None = None
         self._last_error_mono = 0.0  # to tell a clean run since
         self._inferences_at_error = 0
         self._latency_sum_ms = 0.0
@@ -75,7 +78,7 @@ class PipelineStats:
         with self._lock:
             self.errors += 1
             self.errors_in_row += 1
-            self.last_error = LastError(what, time.time(), stage.ref)
+            self.last_error = Failure(what, time.time(), stage.ref)
             self._last_error_mono = time.monotonic()
             self._inferences_at_error = self.inferences
             errors = self.errors
@@ -87,7 +90,7 @@ class PipelineStats:
                 "pipeline %s: frame %d: %s (%d failed frames so far)", self.pipeline, frame, what, errors
             )
 
-    def read(self, health: HealthWindowConfig) -> dict[str, Any]:
+    def read(self, health: HealthWindowConfig) -> Counts:
         """The counters for the status, the last error forgotten once a clean run as long as `health`
         followed it (window_s without a failed frame and min_frames good ones since). A pipeline that
         gets no frames keeps it: nothing proved the problem gone."""
@@ -107,21 +110,21 @@ class PipelineStats:
             inferences = self.inferences
             mean = self._latency_sum_ms / inferences if inferences else None
             recent = list(self._recent)
-            counts = {"results": self.results, "inferences": inferences}
-            degraded, errors = self.errors_in_row >= DEGRADED_AFTER_ERRORS, self.errors
-        return {
-            **counts,
-            "degraded": degraded,
-            "errors": errors,
-            "last_error": None if error is None else error.text,
-            "last_error_at": None if error is None else iso_utc(error.at),
-            "last_error_model": None if error is None else error.model,
-            "mean_inference_ms": round(mean, 3) if mean is not None else None,
-            **live_rates(recent, time.monotonic()),
-        }
+            results, degraded, errors = self.results, self.errors_in_row >= DEGRADED_AFTER_ERRORS, self.errors
+        rates = live_rates(recent, time.monotonic())
+        return Counts(
+            results=results,
+            inferences=inferences,
+            degraded=degraded,
+            errors=errors,
+            last_error=None if error is None else error.reported(),
+            mean_inference_ms=round(mean, 3) if mean is not None else None,
+            fps=rates.fps,
+            latency=rates.latency,
+        )
 
 
-def live_rates(recent: list[tuple[float, float, float]], now: float) -> dict[str, Any]:
+def live_rates(recent: list[tuple[float, float, float]], now: float) -> Rates:
     """`fps` over the last _RATE_WINDOW_S and latency percentiles over the last inferences (at most
     _RECENT_FRAMES): what `edge-agent status` shows. None where there is nothing to measure yet."""
     in_window = [r for r in recent if now - r[0] <= _RATE_WINDOW_S]
@@ -134,16 +137,10 @@ def live_rates(recent: list[tuple[float, float, float]], now: float) -> dict[str
     elif recent:
         fps = 0.0  # frames once, none lately
 
-    def percentiles(values: list[float]) -> dict[str, float] | None:
+    def percentiles(values: list[float]) -> Percentiles | None:
         if not values:
             return None
         p50, p95 = np.percentile(values, [50, 95])
-        return {"p50": round(float(p50), 3), "p95": round(float(p95), 3)}
+        return Percentiles(round(float(p50), 3), round(float(p95), 3))
 
-    return {
-        "fps": fps,
-        "latency_ms": {
-            "inference": percentiles([r[1] for r in recent]),
-            "capture_to_result": percentiles([r[2] for r in recent]),
-        },
-    }
+    return Rates(fps, Latency(percentiles([r[1] for r in recent]), percentiles([r[2] for r in recent])))

@@ -24,6 +24,7 @@ from agent.config import PipelineConfig
 from agent.processing import Geometry, build_postprocessor
 from agent.processing.feed import Feeder, build_feeder
 from agent.rules import ReportRules
+from agent.status import Chosen, Serving, StageStatus
 from providers import Decision, Session
 
 log = logging.getLogger(__name__)
@@ -171,24 +172,25 @@ class Stage:
         else the one it was built with (None: a session given, not chosen)."""
         return self.switcher.decision if self.switcher is not None else self.model.decision
 
-    def serving(self) -> dict[str, Any]:
+    def serving(self) -> Serving:
         """What serves this stage now and why, read from the session it runs and the decision it
         follows (a switcher's latest: after a proof on a frame, or a fallback), never a copy made
         when the stage was built."""
         session = self.model.session
         decision = self.decision()
         if decision is None:  # a session given, not chosen (tests, tools)
-            return {"backend": session.backend, "precision": session.precision, "backend_why": None}
+            return Serving(session.backend, session.precision, None)
         why = decision.explain()
         if session.backend != decision.backend:
             why = f"running on {session.backend}, the fallback of the decision: {why}"
-        return {
-            "backend": session.backend,
-            "precision": session.precision,
-            "artifact": decision.artifact_on(session.backend),
-            "proven": decision.checked,
-            "backend_why": why,
-        }
+        chosen = Chosen(decision.artifact_on(session.backend), decision.checked)
+        return Serving(session.backend, session.precision, why, chosen)
+
+    def status(self) -> StageStatus:
+        """What serves now, the last backend switches and what the report rules held back."""
+        return StageStatus(
+            self.ref, self.serving(), tuple(self.model.switches[-5:]), dict(self.rules.held_back)
+        )
 
     @property
     def identity(self) -> dict[str, str]:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from agent.clock import iso_utc
+from agent.status import PipelineStatus
 from providers.base import sysroot
 
 _MB = 1024 * 1024
@@ -60,7 +62,7 @@ class TelemetrySampler:
         self._last: dict[str, dict[str, float]] = {}  # pipeline -> its cumulative counters then
 
     def sample(
-        self, pipelines: dict[str, dict[str, Any]], outbox: dict[str, Any], mqtt: dict[str, Any]
+        self, pipelines: Mapping[str, PipelineStatus], outbox: dict[str, Any], mqtt: dict[str, Any]
     ) -> dict[str, Any]:
         now = time.monotonic()
         interval = max(now - self._last_at, 1e-6)
@@ -105,28 +107,29 @@ class TelemetrySampler:
             "percent": round(100.0 * usage.used / usage.total, 1) if usage.total else None,
         }
 
-    def _pipeline(self, name: str, state: dict[str, Any], interval: float) -> dict[str, Any]:
-        source = state.get("source") or {}
-        mean_ms = state.get("mean_inference_ms")
-        counters = {
-            "inferences": float(state.get("inferences") or 0),
-            "inference_ms": float(state.get("inferences") or 0) * float(mean_ms or 0.0),
-            "results": float(state.get("results") or 0),
-            "errors": float(state.get("errors") or 0),
-            "dropped": float(source.get("frames_dropped") or 0),
-            "outages": float(source.get("outages") or 0),
-        }
+    def _pipeline(self, name: str, state: PipelineStatus, interval: float) -> dict[str, Any]:
+        run = state.run  # None: nothing runs (yet)
+        totals = dict.fromkeys(("inferences", "inference_ms", "results", "errors", "dropped", "outages"), 0.0)
+        if run is not None:
+            counts, source = run.counts, run.source
+            totals = {
+                "inferences": float(counts.inferences),
+                "inference_ms": counts.inferences * float(counts.mean_inference_ms or 0.0),
+                "results": float(counts.results),
+                "errors": float(counts.errors),
+                "dropped": float(source.frames_dropped),
+                "outages": float(source.outages),
+            }
         # A pipeline rebuilt since (fleet update, backend retry) starts its counters at 0 again.
         before = self._last.get(name)
-        if before is None or counters["inferences"] < before["inferences"]:
-            before = dict.fromkeys(counters, 0.0)
-        self._last[name] = counters
-        delta = {key: counters[key] - before[key] for key in counters}
-        inferences = delta["inferences"]
+        if before is None or totals["inferences"] < before["inferences"]:
+            before = dict.fromkeys(totals, 0.0)
+        self._last[name] = totals
+        delta = {key: totals[key] - before[key] for key in totals}
         report: dict[str, Any] = {
-            "state": state.get("state"),
-            "backend": state.get("backend"),
-            "fps": round(inferences / interval, 2),
+            "state": state.state,
+            "backend": None if run is None else run.stage.serving.backend,
+            "fps": round(delta["inferences"] / interval, 2),
             "inference_ms": round(delta["inference_ms"] / delta["inferences"], 3)
             if delta["inferences"]
             else None,
@@ -134,8 +137,8 @@ class TelemetrySampler:
             "errors": int(delta["errors"]),
             "frames_dropped": int(delta["dropped"]),
             "outages": int(delta["outages"]),
-            "queued": source.get("queued"),
+            "queued": None if run is None else run.source.queued,
         }
-        if state.get("error"):
-            report["error"] = state["error"]
+        if state.error:
+            report["error"] = state.error
         return report

@@ -72,9 +72,9 @@ def test_speech_start_and_end_events_where_the_speech_is(
         session.close()
 
     status = pipeline.status()
-    windows = int(status["source"]["windows"])
+    windows = int(status.source.counters.windows)
     assert windows == (len(read_wav(path, 16000)) - 512) // 512 + 1  # every full window of the file
-    assert status["inferences"] == windows and status["source"]["frames_dropped"] == 0  # lossless
+    assert status.counts.inferences == windows and status.source.frames_dropped == 0  # lossless
     results = [r for _, r in sink.results]
     events = [(r["output"]["event"], r["source"]["position_s"]) for r in results if r["output"]["event"]]
     starts = [t for kind, t in events if kind == "start"]
@@ -141,7 +141,7 @@ def test_windows_with_hop_lose_nothing_within_the_queue_bound(
     frames = []
     while (frame := queue.get(timeout=0.1)) is not None:
         frames.append(frame)
-    assert len(frames) == (16000 - 400) // 200 + 1 == source.stats()["windows"]
+    assert len(frames) == (16000 - 400) // 200 + 1 == source.stats().counters.windows
     assert queue.dropped == 0
     assert [f.position_s for f in frames[:3]] == [0.0, 0.0125, 0.025]
     assert [f.gap for f in frames[:2]] == [True, False]
@@ -173,11 +173,11 @@ def test_a_missing_file_is_retried_and_reported(tmp_path: Path, sources: list[Au
     source, _ = _audio_source(tmp_path / "later.wav", reopen_min_s=0.05, reopen_max_s=0.1)
     sources.append(source)
     source.start()
-    assert wait_until(lambda: source.stats()["reconnects"] >= 2, timeout=30)
-    assert source.state == "retrying" and "later.wav does not exist" in str(source.stats()["error"])
+    assert wait_until(lambda: source.stats().reconnects >= 2, timeout=30)
+    assert source.state == "retrying" and "later.wav does not exist" in str(source.stats().error)
     write_wav(tmp_path / "later.wav", np.zeros(1600, np.int16), 16000)
     assert wait_until(lambda: source.state == "finished", timeout=30)
-    assert source.stats()["outages"] == 1
+    assert source.stats().outages == 1
 
 
 def test_audio_feeder_checks_the_model_inputs() -> None:

@@ -84,7 +84,7 @@ def test_windows_from_an_alsa_device_are_the_recorded_samples_in_order(
         start = (frame.index - 1) * 256
         assert np.array_equal(frame.data, alsa_speech[start : start + 512]), frame.index
     stats = source.stats()
-    assert source.kind == "audio-capture" and stats["state"] == "streaming" and stats["error"] is None
+    assert source.kind == "audio-capture" and stats.state == "streaming" and stats.error is None
     assert _arecord().cmdline()[1:] == ["-D", "speech", "-t", "raw", "-f", "S16_LE", "-c", "1", "-r", "16000"]
 
 
@@ -92,11 +92,11 @@ def test_a_device_that_does_not_exist_is_named_retried_and_never_streams(sources
     source, _ = _capture("hw:9,0")
     sources.append(source)
     source.start()
-    assert wait_until(lambda: source.stats()["reconnects"] >= 3, "retries", timeout=60)
+    assert wait_until(lambda: source.stats().reconnects >= 3, "retries", timeout=60)
     stats = source.stats()
-    assert stats["state"] == "retrying" and stats["windows"] == 0
-    assert "audio capture from ALSA device 'hw:9,0': arecord exited with status 1" in stats["error"]
-    assert "audio open error" in stats["error"]  # arecord's own reason
+    assert stats.state == "retrying" and stats.counters.windows == 0
+    assert "audio capture from ALSA device 'hw:9,0': arecord exited with status 1" in stats.error
+    assert "audio open error" in stats.error  # arecord's own reason
 
 
 def test_a_recorder_that_dies_is_an_outage_and_capture_resumes(
@@ -108,15 +108,15 @@ def test_a_recorder_that_dies_is_an_outage_and_capture_resumes(
     assert wait_until(lambda: source.state == "streaming", timeout=30)
     first = _arecord()
     first.kill()  # as when a USB microphone is pulled out: arecord ends
-    assert wait_until(
-        lambda: source.stats()["outages"] == 1, "outage counted", timeout=30, state=source.stats
-    )
+    assert wait_until(lambda: source.stats().outages == 1, "outage counted", timeout=30, state=source.stats)
     stats = source.stats()
-    assert stats["reconnects"] >= 1 and stats["state"] == "streaming" and stats["error"] is None
+    assert stats.reconnects >= 1 and stats.state == "streaming" and stats.error is None
     assert _arecord().pid != first.pid
     assert "audio capture from ALSA device 'speech': arecord was killed by signal 9" in caplog.text
-    windows = stats["windows"]
-    assert wait_until(lambda: source.stats()["windows"] > windows, "windows after the outage", timeout=30)
+    windows = stats.counters.windows
+    assert wait_until(
+        lambda: source.stats().counters.windows > windows, "windows after the outage", timeout=30
+    )
 
 
 def test_without_arecord_the_error_says_what_to_install(
@@ -128,8 +128,8 @@ def test_without_arecord_the_error_says_what_to_install(
     source, _ = _capture("speech")
     sources.append(source)
     source.start()
-    assert wait_until(lambda: source.stats()["reconnects"] >= 2, timeout=30)
-    assert source.stats()["error"] == "arecord is not installed (apt-get install alsa-utils)"
+    assert wait_until(lambda: source.stats().reconnects >= 2, timeout=30)
+    assert source.stats().error == "arecord is not installed (apt-get install alsa-utils)"
     monkeypatch.setenv("PATH", os.defpath)  # installed meanwhile: the retry finds it
     assert wait_until(lambda: source.state == "streaming", timeout=30, state=source.stats)
 
@@ -158,7 +158,7 @@ def test_a_pipeline_runs_the_vad_on_live_capture_and_counts_what_it_cannot_keep(
     try:
         # Wait for the drops too (not a fixed window of time): the file plugin outpaces the model.
         assert wait_until(
-            lambda: sink.count() >= 50 and pipeline.status()["source"]["frames_dropped"] > 0,
+            lambda: sink.count() >= 50 and pipeline.status().source.frames_dropped > 0,
             "results and dropped windows",
             timeout=60,
             state=pipeline.status,
@@ -167,7 +167,7 @@ def test_a_pipeline_runs_the_vad_on_live_capture_and_counts_what_it_cannot_keep(
     finally:
         pipeline.stop(timeout=30)
         session.close()
-    assert status["source"]["state"] == "streaming" and status["source"]["frames_dropped"] > 0
-    assert status["inferences"] >= 50 and status["errors"] == 0
+    assert status.source.state == "streaming" and status.source.frames_dropped > 0
+    assert status.counts.inferences >= 50 and status.counts.errors == 0
     first = sink.results[0][1]
     assert set(first["output"]) == {"active", "score", "event"} and 0.0 <= first["output"]["score"] <= 1.0

@@ -127,12 +127,12 @@ def test_a_failing_backend_is_replaced_by_the_next_candidate_and_taken_back_late
     assert wait_until(lambda: OV in sink.backends(), "results from the fallback backend", timeout=120)
     assert pipeline.stage.model.switches[0].startswith(f"{ORT} -> {OV}: 5 failures in a row")
     assert "device lost" in pipeline.stage.model.switches[0]
-    assert pipeline.status()["errors"] == 5 and pipeline.status()["state"] == "running"
+    assert pipeline.status().counts.errors == 5 and pipeline.status().state == "running"
     # After the backoff (2 s), onnxruntime is tried again; it loads and runs, so it is taken back.
     assert wait_until(lambda: sink.backends()[-1:] == [ORT], "results from onnxruntime again", timeout=120)
     assert pipeline.stage.model.switches[-1] == f"{OV} -> {ORT}: the preferred backend works again"
     status = pipeline.status()
-    assert status["backend"] == ORT and len(status["backend_switches"]) == 2
+    assert status.stage.serving.backend == ORT and len(status.stage.backend_switches) == 2
     truth_labels = {r["output"]["top"][0]["label"] for r in sink.results}
     assert truth_labels <= set(CLS_LABELS)
     # The fallback is a problem (WARNING); getting the preferred backend back is good news (INFO).
@@ -170,7 +170,7 @@ def test_a_backend_proven_better_on_a_frame_takes_over_logged_at_info(
     [upgrade] = pipeline.stage.model.switches
     assert upgrade == f"{ORT} -> {OV}: a frame from the source proved it the best candidate"
     assert switch_logs(caplog) == [("INFO", f"pipeline door: switched backend {upgrade}")]
-    assert pipeline.status()["errors"] == 0
+    assert pipeline.status().counts.errors == 0
 
 
 def test_with_no_candidate_left_the_pipeline_reports_degraded(
@@ -182,6 +182,6 @@ def test_with_no_candidate_left_the_pipeline_reports_degraded(
     pipeline = _pipeline(tmp_path, artifact, switcher, sink)
     running.append(pipeline)
     pipeline.start()
-    assert wait_until(lambda: pipeline.status()["state"] == "degraded", "degraded", timeout=60)
+    assert wait_until(lambda: pipeline.status().state == "degraded", "degraded", timeout=60)
     assert pipeline.stage.model.switches == [] and sink.results == []
-    assert "device lost" in str(pipeline.status()["error"])
+    assert "device lost" in str(pipeline.status().error)

@@ -59,7 +59,7 @@ def test_slow_model_on_fast_camera_drops_frames_counts_them_and_keeps_memory_fla
         assert wait_until(lambda: sink.count() >= 5, timeout=60), pipeline.status()
         settled = process.memory_info().rss
         peak = settled
-        decoded_before, results_before = pipeline.status()["source"]["frames_decoded"], sink.count()
+        decoded_before, results_before = pipeline.status().source.counters.frames_decoded, sink.count()
 
         def ran_long_enough() -> bool:
             """Samples memory; true once 300 more frames were decoded (3 s of this camera, ~800 MB
@@ -67,7 +67,7 @@ def test_slow_model_on_fast_camera_drops_frames_counts_them_and_keeps_memory_fla
             machine only makes it take longer."""
             nonlocal peak
             peak = max(peak, process.memory_info().rss)
-            decoded_now = pipeline.status()["source"]["frames_decoded"]
+            decoded_now = pipeline.status().source.counters.frames_decoded
             return decoded_now >= decoded_before + 300 and sink.count() >= results_before + 5
 
         assert wait_until(
@@ -77,9 +77,9 @@ def test_slow_model_on_fast_camera_drops_frames_counts_them_and_keeps_memory_fla
     finally:
         pipeline.stop(timeout=30)
 
-    decoded, dropped = status["source"]["frames_decoded"], status["source"]["frames_dropped"]
+    decoded, dropped = status.source.counters.frames_decoded, status.source.frames_dropped
     results = [r for _, r in sink.results]
-    assert status["state"] == "running" and status["errors"] == 0
+    assert status.state == "running" and status.counts.errors == 0
     assert decoded > 3 * len(results), (decoded, len(results))  # the camera is far faster than the model
     assert dropped > 0 and dropped >= decoded - len(results) - 2  # each frame the model never saw is counted
     assert results[-1]["source"]["frames_dropped"] > results[0]["source"]["frames_dropped"]

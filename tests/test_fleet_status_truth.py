@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from agent.cli import app
 from agent.cli.render.status import render
 from agent.fleet.reconciler import generation_outcomes
+from agent.status import statuses_of
 from tests.agent_process import EDGE_AGENT, StartAgent
 from tests.fleet_fixtures import (
     GOOD,
@@ -203,7 +204,9 @@ def test_fleet_status_says_what_serves_what_failed_and_who_is_offline(mosquitto:
 
 
 def _local_status(documents: dict[str, Any], pipelines: dict[str, Any]) -> str:
-    status = {"fleet": {"documents": generation_outcomes(documents, pipelines)}, "pipelines": pipelines}
+    """The fleet line `edge-agent status` shows for these pipelines' statuses (as status.json has them)."""
+    outcomes = generation_outcomes(documents, statuses_of(pipelines))
+    status = {"fleet": {"documents": outcomes}, "pipelines": pipelines}
     return _line(_render(status), "fleet:")
 
 

@@ -57,7 +57,7 @@ def test_an_opencv_style_pipeline_gives_exact_bgr_frames(sources: list[VideoSour
     assert frame.data.shape == (48, 64, 3) and frame.data.dtype == np.uint8
     assert (frame.data == np.array([0xC0, 0x80, 0x20], np.uint8)).all()
     stats = source.stats()
-    assert source.kind == "gstreamer" and stats["state"] == "streaming" and stats["error"] is None
+    assert source.kind == "gstreamer" and stats.state == "streaming" and stats.error is None
     # Live: wall-clock stamps (a monotonic or stream-time stamp would be decades off; 60 s spares a busy box).
     assert abs(frame.captured_at - time.time()) < 60 and frame.position_s is None
 
@@ -137,7 +137,7 @@ def test_the_fps_cap_drops_frames_inside_gstreamer(sources: list[VideoSource]) -
     # 30 frames a second by its clock; with the cap, 5 of them reach Python, so 11 frames take at
     # least 2 s (uncapped: a third of a second).
     assert wait_until(
-        lambda: source.stats()["frames_decoded"] >= 11, "11 frames", timeout=60, state=source.stats
+        lambda: source.stats().counters.frames_decoded >= 11, "11 frames", timeout=60, state=source.stats
     )
     elapsed = time.monotonic() - started
     assert elapsed >= 1.8, elapsed  # never faster than the cap
@@ -148,8 +148,8 @@ def test_bad_pipelines_are_named_and_retried(sources: list[VideoSource]) -> None
     source, _ = _camera("gst:nvarguscamerasrc sensor-id=0 ! nvvidconv ! appsink")  # no Jetson here
     sources.append(source)
     source.start()
-    assert wait_until(lambda: source.stats()["reconnects"] >= 2, "retries", timeout=60)
-    error = str(source.stats()["error"])
+    assert wait_until(lambda: source.stats().reconnects >= 2, "retries", timeout=60)
+    error = str(source.stats().error)
     assert source.state == "retrying"
     assert error.startswith("GStreamer pipeline gave no frame: gst-launch-1.0 exited with status 1")
     assert 'no element "nvarguscamerasrc"' in error
@@ -169,10 +169,10 @@ def test_a_pipeline_that_ends_or_stalls_is_reopened(
     sources.extend([ends, stalls])
     ends.start()
     stalls.start()
-    assert wait_until(lambda: ends.stats()["outages"] >= 2, "reopened after the end", timeout=60)
+    assert wait_until(lambda: ends.stats().outages >= 2, "reopened after the end", timeout=60)
     assert _next_frame(ends_slot).data.shape == (120, 160, 3)
-    assert wait_until(lambda: stalls.stats()["outages"] >= 1, "reopened after the stall", timeout=60)
-    assert stalls.stats()["frames_decoded"] >= 2  # the first frame of each run
+    assert wait_until(lambda: stalls.stats().outages >= 1, "reopened after the stall", timeout=60)
+    assert stalls.stats().counters.frames_decoded >= 2  # the first frame of each run
     assert "stopped delivering frames: gst-launch-1.0 sent nothing for 5 s" in caplog.text
     assert "stopped delivering frames: gst-launch-1.0 ended" in caplog.text
 
@@ -184,8 +184,8 @@ def test_without_gst_launch_the_error_says_what_to_install(
     source, _ = _camera(f"gst:{LIVE_TEST_CARD} ! appsink")
     sources.append(source)
     source.start()
-    assert wait_until(lambda: source.stats()["reconnects"] >= 1, timeout=30)
-    assert str(source.stats()["error"]).startswith(
+    assert wait_until(lambda: source.stats().reconnects >= 1, timeout=30)
+    assert str(source.stats().error).startswith(
         "GStreamer pipeline gave no frame: gst-launch-1.0 is not installed "
         "(apt-get install gstreamer1.0-tools"
     )

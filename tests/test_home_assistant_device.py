@@ -26,6 +26,7 @@ from agent.home_automation import (
     discovery_payload,
     identity_of,
 )
+from agent.status import PipelineStatus
 from tests.agent_process import StartAgent, read_status
 from tests.fleet_fixtures import GOOD, agent_config, pipeline_body, publish_fleet_versions
 from tests.ha_fixtures import Link, Recorder, Router, classifier, config_of, valid_discovery
@@ -74,12 +75,20 @@ def test_the_box_entities_fit_home_assistants_schema(tmp_path: Path) -> None:
     assert entity_topics(payload)["availability"] == {"edge/box-1/status"}
 
 
+def _status(fps: float | None, backend: str | None) -> PipelineStatus:
+    """A pipeline's status as the daemon knows it: running at `fps` on `backend`, or (no backend)
+    being built, nothing running yet."""
+    if backend is None:
+        return PipelineStatus.from_json({"state": "starting", "phase": "building"})
+    return PipelineStatus.from_json({"state": "running", "model": "m@1", "fps": fps, "backend": backend})
+
+
 def test_fps_backend_and_the_backlog_follow_the_daemons_health(tmp_path: Path) -> None:
     (tmp_path / "state").mkdir()
     pipelines = [classifier(), raw_pipeline("levels")]
     config = config_of(tmp_path, pipelines, state_topics={"enabled": True})
     health: dict[str, Any] = {
-        "pipelines": {"signs": {"fps": 4.96, "backend": CPU}, "levels": {"fps": None, "backend": None}},
+        "pipelines": {"signs": _status(4.96, CPU), "levels": _status(None, None)},
         "pending": 3,
     }
     asked: list[int] = []
@@ -104,7 +113,7 @@ def test_fps_backend_and_the_backlog_follow_the_daemons_health(tmp_path: Path) -
     home.tick()
     assert link.take() == [] and len(asked) == 1
     # A new connection: asked at once, and everything goes again (the broker may have lost it).
-    health["pipelines"]["levels"] = {"fps": 0.0, "backend": CPU}
+    health["pipelines"]["levels"] = _status(0.0, CPU)
     link.connects = 2
     home.tick()
     assert len(asked) == 2

@@ -161,7 +161,7 @@ def test_each_image_is_its_results_own_frame_at_30_fps_with_a_slower_model(
     results = [json.loads(m.payload) for m in outbox.peek(10_000) if m.stream == "results/yard"]
     outbox.close()
     # The condition of the test holds: the model is slower than the source, which drops frames.
-    assert status["source"]["frames_dropped"] > 0 and status["latency_ms"]["inference"]["p50"] > 1000 / FPS
+    assert status.source.frames_dropped > 0 and status.counts.latency.inference.p50 > 1000 / FPS
     # Every image is the frame of a published result (its own number in its pixels), with that
     # frame's box on the face: drawn where the face is in that frame, not where it is in another.
     by_frame = {r["source"]["frame"] - 1: r for r in results}  # (the source counts from 1)

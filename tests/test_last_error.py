@@ -86,21 +86,22 @@ def test_the_last_error_has_a_time_and_is_cleared_after_a_clean_health_window(
 ) -> None:
     pipeline = looping_pipeline
     before = time.time()
-    wait_until(lambda: pipeline.status(NEVER)["errors"] >= FAILING_RUNS, "the failing runs", timeout=60)
-    wait_until(lambda: pipeline.status(NEVER)["inferences"] >= 5, "good frames after them", timeout=60)
+    wait_until(lambda: pipeline.status(NEVER).counts.errors >= FAILING_RUNS, "the failing runs", timeout=60)
+    wait_until(lambda: pipeline.status(NEVER).counts.inferences >= 5, "good frames after them", timeout=60)
 
     status = pipeline.status(NEVER)
-    assert status["errors"] == FAILING_RUNS
-    assert status["last_error"] == f"inference failed: device busy (run {FAILING_RUNS})"
-    assert before - 1 <= _epoch(status["last_error_at"]) <= time.time() + 1
-    assert status["last_error_model"] == "pp-ocr-cls@2.0"
+    assert status.counts.errors == FAILING_RUNS
+    error = status.counts.last_error
+    assert error is not None and error.text == f"inference failed: device busy (run {FAILING_RUNS})"
+    assert before - 1 <= _epoch(error.at) <= time.time() + 1
+    assert error.model == "pp-ocr-cls@2.0"
     stage = pipeline.stage.stats.to_dict()
-    assert stage["last_error"] == status["last_error"] and stage["last_error_at"] == status["last_error_at"]
+    assert stage["last_error"] == error.text and stage["last_error_at"] == error.at
 
     # Clean frames, but not for the window yet (an hour): the error stays.
-    assert pipeline.status(NEVER)["last_error"] is not None
+    assert pipeline.status(NEVER).counts.last_error is not None
     # A one-second window with three good frames: cleared; the count of failed frames stays.
-    wait_until(lambda: pipeline.status(SHORT)["last_error"] is None, "the error cleared", timeout=30)
+    wait_until(lambda: pipeline.status(SHORT).counts.last_error is None, "the error cleared", timeout=30)
     status = pipeline.status(SHORT)
-    assert (status["last_error"], status["last_error_at"], status["last_error_model"]) == (None, None, None)
-    assert status["errors"] == FAILING_RUNS and status["state"] == "running"
+    assert status.counts.last_error is None and status.to_json()["last_error_at"] is None
+    assert status.counts.errors == FAILING_RUNS and status.state == "running"

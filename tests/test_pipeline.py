@@ -82,17 +82,17 @@ def test_pipeline_end_to_end_matches_ground_truth(
     pipeline.stop(timeout=30)
 
     status = pipeline.status()
-    assert status["state"] == "finished"
-    assert status["errors"] == 0 and status["last_error"] is None
-    assert status["backend"] == "onnxruntime/CPUExecutionProvider"
-    assert status["model"] == "pp-ocr-cls@2.0"
-    assert status["source"]["state"] == "finished"
-    assert status["mean_inference_ms"] is not None and status["mean_inference_ms"] > 0
+    assert status.state == "finished"
+    assert status.counts.errors == 0 and status.counts.last_error is None
+    assert status.stage.serving.backend == "onnxruntime/CPUExecutionProvider"
+    assert status.stage.model == "pp-ocr-cls@2.0"
+    assert status.source.state == "finished"
+    assert status.counts.mean_inference_ms is not None and status.counts.mean_inference_ms > 0
 
     # 60 frames at 10 fps capped to 2 fps: 12 frames reach the model (a few may be dropped).
-    handed = status["source"]["frames_decoded"] - status["source"]["frames_skipped_by_fps"]
+    handed = status.source.counters.frames_decoded - status.source.counters.frames_skipped_by_fps
     assert handed == 12
-    assert status["results"] == sink.count() == handed - pipeline.slot.dropped
+    assert status.counts.results == sink.count() == handed - pipeline.slot.dropped
     assert sink.count() >= 8
 
     seen_orientations = set()
@@ -151,11 +151,11 @@ def test_pipeline_keeps_going_when_some_frames_fail(
 
     status = pipeline.status()
     assert flaky.calls >= 30
-    assert status["errors"] == flaky.failures == flaky.calls // 3
-    assert status["results"] == sink.count() == flaky.calls - flaky.failures
-    assert status["last_error"] is not None and "simulated device hiccup" in status["last_error"]
-    assert status["state"] == "finished"  # occasional failures never make it degraded
-    assert status["error"] is None
+    assert status.counts.errors == flaky.failures == flaky.calls // 3
+    assert status.counts.results == sink.count() == flaky.calls - flaky.failures
+    assert status.counts.last_error is not None and "simulated device hiccup" in status.counts.last_error.text
+    assert status.state == "finished"  # occasional failures never make it degraded
+    assert status.error is None
     # Results after failures are still right.
     correct = 0
     for _, result in sink.results:
@@ -194,12 +194,12 @@ def test_pipeline_counts_sink_failures_and_keeps_going(
     pipeline.stop(timeout=30)
     status = pipeline.status()
     assert sink.calls >= 10
-    assert status["results"] == sink.count() == (sink.calls + 1) // 2
-    assert status["errors"] == sink.calls // 2
-    assert status["last_error"] is not None
-    assert status["last_error"].startswith("cannot store the result")
-    assert "No space left" in status["last_error"]
-    assert status["state"] == "finished"
+    assert status.counts.results == sink.count() == (sink.calls + 1) // 2
+    assert status.counts.errors == sink.calls // 2
+    error = status.counts.last_error
+    assert error is not None and error.text.startswith("cannot store the result")
+    assert "No space left" in error.text
+    assert status.state == "finished"
 
 
 def test_pipeline_reports_degraded_when_every_frame_fails(
@@ -214,18 +214,18 @@ def test_pipeline_reports_degraded_when_every_frame_fails(
     pipeline = Pipeline(_config(path, fps=None, loop=True), model, sink)
     started.append(pipeline)
     pipeline.start()
-    assert wait_until(lambda: pipeline.status()["errors"] >= 12, timeout=60)
+    assert wait_until(lambda: pipeline.status().counts.errors >= 12, timeout=60)
     status = pipeline.status()
-    assert status["state"] == "degraded", status
-    assert "simulated device hiccup" in status["error"]
-    assert status["results"] == 0 and sink.count() == 0
+    assert status.state == "degraded", status
+    assert "simulated device hiccup" in status.error
+    assert status.counts.results == 0 and sink.count() == 0
     started_stop = time.monotonic()
     pipeline.stop(timeout=30)
     # Stop ends the looping source and the worker (finished) without waiting out its timeout: a stop
     # that did not reach them would take the whole 30 s; 15 s is generous for a busy machine.
     assert time.monotonic() - started_stop < 15.0
     assert pipeline.finished
-    assert pipeline.status()["state"] == "stopped"
+    assert pipeline.status().state == "stopped"
 
 
 class SlowSession(FlakySession):
@@ -269,11 +269,12 @@ def test_nan_outputs_fail_the_frame_instead_of_publishing_invalid_json(
     pipeline = Pipeline(_config(path, fps=5), model, sink)
     started.append(pipeline)
     pipeline.start()
-    assert wait_until(lambda: pipeline.status()["errors"] >= 3, timeout=60)
+    assert wait_until(lambda: pipeline.status().counts.errors >= 3, timeout=60)
     assert sink.count() == 0
     # The step that refused them is named: the model ran, its outputs could not be made a result.
-    assert str(pipeline.status()["last_error"]).startswith("postprocess failed: output ")
-    assert "NaN or infinite" in str(pipeline.status()["last_error"])
+    error = pipeline.status().counts.last_error
+    assert error is not None and error.text.startswith("postprocess failed: output ")
+    assert "NaN or infinite" in error.text
 
 
 def test_a_folder_of_images_goes_through_in_name_order(tmp_path: Path, loaded: LoadedModel) -> None:
@@ -290,7 +291,7 @@ def test_a_folder_of_images_goes_through_in_name_order(tmp_path: Path, loaded: L
     results = [r for _, r in sink.results]
     assert [r["source"]["frame"] for r in results] == list(range(1, 7))
     assert [r["output"]["top"][0]["label"] for r in results] == orientations
-    assert pipeline.status()["state"] == "finished"
+    assert pipeline.status().state == "finished"
 
 
 class HandshakeSession(FlakySession):
@@ -352,7 +353,7 @@ def test_preparing_inference_and_reporting_overlap_on_three_frames(
     finally:
         pipeline.stop(timeout=30)
     frames = [r["source"]["frame"] for _, r in sink.results]
-    assert frames == sorted(frames) and len(frames) == pipeline.status()["inferences"]
+    assert frames == sorted(frames) and len(frames) == pipeline.status().counts.inferences
     # Every run but the last saw the next frame prepared while it waited; every result but the last
     # saw a later run start while it was being written.
     assert session.overlapped[:-1] and all(session.overlapped[:-1]), session.overlapped

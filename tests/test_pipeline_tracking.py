@@ -111,7 +111,7 @@ def test_a_face_crossing_the_line_is_one_track_with_one_crossing_and_results_car
     assert ids == {1}
     faces = [d for _, r in sink.results for d in r["output"]["detections"] if d["label"] == "FACE_FEMALE"]
     assert len(faces) >= FRAMES - 2 and {d["track_id"] for d in faces[2:]} == {1}
-    status = pipeline.status()["tracking"]
+    status = pipeline.status().tracking
     assert status["lines"] == {"middle": {"east": 1, "west": 0}} and status["started"] == 1
 
 

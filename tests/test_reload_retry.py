@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,6 +18,7 @@ import agent.supervisor
 from agent.daemon import Agent
 from agent.registry import FileRegistry, PublishOptions
 from agent.reload import load_for_run
+from agent.status import PipelineStatus
 from tests.agent_process import read_status
 from tests.media_fixtures import demo_video_module
 from tests.registry_server import RegistryServer
@@ -68,8 +68,16 @@ class Running:
         )
         self.thread.start()
 
-    def state(self, name: str) -> dict[str, Any]:
-        return self.agent.supervisor.states().get(name, {})  # {} until the first apply
+    def state(self, name: str) -> PipelineStatus | None:
+        return self.agent.supervisor.states().get(name)  # None until the first apply
+
+    def phase(self, name: str) -> str | None:
+        state = self.state(name)
+        return None if state is None else state.phase
+
+    def attempts(self, name: str) -> int | None:
+        state = self.state(name)
+        return None if state is None else state.change.attempts
 
     def close(self) -> None:
         self.stop.set()
@@ -96,7 +104,11 @@ def daemon() -> Iterator[list[Running]]:
 
 def _failed_unreachable(running: Running, name: str) -> bool:
     state = running.state(name)
-    return state.get("phase") == "failed" and "cannot reach registry" in (state.get("reason") or "")
+    return (
+        state is not None
+        and state.phase == "failed"
+        and "cannot reach registry" in (state.change.reason or "")
+    )
 
 
 def test_a_reload_retries_a_pipeline_that_failed_on_the_registry_at_once(
@@ -120,9 +132,9 @@ def test_a_reload_retries_a_pipeline_that_failed_on_the_registry_at_once(
         assert outcome["result"] == "applied", outcome
         assert outcome["changes"]["pipelines"]["retried"] == ["door"]
         assert outcome["changes"]["pipelines"]["unchanged"] == []
-        wait_until(lambda: running.state("door").get("phase") == "running", "door running", timeout=AT_ONCE_S)
+        wait_until(lambda: running.phase("door") == "running", "door running", timeout=AT_ONCE_S)
         assert time.monotonic() - asked < BACKOFF_S / 4
-        assert running.state("door")["attempts"] == 2  # the failed one and the retry: no slot came
+        assert running.attempts("door") == 2  # the failed one and the retry: no slot came
     finally:
         running.close()
         server.close()
@@ -144,12 +156,12 @@ def test_the_registry_answering_again_retries_the_pipelines_waiting_on_it(
         asked = time.monotonic()
         running.agent.supervisor.restart("door")  # the fleet's restart_pipeline: door asks the registry
         wait_until(
-            lambda: all(running.state(n).get("phase") == "running" for n in ("door", "gate")),
+            lambda: all(running.phase(n) == "running" for n in ("door", "gate")),
             "gate retried as soon as door's pull found the registry back",
             timeout=AT_ONCE_S,
         )
         assert time.monotonic() - asked < BACKOFF_S / 4
-        assert running.state("gate")["attempts"] == 2
+        assert running.attempts("gate") == 2
         assert running.agent.registry_link.state == "reachable"
     finally:
         running.close()
@@ -168,9 +180,9 @@ def test_the_registry_back_is_noticed_by_itself_and_the_pipeline_retried(
     server = RegistryServer(published.root, port=port)
     try:
         back = time.monotonic()
-        wait_until(lambda: running.state("door").get("phase") == "running", "door running", timeout=AT_ONCE_S)
+        wait_until(lambda: running.phase("door") == "running", "door running", timeout=AT_ONCE_S)
         assert time.monotonic() - back < BACKOFF_S / 4
-        assert running.state("door")["attempts"] == 2  # the failed one and the retry: no slot came
+        assert running.attempts("door") == 2  # the failed one and the retry: no slot came
         assert running.agent.registry_link.state == "reachable"
     finally:
         running.close()

@@ -56,7 +56,7 @@ def test_csv_replays_a_column_at_the_recorded_pace(tmp_path: Path, sources: list
     assert np.allclose(np.concatenate([f.data for f in frames]), [20 + i * 0.1 for i in range(20)])
     # Each window's position: the recorded time of the row that completed it.
     assert [f.position_s for f in frames] == pytest.approx([0.2, 0.45, 0.7, 0.95])
-    assert source.stats()["rows"] == 20 and source.stats()["bad_rows"] == 0
+    assert source.stats().counters.rows == 20 and source.stats().counters.bad_rows == 0
 
 
 def test_jsonl_with_bad_lines_loses_no_good_value_to_a_slow_model(
@@ -77,8 +77,8 @@ def test_jsonl_with_bad_lines_loses_no_good_value_to_a_slow_model(
     assert queue.dropped == 0 and len(frames) == (60 - 10) // 5 + 1
     assert [float(f.data[0]) for f in frames] == [float(i) for i in range(0, 55, 5)]
     stats = source.stats()
-    assert stats["bad_rows"] == 2 and stats["rows"] == 60
-    assert stats["last_bad_row"] == "vibration.jsonl:23: no field 'sensor.rms' (missing 'rms')"
+    assert stats.counters.bad_rows == 2 and stats.counters.rows == 60
+    assert stats.counters.last_bad_row == "vibration.jsonl:23: no field 'sensor.rms' (missing 'rms')"
 
 
 def test_a_missing_file_or_column_is_retried_with_a_clear_error(
@@ -86,15 +86,15 @@ def test_a_missing_file_or_column_is_retried_with_a_clear_error(
 ) -> None:
     path = tmp_path / "later.csv"
     source, queue = _replay(path, sources, field="temp", reopen_min_s=0.05, reopen_max_s=0.1)
-    assert wait_until(lambda: source.stats()["reconnects"] >= 2, timeout=30)
-    assert source.state == "retrying" and "later.csv" in str(source.stats()["error"])
+    assert wait_until(lambda: source.stats().reconnects >= 2, timeout=30)
+    assert source.state == "retrying" and "later.csv" in str(source.stats().error)
     path.write_text("time,pressure\n1,1013\n")
     no_column = "no column 'temp' (columns: time, pressure)"
-    assert wait_until(lambda: no_column in str(source.stats()["error"]), timeout=30)
+    assert wait_until(lambda: no_column in str(source.stats().error), timeout=30)
     path.write_text("time,temp\n1,21.5\n2,22.0\n")
     assert wait_until(lambda: source.state == "finished", timeout=30), source.stats()
     assert [float(f.data[0]) for f in _drain(queue, timeout=30)] == [21.5, 22.0]
-    assert source.stats()["outages"] == 1
+    assert source.stats().outages == 1
 
 
 def test_replay_pipelines_need_series_preprocessing() -> None:

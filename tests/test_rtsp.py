@@ -58,12 +58,12 @@ def test_pipeline_reconnects_to_a_camera_that_goes_away_and_comes_back(
     pipeline.start()
     try:
         assert wait_until(lambda: sink.count() >= 5, timeout=60), pipeline.status()
-        assert pipeline.status()["state"] == "running"
+        assert pipeline.status().state == "running"
 
         camera.kill()
-        assert wait_until(lambda: pipeline.status()["state"] == "source-unavailable", timeout=60)
+        assert wait_until(lambda: pipeline.status().state == "source-unavailable", timeout=60)
         unavailable = pipeline.status()
-        assert "stopped delivering frames" in unavailable["error"] or "cannot open" in unavailable["error"]
+        assert "stopped delivering frames" in unavailable.error or "cannot open" in unavailable.error
         before = sink.count()
 
         camera.start()  # the same camera, back on the same address
@@ -76,9 +76,9 @@ def test_pipeline_reconnects_to_a_camera_that_goes_away_and_comes_back(
     finally:
         pipeline.stop(timeout=30)
 
-    assert back["state"] == "running" and back["error"] is None
-    assert back["source"]["reconnects"] >= 1 and back["source"]["outages"] == 1
-    assert back["source"]["last_outage_s"] > 0
+    assert back.state == "running" and back.error is None
+    assert back.source.reconnects >= 1 and back.source.outages == 1
+    assert back.source.last_outage_s > 0
     results = [r for _, r in sink.results]
     # Every frame, before and after the outage, is the upside-down sign, and says so.
     assert {r["output"]["top"][0]["label"] for r in results} == {"upside-down"}
@@ -90,5 +90,5 @@ def test_pipeline_reconnects_to_a_camera_that_goes_away_and_comes_back(
     assert outages == [0] * split + [1] * (len(results) - split)
     assert before <= split <= before + 2, (before, split)
     after = results[split:]
-    assert all(r["source"]["last_outage_s"] == back["source"]["last_outage_s"] for r in after)
+    assert all(r["source"]["last_outage_s"] == back.source.last_outage_s for r in after)
     assert all(r["source"]["uri"] == camera.url and r["source"]["position_s"] is None for r in results)

@@ -214,9 +214,9 @@ def test_on_change_turns_a_video_of_signs_into_one_event_per_sign(
         shown = demo_video_module().truth_at(truth, result["source"]["position_s"])
         assert shown is not None and result["output"]["top"][0]["label"] == shown["orientation"]
     # Nothing lost silently: published + held back = every frame the model ran on.
-    held = status["held_back"]
-    assert status["results"] == len(results) and status["inferences"] >= 20
-    assert status["results"] + sum(held.values()) == status["inferences"]
+    held = status.stage.held_back
+    assert status.counts.results == len(results) and status.counts.inferences >= 20
+    assert status.counts.results + sum(held.values()) == status.counts.inferences
     assert held["on_change"] > 0
     # Each published result carries the count held back before it; the rest came after the last.
     carried = sum(int(r["held_back"]) for r in results)
@@ -230,8 +230,8 @@ def test_every_n_thins_the_stream_evenly(
     sink = ListSink()
     status = _play(_pipeline(path, loaded, ReportConfig(every_n=4), sink))
     results = [r for _, r in sink.results]
-    inferences = int(status["inferences"])
+    inferences = int(status.counts.inferences)
     assert len(results) == (inferences + 3) // 4
-    assert status["held_back"]["every_n"] == inferences - len(results)
+    assert status.stage.held_back["every_n"] == inferences - len(results)
     assert results[0]["held_back"] == 0
     assert [r["held_back"] for r in results[1:]] == [3] * (len(results) - 1)

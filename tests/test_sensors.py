@@ -96,7 +96,7 @@ def test_a_fast_stream_loses_nothing_within_the_bound(mosquitto: Mosquitto, publ
         assert wait_until(lambda: source.state == "streaming", timeout=30), source.stats()
         sent = list(np.round(np.sin(np.arange(5000) / 50.0), 3))
         _publish(publisher, sent)
-        assert wait_until(lambda: source.stats()["windows"] == 50, timeout=120), source.stats()
+        assert wait_until(lambda: source.stats().counters.windows == 50, timeout=120), source.stats()
     finally:
         source.stop()
     frames = []
@@ -106,7 +106,7 @@ def test_a_fast_stream_loses_nothing_within_the_bound(mosquitto: Mosquitto, publ
     assert [f.gap for f in frames[:2]] == [True, False]
     received = np.concatenate([f.data for f in frames])
     assert np.allclose(received, sent, atol=1e-6)  # every value, in order
-    assert source.stats()["messages"] == 5000 and source.stats()["bad_messages"] == 0
+    assert source.stats().counters.messages == 5000 and source.stats().counters.bad_messages == 0
 
 
 def _mean_model(path: Path) -> Path:
@@ -152,7 +152,7 @@ def test_pipeline_on_sensor_windows_counts_bad_messages_and_rides_out_a_broker_r
         assert wait_until(lambda: sink.count() == 1, timeout=60), pipeline.status()
 
         mosquitto.restart()  # the broker goes away and comes back on the same port
-        assert wait_until(lambda: pipeline.source.stats()["outages"] == 1, timeout=60), pipeline.status()
+        assert wait_until(lambda: pipeline.source.stats().outages == 1, timeout=60), pipeline.status()
         assert wait_until(lambda: pipeline.source.state == "streaming", timeout=60)
         assert wait_until(publisher.is_connected, timeout=60)  # paho reconnects by itself
         _publish_json(publisher, [4.0] * WINDOW)
@@ -165,9 +165,9 @@ def test_pipeline_on_sensor_windows_counts_bad_messages_and_rides_out_a_broker_r
     assert first["output"]["outputs"]["mean"]["values"] == pytest.approx([(1.5 + 2.0 * 99) / 100])
     assert second["output"]["outputs"]["mean"]["values"] == pytest.approx([4.0])
     assert second["source"]["outages"] == 1 and second["source"]["last_outage_s"] > 0
-    stats = pipeline.status()["source"]
-    assert stats["bad_messages"] == 2 and stats["messages"] == 3 + 99 + 100
-    assert stats["last_bad_message"] == "topic plant/line-3/vibration: no field 'rms' (missing 'rms')"
+    stats = pipeline.status().source
+    assert stats.counters.bad_messages == 2 and stats.counters.messages == 3 + 99 + 100
+    assert stats.counters.last_bad_message == "topic plant/line-3/vibration: no field 'rms' (missing 'rms')"
 
 
 def _publish_json(client: mqtt.Client, values: list[float]) -> None:
@@ -188,7 +188,7 @@ def test_a_topic_the_broker_refuses_is_named_and_asked_for_again(tmp_path: Path)
         source.start()
         try:
             assert wait_until(lambda: source.state == "retrying", "the refusal", timeout=30), source.stats()
-            error = str(source.stats()["error"])
+            error = str(source.stats().error)
             assert "refused the subscription to plant/line-4/vibration" in error, error
             assert "check the broker's ACL" in error
             # It asks again (the ACL may be fixed): the broker sees more than one SUBSCRIBE.

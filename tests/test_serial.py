@@ -49,14 +49,14 @@ def test_lines_become_windows_and_bad_lines_are_counted(
     # Split across writes, CRLF and LF endings, a line with two readings, a garbled one.
     for chunk in (b"1.0\r\n2.", b"0\n", b"\x00\xffgarbage\n3.0 4.0\n", b"5.0\n6.0\n"):
         os.write(device, chunk)
-    assert wait_until(lambda: source.stats()["windows"] == 2, timeout=30), source.stats()
+    assert wait_until(lambda: source.stats().counters.windows == 2, timeout=30), source.stats()
     first, second = queue.get(30.0), queue.get(30.0)
     assert first is not None and second is not None
     assert np.array_equal(first.data, [1.0, 2.0, 3.0]) and np.array_equal(second.data, [4.0, 5.0, 6.0])
     assert (first.gap, second.gap) == (True, False)
     stats = source.stats()
-    assert stats["lines"] == 6 and stats["bad_lines"] == 1
-    assert stats["last_bad_line"] == "line 3: not UTF-8 text"
+    assert stats.counters.lines == 6 and stats.counters.bad_lines == 1
+    assert stats.counters.last_bad_line == "line 3: not UTF-8 text"
 
 
 def test_json_lines_with_a_field(pty: tuple[int, str], sources: list[SerialSource]) -> None:
@@ -64,10 +64,10 @@ def test_json_lines_with_a_field(pty: tuple[int, str], sources: list[SerialSourc
     source, queue = _serial(path, sources, field="env.t", window=2)
     assert wait_until(lambda: source.state == "streaming", timeout=30)
     os.write(device, b'{"env": {"t": 21.5}}\n{"env": {"h": 40}}\n{"env": {"t": 22.0}}\n')
-    assert wait_until(lambda: source.stats()["windows"] == 1, timeout=30), source.stats()
+    assert wait_until(lambda: source.stats().counters.windows == 1, timeout=30), source.stats()
     frame = queue.get(30.0)
     assert frame is not None and np.array_equal(frame.data, [21.5, 22.0])
-    assert source.stats()["last_bad_line"] == "line 2: no field 'env.t' (missing 't')"
+    assert source.stats().counters.last_bad_line == "line 2: no field 'env.t' (missing 't')"
 
 
 def test_a_device_that_goes_away_is_reported_and_retried(
@@ -78,10 +78,10 @@ def test_a_device_that_goes_away_is_reported_and_retried(
     assert wait_until(lambda: source.state == "streaming", timeout=30)
     os.close(device)  # unplugged: the line hangs up
     assert wait_until(lambda: source.state == "retrying", timeout=30), source.stats()
-    assert str(source.stats()["error"]).startswith(f"serial port {path} failed") or "cannot open" in str(
-        source.stats()["error"]
+    assert str(source.stats().error).startswith(f"serial port {path} failed") or "cannot open" in str(
+        source.stats().error
     )
-    assert wait_until(lambda: source.stats()["reconnects"] >= 2, timeout=30)
+    assert wait_until(lambda: source.stats().reconnects >= 2, timeout=30)
 
 
 @pytest.mark.parametrize(
@@ -98,5 +98,5 @@ def test_a_port_that_cannot_be_used_says_why(
     uri = settings.pop("uri", path)
     source, _ = _serial(uri, sources, **settings)
     assert wait_until(lambda: source.state == "retrying", timeout=30), source.stats()
-    assert message in str(source.stats()["error"])
+    assert message in str(source.stats().error)
     assert not Path("/dev/ttyEDGEAGENT-NONE").exists()

@@ -15,6 +15,7 @@ import pytest
 
 from agent.control import ControlServer, NotRunning, ask
 from agent.pipeline_stats import live_rates
+from agent.status import Latency, Percentiles, Rates
 from tests.agent_process import EDGE_AGENT, StartAgent
 from tests.fleet_fixtures import GOOD, MODEL, agent_config, pipeline_body, publish_fleet_versions
 from tests.mosquitto import Mosquitto, Subscriber
@@ -92,14 +93,14 @@ def test_live_rates_from_the_last_inferences() -> None:
     # 3 s of a 10 fps pipeline, inference 5-14 ms, capture to result 20-49 ms.
     recent = [(now - 3 + i * 0.1, 5 + i % 10, 20 + i) for i in range(30)]
     rates = live_rates(recent, now + 0.1)
-    assert 9.0 <= rates["fps"] <= 10.5
-    assert rates["latency_ms"]["inference"] == {"p50": 9.5, "p95": 14.0}
-    assert rates["latency_ms"]["capture_to_result"]["p50"] == 34.5
+    assert rates.fps is not None and 9.0 <= rates.fps <= 10.5
+    assert rates.latency.inference == Percentiles(9.5, 14.0)
+    assert rates.latency.capture_to_result is not None and rates.latency.capture_to_result.p50 == 34.5
     # Frames before the window: the rate is over the window only.
     older = [(now - 60 + i * 0.1, 5.0, 20.0) for i in range(100)] + recent
-    assert 2.9 <= live_rates(older, now + 0.1)["fps"] <= 3.1
-    assert live_rates(older, now + 30)["fps"] == 0.0  # stalled: nothing lately
-    assert live_rates([], now) == {"fps": None, "latency_ms": {"inference": None, "capture_to_result": None}}
+    assert 2.9 <= (live_rates(older, now + 0.1).fps or 0) <= 3.1
+    assert live_rates(older, now + 30).fps == 0.0  # stalled: nothing lately
+    assert live_rates([], now) == Rates(None, Latency(None, None))
 
 
 # --- a running daemon ----------------------------------------------------------------------------

@@ -160,9 +160,9 @@ def test_file_plays_at_its_rate_and_finishes(short_video: tuple[Path, list], sou
     assert slot.closed
     assert wait_until(lambda: source.state == "finished", timeout=30)
     stats = source.stats()
-    assert stats["state"] == "finished" and stats["error"] is None
-    assert stats["frames_decoded"] == SHORT_FRAMES
-    assert stats["frames_skipped_by_fps"] == 0
+    assert stats.state == "finished" and stats.error is None
+    assert stats.counters.frames_decoded == SHORT_FRAMES
+    assert stats.counters.frames_skipped_by_fps == 0
     assert len(frames) + slot.dropped == SHORT_FRAMES
     assert len(frames) >= SHORT_FRAMES * 0.7  # a fast reader sees (almost) every frame
     # Paced like a camera: not faster than the file's duration (it sleeps), not wildly slower (the
@@ -190,8 +190,8 @@ def test_fps_cap_reduces_delivered_frames(short_video: tuple[Path, list], source
     assert wait_until(lambda: source.state == "finished", timeout=30)
     stats = source.stats()
     handed = len(frames) + slot.dropped
-    assert stats["frames_decoded"] == SHORT_FRAMES
-    assert stats["frames_skipped_by_fps"] == SHORT_FRAMES - handed
+    assert stats.counters.frames_decoded == SHORT_FRAMES
+    assert stats.counters.frames_skipped_by_fps == SHORT_FRAMES - handed
     # 20 fps file capped at 5 fps: about a quarter of the frames reach the model.
     assert 0.2 <= handed / SHORT_FRAMES <= 0.34
     positions = [f.position_s for f in frames]
@@ -229,7 +229,9 @@ def test_a_1000_fps_file_with_fps_1000_plays_at_its_rate_not_25(tmp_path: Path, 
     sources.append(source)
     handed, elapsed = _play_whole(source, slot)
     stats = source.stats()
-    assert stats["frames_decoded"] == handed == FAST_FRAMES and stats["frames_skipped_by_fps"] == 0
+    assert (
+        stats.counters.frames_decoded == handed == FAST_FRAMES and stats.counters.frames_skipped_by_fps == 0
+    )
     # Paced at 1000/s it takes 0.6 s; not faster than the file (it sleeps), far faster than 25/s.
     assert elapsed >= FAST_FRAMES / 1000.0 * 0.85
     assert FAST_FRAMES / elapsed > FAST_RATE, f"{FAST_FRAMES} frames took {elapsed:.2f} s"
@@ -244,7 +246,7 @@ def test_an_image_folder_with_fps_1000_plays_that_fast(tmp_path: Path, sources: 
     sources.append(source)
     assert source.kind == "folder"
     handed, elapsed = _play_whole(source, slot)
-    assert source.stats()["frames_decoded"] == handed == FAST_FRAMES
+    assert source.stats().counters.frames_decoded == handed == FAST_FRAMES
     assert FAST_FRAMES / elapsed > FAST_RATE, f"{FAST_FRAMES} images took {elapsed:.2f} s"
 
 
@@ -257,11 +259,11 @@ def test_loop_keeps_going_past_the_end(tmp_path: Path, sources: list) -> None:
     source.start()
     frames: list[Frame] = []
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and source.stats()["frames_decoded"] < 2.5 * total:
+    while time.monotonic() < deadline and source.stats().counters.frames_decoded < 2.5 * total:
         frame = slot.get(timeout=0.2)
         if frame is not None:
             frames.append(frame)
-    assert source.stats()["frames_decoded"] >= 2.5 * total
+    assert source.stats().counters.frames_decoded >= 2.5 * total
     assert source.state == "streaming"
     assert not slot.closed
     indices = [f.index for f in frames]
@@ -287,7 +289,7 @@ def test_slow_consumer_gets_newest_frames_only(short_video: tuple[Path, list], s
     assert wait_until(lambda: source.state == "finished", timeout=30)
     assert len(frames) + slot.dropped == SHORT_FRAMES  # nothing queued, nothing lost untracked
     assert slot.dropped >= SHORT_FRAMES / 2
-    assert source.stats()["frames_dropped"] == slot.dropped
+    assert source.stats().frames_dropped == slot.dropped
     assert len(frames) < SHORT_FRAMES / 2
     indices = [f.index for f in frames]
     assert indices == sorted(indices)
@@ -309,7 +311,7 @@ def test_realtime_off_gives_a_slow_consumer_every_frame_in_order(
     frames = _drain(source, slot, timeout=60, delay=0.2)
     assert wait_until(lambda: source.state == "finished", timeout=30)
     assert [f.index for f in frames] == list(range(1, SHORT_FRAMES + 1))
-    assert slot.dropped == 0 and source.stats()["frames_dropped"] == 0
+    assert slot.dropped == 0 and source.stats().frames_dropped == 0
     positions = [f.position_s for f in frames]
     assert positions == pytest.approx([i / 20 for i in range(SHORT_FRAMES)], abs=1e-3)  # the file's timeline
 
@@ -322,11 +324,13 @@ def test_realtime_off_keeps_the_decoder_one_frame_ahead(
     sources.append(source)
     source.start()
     assert wait_until(lambda: len(slot) == 1, timeout=30)
-    decoded = source.stats()["frames_decoded"]
+    decoded = source.stats().counters.frames_decoded
     first = slot.get(timeout=5)  # the model takes one: the next is decoded, then it waits again
     assert first is not None and first.index == 1
-    assert wait_until(lambda: source.stats()["frames_decoded"] == decoded + 1 and len(slot) == 1, timeout=30)
-    assert source.stats()["frames_decoded"] == decoded + 1 == 2
+    assert wait_until(
+        lambda: source.stats().counters.frames_decoded == decoded + 1 and len(slot) == 1, timeout=30
+    )
+    assert source.stats().counters.frames_decoded == decoded + 1 == 2
 
 
 @pytest.mark.parametrize(
@@ -369,8 +373,8 @@ def test_missing_file_retries_with_backoff_and_stops_promptly(
     source.start()
     assert wait_until(lambda: len(attempts) >= 10, timeout=30)
     stats = source.stats()
-    assert stats["state"] == "retrying"
-    assert stats["error"] == f"video file {missing} does not exist"
+    assert stats.state == "retrying"
+    assert stats.error == f"video file {missing} does not exist"
     assert source.outage_started is not None
     gaps = np.diff(attempts[:10])
     # Delays double from 0.05 s and are capped at 0.2 s (waits never end early; they may run late).
@@ -388,9 +392,9 @@ def test_missing_file_retries_with_backoff_and_stops_promptly(
     assert stopped - started < 15.0
     assert source._thread is not None and not source._thread.is_alive()
     assert source.state == "stopped"
-    assert source.stats()["error"] == f"video file {missing} does not exist"
+    assert source.stats().error == f"video file {missing} does not exist"
     assert slot.closed and slot.get(timeout=0.1) is None
-    assert source.stats()["reconnects"] == len(attempts)  # every failed open is counted in status
+    assert source.stats().reconnects == len(attempts)  # every failed open is counted in status
     # No attempt after the stop: `_open` runs on the source's thread only, and that thread has ended
     # (joined by stop, checked above), so none can come after it returned.
     assert attempts[-1] < stopped, (stopped, attempts[-3:])
@@ -407,8 +411,8 @@ def test_refused_url_retries_with_clear_error(sources: list) -> None:
     stats = source.stats()
     # Why, too (agent/sources/diagnose.py): nobody listens on that port.
     refused = f"connection refused by 127.0.0.1:{port}: nothing listens there (wrong port, or service off)"
-    assert stats["error"] == f"cannot open url source {uri}: {refused}"
-    assert stats["frames_decoded"] == 0
+    assert stats.error == f"cannot open url source {uri}: {refused}"
+    assert stats.counters.frames_decoded == 0
     assert slot.get(timeout=0.05) is None
     started = time.monotonic()
     source.stop(timeout=30)
@@ -427,7 +431,7 @@ def test_refused_url_does_not_leak_the_password(sources: list, caplog: pytest.Lo
     source.start()
     assert wait_until(lambda: source.state == "retrying", timeout=30)
     stats = source.stats()
-    assert stats["error"] == (
+    assert stats.error == (
         "cannot open url source rtsp://user:***@127.0.0.1:1/x: connection refused by 127.0.0.1:1: "
         "nothing listens there (wrong port, or service off)"
     )
@@ -445,12 +449,10 @@ def test_a_file_system_error_is_retried_not_fatal(tmp_path: Path) -> None:
     source = VideoSource(config, "long-name", LatestFrameSlot())
     source.start()
     try:
-        assert wait_until(lambda: source.stats()["reconnects"] >= 3, timeout=30)
+        assert wait_until(lambda: source.stats().reconnects >= 3, timeout=30)
         stats = source.stats()
-        assert stats["state"] == "retrying"
-        assert "unexpected error reading" in str(stats["error"]) and "File name too long" in str(
-            stats["error"]
-        )
+        assert stats.state == "retrying"
+        assert "unexpected error reading" in str(stats.error) and "File name too long" in str(stats.error)
     finally:
         source.stop(timeout=30)
     assert source.state == "stopped"
@@ -481,7 +483,7 @@ def test_image_folder_plays_in_name_order_at_fps_and_skips_bad_files(tmp_path: P
     assert [f.index for f in frames] == [1, 2, 3, 4]
     assert [f.position_s for f in frames] == pytest.approx([0.0, 0.25, 0.5, 0.75])
     assert all(f.data.shape == (80, 320, 3) for f in frames)
-    assert source.state == "finished" and source.stats()["frames_decoded"] == 4
+    assert source.state == "finished" and source.stats().counters.frames_decoded == 4
 
 
 def test_an_empty_image_folder_is_retried_with_a_clear_error(tmp_path: Path, sources: list) -> None:
@@ -491,9 +493,9 @@ def test_an_empty_image_folder_is_retried_with_a_clear_error(tmp_path: Path, sou
     sources.append(source)
     source.start()
     assert wait_until(lambda: source.state == "retrying", timeout=30)
-    assert source.stats()["error"].startswith(f"image folder {folder} has no images (")
+    assert source.stats().error.startswith(f"image folder {folder} has no images (")
     media_fixtures.sign_folder(folder / "late", 1)  # images in a subfolder do not count
-    assert wait_until(lambda: source.stats()["reconnects"] >= 3, timeout=30)
+    assert wait_until(lambda: source.stats().reconnects >= 3, timeout=30)
     assert source.state == "retrying"
 
 
@@ -541,12 +543,12 @@ def test_a_url_that_serves_a_web_page_is_not_a_stream(tmp_path: Path, sources: l
         source, slot = _source(url, reopen_min_s=0.1, reopen_max_s=0.3)
         sources.append(source)
         source.start()
-        assert wait_until(lambda: source.stats()["reconnects"] >= 2, timeout=60), source.stats()
+        assert wait_until(lambda: source.stats().reconnects >= 2, timeout=60), source.stats()
         assert source.state == "retrying" and slot.get(timeout=0.05) is None
         not_video = "the camera answers (HTTP 200 OK) but no stream could be decoded (text/html)"
         errors = (f"cannot open url source {url}: {not_video}: OpenCV could not decode it as video",
                   f"{url} stopped delivering frames")  # fmt: skip
-        assert source.stats()["error"] in errors
+        assert source.stats().error in errors
     finally:
         server.kill()
         server.wait(30)

@@ -30,21 +30,20 @@ def source(
         chosen = pipelines[target].source if target in pipelines else source_config_for(target)
         report = check_source(chosen, seconds)
     if as_json:
-        echo_json(report)
+        echo_json(report.to_json())
     else:
-        stats = report["stats"]
-        typer.echo(f"source: {report['uri']} ({report['kind']}), {stats['state']}")
-        if report["ok"]:
+        stats = report.stats
+        typer.echo(f"source: {stats.uri} ({report.kind}), {stats.state}")
+        if report.ok:
             typer.echo(
-                f"received: {report['received']} in {report['seconds']} s ({report['per_second']}/s), "
-                f"the first after {report['first_after_s']} s; each {report['shape']} {report['dtype']}"
+                f"received: {report.received} in {report.seconds} s ({report.per_second}/s), "
+                f"the first after {report.first_after_s} s; each {report.shape} {report.dtype}"
             )
-        counters = {
-            k: v for k, v in stats.items() if k not in ("uri", "state", "error") and v not in (None, 0)
-        }
+        shown = stats.to_json().items()  # the kind's own counters and the common ones that counted
+        counters = {k: v for k, v in shown if k not in ("uri", "state", "error") and v not in (None, 0)}
         if counters:
             typer.echo("counters: " + ", ".join(f"{k} {v}" for k, v in counters.items()))
-        if stats["error"]:
-            typer.echo(f"error: {stats['error']}", err=True)
-    if not report["ok"]:
+        if stats.error:
+            typer.echo(f"error: {stats.error}", err=True)
+    if not report.ok:
         raise typer.Exit(1)

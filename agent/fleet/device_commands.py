@@ -91,13 +91,14 @@ def device_handlers(agent: DeviceAgent, logs: RecentLogs) -> dict[str, Handler]:
             times.append((time.perf_counter() - start) * 1000)
         times.sort()
         serving = pipeline.stage.serving()
+        chosen = serving.chosen  # None: a session given, not chosen
         return {
             "pipeline": name,
             "model": pipeline.stage.ref,
             "backend": session.backend,
-            "artifact": serving.get("artifact"),
-            "precision": serving.get("precision"),
-            "proven": serving.get("proven"),
+            "artifact": None if chosen is None else chosen.artifact,
+            "precision": serving.precision,
+            "proven": None if chosen is None else chosen.proven,
             "runs": runs,
             "median_ms": round(statistics.median(times), 3),
             "p90_ms": round(times[min(len(times) - 1, int(0.9 * len(times)))], 3),

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from agent.registry.signing import ALGORITHM, Signature, key_id, parse_signatures
+from agent.status import IN_FLIGHT, TERMINAL
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -22,9 +23,9 @@ SCHEMA_VERSION = 1
 # Far above any real document; stops a huge retained message before it is parsed.
 MAX_DOCUMENT_BYTES = 65_536
 
-# Terminal pipeline phases in reported state: nothing else may last.
-TERMINAL_PHASES = ("running", "failed", "rolled-back", "removed")
-IN_FLIGHT_PHASES = ("pending", "pulling", "validating", "building", "health-check")
+# Terminal pipeline phases in reported state: nothing else may last (the phases: agent/status.py).
+TERMINAL_PHASES = TERMINAL
+IN_FLIGHT_PHASES = IN_FLIGHT
 
 
 def device_layer(device: str) -> str:

@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agent import __version__
@@ -30,6 +30,7 @@ from agent.mqtt.message import Message
 from agent.mqtt.router import Router
 from agent.mqtt.topics import desired_topic, group_desired_topic, reported_topic
 from agent.registry.signing import TrustPolicy
+from agent.status import IN_FLIGHT, LONG_TEXTS, Phase, PipelineStatus
 from agent.supervisor import Supervisor
 from agent.text import clip
 
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 
 _MAX_REFUSALS = 10  # kept in reported state, newest last
 _REASON_CHARS = 600  # one reason in reported state; the log has it whole
+_FAILED: tuple[Phase, ...] = ("failed", "rolled-back")  # a document's generation that did not come in
 
 
 def _clip(text: str | None) -> str | None:
@@ -246,28 +248,7 @@ class Reconciler:
             return {layer: dict(s) for layer, s in self._document_state.items()}
 
     def reported(self) -> dict[str, Any]:
-        pipelines = {}
-        for name, state in self.supervisor.states().items():
-            pipelines[name] = {
-                "phase": state["phase"],
-                "since": state["since"],
-                "reason": _clip(state.get("reason")),
-                "layer": state["layer"],
-                "generation": state["generation"],
-                "model": state.get("model"),
-                "desired_model": state.get("desired_model"),
-                "running_model": state.get("running_model"),
-                "running_layer": state.get("running_layer"),
-                "running_generation": state.get("running_generation"),
-                "backend": state.get("backend"),
-                "precision": state.get("precision"),
-                "artifact": state.get("artifact"),
-                "proven": state.get("proven"),
-                "backend_why": _clip(state.get("backend_why")),
-                "state": state["state"],
-                "last_error": _clip(state.get("last_error")),
-                "last_error_at": state.get("last_error_at"),
-            }
+        pipelines = {name: state.reported_json(_clip) for name, state in self.supervisor.states().items()}
         documents = self.documents()
         with self._lock:
             refused, refusals, counts = list(self._refused), self._refusals, dict(self._counts)
@@ -312,7 +293,7 @@ class Reconciler:
 
 
 def generation_outcomes(
-    documents: dict[str, dict[str, Any]], pipelines: dict[str, dict[str, Any]]
+    documents: dict[str, dict[str, Any]], pipelines: Mapping[str, PipelineStatus]
 ) -> dict[str, dict[str, Any]]:
     """Each layer's document state (`Reconciler.documents`) with what became of its applied
     generation here, from the pipelines' states (`Supervisor.states`): an accepted document is not
@@ -323,25 +304,13 @@ def generation_outcomes(
     pipelines itself)."""
     outcomes = {}
     for layer, document in documents.items():
-        ours = {name: p for name, p in pipelines.items() if p.get("layer") == layer}
-        failed = [
-            {
-                "pipeline": name,
-                "phase": p.get("phase"),
-                "desired_model": p.get("desired_model"),
-                "reason": _clip(p.get("reason")),
-                "running_model": p.get("running_model"),
-                "running_layer": p.get("running_layer"),
-                "running_generation": p.get("running_generation"),
-            }
-            for name, p in sorted(ours.items())
-            if p.get("phase") in ("failed", "rolled-back")
-        ]
+        ours = {name: p for name, p in pipelines.items() if p.change.desired.layer == layer}
+        failed = [p.outcome_json(name, _clip) for name, p in sorted(ours.items()) if p.phase in _FAILED]
         if document.get("applied_generation") is None:
             outcome = None
         elif failed:
             outcome = "failed"
-        elif any(p.get("phase") in protocol.IN_FLIGHT_PHASES for p in ours.values()):
+        elif any(p.phase in IN_FLIGHT for p in ours.values()):
             outcome = "applying"
         else:
             outcome = "applied"
@@ -353,7 +322,7 @@ def _fit(document: dict[str, Any], limit: int) -> bytes:
     """The reported document as JSON within `limit` bytes (any broker's packet limit): with very many
     pipelines, the long texts go first (backend explanations, then reasons), then the refusals list."""
     payload = json.dumps(document, separators=(",", ":"), default=str).encode()
-    for key in ("backend_why", "last_error", "reason"):
+    for key in LONG_TEXTS:
         if len(payload) <= limit:
             return payload
         for pipeline in document["pipelines"].values():

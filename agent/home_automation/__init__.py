@@ -90,6 +90,7 @@ from agent.logfmt import first_or_every
 from agent.mqtt.message import Message
 from agent.mqtt.publisher import payload_room
 from agent.mqtt.topics import ha_device_config_topic, ha_status_topic, state_topic
+from agent.status import PipelineStatus
 
 log = logging.getLogger(__name__)
 
@@ -147,9 +148,9 @@ class Routes(Protocol):
     ) -> Callable[[], None]: ...
 
 
-# What the daemon knows of its health: each pipeline's status (agent/supervisor/: `fps`, `backend`)
-# and how many messages wait in the outbox.
-Health = tuple[Mapping[str, Mapping[str, Any]], int]
+# What the daemon knows of its health: each pipeline's status (agent/status.py: its rate and what
+# serves it) and how many messages wait in the outbox.
+Health = tuple[Mapping[str, PipelineStatus], int]
 
 
 # --- the daemon's part --------------------------------------------------------------------------
@@ -409,9 +410,9 @@ class HomeAutomation:
         self._next_health = now + HEALTH_EVERY_S
         return self._health()
 
-    def _take_health(self, pipelines: Mapping[str, Mapping[str, Any]], outbox_pending: int) -> None:
+    def _take_health(self, pipelines: Mapping[str, PipelineStatus], outbox_pending: int) -> None:
         for name, state in self._states.items():
-            state.values.update(health_values(pipelines.get(name) or {}))
+            state.values.update(health_values(pipelines.get(name)))
         self._device[("outbox_pending",)] = str(int(outbox_pending)).encode()
 
     def _set_views(self, views: dict[str, PipelineView]) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from agent.config import ClassificationPostprocess, DetectionPostprocess, PipelineConfig
 from agent.config.base import TOPIC_SPECIALS
+from agent.status import PipelineStatus
 
 ON, OFF = b"ON", b"OFF"
 QOS = 1
@@ -182,14 +183,17 @@ def device_entities() -> list[Entity]:
     ]
 
 
-def health_values(pipeline: Mapping[str, Any]) -> dict[tuple[str, ...], bytes]:
-    """A pipeline's frame rate (1 decimal) and serving backend from its status (agent/supervisor/:
-    `fps`, `backend`); what it does not know yet is left out."""
+def health_values(pipeline: PipelineStatus | None) -> dict[tuple[str, ...], bytes]:
+    """A pipeline's frame rate (1 decimal) and serving backend from its status (agent/status.py);
+    what it does not know yet (nothing runs, no frame yet) is left out."""
     values: dict[tuple[str, ...], bytes] = {}
-    if pipeline.get("fps") is not None:
-        values[("fps",)] = f"{float(pipeline['fps']):.1f}".encode()
-    if pipeline.get("backend"):
-        values[("backend",)] = str(pipeline["backend"]).encode()
+    run = None if pipeline is None else pipeline.run
+    if run is None:
+        return values
+    if run.counts.fps is not None:
+        values[("fps",)] = f"{float(run.counts.fps):.1f}".encode()
+    if run.stage.serving.backend:
+        values[("backend",)] = run.stage.serving.backend.encode()
     return values
 
 

@@ -16,7 +16,6 @@ import wave
 from collections.abc import Iterator
 from math import gcd
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -26,6 +25,7 @@ from agent.retry import backoff_delay
 from agent.sources.base import ThreadedSource
 from agent.sources.child import ChildStream
 from agent.sources.frames import Frame, FrameQueue, Windower
+from agent.status import AudioCounters
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +91,8 @@ class AudioSource(ThreadedSource):
         self.kind = "audio-file" if self.device is None else "audio-capture"
         self.windows = 0
 
-    def _counters(self) -> dict[str, Any]:
-        return {"windows": self.windows}
+    def _counters(self) -> AudioCounters:
+        return AudioCounters(self.windows)
 
     def _run(self) -> None:
         failures = 0

@@ -7,9 +7,9 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from typing import Any
 
 from agent.sources.frames import FrameQueue, LatestFrameSlot
+from agent.status import SourceCounters, SourceState, SourceStatus
 
 
 class SourceBase:
@@ -26,7 +26,7 @@ class SourceBase:
         self.slot = slot
         self.display_uri = display_uri
         self._lock = threading.Lock()
-        self.state = "starting"
+        self.state: SourceState = "starting"
         self.error: str | None = None
         self.reconnects = 0
         self.outages = 0  # times it streamed again after being unavailable
@@ -35,25 +35,25 @@ class SourceBase:
         # Logged under the concrete source's module (agent.sources.video, ...), as before.
         self._log = logging.getLogger(type(self).__module__)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> SourceStatus:
         with self._lock:
-            return {
-                "uri": self.display_uri,
-                "state": self.state,
-                "error": self.error,
-                **self._counters(),
-                "frames_dropped": self.slot.dropped,
-                "queued": len(self.slot),  # frames (windows) waiting for the model
-                "reconnects": self.reconnects,
-                "outages": self.outages,
-                "last_outage_s": self.last_outage_s,
-            }
+            return SourceStatus(
+                self.display_uri,
+                self.state,
+                self.error,
+                self._counters(),
+                frames_dropped=self.slot.dropped,
+                queued=len(self.slot),
+                reconnects=self.reconnects,
+                outages=self.outages,
+                last_outage_s=self.last_outage_s,
+            )
 
-    def _counters(self) -> dict[str, Any]:
+    def _counters(self) -> SourceCounters:
         """The source's own counters for `stats` (called holding the lock)."""
-        return {}
+        return SourceCounters()
 
-    def _set_state(self, state: str, error: str | None = None) -> None:
+    def _set_state(self, state: SourceState, error: str | None = None) -> None:
         with self._lock:
             if self.state == "stopped" and state != "stopped":
                 return

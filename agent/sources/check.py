@@ -4,10 +4,12 @@ GStreamer pipeline start, does the microphone deliver, at what rate and size?"""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from agent.config import AudioSourceConfig, SourceConfig, VideoSourceConfig
 from agent.sources import VideoSource, open_source
+from agent.status import SourceStatus
 
 # After `seconds`, how long a source that is still opening may take to say why it gave nothing.
 DIAGNOSIS_GRACE_S = 2.0
@@ -20,7 +22,37 @@ def source_config_for(uri: str) -> SourceConfig:
     return VideoSourceConfig(type="video", uri=uri)
 
 
-def check_source(config: SourceConfig, seconds: float = 3.0, until_first: bool = False) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SourceCheck:
+    """What a check of a source saw: `ok` when at least one frame (window, reading) arrived."""
+
+    ok: bool
+    kind: str
+    seconds: float
+    received: int  # frames (windows, readings) handed on
+    per_second: float | None
+    first_after_s: float | None
+    shape: list[int] | None
+    dtype: str | None
+    stats: SourceStatus  # as it stood at the end of the check (streaming, retrying, ...)
+
+    def to_json(self) -> dict[str, Any]:
+        """`edge-agent source --json`."""
+        return {
+            "ok": self.ok,
+            "uri": self.stats.uri,
+            "kind": self.kind,
+            "seconds": self.seconds,
+            "received": self.received,
+            "per_second": self.per_second,
+            "first_after_s": self.first_after_s,
+            "shape": self.shape,
+            "dtype": self.dtype,
+            "stats": self.stats.to_json(),
+        }
+
+
+def check_source(config: SourceConfig, seconds: float = 3.0, until_first: bool = False) -> SourceCheck:
     """Run the source for `seconds` (a file that ends sooner ends the check) and report what came;
     `until_first`: stop at the first frame (`edge-agent doctor` asks only whether one comes).
 
@@ -58,16 +90,14 @@ def check_source(config: SourceConfig, seconds: float = 3.0, until_first: bool =
         stats = source.stats()  # as it stood at the end of the check (streaming, retrying, ...)
     finally:
         source.stop(timeout=5)
-    report: dict[str, Any] = {
-        "ok": received > 0,
-        "uri": stats["uri"],
-        "kind": source.kind,
-        "seconds": round(elapsed, 2),
-        "received": received,  # frames (windows, readings) handed on
-        "per_second": round(received / elapsed, 2) if elapsed > 0 else None,
-        "first_after_s": None if first_at is None else round(first_at, 3),
-        "shape": None if sample is None else list(sample.shape),
-        "dtype": None if sample is None else str(sample.dtype),
-        "stats": stats,
-    }
-    return report
+    return SourceCheck(
+        ok=received > 0,
+        kind=source.kind,
+        seconds=round(elapsed, 2),
+        received=received,
+        per_second=round(received / elapsed, 2) if elapsed > 0 else None,
+        first_after_s=None if first_at is None else round(first_at, 3),
+        shape=None if sample is None else list(sample.shape),
+        dtype=None if sample is None else str(sample.dtype),
+        stats=stats,
+    )

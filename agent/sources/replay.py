@@ -19,6 +19,7 @@ from agent.retry import backoff_delay
 from agent.sources.base import ThreadedSource
 from agent.sources.frames import FrameQueue, Windower
 from agent.sources.sensors import parse_values
+from agent.status import ReplayCounters
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +94,8 @@ class ReplaySource(ThreadedSource):
         self.bad_rows = 0
         self.last_bad_row: str | None = None
 
-    def _counters(self) -> dict[str, Any]:
-        return {
-            "rows": self.rows,
-            "bad_rows": self.bad_rows,
-            "last_bad_row": self.last_bad_row,
-            "windows": self._windows.index,
-        }
+    def _counters(self) -> ReplayCounters:
+        return ReplayCounters(self.rows, self.bad_rows, self.last_bad_row, self._windows.index)
 
     def _run(self) -> None:
         failures = 0

@@ -25,6 +25,7 @@ from agent.logfmt import first_or_every
 from agent.mqtt.client import use_credentials
 from agent.sources.base import SourceBase
 from agent.sources.frames import FrameQueue, Windower
+from agent.status import SensorCounters
 
 log = logging.getLogger(__name__)
 
@@ -128,13 +129,8 @@ class MqttSource(SourceBase):
         self._client.loop_stop()
         self.slot.close()
 
-    def _counters(self) -> dict[str, Any]:
-        return {
-            "messages": self.messages,
-            "bad_messages": self.bad_messages,
-            "last_bad_message": self.last_bad,
-            "windows": self._windows.index,
-        }
+    def _counters(self) -> SensorCounters:
+        return SensorCounters(self.messages, self.bad_messages, self.last_bad, self._windows.index)
 
     # --- paho's network thread ------------------------------------------------------------------
 

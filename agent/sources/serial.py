@@ -13,7 +13,6 @@ import os
 import select
 import termios
 import time
-from typing import Any
 
 from agent.config import SerialSourceConfig
 from agent.logfmt import first_or_every
@@ -21,6 +20,7 @@ from agent.retry import backoff_delay
 from agent.sources.base import ThreadedSource
 from agent.sources.frames import FrameQueue, Windower
 from agent.sources.sensors import parse_values
+from agent.status import SerialCounters
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +45,8 @@ class SerialSource(ThreadedSource):
         self.bad_lines = 0
         self.last_bad_line: str | None = None
 
-    def _counters(self) -> dict[str, Any]:
-        return {
-            "lines": self.lines,
-            "bad_lines": self.bad_lines,
-            "last_bad_line": self.last_bad_line,
-            "windows": self._windows.index,
-        }
+    def _counters(self) -> SerialCounters:
+        return SerialCounters(self.lines, self.bad_lines, self.last_bad_line, self._windows.index)
 
     def _run(self) -> None:
         failures = 0

@@ -25,6 +25,7 @@ from agent.sources.base import ThreadedSource
 from agent.sources.frames import Frame, LatestFrameSlot
 from agent.sources.gstreamer import GstLaunchCapture
 from agent.sources.uri import URL, hide_password, redact_uri
+from agent.status import VideoCounters
 from providers.native_stderr import captured_stderr
 
 log = logging.getLogger(__name__)
@@ -120,8 +121,8 @@ class VideoSource(ThreadedSource):
         self.diagnose_timeout_s = min(DIAGNOSE_TIMEOUT_S, max(0.25, seconds / 3))
         self.open_timeout_s = min(NETWORK_TIMEOUT_S, max(0.25, seconds - self.diagnose_timeout_s))
 
-    def _counters(self) -> dict[str, Any]:
-        return {"frames_decoded": self.frames_decoded, "frames_skipped_by_fps": self.frames_skipped_by_fps}
+    def _counters(self) -> VideoCounters:
+        return VideoCounters(self.frames_decoded, self.frames_skipped_by_fps)
 
     # --- decoder thread ----------------------------------------------------------------
 

@@ -47,12 +47,12 @@ from agent.retry import backoff_delay
 from agent.session_pool import SessionPool
 from agent.sources import BrokerLink, Slot, Source, is_live, open_source
 from agent.stage import Stage, changes_only_reporting
+from agent.status import PipelineStatus
 from agent.store import ModelStore
 from agent.supervisor.building import StageBuilder, peek_for
 from agent.supervisor.health import unhealthy
 from agent.supervisor.memory import VersionMemory
 from agent.supervisor.state import (
-    IN_FLIGHT,
     ApplyReport,
     Cancelled,
     Change,
@@ -75,7 +75,6 @@ _PHASE_LOG_EVERY_S = 30.0
 
 
 __all__ = [
-    "IN_FLIGHT",
     "REBUILD_MAX_S",
     "REBUILD_MIN_S",
     "ApplyReport",
@@ -441,10 +440,10 @@ class Supervisor:
 
     # --- status and health ---------------------------------------------------------------------
 
-    def states(self) -> dict[str, dict[str, Any]]:
+    def states(self) -> dict[str, PipelineStatus]:
         with self._lock:
             slots = list(self._slots.values())
-        return {slot.name: slot.to_dict(self.config.fleet.health) for slot in slots}
+        return {slot.name: slot.status(self.config.fleet.health) for slot in slots}
 
     def serving_records(self) -> list[dict[str, Any]]:
         """Per running pipeline, the decision its serving stage follows now and what serves it
@@ -461,7 +460,7 @@ class Supervisor:
                     "pipeline": pipeline.name,
                     "model": stage.ref,
                     "decision": decision.to_dict(),
-                    "serving": stage.serving(),
+                    "serving": stage.serving().to_json(),
                     "live": True,
                 }
             )

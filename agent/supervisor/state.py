@@ -18,12 +18,20 @@ from agent.errors import RegistryError
 from agent.pipeline import Pipeline
 from agent.registry import public_url
 from agent.stage import Stage
+from agent.status import (
+    IN_FLIGHT,
+    ChangeStatus,
+    Download,
+    Origin,
+    Phase,
+    PipelineStatus,
+    Step,
+    phase_of,
+    pipeline_status,
+)
 from agent.store import ModelStore
 
 log = logging.getLogger(__package__)  # the package's logger, as before it was split
-
-
-IN_FLIGHT = ("pending", "pulling", "validating", "building", "health-check")
 
 
 @dataclass
@@ -153,11 +161,13 @@ class Change:
             raise Cancelled()
 
     def phase(self, phase: str, step: str, extra_s: float = 0.0) -> None:
-        """Enter `phase`; it must end within fleet.phase_timeout_s (plus `extra_s`: a health window)."""
+        """Enter `phase` (one of agent/status.py's); it must end within fleet.phase_timeout_s (plus
+        `extra_s`: a health window)."""
+        entered = phase_of(phase)
         with self._lock:
             self.check()
             self.deadline = time.monotonic() + self._phase_timeout_s + extra_s
-            self.slot.set_phase(phase)
+            self.slot.set_phase(entered)
             self.slot.set_step(step)
 
     def step(self, text: str) -> None:
@@ -165,7 +175,7 @@ class Change:
             self.slot.set_step(text)
 
     def download(self, what: str, done: int, total: int, rate: float) -> None:
-        self.slot.download = {"artifact": what, "bytes": done, "total": total, "rate_bps": round(rate)}
+        self.slot.download = Download(what, done, total, round(rate))
 
 
 class PipelineSlot:
@@ -177,17 +187,17 @@ class PipelineSlot:
         self.running: DesiredPipeline | None = None  # the version the pipeline serves
         self.pipeline: Pipeline | None = None
         self.change: Change | None = None
-        self.phase = "pending"
+        self.phase: Phase = "pending"
         self.reason: str | None = None
         self.since = time.time()
         self.step = ""  # what the phase is doing now (pulling x, a backend trial, compiling an engine)
         self.step_started = time.monotonic()
         self.step_logged = self.step_started
-        self.download: dict[str, Any] | None = None  # {"artifact", "bytes", "total", "rate_bps"}
+        self.download: Download | None = None  # how far the pull in this step got
         self.attempts = 0
         self.retry_at: float | None = None  # monotonic: when a pipeline that never ran is tried again
 
-    def set_phase(self, phase: str, reason: str | None = None) -> None:
+    def set_phase(self, phase: Phase, reason: str | None = None) -> None:
         if phase != self.phase or reason != self.reason:
             self.phase, self.reason, self.since = phase, reason, time.time()
 
@@ -198,41 +208,30 @@ class PipelineSlot:
         if text:
             log.info("pipeline %s: %s", self.name, text)
 
-    def to_dict(self, default_health: HealthWindowConfig | None = None) -> dict[str, Any]:
-        """The pipeline's status: the running pipeline's own (counters, source) plus the change's.
-        `running_model` is the version frames go through now (None: nothing serves), `desired_model`
-        the one wanted; `running_layer`/`running_generation` say where the committed version came
-        from when it is not the desired one (a change failed, rolled back or in flight)."""
-        if self.pipeline is not None:
-            # Its last error is cleared after the desired version's health window of clean running.
-            state = self.pipeline.status(self.desired.health or default_health)
-            state["running_model"] = state["model"]
-        else:
-            state = {
-                "state": "error" if self.phase == "failed" else "starting",
-                "error": self.reason,
-                "backend_why": None,
-                "running_model": None,
-            }
-        state.update(
-            {
-                "phase": self.phase,
-                "reason": self.reason,
-                "since": iso_utc(self.since),
-                "layer": self.desired.layer,
-                "generation": self.desired.generation,
-                "attempts": self.attempts,
-            }
+    def status(self, default_health: HealthWindowConfig | None = None) -> PipelineStatus:
+        """The pipeline's status: the running pipeline's own (counters, source) with the change's.
+        Its last error is cleared after the desired version's health window of clean running."""
+        run = None if self.pipeline is None else self.pipeline.status(self.desired.health or default_health)
+        return pipeline_status(run, self.change_status())
+
+    def change_status(self) -> ChangeStatus:
+        """Where the change stands: `desired_model` is the version wanted; `running_from` says where
+        the committed version came from when it is not the desired one (a change failed, rolled
+        back or in flight)."""
+        running, in_flight = self.running, self.phase in IN_FLIGHT and self.step
+        if running is not None and running.config == self.desired.config:
+            running = None  # the desired version serves: where it came from is said already
+        return ChangeStatus(
+            phase=self.phase,
+            reason=self.reason,
+            since=iso_utc(self.since),
+            desired=Origin(self.desired.layer, self.desired.generation),
+            attempts=self.attempts,
+            desired_model=model_ref(self.desired.config),
+            running_from=None if running is None else Origin(running.layer, running.generation),
+            step=Step(self.step, round(time.monotonic() - self.step_started, 1)) if in_flight else None,
+            download=self.download,
         )
-        state["desired_model"] = model_ref(self.desired.config)
-        if self.running is not None and self.running.config != self.desired.config:
-            state["running_layer"], state["running_generation"] = self.running.layer, self.running.generation
-        if self.phase in IN_FLIGHT and self.step:
-            state["step"] = self.step
-            state["step_s"] = round(time.monotonic() - self.step_started, 1)
-        if self.download is not None:
-            state["download"] = dict(self.download)
-        return state
 
 
 def model_ref(config: PipelineConfig) -> str:

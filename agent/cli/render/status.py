@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from agent.status import PipelineStatus, statuses_of
 from agent.text import clip
 
 
@@ -51,28 +52,28 @@ def render(data: dict[str, Any]) -> Any:
         table.add_column(column, justify="right" if column in numbers else "left", no_wrap=True)
     why_lines = []
     tracking_lines = []
-    for name, p in (data.get("pipelines") or {}).items():
-        latency = (p.get("latency_ms") or {}).get("capture_to_result")
-        source = p.get("source") or {}
-        dropped = (source.get("frames_dropped") or 0) + (p.get("results_dropped") or 0)
+    for name, p in statuses_of(data.get("pipelines")).items():
+        run, serving = p.run, p.serving  # None: nothing runs (yet)
+        latency = None if run is None else run.counts.latency.capture_to_result
+        dropped = (0 if run is None else run.source.frames_dropped) + (p.results_dropped or 0)
         table.add_row(
             name,
             Text(_state(p), style=_state_style(p)),
-            p.get("model") or p.get("desired_model") or "-",
-            p.get("backend") or "-",
-            "-" if not latency else f"{latency['p50']:.0f} / {latency['p95']:.0f}",
-            "-" if p.get("fps") is None else f"{p['fps']:.1f}",
-            str(p.get("results", 0)),
+            p.running_model or p.change.desired_model or "-",
+            "-" if serving is None else serving.backend or "-",
+            "-" if not latency else f"{latency.p50:.0f} / {latency.p95:.0f}",
+            "-" if run is None or run.counts.fps is None else f"{run.counts.fps:.1f}",
+            str(0 if run is None else run.counts.results),
             str(dropped),
-            str(p.get("errors", 0)),
+            str(0 if run is None else run.counts.errors),
         )
-        problem = p.get("error") or p.get("reason")
+        problem = p.error or p.change.reason
         if problem:
             why_lines.append(Text(f"{name}: {problem}", style="yellow"))
-        if p.get("backend_why"):
-            why_lines.append(Text(f"{name}: {clip(p['backend_why'], 160)}", style="dim"))
-        if isinstance(p.get("tracking"), dict):
-            tracking_lines.append(tracking_line(name, p["tracking"]))
+        if serving is not None and serving.backend_why:
+            why_lines.append(Text(f"{name}: {clip(serving.backend_why, 160)}", style="dim"))
+        if run is not None and isinstance(run.tracking, dict):
+            tracking_lines.append(tracking_line(name, run.tracking))
     return Group(*lines, table, *tracking_lines, *why_lines)
 
 
@@ -98,13 +99,13 @@ def tracking_line(name: str, tracking: dict[str, Any]) -> Any:
     return text
 
 
-def _state(pipeline: dict[str, Any]) -> str:
-    state, phase = pipeline.get("state") or "?", pipeline.get("phase")
-    return state if phase in (None, "running") or phase == state else f"{state} ({phase})"
+def _state(pipeline: PipelineStatus) -> str:
+    state, phase = pipeline.state, pipeline.phase
+    return state if phase == "running" or phase == state else f"{state} ({phase})"
 
 
-def _state_style(pipeline: dict[str, Any]) -> str:
-    state = pipeline.get("state")
+def _state_style(pipeline: PipelineStatus) -> str:
+    state = pipeline.state
     return "green" if state == "running" else "yellow" if state in ("starting", "finished") else "red"
 
 

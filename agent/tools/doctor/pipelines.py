@@ -24,6 +24,7 @@ from agent.config import (
     VideoSourceConfig,
 )
 from agent.errors import EdgeAgentError
+from agent.status import PipelineStatus
 from agent.tools.doctor.broker import tcp_problem
 from agent.tools.doctor.core import FAIL, OK, WARN, Check
 
@@ -107,21 +108,21 @@ def check_source_of(pipeline: PipelineConfig, timeout_s: float, running: dict[st
         return Check(name, FAIL, f"{what} {path} does not exist", fix)
     seen = running.get("pipelines", {}).get(pipeline.name) if running and _exclusive(source) else None
     if isinstance(seen, dict) and running is not None:  # doctor would take it from the agent
-        stats = seen.get("source") or {}
-        state, error = stats.get("state") or seen.get("state"), stats.get("error") or seen.get("error")
+        status = PipelineStatus.from_json(seen)  # status.json's
+        read = None if status.run is None else status.run.source  # None: not running (yet)
+        state = status.state if read is None else read.state
+        error = (None if read is None else read.error) or status.error
         detail = f"read by the running agent (pid {running.get('pid')}): {state}"
         if state == "streaming":
             return Check(name, OK, detail)
         return Check(name, FAIL, detail + (f": {error}" if error else ""), _source_fix(source))
     outcome = check_source(source, timeout_s, until_first=True)
-    uri = outcome["uri"]
-    if outcome["ok"]:
-        shape = "x".join(str(n) for n in outcome["shape"] or [])
-        return Check(
-            name, OK, f"{uri}: a frame after {outcome['first_after_s']} s ({shape} {outcome['dtype']})"
-        )
-    error = outcome["stats"]["error"]
-    ended = outcome["stats"]["state"] == "finished"
+    uri = outcome.stats.uri
+    if outcome.ok:
+        shape = "x".join(str(n) for n in outcome.shape or [])
+        return Check(name, OK, f"{uri}: a frame after {outcome.first_after_s} s ({shape} {outcome.dtype})")
+    error = outcome.stats.error
+    ended = outcome.stats.state == "finished"
     why = "it ended without one" if ended else f"none within {timeout_s:g} s"
     return Check(name, FAIL, f"{uri}: no frame, {why}" + (f": {error}" if error else ""), _source_fix(source))
 
