@@ -13,13 +13,14 @@ import os
 import shutil
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from agent.clock import iso_utc
-from agent.status import PipelineStatus
+from agent.status import PipelineStatus, RunStatus
 from providers.base import sysroot
 
 _MB = 1024 * 1024
@@ -59,7 +60,7 @@ class TelemetrySampler:
         psutil.cpu_percent(None)
         self._started = time.monotonic()
         self._last_at = self._started
-        self._last: dict[str, dict[str, float]] = {}  # pipeline -> its cumulative counters then
+        self._last: dict[str, _Totals] = {}  # pipeline -> its cumulative counters then
 
     def sample(
         self, pipelines: Mapping[str, PipelineStatus], outbox: dict[str, Any], mqtt: dict[str, Any]
@@ -109,36 +110,46 @@ class TelemetrySampler:
 
     def _pipeline(self, name: str, state: PipelineStatus, interval: float) -> dict[str, Any]:
         run = state.run  # None: nothing runs (yet)
-        totals = dict.fromkeys(("inferences", "inference_ms", "results", "errors", "dropped", "outages"), 0.0)
-        if run is not None:
-            counts, source = run.counts, run.source
-            totals = {
-                "inferences": float(counts.inferences),
-                "inference_ms": counts.inferences * float(counts.mean_inference_ms or 0.0),
-                "results": float(counts.results),
-                "errors": float(counts.errors),
-                "dropped": float(source.frames_dropped),
-                "outages": float(source.outages),
-            }
+        totals = _Totals.of(run)
         # A pipeline rebuilt since (fleet update, backend retry) starts its counters at 0 again.
         before = self._last.get(name)
-        if before is None or totals["inferences"] < before["inferences"]:
-            before = dict.fromkeys(totals, 0.0)
+        if before is None or totals.inferences < before.inferences:
+            before = _Totals()
         self._last[name] = totals
-        delta = {key: totals[key] - before[key] for key in totals}
-        report: dict[str, Any] = {
+        delta = totals.minus(before)
+        return {
             "state": state.state,
             "backend": None if run is None else run.stage.serving.backend,
-            "fps": round(delta["inferences"] / interval, 2),
-            "inference_ms": round(delta["inference_ms"] / delta["inferences"], 3)
-            if delta["inferences"]
-            else None,
-            "results": int(delta["results"]),
-            "errors": int(delta["errors"]),
-            "frames_dropped": int(delta["dropped"]),
-            "outages": int(delta["outages"]),
+            "fps": round(delta.inferences / interval, 2),
+            "inference_ms": round(delta.inference_ms / delta.inferences, 3) if delta.inferences else None,
+            "results": delta.results,
+            "errors": delta.errors,
+            "frames_dropped": delta.dropped,
+            "outages": delta.outages,
             "queued": None if run is None else run.source.queued,
+            **({"error": state.error} if state.error else {}),
         }
-        if state.error:
-            report["error"] = state.error
-        return report
+
+
+@dataclass(frozen=True)
+class _Totals:
+    """A pipeline's cumulative counters at a sample (all 0 while nothing runs)."""
+
+    inferences: int = 0
+    inference_ms: float = 0.0  # the time the model ran, all inferences together
+    results: int = 0
+    errors: int = 0
+    dropped: int = 0  # frames the source dropped
+    outages: int = 0
+
+    @staticmethod
+    def of(run: RunStatus | None) -> _Totals:
+        if run is None:
+            return _Totals()
+        counts, source = run.counts, run.source
+        spent = counts.inferences * (counts.mean_inference_ms or 0.0)
+        dropped, outages = source.frames_dropped, source.outages
+        return _Totals(counts.inferences, spent, counts.results, counts.errors, dropped, outages)
+
+    def minus(self, before: _Totals) -> _Totals:
+        return _Totals(*(getattr(self, f.name) - getattr(before, f.name) for f in fields(self)))
