@@ -536,8 +536,10 @@ class PipelineStatus:
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> PipelineStatus:
-        """`to_json`'s output back (a run when it names a model); a missing key reads as empty."""
-        run = RunStatus.from_json(data) if data.get("model") is not None else None
+        """`to_json`'s output back (a run when it names a model or a source: what only a running
+        pipeline has); a missing key reads as empty."""
+        runs = data.get("model") is not None or isinstance(data.get("source"), Mapping)
+        run = RunStatus.from_json(data) if runs else None
         return PipelineStatus(
             data.get("state", "starting"),
             data.get("error"),

@@ -248,6 +248,10 @@ def test_json_of_another_version_reads_leniently() -> None:
         status.phase == "running" and status.run.counts.results == 0 and status.run.source.frames_dropped == 0
     )
     assert PipelineStatus.from_json({}).run is None
+    source_only = PipelineStatus.from_json(
+        {"state": "running", "source": {"state": "streaming", "error": None}}
+    )
+    assert source_only.run is not None and source_only.run.source.state == "streaming"
 
 
 def test_phases_are_one_vocabulary() -> None:
