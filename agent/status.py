@@ -26,26 +26,18 @@ from typing import Any, Literal, get_args
 
 # How a pipeline's frames flow now (docs/operations.md).
 RunState = Literal["starting", "running", "degraded", "source-unavailable", "finished", "stopped", "error"]
-# Where the supervisor's change of version stands (docs/operations.md).
-Phase = Literal[
-    "pending",
-    "pulling",
-    "validating",
-    "building",
-    "health-check",
-    "running",
-    "failed",
-    "rolled-back",
-    "removed",
-]
+# Where the supervisor's change of version stands (docs/operations.md): in flight, then terminal.
+InFlightPhase = Literal["pending", "pulling", "validating", "building", "health-check"]
+TerminalPhase = Literal["running", "failed", "rolled-back", "removed"]
+Phase = Literal[InFlightPhase, TerminalPhase]
 # A source's own state (agent/sources/base.py); once stopped, a source stays so.
 SourceState = Literal["starting", "streaming", "retrying", "finished", "stopped"]
 
 RUN_STATES: tuple[RunState, ...] = get_args(RunState)
 PHASES: tuple[Phase, ...] = get_args(Phase)
 SOURCE_STATES: tuple[SourceState, ...] = get_args(SourceState)
-IN_FLIGHT: tuple[Phase, ...] = ("pending", "pulling", "validating", "building", "health-check")
-TERMINAL: tuple[Phase, ...] = ("running", "failed", "rolled-back", "removed")
+IN_FLIGHT: tuple[InFlightPhase, ...] = get_args(InFlightPhase)
+TERMINAL: tuple[TerminalPhase, ...] = get_args(TerminalPhase)
 # The reported state's long texts, in the order a document too big for the broker loses them.
 LONG_TEXTS = ("backend_why", "last_error", "reason")
 
@@ -236,6 +228,16 @@ class LastError:
     at: str
     model: str
 
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> LastError | None:
+        """From a status's flat `last_error`, `last_error_at`, `last_error_model`."""
+        text = data.get("last_error")
+        return (
+            None
+            if text is None
+            else LastError(text, data.get("last_error_at") or "", data.get("last_error_model") or "")
+        )
+
 
 @dataclass(frozen=True)
 class Percentiles:
@@ -328,39 +330,22 @@ class RunStatus:
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> RunStatus:
-        state = data.get("state", "running")
-        text = data.get("last_error")
-        error = (
-            None
-            if text is None
-            else LastError(text, data.get("last_error_at") or "", data.get("last_error_model") or "")
-        )
+        state: RunState = data.get("state", "running")
         counts = Counts(
-            data.get("results") or 0,
-            data.get("inferences") or 0,
-            state == "degraded",
-            data.get("errors") or 0,
-            error,
-            data.get("mean_inference_ms"),
-            data.get("fps"),
-            Latency.from_json(data.get("latency_ms")),
+            results=data.get("results") or 0,
+            inferences=data.get("inferences") or 0,
+            degraded=state == "degraded",
+            errors=data.get("errors") or 0,
+            last_error=LastError.from_json(data),
+            mean_inference_ms=data.get("mean_inference_ms"),
+            fps=data.get("fps"),
+            latency=Latency.from_json(data.get("latency_ms")),
         )
-        stage = StageStatus(
-            data.get("model") or "",
-            Serving.from_json(data),
-            tuple(data.get("backend_switches") or ()),
-            dict(data.get("held_back") or {}),
-        )
+        switches, held_back = tuple(data.get("backend_switches") or ()), dict(data.get("held_back") or {})
+        stage = StageStatus(data.get("model") or "", Serving.from_json(data), switches, held_back)
         source = SourceStatus.from_json(data.get("source") or {})
-        return RunStatus(
-            state,
-            data.get("error"),
-            stage,
-            data.get("stage_swaps") or 0,
-            counts,
-            source,
-            data.get("tracking"),
-        )
+        swaps, tracking = data.get("stage_swaps") or 0, data.get("tracking")
+        return RunStatus(state, data.get("error"), stage, swaps, counts, source, tracking)
 
 
 def run_state(finished: bool, degraded: bool, source: SourceState) -> RunState:
@@ -557,7 +542,7 @@ class PipelineStatus:
         """The pipeline in the fleet's reported state (docs/fleet.md), long texts through `clip`."""
         change, serving, running = self.change, self.serving, self.change.running_from
         chosen = None if serving is None else serving.chosen
-        error = None if self.run is None else self.run.counts.last_error
+        error = self.last_error
         return {
             "phase": change.phase,
             "since": change.since,
@@ -595,7 +580,7 @@ class PipelineStatus:
 
 def pipeline_status(run: RunStatus | None, change: ChangeStatus) -> PipelineStatus:
     """The one place a pipeline's status is made: a running pipeline's state and error are its own;
-    with nothing serving, `error` once the change failed (its reason), else `starting`."""
+    with nothing serving, `error` once the change failed, else `starting`, and the change's reason."""
     if run is not None:
         return PipelineStatus(run.state, run.error, run, change)
     return PipelineStatus("error" if change.phase == "failed" else "starting", change.reason, None, change)
