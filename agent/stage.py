@@ -19,7 +19,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from agent.clock import iso_utc
 from agent.config import PipelineConfig
 from agent.processing import Geometry, build_postprocessor
 from agent.processing.feed import Feeder, build_feeder
@@ -121,19 +120,6 @@ class StageStats:
     def median_latency_ms(self) -> float | None:
         """Of the last inferences: a few slow frames (a busy box) do not move it, a slower model does."""
         return statistics.median(self.recent_ms) if self.recent_ms else None
-
-    def to_dict(self) -> dict[str, Any]:
-        mean = self.mean_latency_ms()
-        return {
-            "seconds": round(time.monotonic() - self.since, 3),
-            "frames": self.frames,
-            "inferences": self.inferences,
-            "errors": self.errors,
-            "nan_outputs": self.nan_outputs,
-            "mean_inference_ms": None if mean is None else round(mean, 3),
-            "last_error": self.last_error,
-            "last_error_at": None if self.last_error_at is None else iso_utc(self.last_error_at),
-        }
 
 
 class Stage:

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agent.clock import iso_utc
 from agent.config import (
     ClassificationPostprocess,
     HealthWindowConfig,
@@ -95,8 +96,9 @@ def test_the_last_error_has_a_time_and_is_cleared_after_a_clean_health_window(
     assert error is not None and error.text == f"inference failed: device busy (run {FAILING_RUNS})"
     assert before - 1 <= _epoch(error.at) <= time.time() + 1
     assert error.model == "pp-ocr-cls@2.0"
-    stage = pipeline.stage.stats.to_dict()
-    assert stage["last_error"] == error.text and stage["last_error_at"] == error.at
+    stage = pipeline.stage.stats
+    assert stage.last_error == error.text
+    assert stage.last_error_at is not None and iso_utc(stage.last_error_at) == error.at
 
     # Clean frames, but not for the window yet (an hour): the error stays.
     assert pipeline.status(NEVER).counts.last_error is not None

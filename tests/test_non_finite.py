@@ -348,7 +348,7 @@ def test_the_health_window_counts_the_nan_inferences_among_all_of_them(
     assert sink.count() == 0  # NaN scores are never published
     stats = stage.stats
     n = stats.frames  # 4, unless a busy box made the newest-frame slot drop one
-    assert n >= 1 and stats.inferences == stats.nan_outputs == stats.errors == n, stats.to_dict()
+    assert n >= 1 and stats.inferences == stats.nan_outputs == stats.errors == n, vars(stats)
     assert "NaN or infinite" in str(stats.last_error)
     assert stats.mean_latency_ms() is not None and len(stats.recent_ms) == n  # of the same inferences
     # Early in the window (fewer frames than min_frames): the NaN is the reason, counted right.
