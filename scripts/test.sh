@@ -1,7 +1,21 @@
 #!/usr/bin/env bash
-# Runs every test plus ruff and mypy. Does its own set-up (see scripts/setup.sh).
+# Runs every test plus ruff and mypy (CI runs this). Does its own set-up (see scripts/setup.sh).
+#   scripts/test.sh --quick   the inner loop: all but the tests marked slow (pyproject.toml's markers:
+#                             many real agents, the install, broker outages), in a few minutes
+# Any other arguments go to pytest (a file, -k EXPR, ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+select=()
+args=()
+for arg in "$@"; do
+    if [ "$arg" = "--quick" ]; then
+        select=(-m "not slow")
+    else
+        args+=("$arg")
+    fi
+done
+
 source scripts/setup.sh
 
 echo "== ruff" >&2
@@ -13,7 +27,8 @@ echo "== pytest" >&2
 log="$(mktemp)"
 set +e
 # Two worker processes, each taking whole test files (module fixtures stay shared within a file).
-python -m pytest -q -p no:cacheprovider -n "${EDGE_AGENT_TEST_WORKERS:-2}" --dist loadfile "$@" 2>&1 | tee "$log"
+python -m pytest -q -p no:cacheprovider -n "${EDGE_AGENT_TEST_WORKERS:-2}" --dist loadfile \
+    ${select[@]+"${select[@]}"} ${args[@]+"${args[@]}"} 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 if [ "$status" -eq 0 ] && grep -Eq '[0-9]+ skipped' "$log"; then

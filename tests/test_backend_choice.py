@@ -188,6 +188,7 @@ def _config(state_dir: Path, uri: str, *, deny: tuple[str, ...] = (), **selectio
     )
 
 
+@pytest.mark.slow
 def test_choose_and_load_benchmarks_once_then_reuses_the_cached_decision(
     tmp_path: Path, cls_model_path: Path, sign_video: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -392,6 +393,7 @@ def test_policy_for_merges_agent_and_pipeline(tmp_path: Path) -> None:
     assert "openvino/*" not in merged.options
 
 
+@pytest.mark.slow
 def test_an_unchecked_decision_is_proven_on_the_first_frame_and_cached(
     tmp_path: Path, cls_model_path: Path, sign_video: Path
 ) -> None:
@@ -450,6 +452,7 @@ def test_an_unchecked_decision_is_proven_on_the_first_frame_and_cached(
     assert cached.checked is True and cached.backend == switcher.decision.backend
 
 
+@pytest.mark.slow
 def test_the_daemon_proves_its_choice_once_the_camera_delivers(
     tmp_path: Path, cls_model_path: Path, sign_video: Path, start_agent: StartAgent
 ) -> None:

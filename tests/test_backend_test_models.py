@@ -100,6 +100,7 @@ class Outcome:
     message: str = ""
 
 
+@pytest.mark.slow
 def test_every_backend_test_model_is_published_if_and_only_if_some_backend_runs_it_right(
     tmp_path: Path,
 ) -> None:
@@ -168,6 +169,7 @@ def test_a_corrupted_expected_output_is_refused_with_the_numbers(tmp_path: Path)
     assert not (registry.root / "corrupted").exists()
 
 
+@pytest.mark.slow
 def test_cli_validate_reports_every_candidate_and_publish_takes_the_model_zoo_layout(tmp_path: Path) -> None:
     """An old-opset model onnxruntime refuses as it is: its upgraded twin is correct; OpenVINO computes
     5.9e199 where 2 is expected. `models validate` shows each; `registry publish` takes the folder."""

@@ -31,6 +31,7 @@ def det() -> Iterator[LoadedModel]:
     session.close()
 
 
+@pytest.mark.slow
 def test_slow_model_on_fast_camera_drops_frames_counts_them_and_keeps_memory_flat(
     tmp_path: Path, det: LoadedModel
 ) -> None:

@@ -235,6 +235,7 @@ def test_an_rtsp_camera_with_a_login(rtsp_camera: RtspServer) -> None:
     assert "wrong" not in done.stdout.replace("is wrong", "")  # the password is never shown
 
 
+@pytest.mark.slow
 def test_doctor_names_the_cause(tmp_path: Path, http_camera: str, cls_model_path: Path) -> None:
     config = {
         "device": {"id": "diag-box"},

@@ -194,6 +194,7 @@ def check_timings(row: dict[str, Any], runs: int) -> None:
     assert row["precision"] in ("fp32", "fp16", "bf16", "int8"), row
 
 
+@pytest.mark.slow
 def test_bench_times_every_backend_that_can_run_the_model(cls_model_path: Path) -> None:
     report = cli_json("bench", str(cls_model_path), "--runs", "5", "--warmup", "1")
     assert (report["model"], report["runs"], report["warmup"]) == (str(cls_model_path), 5, 1)
@@ -233,6 +234,7 @@ def test_bench_times_every_backend_that_can_run_the_model(cls_model_path: Path) 
 # --- explain (after a real run) ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_explain_shows_why_the_running_pipeline_got_its_backend(
     tmp_path: Path,
     mosquitto: Mosquitto,

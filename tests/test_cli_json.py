@@ -256,6 +256,7 @@ def test_every_json_command_is_covered() -> None:
     assert json_commands() - covered == set(NOT_COVERED), sorted(json_commands() - covered)
 
 
+@pytest.mark.slow
 def test_the_operators_commands_json_is_as_recorded(
     tmp_path: Path,
     cls_model_path: Path,
@@ -366,6 +367,7 @@ def test_the_operators_commands_json_is_as_recorded(
     compare(cli.cases)
 
 
+@pytest.mark.slow
 def test_the_fleet_commands_json_is_as_recorded(
     tmp_path: Path,
     cls_model_path: Path,

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from agent import __version__
@@ -64,6 +65,7 @@ def test_the_config_written_here_passes_the_validator_and_the_schema(tmp_path: P
     assert_both_accept(path.read_text(), str(path))
 
 
+@pytest.mark.slow
 def test_run_fails_when_no_pipeline_ran(tmp_path: Path) -> None:
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"not a model")
@@ -78,6 +80,7 @@ def test_run_fails_when_no_pipeline_ran(tmp_path: Path) -> None:
     assert "error: no pipeline ran: cam: " in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_a_looping_file_is_logged_opened_once_and_stderr_has_no_runtime_noise(
     tmp_path: Path,
     cls_model_path: Path,

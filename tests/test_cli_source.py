@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.cli_runs import cli, cli_json
 from tests.media_fixtures import demo_video_module, write_wav
@@ -31,6 +32,7 @@ def test_a_video_file_reports_frames_rate_and_size(tmp_path: Path) -> None:
     assert report["first_after_s"] < 2.5, report  # at once, long before the file's 3 s are over
 
 
+@pytest.mark.slow
 def test_a_gstreamer_pipeline_and_the_plain_output(tmp_path: Path) -> None:
     card = "gst:videotestsrc is-live=true ! video/x-raw,width=160,height=120,framerate=15/1 ! appsink"
     out = cli("source", card, "--seconds", "5", "-c", str(tmp_path / "none.yaml"))  # 5 s: for a busy machine
@@ -66,6 +68,7 @@ def test_audio_and_a_pipeline_from_the_config(tmp_path: Path) -> None:
     assert report["stats"]["state"] == "finished"
 
 
+@pytest.mark.slow
 def test_sources_that_do_not_work_exit_1_and_say_why(tmp_path: Path) -> None:
     closed = f"rtsp://127.0.0.1:{free_port()}/stream"  # nothing listens there
     # Seconds enough for a busy machine to make (and fail) the first attempt.

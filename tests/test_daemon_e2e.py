@@ -114,6 +114,7 @@ def test_results_arrive_over_mqtt_and_agree_with_the_video(
     assert listed[0]["artifacts"][0]["sha256"] == results[0]["model"]["sha256"]
 
 
+@pytest.mark.slow
 def test_results_made_while_the_broker_is_down_all_arrive_when_it_comes_up(
     tmp_path: Path,
     mqtt_subscriber_factory: SubscriberFactory,
@@ -151,6 +152,7 @@ def test_results_made_while_the_broker_is_down_all_arrive_when_it_comes_up(
         broker.close()
 
 
+@pytest.mark.slow
 def test_a_bad_model_and_a_dead_source_do_not_stop_the_good_pipeline(
     tmp_path: Path,
     mosquitto: Mosquitto,
@@ -243,6 +245,7 @@ def _signs_testdata(path: Path, cls_model_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_test_data_proves_the_backends_and_build_steps_show_in_log_and_status(
     tmp_path: Path,
     mosquitto: Mosquitto,
@@ -328,6 +331,7 @@ def test_test_data_proves_the_backends_and_build_steps_show_in_log_and_status(
     assert "getting inputs to prove backends on" in steps, online
 
 
+@pytest.mark.slow
 def test_sigterm_stops_gracefully_with_sd_notify(
     tmp_path: Path,
     mosquitto: Mosquitto,

@@ -124,6 +124,7 @@ def _cli(*args: str) -> str:
     return done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_passwords_stay_secret_and_the_state_dir_is_owner_only(
     tmp_path: Path, broker: Mosquitto, start_agent: StartAgent
 ) -> None:

@@ -445,6 +445,7 @@ def test_backends_a_model_not_pulled_yet_and_one_no_backend_can_run(box: Box) ->
     assert f"edge-agent models check {MODEL}" in check.fix
 
 
+@pytest.mark.slow
 def test_a_model_file_given_by_path_is_checked_where_it_is(box: Box, cls_model_path: Path) -> None:
     """`model: {path: ...}`: the file the agent imports at start is checked where it is (there, the
     format its suffix says, loaded on the backend the agent would serve it on), never reported as

@@ -55,6 +55,7 @@ def _running(version: str) -> Any:
     )
 
 
+@pytest.mark.slow
 def test_a_group_deployment_hot_swaps_the_model_on_a_live_stream(
     tmp_path: Path,
     mosquitto: Mosquitto,
@@ -113,6 +114,7 @@ def _seconds(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
+@pytest.mark.slow
 def test_bad_documents_and_bad_versions_leave_the_running_pipeline_serving(
     tmp_path: Path,
     mosquitto: Mosquitto,
@@ -189,6 +191,7 @@ def test_bad_documents_and_bad_versions_leave_the_running_pipeline_serving(
     assert f"now on {MODEL}@{NAN_LIVE}" not in log
 
 
+@pytest.mark.slow
 def test_signed_desired_state_refuses_forged_unsigned_replayed_and_expired_documents_and_survives_a_restart(
     tmp_path: Path,
     mosquitto: Mosquitto,

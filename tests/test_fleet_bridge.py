@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from agent.registry.file_registry import FileRegistry
@@ -53,6 +54,7 @@ def _cam(client: Client) -> dict[str, Any]:
     return dict(json.loads(reports[-1])["pipelines"].get("cam") or {}) if reports else {}
 
 
+@pytest.mark.slow
 def test_an_agent_on_a_site_broker_is_deployed_to_and_reports_through_the_bridge(
     tmp_path: Path,
     brokers: BrokerFactory,

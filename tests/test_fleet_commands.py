@@ -89,6 +89,7 @@ def _start_cam_agent(
     return agent, reported, config
 
 
+@pytest.mark.slow
 def test_the_operator_cli_runs_each_command_on_a_live_agent(
     tmp_path: Path,
     mosquitto: Mosquitto,
@@ -201,6 +202,7 @@ def _reply(client: Client, correlation: bytes, timeout: float = 30.0) -> tuple[s
     return got.topic, json.loads(got.payload)
 
 
+@pytest.mark.slow
 def test_requests_the_cli_cannot_send_get_the_documented_answers(
     tmp_path: Path,
     mosquitto: Mosquitto,
@@ -278,6 +280,7 @@ def test_requests_the_cli_cannot_send_get_the_documented_answers(
     agent.stop()
 
 
+@pytest.mark.slow
 def test_the_fleet_commands_settings_refuse_and_limit_requests(
     tmp_path: Path, mosquitto: Mosquitto, start_agent: StartAgent
 ) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
+import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -169,6 +170,7 @@ class Controller:
         self.client.loop_stop()
 
 
+@pytest.mark.slow
 def test_ten_thousand_generated_payloads_each_get_an_answer_and_the_pipeline_runs_on(
     tmp_path: Path,
     mosquitto: Mosquitto,

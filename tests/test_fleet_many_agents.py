@@ -101,6 +101,7 @@ def cam(device: dict[str, Any]) -> dict[str, Any]:
     return dict(device.get("pipelines", {}).get("cam") or {})
 
 
+@pytest.mark.slow
 def test_twenty_agents_deploy_refuse_roll_back_reconnect_and_stop_a_failing_canary_wave(
     tmp_path: Path, mosquitto: Mosquitto, fleet: tuple[AgentFleet, Path]
 ) -> None:

@@ -277,6 +277,7 @@ def _cam_reports(reported: Reported) -> list[dict[str, Any]]:
     return [pipeline_in(json.loads(m.payload), "cam") for m in reported.subscriber.messages if m.payload]
 
 
+@pytest.mark.slow
 def test_a_real_agent_reports_what_serves_clears_its_last_error_and_goes_offline(
     tmp_path: Path,
     mosquitto: Mosquitto,

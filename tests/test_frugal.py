@@ -258,6 +258,7 @@ def test_the_daemon_and_cli_import_no_runtime_registry_client_or_crypto_up_front
     assert not modules & unneeded, sorted(modules & unneeded)
 
 
+@pytest.mark.slow
 def test_a_restarted_daemon_maps_only_the_runtime_it_serves_on(
     tmp_path: Path,
     mosquitto: Mosquitto,

@@ -160,6 +160,7 @@ def test_bad_pipelines_are_named_and_retried(sources: list[VideoSource]) -> None
         gst_launch_argv("gst: ! appsink")
 
 
+@pytest.mark.slow
 def test_a_pipeline_that_ends_or_stalls_is_reopened(
     sources: list[VideoSource], caplog: pytest.LogCaptureFixture
 ) -> None:

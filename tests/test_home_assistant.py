@@ -385,6 +385,7 @@ CONFIG = f"homeassistant/device/{DEVICE}/config"
 STATE = f"edge/{DEVICE}/state"
 
 
+@pytest.mark.slow
 def test_a_real_agent_seen_by_home_assistant_node_red_and_telegraf(
     tmp_path: Path,
     mosquitto: Mosquitto,

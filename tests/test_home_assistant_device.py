@@ -144,6 +144,7 @@ CONFIG = f"homeassistant/device/{DEVICE_ID}/config"
 NEW = ("_device__online", "_device__outbox_pending", "signs__fps", "signs__backend")
 
 
+@pytest.mark.slow
 def test_a_real_agent_publishes_the_box_entities(
     tmp_path: Path,
     mosquitto: Mosquitto,

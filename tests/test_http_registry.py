@@ -437,6 +437,7 @@ def test_pull_progress_counts_up_to_the_size(server: RegistryServer, tmp_path: P
     assert [d for _, d, _, _ in seen] == sorted(d for _, d, _, _ in seen)
 
 
+@pytest.mark.slow
 def test_the_daemon_shows_a_stalled_download_and_resumes_it(
     server: RegistryServer, tmp_path: Path, start_agent: StartAgent
 ) -> None:

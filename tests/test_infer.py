@@ -317,6 +317,7 @@ def test_the_backend_is_the_one_the_agent_decided(config: Path, signs: dict[str,
     assert data["backend_choice"] == "the agent's decision for this model on this box (cached): benchmark off"
 
 
+@pytest.mark.slow
 def test_benchmark_proves_the_candidates_on_the_input(config: Path, signs: dict[str, Path]) -> None:
     data = infer_json(CLS, signs["upside-down"], "-c", config, "--pipeline", "signs", "--benchmark")
     choice = data["backend_choice"]

@@ -189,6 +189,7 @@ def installed(workdir: Path) -> Installed:
     return Installed(root, first, second, [after_first, snapshot(root)])
 
 
+@pytest.mark.slow
 def test_install_creates_user_venv_config_state_and_unit(installed: Installed) -> None:
     root, out = installed.root, installed.first.stdout
     assert [int(n) for n in re.findall(r"^\[(\d)/8\]", out, re.M)] == list(range(1, 9)), out
@@ -326,6 +327,7 @@ def test_unit_passes_systemd_analyze_verify(installed: Installed, workdir: Path)
     assert float(level.group(1)) <= 3.0, level.group(0)
 
 
+@pytest.mark.slow
 def test_existing_config_kept_then_uninstall_and_purge(workdir: Path, wheel: Path) -> None:
     """A box with its own config (naming a video under /home), a Jetson, --with gpu and tflite,
     the agent from a wheel; then --uninstall keeps config and state, --purge removes them."""
@@ -482,6 +484,7 @@ echo "== after $(getent passwd edge-agent || echo no user), $venv"
 """
 
 
+@pytest.mark.slow
 def test_install_on_this_box_runs_as_the_service_user(workdir: Path) -> None:
     """Without --root: useradd/usermod on /etc itself, and the service user, through runuser, runs
     the installed command by its own #! line and reads the config (root:edge-agent 0640); the

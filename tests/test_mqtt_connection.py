@@ -454,6 +454,7 @@ def test_an_oversized_message_is_refused_and_does_not_block_the_queue(
         assert "10000 bytes is over the limit" in str(stats["last_error"])
 
 
+@pytest.mark.slow
 def test_a_broker_back_after_a_long_outage_is_reconnected_within_seconds_not_a_backoff(
     mosquitto: Mosquitto, connection_factory: ConnectionFactory
 ) -> None:

@@ -526,6 +526,7 @@ def test_cli_publishes_signs_and_pulls_through_an_oci_registry(
     ]
 
 
+@pytest.mark.slow
 def test_the_daemon_runs_a_signed_model_pinned_by_digest_from_an_oci_registry(
     oci_token_registry: DistributionRegistry,
     staged: FileRegistry,

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from agent.registry import FileRegistry, PublishOptions
 from agent.store import ModelStore
 from tests.agent_process import StartAgent, pipeline_state, read_status
@@ -67,6 +69,7 @@ def test_models_pull_says_what_it_could_not_reach(
         server.close()
 
 
+@pytest.mark.slow
 def test_the_daemon_serves_the_store_while_the_registry_is_away_and_says_so(
     tmp_path: Path, file_registry: FileRegistry, cls_model_path: Path, start_agent: StartAgent
 ) -> None:

@@ -47,6 +47,7 @@ def _model_dir(name: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_validate_explain_and_infer_name_the_same_choice_and_infer_is_right(
     workspace: tuple[Path, Path, Path],
 ) -> None:
@@ -60,6 +61,7 @@ def test_validate_explain_and_infer_name_the_same_choice_and_infer_is_right(
     assert by_model["pytorch-operator/test_operator_add_broadcast"].infer == f"{ORT_CPU} on {UPGRADED}"
 
 
+@pytest.mark.slow
 def test_a_plain_infer_without_any_proof_runs_the_full_precision_reference(
     workspace: tuple[Path, Path, Path],
 ) -> None:
@@ -100,6 +102,7 @@ def test_a_plain_infer_without_any_proof_runs_the_full_precision_reference(
     assert json.loads(by_path.stdout)[0]["decision"]["backend"] == ORT_CPU
 
 
+@pytest.mark.slow
 def test_a_forced_backend_runs_the_twin_and_says_when_validation_rejected_it(
     workspace: tuple[Path, Path, Path],
 ) -> None:
@@ -144,6 +147,7 @@ def test_inputs_that_do_not_match_the_graph_get_an_error_naming_its_inputs(
     assert "missing input 'X', 'Y', 'Z'" in error and "(the model's inputs: X, Y, Z)" in error, error
 
 
+@pytest.mark.slow
 def test_a_first_choice_that_cannot_run_the_input_is_proven_on_it(workspace: tuple[Path, Path, Path]) -> None:
     """onnxruntime loads test_PReLU_1d_multiparam (upgraded) but fails to run it (a broadcast it does
     not implement): a plain infer proves the candidates on the input and runs the one that is right,

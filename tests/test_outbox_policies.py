@@ -36,6 +36,7 @@ def _cam(state_dir: Path) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("policy", ["drop-oldest", "drop-newest", "wait"])
+@pytest.mark.slow
 def test_a_full_outbox_follows_its_policy_counts_drops_and_drops_nothing_once_the_broker_is_back(
     tmp_path: Path,
     cls_model_path: Path,

@@ -463,6 +463,7 @@ def test_the_sidecar_is_written_once_per_block_not_per_result(
 # --- the daemon --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_daemon_delivers_what_a_damaged_outbox_held_and_seq_goes_on(
     tmp_path: Path,
     mosquitto: Mosquitto,
@@ -560,6 +561,7 @@ def test_a_second_daemon_on_the_same_state_dir_refuses_to_start(
     third.stop()
 
 
+@pytest.mark.slow
 def test_the_daemon_exits_with_a_clear_error_when_its_outbox_is_locked(tmp_path: Path) -> None:
     config = write_config(tmp_path, free_port(), tmp_path / "registry", [])
     outbox = tmp_path / "state" / "outbox.sqlite"

@@ -45,6 +45,7 @@ def _one_connect_s(broker: Mosquitto) -> float:
 
 
 @pytest.mark.parametrize("when_full", ["drop-oldest", "drop-newest"])
+@pytest.mark.slow
 def test_a_full_outbox_reconnects_at_once_and_drops_nothing_after_the_broker_is_back(
     tmp_path: Path, mosquitto: Mosquitto, when_full: str
 ) -> None:

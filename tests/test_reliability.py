@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.agent_process import StartAgent, read_status
 from tests.delivery import count_delivery, seqs
 from tests.fleet_fixtures import start_watched_cam
@@ -39,6 +41,7 @@ def _caught_up(status: dict[str, Any]) -> bool:
     return bool(status.get("mqtt", {}).get("connected")) and pending is not None and pending <= 10
 
 
+@pytest.mark.slow
 def test_every_result_arrives_through_broker_bounces_and_kills(
     tmp_path: Path,
     cls_model_path: Path,
@@ -93,6 +96,7 @@ def test_every_result_arrives_through_broker_bounces_and_kills(
         broker.close()
 
 
+@pytest.mark.slow
 def test_every_result_arrives_in_order_through_uplink_cuts(
     tmp_path: Path,
     cls_model_path: Path,

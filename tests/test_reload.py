@@ -148,6 +148,7 @@ def _seqs(watcher: Subscriber) -> list[int]:
     return [json.loads(m.payload)["seq"] for m in watcher.messages]
 
 
+@pytest.mark.slow
 def test_sighup_applies_what_changed_refuses_an_invalid_config_and_boot_falls_back(
     tmp_path: Path,
     mosquitto: Mosquitto,

@@ -40,6 +40,7 @@ def loaded(cls_model_path: Path) -> Iterator[LoadedModel]:
     session.close()
 
 
+@pytest.mark.slow
 def test_pipeline_reconnects_to_a_camera_that_goes_away_and_comes_back(
     camera: RtspServer, loaded: LoadedModel
 ) -> None:

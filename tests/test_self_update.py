@@ -356,6 +356,7 @@ def test_the_unit_restarts_on_exit_75_without_counting_it_a_failure() -> None:
     assert unit_restarts(RESTART_EXIT_CODE) and unit_restarts(1) and not unit_restarts(0)
 
 
+@pytest.mark.slow
 def test_self_update_to_a_new_wheel_and_back_from_one_that_fails_to_start(
     tmp_path: Path,
     mosquitto: Mosquitto,

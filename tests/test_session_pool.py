@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from agent.session_pool import SessionPool
 from providers import ModelArtifact
@@ -104,6 +105,7 @@ def test_sharing_saves_the_memory_of_a_second_copy() -> None:
     assert separate - shared > 8, (shared, separate)
 
 
+@pytest.mark.slow
 def test_two_cameras_on_one_model_load_it_once_in_the_daemon(
     tmp_path: Path, cls_model_path: Path, start_agent: StartAgent
 ) -> None:

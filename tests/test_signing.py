@@ -370,6 +370,7 @@ def test_the_agent_store_takes_its_trusted_keys_from_the_config(
 # --- the CLI --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_keygen_publish_sign_and_verify(tmp_path: Path, cls_model_path: Path) -> None:
     key = tmp_path / "release.key"
     made = edge_agent("registry", "keygen", str(key), "--json")

@@ -76,6 +76,7 @@ def edge_agent(*args: str, timeout: float = 120) -> tuple[subprocess.CompletedPr
     return done, time.monotonic() - started
 
 
+@pytest.mark.slow
 def test_a_camera_that_accepts_and_never_answers_is_diagnosed_within_its_seconds(
     tmp_path: Path, silent_camera: int
 ) -> None:
@@ -101,6 +102,7 @@ def test_a_camera_that_accepts_and_never_answers_is_diagnosed_within_its_seconds
     assert took < 3 + DIAGNOSIS_GRACE_S + START_AND_EXIT_S, took
 
 
+@pytest.mark.slow
 def test_ffmpegs_own_lines_stay_off_the_terminal_of_source_and_doctor(tmp_path: Path) -> None:
     port = free_port()  # nothing listens there
     uri = f"rtsp://127.0.0.1:{port}/x"

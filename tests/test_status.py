@@ -106,6 +106,7 @@ def test_live_rates_from_the_last_inferences() -> None:
 # --- a running daemon ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_status_of_a_running_daemon_and_of_none(
     tmp_path: Path,
     mosquitto: Mosquitto,

@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from agent.cli.render.status import render
@@ -76,6 +77,7 @@ def test_tracking_without_zones_or_lines_is_the_tracks_alone() -> None:
     assert "cam: 0 tracks" in rendered({"pipelines": {"cam": pipeline(tracking=empty)}})
 
 
+@pytest.mark.slow
 def test_a_running_agents_status_carries_and_shows_its_scene(
     tmp_path: Path,
     mosquitto: Mosquitto,

@@ -122,6 +122,7 @@ def test_a_partial_download_survives_gc(tmp_path: Path, registry: FileRegistry) 
     assert partial.exists()  # the pull that resumes it needs it
 
 
+@pytest.mark.slow
 def test_gc_runs_beside_a_pull_in_progress_and_keeps_what_it_installs(
     tmp_path: Path, registry: FileRegistry
 ) -> None:
@@ -205,6 +206,7 @@ def test_the_daemon_keeps_what_store_says_after_a_pipeline_starts(
     assert _versions(store) == ["3", "5"]  # the newest, and the one the pipeline names
 
 
+@pytest.mark.slow
 def test_a_clean_up_does_not_wait_for_a_pull_and_keeps_the_version_it_repairs(
     tmp_path: Path, registry: FileRegistry
 ) -> None:

@@ -272,6 +272,7 @@ def decision_record(tmp_path: Path, pipeline: str) -> dict[str, Any]:
 # --- 1. a dead camera listed first ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_dead_camera_listed_first_neither_holds_up_the_live_one_nor_runs_on_a_guess(
     tmp_path: Path,
     mosquitto: Mosquitto,
@@ -367,6 +368,7 @@ def test_a_dead_camera_listed_first_neither_holds_up_the_live_one_nor_runs_on_a_
 # --- 2. sensor values published while the pipeline is built --------------------------------------
 
 
+@pytest.mark.slow
 def test_sensor_values_sent_while_the_pipeline_is_built_all_reach_a_result(
     tmp_path: Path, mosquitto: Mosquitto, registry: Path, clients: Any, start_agent: StartAgent
 ) -> None:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from agent.telemetry import read_temperatures
@@ -39,6 +40,7 @@ def _with_telemetry(config: Path, interval_s: float) -> None:
     config.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
+@pytest.mark.slow
 def test_reports_arrive_every_interval_with_the_pipelines_rates(
     tmp_path: Path,
     mosquitto: Mosquitto,
@@ -82,6 +84,7 @@ def test_reports_arrive_every_interval_with_the_pipelines_rates(
     assert sum(s["results"] for s in running) >= 5
 
 
+@pytest.mark.slow
 def test_without_a_broker_reports_are_skipped_and_counted_not_queued(
     tmp_path: Path,
     registry_dir: Path,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import cv2
+import pytest
 
 from agent.registry.file_registry import FileRegistry
 from tests.agent_process import StartAgent, read_status
@@ -53,6 +54,7 @@ def events_of(subscriber: Subscriber) -> list[dict[str, Any]]:
     return [json.loads(m.payload) for m in list(subscriber.messages)]
 
 
+@pytest.mark.slow
 def test_a_zone_from_the_fleet_applies_without_ending_the_tracks(
     tmp_path: Path, mosquitto: Mosquitto, yolo_path: Path, yolo_labels: list[str], start_agent: StartAgent
 ) -> None:

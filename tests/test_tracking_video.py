@@ -436,6 +436,7 @@ EXPECTED_EVENTS = Counter(
 QUIET_ZONE = {"count": 0, "labels": {}, "dwelling": 0, "overcrowded": False}
 
 
+@pytest.mark.slow
 def test_a_video_s_tracks_zones_and_lines_are_counted_exactly(
     tmp_path: Path,
     mosquitto: Mosquitto,
@@ -584,6 +585,7 @@ def check_snapshot(path: Path, frames: list[np.ndarray], truth: list[Truth]) -> 
     assert diff[y1 + 30 : y2 - 12, x1 + 12 : x2 - 12].mean() < 15, (path, index, name)
 
 
+@pytest.mark.slow
 def test_a_killed_agent_loses_no_event_and_ends_its_open_tracks_when_restarted(
     tmp_path: Path,
     mosquitto: Mosquitto,

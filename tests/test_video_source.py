@@ -299,6 +299,7 @@ def test_slow_consumer_gets_newest_frames_only(short_video: tuple[Path, list], s
     assert slot.get(timeout=0.5) is None
 
 
+@pytest.mark.slow
 def test_realtime_off_gives_a_slow_consumer_every_frame_in_order(
     short_video: tuple[Path, list], sources: list
 ) -> None:

@@ -70,6 +70,7 @@ class NotifySocket:
         self.sock.close()
 
 
+@pytest.mark.slow
 def test_pings_stop_while_a_pipeline_hangs_in_a_frame_and_resume_after(
     tmp_path: Path,
     mosquitto: Mosquitto,

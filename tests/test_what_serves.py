@@ -100,6 +100,7 @@ def _agree(
     return seen
 
 
+@pytest.mark.slow
 def test_status_reported_and_explain_name_what_produced_the_latest_results(
     tmp_path: Path,
     mosquitto: Mosquitto,
