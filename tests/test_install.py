@@ -250,6 +250,7 @@ def test_install_creates_user_venv_config_state_and_unit(installed: Installed) -
     assert "onnxruntime>=1.17" in deps.group(1).split() and "onnxruntime-gpu" not in deps.group(1)
 
 
+@pytest.mark.slow
 def test_installed_entry_point_runs_the_installed_agent(installed: Installed) -> None:
     root = installed.root
     result = run_entry_point(root, "version")
@@ -274,6 +275,7 @@ def test_installed_entry_point_runs_the_installed_agent(installed: Installed) ->
     assert not [p.name for p in load_config(conf, environ={}).pipelines if p.enabled]
 
 
+@pytest.mark.slow
 def test_second_run_changes_nothing(installed: Installed) -> None:
     first, second = installed.snapshots
     assert first == second
@@ -290,6 +292,7 @@ def test_second_run_changes_nothing(installed: Installed) -> None:
         assert said in out, out
 
 
+@pytest.mark.slow
 def test_unit_passes_systemd_analyze_verify(installed: Installed, workdir: Path) -> None:
     """The installed unit, checked against the installed tree (ExecStart= must be executable there).
 
