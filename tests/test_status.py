@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import stat
@@ -80,6 +81,7 @@ def test_a_dead_daemons_socket_is_replaced_and_reported_as_not_running(tmp_path:
 def test_a_state_dir_too_deep_for_a_socket_is_a_warning_not_a_failure(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="agent.control")
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     deep.mkdir(parents=True)
     server = ControlServer(deep / "agent.sock", {"status": dict})
