@@ -23,9 +23,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from agent.config import HealthWindowConfig, PipelineConfig
 from agent.pipeline_stats import PipelineStats
 from agent.pipeline_tracking import PipelineTracking
+from agent.side_by_side import SideBySide
 from agent.sources import Frame, Slot, Source, open_source
 from agent.stage import BackendSwitcher, LoadedModel, Stage
 from agent.stage_swap import StageSwap
@@ -70,6 +73,9 @@ class Pipeline:
         self.stats = PipelineStats(self.name)
         first = model if isinstance(model, Stage) else Stage(config, model, switcher)
         self.stages = StageSwap(self.name, self._plan_of(first), self._plan_of)
+        # During a health window: the previous stage beside the current one (agent/side_by_side.py).
+        self.side_by_side: SideBySide | None = None
+        self._beside: tuple[SideBySide, np.ndarray, bool, float] | None = None
         self.last_frame: Frame | None = None  # the newest frame the model ran on: a sample for a new stage
         # One place between prepare and infer keeps the frame the model gets recent; two after infer
         # let a slow outbox write overlap the next run without queueing results in memory.
@@ -118,24 +124,15 @@ class Pipeline:
         if not self._source_started:
             self.source.start()
 
-    # --- stage swaps (agent/stage_swap.py: any thread asks, the inference thread swaps) ----------
-
-    def swap_in(self, stage: Stage, timeout: float) -> bool:
-        return self.stages.swap_in(stage, timeout)
-
-    def commit(self) -> None:
-        self.stages.commit()
-
-    def roll_back(self, timeout: float) -> bool:
-        return self.stages.roll_back(timeout)
-
-    @property
-    def previous_stage(self) -> Stage | None:
-        return self.stages.previous
-
-    def keep_previous(self, stage: Stage) -> None:
-        """A new pipeline replacing one on another source keeps the old one's stage warm (rollback)."""
-        self.stages.previous = stage
+    def compare_with(self, previous: Stage | None) -> SideBySide | None:
+        """During a health window, run `previous` beside the current stage on a share of the same
+        frames (agent/side_by_side.py); None ends it. None returned where there is nothing to compare
+        (no previous stage, or one on the same session)."""
+        side = None
+        if previous is not None and previous.model.session is not self.stage.model.session:
+            side = SideBySide(previous, self.stage)
+        self.side_by_side = side
+        return side
 
     def request_stop(self) -> None:
         """Ask the source to end; the worker finishes the frame in flight and exits."""
@@ -239,6 +236,9 @@ class Pipeline:
                     return  # the last frame is done
                 if job is not None and self._infer(job) and not self._hand_over(self._inferred, job, report):
                     return
+                beside, self._beside = self._beside, None
+                if beside is not None:  # the previous version on the same frame, its result already gone
+                    beside[0].run(*beside[1:])
         finally:
             self._hand_over(self._inferred, _END, report)
 
@@ -259,7 +259,11 @@ class Pipeline:
         if job.failure is not None:
             self.stats.failed(record.index, job.failure, stage)
             return False
-        self.stats.ran(stage, record.timings_ms.get("inference", 0.0))
+        inference_ms = record.timings_ms.get("inference", 0.0)
+        self.stats.ran(stage, inference_ms)
+        side = self.side_by_side
+        if side is not None and side.new is stage and record.pixels is not None and side.wants():
+            self._beside = (side, record.pixels, record.gap, inference_ms)  # run once the frame went on
         if not plan.keeps_pixels:  # up to three frames wait for the report: their memory goes back now
             record.pixels = None
         return True

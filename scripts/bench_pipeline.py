@@ -343,7 +343,7 @@ class Bench:
                     new = Stage(self.config, LoadedModel(self.key, "2", "0" * 64, fresh))
                     new.warm_up()
                     swapped_at = time.monotonic()
-                    extra["swapped"] = pipeline.swap_in(new, timeout=10)
+                    extra["swapped"] = pipeline.stages.swap_in(new, timeout=10)
                     extra["swapped_at"] = swapped_at
                 limit = time.monotonic() + self.seconds * 4 + 30
                 while not pipeline.finished and time.monotonic() < limit:

@@ -353,4 +353,4 @@ def test_the_health_window_counts_the_nan_inferences_among_all_of_them(
     assert stats.mean_latency_ms() is not None and len(stats.recent_ms) == n  # of the same inferences
     # Early in the window (fewer frames than min_frames): the NaN is the reason, counted right.
     early = HealthWindowConfig(min_frames=100)
-    assert unhealthy(stage, early, None, final=False) == f"{n} of {n} inferences gave NaN or infinite outputs"
+    assert unhealthy(stage, early, final=False) == f"{n} of {n} inferences gave NaN or infinite outputs"

@@ -125,7 +125,7 @@ def test_a_stage_swap_that_adds_a_zone_keeps_the_track_and_results_can_be_off(
     pipeline.start()
     wait_until(lambda: any(e["type"] == "new" for _, e in sink.events), "the face's track", timeout=120)
     with_zone = Stage(config(crossing_clip, yolo_labels, loop=True, report=quiet, zones=[RIGHT]), loaded)
-    assert pipeline.swap_in(with_zone, timeout=60)
+    assert pipeline.stages.swap_in(with_zone, timeout=60)
     wait_until(
         lambda: any(e["type"] == "enter" for _, e in sink.events),
         "the face entering the new zone",

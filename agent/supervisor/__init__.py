@@ -50,7 +50,7 @@ from agent.stage import Stage, changes_only_reporting
 from agent.status import PipelineStatus
 from agent.store import ModelStore
 from agent.supervisor.building import StageBuilder, peek_for
-from agent.supervisor.health import unhealthy
+from agent.supervisor.health import watch, window_length_s
 from agent.supervisor.memory import VersionMemory
 from agent.supervisor.state import (
     ApplyReport,
@@ -221,7 +221,7 @@ class Supervisor:
                 )
             change.phase("building", "starting the new version")
             if keeps_source and running is not None:
-                if not running.swap_in(stage, _SWAP_TIMEOUT_S):
+                if not running.stages.swap_in(stage, _SWAP_TIMEOUT_S):
                     raise EdgeAgentError(
                         f"the running pipeline did not take the new stage in {_SWAP_TIMEOUT_S:.0f} s"
                     )
@@ -236,7 +236,7 @@ class Supervisor:
                     change.new_pipeline = True
                 if previous is not None:  # a changed source: the old pipeline stops as the new one starts
                     self._stop_pipeline(previous, close_stage=False)
-                    pipeline.keep_previous(previous.stage)  # warm, for a rollback
+                    pipeline.stages.previous = previous.stage  # warm, for a rollback
                 pipeline.start()
             if desired.health is not None and not self._health_check(slot, change, pipeline, desired.health):
                 return  # rolled back (or stopped, when there was nothing to go back to)
@@ -253,7 +253,7 @@ class Supervisor:
                 and live.stage is swapped
                 and not self._stopping.is_set()
             ):
-                live.roll_back(_SWAP_TIMEOUT_S)
+                live.stages.roll_back(_SWAP_TIMEOUT_S)
         except Exception as exc:  # whatever a model or source does wrong, the daemon runs on
             self._failed(slot, change, exc)
         finally:
@@ -265,39 +265,30 @@ class Supervisor:
     def _health_check(
         self, slot: PipelineSlot, change: Change, pipeline: Pipeline, health: HealthWindowConfig
     ) -> bool:
-        """Watch the new stage on live frames for the window; False (rolled back) when it fails."""
+        """Watch the new stage on live frames for the window (agent/supervisor/health.py); False
+        (rolled back) when it fails."""
         watching = f"watching {pipeline.stage.ref} for {health.window_s:.0f} s"
-        change.phase("health-check", watching, extra_s=health.window_s)
-        stage = pipeline.stage
-        stage.watch_outputs = health.nan_is_failure
-        before = pipeline.previous_stage.stats.median_latency_ms() if pipeline.previous_stage else None
-        window_ends = time.monotonic() + health.window_s
-        problem = None
-        while problem is None and time.monotonic() < window_ends:
-            if change.cancel.wait(min(0.5, max(0.0, window_ends - time.monotonic()))):
-                raise Cancelled()
-            problem = unhealthy(stage, health, before, final=False)
-        problem = problem or unhealthy(stage, health, before, final=True)
-        stage.watch_outputs = False
+        change.phase("health-check", watching, extra_s=window_length_s(health))
+        problem = watch(pipeline, health, change.cancel)
         if problem is None:
             return True
         with self._lock:
             if change.cancel.is_set():
                 raise Cancelled()
-        self._roll_back(slot, change, pipeline, f"{stage.ref} failed its health window: {problem}")
+        self._roll_back(slot, change, pipeline, f"{pipeline.stage.ref} failed its health window: {problem}")
         return False
 
     def _roll_back(self, slot: PipelineSlot, change: Change, pipeline: Pipeline, why: str) -> None:
         """Back to the version that ran before (`rolled-back`), or stopped when there was none (`failed`)."""
         log.error("pipeline %s: %s; rolling back", slot.name, why)
         self.memory.failed(slot.name, change.desired, why)
-        if not change.new_pipeline and pipeline.roll_back(_SWAP_TIMEOUT_S):
+        if not change.new_pipeline and pipeline.stages.roll_back(_SWAP_TIMEOUT_S):
             with self._lock:
                 slot.change = None
                 slot.set_phase("rolled-back", why)
             return
         # A new pipeline (changed source, or the first version): stop it; restart the old one if any.
-        old_stage, running = pipeline.previous_stage, slot.running
+        old_stage, running = pipeline.stages.previous, slot.running
         self._stop_pipeline(pipeline, close_stage=False)
         pipeline.stage.close()
         with self._lock:
@@ -315,7 +306,7 @@ class Supervisor:
         with self._lock:
             if change.cancel.is_set():
                 raise Cancelled()
-            pipeline.commit()
+            pipeline.stages.commit()
             first = slot.running is None
             slot.running = change.desired
             slot.change = None
@@ -523,7 +514,7 @@ class Supervisor:
                     if d is not None:
                         refs.add((d.config.model.name, d.config.model.version))
                 if slot.pipeline is not None:
-                    for stage in (slot.pipeline.stage, slot.pipeline.previous_stage):
+                    for stage in (slot.pipeline.stage, slot.pipeline.stages.previous):
                         if stage is not None:
                             refs.add((stage.model.name, stage.model.version))
         return refs
@@ -577,12 +568,12 @@ class Supervisor:
         """Close every stage's session (after `stop`; the final status still shows them)."""
         for pipeline in self.pipelines():
             pipeline.stage.close()
-            if pipeline.previous_stage is not None:
-                pipeline.previous_stage.close()
+            if pipeline.stages.previous is not None:
+                pipeline.stages.previous.close()
 
     def _stop_pipeline(self, pipeline: Pipeline, close_stage: bool = True) -> None:
         pipeline.stop(_STOP_TIMEOUT_S)
         if close_stage:
             pipeline.stage.close()
-            if pipeline.previous_stage is not None:
-                pipeline.previous_stage.close()
+            if pipeline.stages.previous is not None:
+                pipeline.stages.previous.close()

@@ -1,18 +1,102 @@
-"""The health window's verdict on a new stage: error rate, NaN outputs, too few frames, latency."""
+"""The health window's verdict on a new stage: error rate, NaN outputs, too few frames, latency (its
+own limit, and beside the previous version's: agent/side_by_side.py)."""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+
 from agent.config import HealthWindowConfig
+from agent.pipeline import Pipeline
+from agent.side_by_side import MIN_PAIRS, Comparison, CpuLoad, SideBySide, compare
 from agent.stage import Stage
+from agent.supervisor.state import Cancelled
+
+log = logging.getLogger(__name__)
 
 _MIN_INFERENCES_FOR_LATENCY = 5  # the health window judges latency on at least this many frames
+# A new version too slow beside the previous one is measured again after this pause (a busy moment).
+CONFIRM_PAUSE_S = 3.0
 
 
-def unhealthy(
-    stage: Stage, health: HealthWindowConfig, latency_before_ms: float | None, final: bool
+def window_length_s(health: HealthWindowConfig) -> float:
+    """The longest a health window can take: the window, and a second speed measurement after a pause."""
+    return 2 * health.window_s + CONFIRM_PAUSE_S
+
+
+def watch(pipeline: Pipeline, health: HealthWindowConfig, cancel: threading.Event) -> str | None:
+    """Watch the pipeline's new stage on live frames for the window: why it fails (None: healthy).
+    Its speed is judged beside the previous version's, measured in the same seconds on the same
+    frames (agent/side_by_side.py), and a slowdown must persist to count. Cancelled when `cancel`."""
+    stage, previous = pipeline.stage, pipeline.stages.previous
+    recorded = previous.stats.median_latency_ms() if previous else None
+    stage.watch_outputs = health.nan_is_failure
+    side = pipeline.compare_with(previous)
+    try:
+        window_ends, load = time.monotonic() + health.window_s, CpuLoad()
+        problem = None
+        while problem is None and time.monotonic() < window_ends:
+            _wait(cancel, window_ends)
+            problem = unhealthy(stage, health, final=False)
+        problem = problem or unhealthy(stage, health, final=True)
+        return problem or _too_slow_twice(cancel, stage, side, recorded, health, load)
+    finally:
+        pipeline.compare_with(None)
+        stage.watch_outputs = False
+
+
+def _wait(cancel: threading.Event, until: float) -> None:
+    if cancel.wait(min(0.5, max(0.0, until - time.monotonic()))):
+        raise Cancelled()
+
+
+def _too_slow_twice(
+    cancel: threading.Event,
+    stage: Stage,
+    side: SideBySide | None,
+    recorded: float | None,
+    health: HealthWindowConfig,
+    load: CpuLoad,
 ) -> str | None:
+    """Too slow beside the previous version, twice: after a pause the speeds are measured again (the
+    same way); the box's CPU use during each is said."""
+    first = too_slow(health, compare(side, stage, recorded))
+    if first is None:
+        return None
+    assert side is not None  # (a comparison needs it)
+    busy = load.percent()
+    log.info(
+        "pipeline %s: %s (the box's CPU was %.0f %% busy): measuring again in %.0f s",
+        stage.config.name, first, busy, CONFIRM_PAUSE_S,
+    )  # fmt: skip
+    pause_ends = time.monotonic() + CONFIRM_PAUSE_S
+    while time.monotonic() < pause_ends:
+        _wait(cancel, pause_ends)
+    side.restart()
+    stage.stats.recent_ms.clear()  # (what a recorded figure is compared with, where it must be)
+    again, ends = CpuLoad(), time.monotonic() + health.window_s
+    while (
+        time.monotonic() < ends
+        and (len(stage.stats.recent_ms) if side.failed else side.pairs) < 2 * MIN_PAIRS
+    ):
+        _wait(cancel, ends)
+    second = too_slow(health, compare(side, stage, recorded))
+    busy_again = again.percent()
+    if second is None:
+        log.info(
+            "pipeline %s: not too slow when measured again (CPU %.0f %% busy, then %.0f %%)",
+            stage.config.name, busy, busy_again,
+        )  # fmt: skip
+        return None
+    loads = f"the box's CPU was {busy:.0f} % busy, then {busy_again:.0f} %"
+    return f"{second}; measured again after {CONFIRM_PAUSE_S:.0f} s ({loads})"
+
+
+def unhealthy(stage: Stage, health: HealthWindowConfig, final: bool) -> str | None:
     """Why the stage fails its health window so far (None: fine). Error rate and NaN are judged as
-    frames come; too few frames and latency only at the window's end."""
+    frames come; too few frames and max_latency_ms only at the window's end (the speed beside the
+    previous version: `too_slow`)."""
     stats = stage.stats
     if (
         stats.frames
@@ -34,9 +118,14 @@ def unhealthy(
     median = stats.median_latency_ms()
     if median is not None and health.max_latency_ms is not None and median > health.max_latency_ms:
         return f"median inference {median:.1f} ms over max_latency_ms {health.max_latency_ms:g}"
-    if median is not None and latency_before_ms and median > latency_before_ms * health.max_latency_ratio:
-        return (
-            f"median inference {median:.1f} ms, {median / latency_before_ms:.1f}x the previous version's "
-            f"{latency_before_ms:.1f} ms (max_latency_ratio {health.max_latency_ratio:g})"
-        )
     return None
+
+
+def too_slow(health: HealthWindowConfig, comparison: Comparison | None) -> str | None:
+    """Why the new version is too slow beside the previous one (None: it is not, or no comparison)."""
+    if comparison is None or comparison.ratio <= health.max_latency_ratio:
+        return None
+    return (
+        f"median inference {comparison.new_ms:.1f} ms, {comparison.ratio:.1f}x the previous version's "
+        f"{comparison.old_ms:.1f} ms, {comparison.how} (max_latency_ratio {health.max_latency_ratio:g})"
+    )
