@@ -259,7 +259,7 @@ class Pipeline:
         if job.failure is not None:
             self.stats.failed(record.index, job.failure, stage)
             return False
-        inference_ms = record.timings_ms.get("inference", 0.0)
+        inference_ms = record.inference_ms
         self.stats.ran(stage, inference_ms)
         side = self.side_by_side
         if side is not None and side.new is stage and record.pixels is not None and side.wants():
@@ -291,9 +291,8 @@ class Pipeline:
     def _report(self, job: _Job) -> None:
         assert job.plan is not None
         record = job.record
-        completed = self._walk(job, "report")
+        published = self._walk(job, "report") and record.publish
         if record.output is not None:  # the model's outputs became an output: an inference counted
-            inference_ms, failed = record.timings_ms.get("inference", 0.0), job.failure is not None
-            self.stats.done(inference_ms, record.captured_at, failed, published=completed and record.publish)
+            self.stats.done(record.inference_ms, record.captured_at, job.failure is not None, published)
         if job.failure is not None:
             self.stats.failed(record.index, job.failure, job.plan.stage)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 import numpy as np
 
@@ -21,7 +21,9 @@ from agent.sources import Frame
 
 # The pipeline's threads, in the order a frame meets them.
 Thread = Literal["prepare", "inference", "report"]
-THREADS: tuple[Thread, ...] = ("prepare", "inference", "report")
+THREADS: tuple[Thread, ...] = get_args(Thread)
+# The steps whose times a result reports as its `preprocess` and `inference` latencies.
+PREPROCESS_STEP, INFERENCE_STEP = "preprocess", "inference"
 
 
 @dataclass
@@ -49,6 +51,11 @@ class FrameRecord:
     held_back: int = 0  # results held back by the rules since the last published one
     tags: dict[str, Any] = field(default_factory=dict)  # what steps add to the published result
     timings_ms: dict[str, float] = field(default_factory=dict)  # per step, in the order run
+
+    @property
+    def inference_ms(self) -> float:
+        """How long the model's run on this frame took (0 before it ran)."""
+        return self.timings_ms.get(INFERENCE_STEP, 0.0)
 
     @classmethod
     def of(cls, frame: Frame) -> FrameRecord:

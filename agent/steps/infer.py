@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from agent.steps.base import FrameRecord, Step
+from agent.steps.base import INFERENCE_STEP, FrameRecord, Step
 from providers import BackendError
 
 # Backend failures in a row before the next candidate backend takes over.
@@ -21,7 +21,7 @@ RunModel = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
 
 
 class InferStep(Step):
-    name = "inference"
+    name = INFERENCE_STEP
     thread = "inference"
 
     def __init__(

@@ -7,11 +7,11 @@ links: a run's inputs need the previous run's outputs) prepares on the inference
 from __future__ import annotations
 
 from agent.processing.feed import Feeder
-from agent.steps.base import FrameRecord, Step
+from agent.steps.base import PREPROCESS_STEP, FrameRecord, Step
 
 
 class PrepareStep(Step):
-    name = "preprocess"
+    name = PREPROCESS_STEP
 
     def __init__(self, feeder: Feeder) -> None:
         super().__init__()

@@ -14,11 +14,7 @@ from typing import Any, Protocol
 from agent.config import PipelineConfig
 from agent.pipeline_tracking import TrackingSink
 from agent.results import Result
-from agent.steps.base import FrameRecord, Step
-
-# Steps whose time is the result's `preprocess` and `inference` latencies; the report thread's other
-# steps before this one (postprocess, tracking, rules, ...) are its `postprocess`.
-_PREPROCESS, _INFERENCE = "preprocess", "inference"
+from agent.steps.base import INFERENCE_STEP, PREPROCESS_STEP, FrameRecord, Step
 
 
 class ResultSink(TrackingSink, Protocol):
@@ -34,7 +30,8 @@ def result_of(
     """The result of a frame whose report-thread steps ran (`source`: its uri and counters now;
     `pixels`: hand the frame's pixels along)."""
     timings = record.timings_ms
-    postprocess_ms = sum(ms for step, ms in timings.items() if step not in (_PREPROCESS, _INFERENCE))
+    # Every step after the model that ran before this one (postprocess, tracking, rules, ...).
+    postprocess_ms = sum(ms for step, ms in timings.items() if step not in (PREPROCESS_STEP, INFERENCE_STEP))
     return Result(
         pipeline=pipeline,
         captured_at=record.captured_at,
@@ -42,8 +39,8 @@ def result_of(
         backend=record.backend,
         precision=record.precision,
         latency_ms={
-            "preprocess": round(timings.get(_PREPROCESS, 0.0), 3),
-            "inference": round(timings.get(_INFERENCE, 0.0), 3),
+            "preprocess": round(timings.get(PREPROCESS_STEP, 0.0), 3),
+            "inference": round(record.inference_ms, 3),
             "postprocess": round(postprocess_ms, 3),
             "capture_to_result": round((time.time() - record.captured_at) * 1000, 3),
         },
