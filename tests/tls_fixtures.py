@@ -17,15 +17,12 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from agent.config import MqttConfig, OutboxConfig
 from agent.mqtt import MqttConnection, Outbox, results_topic
 from tests.mosquitto import Mosquitto
+from tests.mqtt_fixtures import DEVICE, OFFLINE, ONLINE, make_config
 from tests.pki import Pki
 from tests.waits import free_port, wait_until
 
-DEVICE = "dev1"
-ONLINE = b'{"state": "online"}'
-OFFLINE = b'{"state": "offline"}'
 STATUS_TOPIC = f"edge/{DEVICE}/status"
 RESULTS_TOPIC = results_topic("edge", DEVICE, "people")
 USER = "edge-box"
@@ -170,17 +167,9 @@ def connections(outbox: Outbox) -> Iterator[ConnectionFactory]:
     made: list[MqttConnection] = []
 
     def connect(broker: Mosquitto, protocol: str = "5", **overrides: Any) -> MqttConnection:
-        values: dict[str, Any] = {
-            "host": broker.host,
-            "port": broker.port,
-            "protocol": protocol,
-            "keepalive_s": 5,
-            "reconnect_min_s": 0.1,
-            "reconnect_max_s": 0.5,
-            "outbox": OutboxConfig(max_inflight=10),
-            **overrides,
-        }
-        conn = MqttConnection(MqttConfig(**values), DEVICE, outbox, lambda: ONLINE, lambda: OFFLINE)
+        conn = MqttConnection(
+            make_config(broker, protocol, **overrides), DEVICE, outbox, lambda: ONLINE, lambda: OFFLINE
+        )
         made.append(conn)
         conn.start()
         return conn
