@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import psutil
 
 from agent.processing.feed import build_feeder
 from agent.stage import Stage
@@ -96,22 +95,6 @@ class SideBySide:
         new = statistics.median(p[0] for p in pairs)
         old = statistics.median(p[1] for p in pairs)
         return Comparison(new, old, f"side by side on {len(pairs)} live frames")
-
-
-class CpuLoad:
-    """How busy the box's CPUs were since it was made (all cores, every process): said beside a
-    speed verdict, so a slow model can be told from a busy box."""
-
-    def __init__(self) -> None:
-        self._start = psutil.cpu_times()
-
-    def percent(self) -> float:
-        end = psutil.cpu_times()
-        idle = (end.idle - self._start.idle) + (
-            getattr(end, "iowait", 0.0) - getattr(self._start, "iowait", 0.0)
-        )
-        total = sum(end) - sum(self._start)
-        return 0.0 if total <= 0 else max(0.0, min(100.0, 100.0 * (1 - idle / total)))
 
 
 def compare(side: SideBySide | None, stage: Stage, recorded_ms: float | None) -> Comparison | None:

@@ -77,7 +77,7 @@ def write_config(
         "mqtt": {"host": "127.0.0.1", "port": port, "reconnect_min_s": 0.2, "reconnect_max_s": 1.0, **mqtt},
         "registry": {"url": f"file://{registry}"},
         # Tests check the choice, not the speed: no minimum timing per candidate.
-        "backends": {"benchmark": benchmark, "min_time_s": 0.0},
+        "backends": {"benchmark": benchmark, "min_time_s": 0.0, "rounds": 3, "turn_s": 0.05},
         "pipelines": pipelines,
     }
     path = tmp_path / "agent.yaml"

@@ -46,6 +46,8 @@ def policy_for(
         min_time_s=agent.min_time_s,
         budget_s=agent.budget_s,
         timeout_s=agent.timeout_s,
+        rounds=agent.rounds,
+        turn_s=agent.turn_s,
         rtol=agent.rtol,
         atol=agent.atol,
         max_mismatch=agent.max_mismatch,

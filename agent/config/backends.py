@@ -111,6 +111,15 @@ class SelectionConfig(BackendChoiceConfig):
     timeout_s: float = Field(
         180.0, gt=0, description="A candidate that takes longer (load+runs) is rejected."
     )
+    rounds: int = Field(
+        5,
+        ge=0,
+        le=100,
+        description="The correct candidates that compete on speed are timed again side by side in this "
+        "many interleaved rounds (A B, B A, ...): a busy moment costs one turn, not the choice. 0: each "
+        "candidate's own trial figures.",
+    )
+    turn_s: float = Field(0.2, gt=0, le=60, description="How long each candidate runs in one round's turn.")
     sample_timeout_s: float = Field(15.0, gt=0, description="How long to wait for a sample from the source.")
     prove_in_background: bool = Field(
         True,

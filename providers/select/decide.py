@@ -6,11 +6,14 @@ from __future__ import annotations
 import logging
 import statistics
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from providers.base import Backend, ModelArtifact
+from providers.cpu_load import CpuLoad
 from providers.registry import all_backends
+from providers.rounds import Rounds, Timer, time_in_rounds
 from providers.select.candidates import candidate_report, screen
 from providers.select.compare import compare_outputs, judged_by, reference_problem, what_would_pass
 from providers.select.policy import (
@@ -23,6 +26,7 @@ from providers.select.policy import (
     Samples,
     SelectionPolicy,
     as_samples,
+    serving_options,
     spare_core_variant,
 )
 from providers.select.reports import CandidateReport, Decision, NoBackendError
@@ -63,6 +67,7 @@ def decide(
     hardware: Mapping[str, str] | None = None,
     progress: Progress | None = None,
     judge: ReportJudge | None = None,
+    timer: Timer = time_in_rounds,
 ) -> Decision:
     """Choose a backend. With samples and benchmarking on, the top candidates are proven.
 
@@ -126,6 +131,7 @@ def decide(
             reports[i].reason = "not tried: no test input fits this artifact"
 
     results: dict[int, TrialResult] = {}
+    load = CpuLoad()  # the box's CPU use while the candidates are timed
 
     def run(i: int) -> None:
         backend, artifact = ranked[i]
@@ -204,7 +210,10 @@ def decide(
         if report.verdict == "untried" and report.backend in wrong_backends:
             report.verdict = "rejected"
             report.reason = "not tried: this backend computed wrong outputs on another artifact of this model"
-    best = _fastest(passed, ranked, reports)
+    pool = _competing(passed, ranked)
+    rounds = _time_side_by_side(pool, ranked, reports, inputs, sample_of, policy, timer, say)
+    cpu = rounds.cpu if rounds is not None and rounds.cpu is not None else load.use()
+    best = _fastest(pool, reports)
     reports[best].verdict = "chosen"
     backend, artifact = ranked[best]
     sample = sample_of[best] or 0
@@ -218,11 +227,14 @@ def decide(
         reference=reference_name,
         checked=reference is not None,
         inputs=inputs[sample].origin,
+        rounds=rounds.rounds if rounds is not None else 0,
+        cpu_busy_percent=round(cpu.busy_percent, 1),
+        cpu_others_percent=None if cpu.others_percent is None else round(cpu.others_percent, 1),
     )
 
 
-# Candidates this close to the fastest count as equally fast: one short trial each cannot tell them
-# apart on a busy box, so the better-ranked one is taken (fewer flip-flops between restarts).
+# Candidates this close to the fastest count as equally fast however steady their timings: a few
+# per cent is not worth a switch (fewer flip-flops between restarts).
 TIE_MARGIN = 0.05
 
 
@@ -248,19 +260,72 @@ def _take_spare_core(report: CandidateReport, result: TrialResult, policy: Selec
     report.median_ms, report.p90_ms = fewer, result.percentile(90, result.variant_ms)
 
 
-def _fastest(
-    passed: list[int], ranked: list[tuple[Backend, ModelArtifact]], reports: list[CandidateReport]
-) -> int:
-    """The fastest correct candidate: native formats first (a .tflite model goes to LiteRT when it
-    works), near-ties to the better rank."""
+def _competing(passed: list[int], ranked: list[tuple[Backend, ModelArtifact]]) -> list[int]:
+    """The correct candidates that compete on speed: native formats first (a .tflite model goes to
+    LiteRT when it works; OpenVINO reading it competes only where no native one is correct)."""
 
     def foreign(i: int) -> bool:
         return not ranked[i][0].is_native(ranked[i][1].format)
 
     tier = min(foreign(i) for i in passed)
-    pool = [i for i in passed if foreign(i) == tier]
-    fastest = min(reports[i].median_ms or float("inf") for i in pool)
-    return min(i for i in pool if (reports[i].median_ms or float("inf")) <= fastest * (1 + TIE_MARGIN))
+    return [i for i in passed if foreign(i) == tier]
+
+
+def _time_side_by_side(
+    pool: list[int],
+    ranked: list[tuple[Backend, ModelArtifact]],
+    reports: list[CandidateReport],
+    inputs: list[Sample],
+    sample_of: list[int | None],
+    policy: SelectionPolicy,
+    timer: Timer,
+    say: Progress,
+) -> Rounds | None:
+    """Time the competing candidates again, side by side in interleaved rounds (providers/rounds.py),
+    as they would serve (the threads their trial chose): their medians and spreads replace the
+    trials' figures, timed one after another. None where fewer than two compete (or rounds are off).
+    A candidate that fails there keeps its trial's figures, and the reason is logged."""
+    if len(pool) < 2 or policy.rounds < 1:
+        return None
+    requests = [
+        replace(
+            trial_request(ranked[i][0].name, ranked[i][1], inputs[sample_of[i] or 0], policy),
+            options=serving_options(policy, reports[i]),
+            variant=None,
+        )
+        for i in pool
+    ]
+    say(f"timing {len(pool)} correct candidates side by side in {policy.rounds} rounds")
+    rounds = timer(requests, policy.rounds, policy.turn_s, policy.timeout_s)
+    for i, result in zip(pool, rounds.results, strict=True):
+        if not result.ok or result.median_ms is None:
+            log.warning(
+                "%s: not timed side by side (its trial's figures count): %s", result.backend, result.error
+            )
+            continue
+        report = reports[i]
+        report.median_ms, report.p90_ms, report.spread_ms = (
+            result.median_ms,
+            result.percentile(90),
+            result.spread_ms,
+        )
+    return rounds
+
+
+def _fastest(pool: list[int], reports: list[CandidateReport]) -> int:
+    """The fastest of the competing candidates; one slower by no more than the two spreads together
+    (or TIE_MARGIN) counts as equally fast, and of those the better ranked wins."""
+    fastest = min(pool, key=lambda i: reports[i].median_ms or float("inf"))
+    best = reports[fastest]
+
+    def as_fast(i: int) -> bool:
+        report = reports[i]
+        if report.median_ms is None or best.median_ms is None:
+            return i == fastest
+        margin = max(TIE_MARGIN * best.median_ms, (report.spread_ms or 0.0) + (best.spread_ms or 0.0))
+        return report.median_ms - best.median_ms <= margin
+
+    return min(i for i in pool if as_fast(i))
 
 
 def _reference(

@@ -55,6 +55,10 @@ class SelectionPolicy:
     max_mismatch: float = 0.001  # share of an output's values allowed outside the tolerance
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     spare_core: bool = True  # try CPU backends with one core fewer (spare_core_variant)
+    # The correct candidates that compete on speed are timed again side by side: this many rounds,
+    # a turn of this many seconds each (providers/rounds.py). 0 rounds: the trials' own figures.
+    rounds: int = 5
+    turn_s: float = 0.2
 
     def options_for(self, backend: str) -> dict[str, Any]:
         return dict(self.options.get(backend, {}))

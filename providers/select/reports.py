@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from providers.base import BackendError
+from providers.cpu_load import CpuUse
 
 
 @dataclass
@@ -30,6 +31,9 @@ class CandidateReport:
     # p90_ms are then those with `threads`). None: it runs on the runtime's default threads.
     threads: int | None = None
     default_threads_ms: float | None = None
+    # Timed side by side with the other correct candidates (providers/rounds.py): the interquartile
+    # range of its turns' medians (median_ms is then their median). None: timed alone in its trial.
+    spread_ms: float | None = None
 
 
 @dataclass
@@ -43,14 +47,22 @@ class Decision:
     checked: bool = False  # outputs compared with the reference on a real sample
     note: str = ""
     inputs: str = ""  # where the sample the chosen candidate was proven on came from
+    # How the speeds were measured: in how many interleaved rounds (0: each candidate alone in its
+    # trial), and how busy the box's CPU was meanwhile (all of it, and by other processes).
+    rounds: int = 0
+    cpu_busy_percent: float | None = None
+    cpu_others_percent: float | None = None
 
     def explain(self) -> str:
         head = f"chose {self.backend} for {self.artifact}"
         chosen = next((c for c in self.candidates if c.verdict == "chosen"), None)
         if chosen and chosen.median_ms is not None:
-            head += f" ({chosen.median_ms:.2f} ms median, {chosen.precision}{_spare_core(chosen)})"
+            speed = f"{chosen.median_ms:.2f} ms median{_spread(chosen)}"
+            head += f" ({speed}, {chosen.precision}{_spare_core(chosen)})"
         if self.reference and self.checked:
             head += f"; outputs checked against {self.proof()}"
+        if self.timing():
+            head += f"; {self.timing()}"
         if self.note:
             head += f"; {self.note}"
         # Candidates with the same verdict for the same reason share one entry: a fixed backend
@@ -69,6 +81,14 @@ class Decision:
             for (artifact, verdict), backends in others.items()
         ]
         return head + (f" (others: {'; '.join(entries)})" if entries else "")
+
+    def timing(self) -> str:
+        """How the speeds were measured: "timed side by side in 5 rounds while the box's CPU was 85 %
+        busy (5 % by other processes)"; "" where nothing was timed (or a decision from before)."""
+        if self.cpu_busy_percent is None:
+            return ""
+        how = f"timed side by side in {self.rounds} rounds" if self.rounds else "timed"
+        return f"{how} while {CpuUse(self.cpu_busy_percent, self.cpu_others_percent).describe()}"
 
     def proof(self) -> str:
         """What the outputs were checked against, and on which inputs."""
@@ -123,10 +143,14 @@ def _spare_core(report: CandidateReport) -> str:
     return f", {note}" if note else ""
 
 
+def _spread(report: CandidateReport) -> str:
+    return f" ±{report.spread_ms:.2g}" if report.spread_ms is not None else ""
+
+
 def _numbers(report: CandidateReport) -> str:
     parts = []
     if report.median_ms is not None:
-        parts.append(f"{report.median_ms:.2f} ms")
+        parts.append(f"{report.median_ms:.2f} ms{_spread(report)}")
     if report.precision:
         parts.append(report.precision + _spare_core(report))
     if report.max_abs_diff is not None:

@@ -21,7 +21,7 @@ def candidate_table(candidates: list[CandidateReport]) -> Table:
     from providers.select import spare_core_note
 
     unlock = any(c.unlock for c in candidates)
-    columns = ["backend", "artifact", "verdict", "median ms", "precision", "max diff", "reason"]
+    columns = ["backend", "artifact", "verdict", "median ms", "spread ms", "precision", "max diff", "reason"]
     table = Table(*columns, *(["would pass with"] if unlock else []))
     for c in candidates:
         row = [
@@ -29,6 +29,7 @@ def candidate_table(candidates: list[CandidateReport]) -> Table:
             c.artifact,
             c.verdict,
             num(c.median_ms),
+            num(c.spread_ms),
             c.precision or "",
             num(c.max_abs_diff, ".2g"),
             "; ".join(part for part in (c.reason, spare_core_note(c)) if part),
@@ -101,6 +102,8 @@ def print_explanation(records: list[dict[str, Any]]) -> None:
         if decision.reference:
             checked = "checked" if decision.checked else "not checked"
             console.print(f"  outputs {checked} against {decision.proof()}", markup=False)
+        if decision.timing():
+            console.print(f"  {decision.timing()}", markup=False)
         if decision.note:
             console.print(f"  note: {decision.note}", markup=False)
         if not decision.checked and not record.get("prospective"):
