@@ -68,7 +68,8 @@ class OutboxConfig(StrictModel):
         "drop-oldest",
         description="When full: drop the oldest results, drop the new one, or wait (the pipelines stop "
         "taking frames, so cameras drop frames, counted, and nothing stored is lost). Drops are counted "
-        "per pipeline.",
+        "per pipeline. While the broker is away the two drop policies keep 5% of each bound free, for "
+        "the results made just after it is back.",
     )
     durability: Literal["crash-safe", "power-loss-safe"] = Field(
         "crash-safe",

@@ -62,6 +62,9 @@ _PROBE_PRESSED_S = 0.05
 # CONNACK reason codes about who we are, not about the broker's health:
 # bad user name or password, not authorized, banned, bad authentication method.
 _AUTH_CONNACK_REFUSALS = {0x86, 0x87, 0x8A, 0x8C}
+# paho's keepalive clock (private, see _restart_keepalive_clock): last bytes in (2.2; 2.0-2.1:
+# _last_msg_in) and last packet out.
+_PAHO_TRAFFIC_CLOCKS = ("_last_bytes_received", "_last_msg_in", "_last_msg_out")
 STALL_S = 120.0  # a connection thread without progress this long stops the watchdog pings
 _STATUS_WAIT_S = 2.0  # how long stop() waits for the offline status to be acknowledged
 
@@ -167,6 +170,7 @@ class MqttConnection:
                 raise RuntimeError("MqttConnection.start() called twice")
             self._started = True
         self._set_will()
+        self._outbox.keep_reserve(True)  # no link yet
         self._paho_log.addFilter(self._not_shutdown_noise)
         cfg = self._config
         log.info("connecting to MQTT broker %s as %s (MQTT %s)", self._broker, self.client_id, cfg.protocol)
@@ -380,6 +384,22 @@ class MqttConnection:
         self._attempts += 1
         if self._attempts > 1 and not self._auth_backoff:
             self._wait_for_broker(self._attempts)
+            self._restart_keepalive_clock()
+
+    def _restart_keepalive_clock(self) -> None:
+        """paho stamps its keepalive clock ("last traffic in and out") in reconnect(), *before* it calls
+        on_pre_connect; the wait above does not count as silence on a link (there is none), but paho's
+        keepalive check counts it: after a wait longer than keepalive_s (a long outage, probed by
+        _wait_for_broker) it closed the new socket before the CONNACK could arrive ("Keep alive
+        timeout"), and the next attempt came a reconnect delay (reconnect_min_s) later. The clock
+        starts again here, when the connect really begins. (Private attributes: paho 2.2 names the
+        inbound one _last_bytes_received, 2.0-2.1 _last_msg_in; tests/test_long_outage.py checks.)"""
+        client = self._client
+        now = getattr(mqtt, "time_func", time.monotonic)()  # paho's own clock
+        with client._msgtime_mutex:
+            for name in _PAHO_TRAFFIC_CLOCKS:
+                if hasattr(client, name):
+                    setattr(client, name, now)
 
     def _wait_for_broker(self, attempt: int) -> None:
         """Back off before reconnect attempt `attempt` (exponential from reconnect_min_s to
@@ -429,6 +449,9 @@ class MqttConnection:
                 return
             if self._stopping.is_set():
                 return  # a reconnect racing stop(): don't undo the offline status with a birth
+            # The room kept free while the link was down is for the results made from now on, while
+            # the first drain's PUBACKs are on their way (outbox.RESERVE_SHARE).
+            self._outbox.keep_reserve(False)
             # paho would resend what was in flight on the old link; the outbox resends it instead,
             # so there is one copy per row and the PUBACK bookkeeping stays in one place. This runs
             # before `connected` turns true so no new outbox publish can be dropped with them.
@@ -507,6 +530,7 @@ class MqttConnection:
     ) -> None:
         closed_early, why = False, ""
         try:
+            self._outbox.keep_reserve(True)
             with self._lock:
                 was_connected = self._connected
                 self._connected = False

@@ -17,7 +17,9 @@ weeks does not fill its disk. What happens when it is full is a policy (`when_fu
 `drop-oldest` (the default: the newest results matter most), `drop-newest` (the new result is
 refused), or `wait` (the writer blocks until the broker takes some: the pipeline stops taking
 frames, so its camera drops them and counts them, and nothing already stored is lost). Every drop
-is counted per stream (the pipeline), persistently, and logged with the running total.
+is counted per stream (the pipeline), persistently, and logged with the running total. While the
+broker is away (the connection says so: `keep_reserve`), the two drop policies apply RESERVE_SHARE
+below each bound, so the results made just after it is back find room (see RESERVE_SHARE).
 
 A result's sequence number is taken in the same transaction that stores it (`put_numbered`): a
 number is never handed out for a result that was not stored, so a gap in a pipeline's `seq`
@@ -76,6 +78,15 @@ _IDS_PER_STATEMENT = 500
 # Warn about drops at most this often: a full outbox drops on every put.
 _DROP_WARN_INTERVAL_S = 60.0
 
+# While the link is down, drop-oldest and drop-newest keep this share of each bound free. After a
+# reconnect the first room a drain can free comes a publish/PUBACK round trip (and a delete) later,
+# however fast the drain: a result made in that gap (a few ms, more on a busy box) met a full outbox
+# and was dropped with the link already back. The reserve holds those results instead; the policy
+# drops that much more of what the outage made (drop-oldest: the same oldest rows it would have
+# dropped after the reconnect, then often rows already in flight, whose PUBACK freed nothing).
+# `wait` drops nothing, so it keeps no reserve.
+RESERVE_SHARE = 0.05
+
 
 @dataclass(frozen=True)
 class OutboxMessage:
@@ -129,6 +140,7 @@ class Outbox:
         self._group_started: float | None = None  # monotonic: when the open group transaction began
         self._committed_upto = 0  # power-loss-safe: the highest row id committed (peek shows no later)
         self._room = threading.Condition()  # `wait`: writers wait here for an ack to make room
+        self._reserving = False  # keep_reserve: the link is down
         # Queued longer than this, the oldest results are a backlog (an outage, not a burst): see peek.
         self.backlog_age_s = 10.0
         self._busy_timeout_s = busy_timeout_s  # waiting for another process (e.g. the CLI) holding the file
@@ -339,9 +351,15 @@ class Outbox:
         assert row_id is not None
         return row_id, seq
 
-    def _full(self, adding: int) -> bool:
-        over_bytes = self.max_bytes is not None and self._bytes + adding > self.max_bytes
-        return self._count + 1 > self.max_messages or over_bytes
+    def _full(self, adding: int, reserve: bool | None = None) -> bool:
+        """Would `adding` bytes more pass a bound (less the reserve while it is kept, or if `reserve`)?"""
+        max_messages, max_bytes = self.max_messages, self.max_bytes
+        if (self._reserving if reserve is None else reserve) and self.when_full != "wait":
+            max_messages -= int(max_messages * RESERVE_SHARE)
+            if max_bytes is not None:
+                max_bytes -= int(max_bytes * RESERVE_SHARE)
+        over_bytes = max_bytes is not None and self._bytes + adding > max_bytes
+        return self._count + 1 > max_messages or over_bytes
 
     def _drop_oldest(self, size: int) -> dict[str, int]:
         """Drop the oldest messages until one of `size` bytes fits; the drops per stream. Caller holds
@@ -513,10 +531,18 @@ class Outbox:
                 self._room.notify_all()
         return removed
 
-    def has_room(self, size: int) -> bool:
-        """Would a message of `size` bytes fit without the `when_full` policy applying?"""
+    def keep_reserve(self, keep: bool) -> None:
+        """The connection's word: True while the link is down (drop-oldest and drop-newest then keep
+        RESERVE_SHARE of each bound free for the results made just after it is back), False from the
+        CONNACK on."""
         with self._lock:
-            return not self._full(size)
+            self._reserving = keep
+
+    def has_room(self, size: int, spare_reserve: bool = False) -> bool:
+        """Would a message of `size` bytes fit without the `when_full` policy applying? With
+        `spare_reserve`, also leaving the reserve (RESERVE_SHARE) free, link or no link."""
+        with self._lock:
+            return not self._full(size, True if spare_reserve else None)
 
     def pending(self) -> int:
         with self._lock:

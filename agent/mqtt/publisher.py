@@ -355,8 +355,9 @@ class OutboxPublisher:
         )
         for queued, message in enumerate(again):
             # Only what fits: a resend must not push out newer results, nor wait for room (this runs
-            # on the thread that takes the acks that make room).
-            if not self._outbox.has_room(len(message.payload)):
+            # on the thread that takes the acks that make room), nor take the room a full outbox kept
+            # free for the results made just after the reconnect (outbox.RESERVE_SHARE).
+            if not self._outbox.has_room(len(message.payload), spare_reserve=True):
                 log.warning(
                     "the outbox is full: %d of those result(s) are not sent again", len(again) - queued
                 )
