@@ -75,7 +75,7 @@ class Pipeline:
         self.stages = StageSwap(self.name, self._plan_of(first), self._plan_of)
         # During a health window: the previous stage beside the current one (agent/side_by_side.py).
         self.side_by_side: SideBySide | None = None
-        self._beside: tuple[SideBySide, np.ndarray, bool, float] | None = None
+        self._beside: tuple[SideBySide, np.ndarray, bool] | None = None
         self.last_frame: Frame | None = None  # the newest frame the model ran on: a sample for a new stage
         # One place between prepare and infer keeps the frame the model gets recent; two after infer
         # let a slow outbox write overlap the next run without queueing results in memory.
@@ -237,7 +237,7 @@ class Pipeline:
                 if job is not None and self._infer(job) and not self._hand_over(self._inferred, job, report):
                     return
                 beside, self._beside = self._beside, None
-                if beside is not None:  # the previous version on the same frame, its result already gone
+                if beside is not None:  # both versions again on the same frame, its result already gone
                     beside[0].run(*beside[1:])
         finally:
             self._hand_over(self._inferred, _END, report)
@@ -263,7 +263,7 @@ class Pipeline:
         self.stats.ran(stage, inference_ms)
         side = self.side_by_side
         if side is not None and side.new is stage and record.pixels is not None and side.wants():
-            self._beside = (side, record.pixels, record.gap, inference_ms)  # run once the frame went on
+            self._beside = (side, record.pixels, record.gap)  # run once the frame went on
         if not plan.keeps_pixels:  # up to three frames wait for the report: their memory goes back now
             record.pixels = None
         return True

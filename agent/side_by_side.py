@@ -2,10 +2,24 @@
 
 A speed is only comparable with a speed measured in the same seconds: a figure recorded minutes ago
 on a quiet box says nothing about a new version measured while a neighbour compiles. While the new
-stage is on probation the previous one is still loaded (it is kept for the rollback), so the
-pipeline's inference thread runs it on one live frame in `SHARE`, right after the new model's own run
-on that frame and after the frame went on to its result (results never wait for it). The verdict
-compares the medians of these pairs.
+stage is on probation the previous one is still loaded (it is kept for the rollback), so on one live
+frame in `SHARE` the pipeline's inference thread runs both versions on it, after the frame went on to
+its result (results never wait for them): each version twice in a row, the order alternating from one
+frame to the next (old old new new, new new old old), and the faster run of each counts. The verdict
+goes by the median of these pairs' ratios (a pair's runs share a moment's load).
+
+Why twice, and the faster: a run straight after another run of the same model finds the runtime's
+worker threads awake and its own weights in the caches. Timed right after the other version's run (or
+after the wait for a frame) it pays for waking the threads or for the other model's weights in the
+caches, and by how much depends on the order: the same model read 1.1-2.4x slower than itself, and a
+6x slower one from 2.7x to 11x, when each version's only run on the frame counted. On a busy box the
+faster of two runs is also the one a neighbour took less from.
+
+Where both runtimes keep a timer of their own (OpenVINO's, `Session.compute_ms`) the pairs are its
+figures: the wall time from Python adds what is not the model's (the call, the output copies, the
+wait for the GIL after the runtime returns while another of the daemon's threads runs Python), the
+same for both versions, and added to both it made a ~6x slower model read 2-3x on an idle box (once
+in ten runs of tests/test_fleet_speed_judgement.py).
 """
 
 from __future__ import annotations
@@ -24,21 +38,27 @@ from agent.stage import Stage
 
 log = logging.getLogger(__name__)
 
-SHARE = 4  # one live frame in this many also runs the previous version: at most 1/SHARE more runs
+SHARE = 10  # one live frame in this many runs both versions: at most 4/SHARE more runs (40 %)
+RUNS_EACH = 2  # runs of each version in a row on that frame; the fastest counts
 MIN_PAIRS = 5  # fewer pairs than this tell a slower model from a busy moment no better than chance
 _PAIRS_KEPT = 200
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """Two medians and how they were measured (said in a verdict's reason)."""
+    """Two medians, the ratio the verdict goes by, and how they were measured (said in its reason)."""
 
     new_ms: float
     old_ms: float
     how: str
+    # Side by side: the median of each pair's ratio (a pair's two runs share a moment's load; a
+    # busy moment moves both). None: the ratio of the medians.
+    paired_ratio: float | None = None
 
     @property
     def ratio(self) -> float:
+        if self.paired_ratio is not None:
+            return self.paired_ratio
         return self.new_ms / self.old_ms if self.old_ms > 0 else float("inf")
 
 
@@ -48,33 +68,56 @@ class SideBySide:
     def __init__(self, previous: Stage, new: Stage, share: int = SHARE) -> None:
         self.previous, self.new = previous, new  # (pairs are made while `new` serves)
         self.share = share
-        session = previous.model.session
-        # Its own feeder: the previous stage's state (audio context, recurrent links) stays untouched.
-        self._feeder = build_feeder(previous.config, session.inputs, session.outputs)
+        # Feeders of their own: the stages' state (audio context, recurrent links) stays untouched.
+        self._feeders = {
+            stage: build_feeder(stage.config, stage.model.session.inputs, stage.model.session.outputs)
+            for stage in (previous, new)
+        }
         self._frames = 0
         self._pairs: collections.deque[tuple[float, float]] = collections.deque(maxlen=_PAIRS_KEPT)
         self._lock = threading.Lock()
         self.failed: str | None = None  # why the previous stage cannot run beside the new one
+        self._own_timer = False  # the pairs are the runtimes' own timings (see `run`)
 
     def wants(self) -> bool:
-        """Whether this frame also runs the previous version (one in `share`)."""
+        """Whether this frame runs both versions again (one in `share`)."""
         self._frames += 1
         return self.failed is None and self._frames % self.share == 0
 
-    def run(self, pixels: np.ndarray, gap: bool, new_ms: float) -> None:
-        """The previous version on the frame the new one just ran on in `new_ms`."""
-        try:
-            feeds, _ = self._feeder.feeds(pixels, gap)
-            t0 = time.perf_counter()
-            outputs = self.previous.model.session.run(feeds)
-            old_ms = (time.perf_counter() - t0) * 1000
-            self._feeder.seen(outputs)
-        except Exception as exc:  # freed, another input shape: the verdict falls back, and says so
-            self.failed = f"{type(exc).__name__}: {exc}"
-            log.warning("cannot run %s beside the new version: %s", self.previous.ref, self.failed)
-            return
+    def run(self, pixels: np.ndarray, gap: bool) -> None:
+        """Both versions on the frame the new one just served, each RUNS_EACH times in a row (the
+        order alternates from one frame to the next): the fastest run of each counts."""
+        order = (self.previous, self.new) if self._frames // self.share % 2 else (self.new, self.previous)
+        took: dict[Stage, tuple[float, float | None]] = {}  # (wall ms, the runtime's own ms or None)
+        for stage in order:
+            try:
+                took[stage] = min(
+                    (self._time(stage, pixels, gap) for _ in range(RUNS_EACH)),
+                    key=lambda timed: timed[1] if timed[1] is not None else timed[0],
+                )
+            except Exception as exc:  # freed, another input shape: the verdict falls back, and says so
+                if stage is self.new:  # (its own runs count its failures)
+                    log.debug("%s failed beside the previous version: %s", stage.ref, exc)
+                    return
+                self.failed = f"{type(exc).__name__}: {exc}"
+                log.warning("cannot run %s beside the new version: %s", self.previous.ref, self.failed)
+                return
+        (new_wall, new_own), (old_wall, old_own) = took[self.new], took[self.previous]
+        pair = (new_own, old_own) if new_own is not None and old_own is not None else (new_wall, old_wall)
         with self._lock:
-            self._pairs.append((new_ms, old_ms))
+            self._pairs.append(pair)
+            self._own_timer = new_own is not None and old_own is not None
+
+    def _time(self, stage: Stage, pixels: np.ndarray, gap: bool) -> tuple[float, float | None]:
+        """One run of `stage`'s model on the frame: (wall ms, the runtime's own timer's ms or None)."""
+        feeder = self._feeders[stage]
+        feeds, _ = feeder.feeds(pixels, gap)
+        session = stage.model.session
+        t0 = time.perf_counter()
+        outputs = session.run(feeds)
+        took = (time.perf_counter() - t0) * 1000
+        feeder.seen(outputs)
+        return took, session.compute_ms
 
     def restart(self) -> None:
         """Forget the pairs so far (a second measurement after a pause)."""
@@ -87,14 +130,16 @@ class SideBySide:
             return len(self._pairs)
 
     def comparison(self) -> Comparison | None:
-        """The medians of the pairs (None: fewer than MIN_PAIRS)."""
+        """The medians of the pairs and of their ratios (None: fewer than MIN_PAIRS)."""
         with self._lock:
             pairs = list(self._pairs)
         if len(pairs) < MIN_PAIRS:
             return None
         new = statistics.median(p[0] for p in pairs)
         old = statistics.median(p[1] for p in pairs)
-        return Comparison(new, old, f"side by side on {len(pairs)} live frames")
+        ratio = statistics.median(p[0] / p[1] if p[1] > 0 else float("inf") for p in pairs)
+        timer = ", the runtime's own timer" if self._own_timer else ""
+        return Comparison(new, old, f"side by side on {len(pairs)} live frames{timer}", ratio)
 
 
 def compare(side: SideBySide | None, stage: Stage, recorded_ms: float | None) -> Comparison | None:

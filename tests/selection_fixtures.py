@@ -21,7 +21,8 @@ from tests.media_fixtures import CLS_PREPROCESS, demo_video_module
 ORT_CPU = "onnxruntime/CPUExecutionProvider"
 CLS_OUTPUT = "save_infer_model/scale_0.tmp_1"  # the cls model's one output: [batch, 2] probabilities
 # Small benchmarks: each trial is a fresh Python process (~1 s); the numbers only have to exist.
-QUICK = {"runs": 3, "warmup": 1, "min_time_s": 0.0, "budget_s": 1.0, "timeout_s": 60.0, "rounds": 3, "turn_s": 0.02}
+QUICK = {"runs": 3, "warmup": 1, "min_time_s": 0.0, "budget_s": 1.0, "timeout_s": 60.0,
+         "rounds": 3, "turn_s": 0.02}  # fmt: skip
 
 
 def artifact_of(path: Path, fmt: str = "onnx", name: str = "") -> ModelArtifact:

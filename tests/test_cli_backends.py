@@ -212,10 +212,17 @@ def test_bench_times_every_backend_that_can_run_the_model(cls_model_path: Path) 
         assert 0 < rows[name]["compute_p50_ms"] <= rows[name]["p50_ms"], rows[name]
     assert "compute_p50_ms" not in rows["onnxruntime/CPUExecutionProvider"]  # it keeps none
     assert report["inputs"] == "random inputs (x 1x3x224x224)"  # open dims: batch 1, others 224
+    # Then all of them again side by side, in interleaved rounds: a median and a spread each.
+    assert report["rounds"] == 5 and 0 < report["cpu"]["busy_percent"] <= 100, report
+    assert 0 <= report["cpu"]["others_percent"] <= report["cpu"]["busy_percent"], report
+    for row in rows.values():
+        assert row["side_by_side_ms"] > 0 and row["spread_ms"] >= 0, row
 
     only = cli_json("bench", str(cls_model_path), "--backend", "openvino/CPU", "--runs", "3", "--warmup", "1")
     assert [row["backend"] for row in only["results"]] == ["openvino/CPU"]
     check_timings(only["results"][0], 3)
+    assert only["rounds"] == 0 and only["cpu"] is None  # one backend: nothing to time it beside
+    assert "side_by_side_ms" not in only["results"][0]
 
     out = cli("bench", str(cls_model_path), "--backend", "nope", expect=1)
     assert "error: unknown backend 'nope'" in out and "hint: edge-agent providers lists them" in out

@@ -87,7 +87,7 @@ def test_a_version_as_fast_as_the_last_passes_on_a_busy_box(
         swapped(pipeline, loaded(cls_model_path, "3.0"))  # the same model: the same speed
         burn(burning)  # every core busy from the start of the window
         assert watch(pipeline, HEALTH, threading.Event()) is None
-        # The previous version ran beside it (one frame in four), and only during the window.
+        # Both versions ran again side by side (one frame in five), and only during the window.
         assert pipeline.side_by_side is None and pipeline.stages.previous is not None
     finally:
         pipeline.stop(timeout=30)

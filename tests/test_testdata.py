@@ -418,7 +418,8 @@ def test_expected_outputs_are_the_reference(
         assert_judged_on_its_numbers(candidate, policy)
     text = decision.explain()
     assert decision.proof() == "the expected outputs in test data inputs.npz"  # names its inputs once
-    assert "; outputs checked against the expected outputs in test data inputs.npz; timed side by side" in text
+    checked = "; outputs checked against the expected outputs in test data inputs.npz; timed side by side"
+    assert checked in text, text
 
 
 def test_wrong_expected_outputs_reject_every_candidate(

@@ -4,6 +4,7 @@ model runs and why, and how fast each backend runs a model."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -60,6 +61,14 @@ def bench(
     backend: Annotated[str, typer.Option("--backend", help="A backend name, or 'all'.")] = "all",
     runs: Annotated[int, typer.Option("--runs", min=1, help="Timed runs per backend.")] = 100,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs first.")] = 10,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            "--rounds",
+            min=0,
+            help="Then time every backend again side by side in this many interleaved rounds (0: not).",
+        ),
+    ] = 5,
     shape: Annotated[
         list[str] | None,
         typer.Option(
@@ -79,7 +88,8 @@ def bench(
     state_dir: StateDirOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Latency (p50/p90/p99), throughput and peak memory of MODEL per backend, each in its own process.
+    """Latency (p50/p90/p99), throughput and peak memory of MODEL per backend, each in its own process;
+    then every backend again side by side in interleaved rounds (the figures to compare on a busy box).
 
     Inputs: --inputs, else the model's own test data (when its manifest has some), else random
     inputs of the size a pipeline feeds it (--pipeline, else the config's first pipeline on MODEL,
@@ -126,17 +136,20 @@ def bench(
             if choice is not None:
                 artifacts = choice.artifacts
             if as_json:
-                rows = run_bench(artifacts, feeds, backends, runs, warmup)
+                rows, cpu = run_bench(artifacts, feeds, backends, runs, warmup, rounds=rounds)
             else:
                 with bench_progress() as progress:
-                    rows = run_bench(artifacts, feeds, backends, runs, warmup, progress=progress)
+                    rows, cpu = run_bench(
+                        artifacts, feeds, backends, runs, warmup, progress=progress, rounds=rounds
+                    )
     serving = (choice.backend, choice.artifact) if choice is not None else None
     for row in rows:
         row["selected"] = (row["backend"], row["artifact"]) == serving
     if as_json:
         summary = choice.summary() if choice is not None else None
         echo_json(
-            {"model": ref, "runs": runs, "warmup": warmup, "inputs": fed, "choice": summary, "results": rows}
-        )
+            {"model": ref, "runs": runs, "warmup": warmup, "inputs": fed, "choice": summary, "results": rows,
+             "rounds": rounds if cpu is not None else 0, "cpu": None if cpu is None else asdict(cpu)}
+        )  # fmt: skip
         return
-    print_bench(ref, runs, warmup, fed, rows)
+    print_bench(ref, runs, warmup, fed, rows, rounds if cpu is not None else 0, cpu)

@@ -20,6 +20,8 @@ from providers import (
     TrialResult,
     run_trial_isolated,
 )
+from providers.cpu_load import CpuUse
+from providers.rounds import time_in_rounds
 from providers.select import feeds_problem, reference_session
 
 OPEN_DIM_SIZE = 224  # an image side most vision models accept
@@ -114,9 +116,15 @@ def bench(
     warmup: int,
     timeout_s: float = 600.0,
     progress: Callable[[str], None] | None = None,
-) -> list[dict[str, Any]]:
-    """Time every (available backend x readable artifact) in its own process."""
-    rows = []
+    rounds: int = 5,
+    turn_s: float = 0.2,
+) -> tuple[list[dict[str, Any]], CpuUse | None]:
+    """Time every (available backend x readable artifact) in its own process, one after another
+    (load time, memory, the runtime's own timer); then, where two or more ran, all of them again side
+    by side in `rounds` interleaved rounds (providers/rounds.py): `side_by_side_ms` and `spread_ms`,
+    the figures to compare on a busy box. Returns the rows and the box's CPU use during the rounds
+    (None: no rounds)."""
+    rows, requests = [], []
     for backend in backends:
         if not backend.probe().available:
             continue
@@ -127,7 +135,20 @@ def bench(
                 progress(f"{backend.name} on {artifact.label}")
             request = TrialRequest(backend.name, artifact, feeds, {}, warmup=warmup, runs=runs, budget_s=3600)
             rows.append(_bench_row(run_trial_isolated(request, timeout_s), artifact))
-    return rows
+            requests.append(request)
+    timed = [(row, request) for row, request in zip(rows, requests, strict=True) if row["ok"]]
+    if len(timed) < 2 or rounds < 1:
+        return rows, None
+    if progress:
+        progress(f"{len(timed)} side by side, {rounds} rounds")
+    together = time_in_rounds([request for _, request in timed], rounds, turn_s, timeout_s)
+    for (row, _), result in zip(timed, together.results, strict=True):
+        if result.ok and result.median_ms is not None:
+            row["side_by_side_ms"] = round(result.median_ms, 3)
+            row["spread_ms"] = round(result.spread_ms or 0.0, 3)
+        else:
+            row["side_by_side_error"] = result.error
+    return rows, together.cpu
 
 
 def _bench_row(result: TrialResult, artifact: ModelArtifact) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from agent.cli.render import num
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from providers.cpu_load import CpuUse
     from providers.select import CandidateReport
 
 
@@ -121,10 +122,18 @@ def bench_progress() -> Iterator[Callable[[str], None]]:
         yield lambda what: progress.update(task, description=what)
 
 
-def print_bench(ref: str, runs: int, warmup: int, fed: str, rows: list[dict[str, Any]]) -> None:
+def print_bench(
+    ref: str, runs: int, warmup: int, fed: str, rows: list[dict[str, Any]], rounds: int, cpu: CpuUse | None
+) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    side_by_side = (
+        f"; side by side: the median of each one's turns in {rounds} interleaved rounds, ± their spread, "
+        f"while {cpu.describe()}"
+        if cpu is not None
+        else ""
+    )
     table = Table(
         "backend",
         "artifact",
@@ -133,17 +142,18 @@ def print_bench(ref: str, runs: int, warmup: int, fed: str, rows: list[dict[str,
         "p90 ms",
         "p99 ms",
         "runtime p50 ms",
+        "side by side ms",
         "per s",
         "peak MB",
         "",
         title=f"{ref}: {runs} runs after {warmup} warm-up, on {fed}",
-        caption="p50/p90/p99: wall time of each run from Python; runtime p50: the runtime's own timer "
-        "(OpenVINO's, as its benchmark_app reports), where it has one",
+        caption="p50/p90/p99: wall time of each run from Python, each backend timed alone; runtime p50: the "
+        "runtime's own timer (OpenVINO's, as its benchmark_app reports), where it has one" + side_by_side,
     )
     for row in rows:
         if not row["ok"]:
             table.add_row(
-                row["backend"], row["artifact"], "failed", "", "", "", "", "", "", row["error"][:60]
+                row["backend"], row["artifact"], "failed", "", "", "", "", "", "", "", row["error"][:60]
             )
             continue
         table.add_row(
@@ -154,8 +164,15 @@ def print_bench(ref: str, runs: int, warmup: int, fed: str, rows: list[dict[str,
             num(row["p90_ms"], ".3f"),
             num(row["p99_ms"], ".3f"),
             num(row.get("compute_p50_ms"), ".3f"),
+            _side_by_side(row),
             num(row["throughput_per_s"], ".1f"),
             num(row["peak_rss_mb"], ".0f"),
             "selected" if row["selected"] else "",
         )
     Console().print(table)
+
+
+def _side_by_side(row: dict[str, Any]) -> str:
+    if "side_by_side_ms" not in row:
+        return "failed" if row.get("side_by_side_error") else ""
+    return f"{row['side_by_side_ms']:.3f} ±{row['spread_ms']:.2g}"
