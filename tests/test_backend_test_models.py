@@ -32,7 +32,7 @@ from providers.select import SelectionPolicy
 
 DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
 SUITES = ("simple", "pytorch-converted", "pytorch-operator")
-QUICK = SelectionPolicy(warmup=1, runs=1, min_time_s=0.0, budget_s=5.0, max_trials=99)
+QUICK = SelectionPolicy(warmup=1, runs=1, min_time_s=0.0, budget_s=5.0, max_trials=99, rounds=0)  # right
 
 
 def _model_dirs() -> list[Path]:
