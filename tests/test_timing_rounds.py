@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from providers import TrialRequest, TrialResult
-from providers.rounds import AroundTurn, Rounds, RoundsResult, Timer, time_in_rounds
+from providers.rounds import Rounds, RoundsResult, Timer, time_in_rounds
 from providers.select import SelectionPolicy, decide
 from providers.trial import run_trial
 from tests.selection_fixtures import ORT_CPU, QUICK, artifact_of, report_of
@@ -50,7 +50,9 @@ def neighbour_takes_the_cpu(pid: int, on_s: float = 0.00025, off_s: float = 0.00
             os.kill(pid, signal.SIGCONT)
 
 
-def spike_during(backend: str, in_round: int) -> AroundTurn:
+def spike_during(backend: str, in_round: int) -> Timer:
+    """Rounds timed for real, with the spike on `backend`'s turn in round `in_round`."""
+
     def around(round_: int, name: str, pid: int) -> contextlib.AbstractContextManager[object]:
         return (
             neighbour_takes_the_cpu(pid)
@@ -58,7 +60,7 @@ def spike_during(backend: str, in_round: int) -> AroundTurn:
             else contextlib.nullcontext()
         )
 
-    return around
+    return functools.partial(time_in_rounds, around_turn=around)
 
 
 def requests_for(model: Path, sample: dict[str, np.ndarray], *backends: str) -> list[TrialRequest]:
@@ -169,20 +171,10 @@ def test_a_load_spike_during_one_candidates_turn_does_not_change_the_choice(
     assert quiet.rounds == 5 and quiet.cpu_busy_percent is not None
     assert "timed side by side in 5 rounds while the box's CPU was" in quiet.explain()
 
-    spiked = decide(
-        [artifact],
-        policy,
-        cls_sample,
-        timer=functools.partial(time_in_rounds, around_turn=spike_during(winner, 2)),
-    )
+    spiked = decide([artifact], policy, cls_sample, timer=spike_during(winner, 2))
     assert spiked.backend == winner, spiked.explain()
 
     once = SelectionPolicy(**CPU_RUNTIMES, **{**QUICK, "rounds": 1, "turn_s": 0.1})  # type: ignore[arg-type]
-    timed_once = decide(
-        [artifact],
-        once,
-        cls_sample,
-        timer=functools.partial(time_in_rounds, around_turn=spike_during(winner, 0)),
-    )
+    timed_once = decide([artifact], once, cls_sample, timer=spike_during(winner, 0))
     assert timed_once.backend == other, timed_once.explain()
     assert (report_of(timed_once, winner).median_ms or 0) > 5 * (report_of(spiked, winner).median_ms or 0)
