@@ -4,16 +4,20 @@ A speed is only comparable with a speed measured in the same seconds: a figure r
 on a quiet box says nothing about a new version measured while a neighbour compiles. While the new
 stage is on probation the previous one is still loaded (it is kept for the rollback), so on one live
 frame in `SHARE` the pipeline's inference thread runs both versions on it, after the frame went on to
-its result (results never wait for them): each version twice in a row, the order alternating from one
-frame to the next (old old new new, new new old old), and the faster run of each counts. The verdict
-goes by the median of these pairs' ratios (a pair's runs share a moment's load).
+its result (results never wait for them): each version RUNS_EACH times in a row, the order alternating
+from one frame to the next (old old old new new new, then new new new old old old). The verdict goes by
+each version's fastest run in the window: new fastest / old fastest.
 
-Why twice, and the faster: a run straight after another run of the same model finds the runtime's
-worker threads awake and its own weights in the caches. Timed right after the other version's run (or
-after the wait for a frame) it pays for waking the threads or for the other model's weights in the
-caches, and by how much depends on the order: the same model read 1.1-2.4x slower than itself, and a
-6x slower one from 2.7x to 11x, when each version's only run on the frame counted. On a busy box the
-faster of two runs is also the one a neighbour took less from.
+Why the fastest: whatever else the box does can only add to a run's time, never take from it, and it
+adds about the same milliseconds to a short run as to a long one, so it moves the ratio of two
+typical runs towards 1 (a 0.7 ms model waits as long for a core another process holds as a 4 ms one).
+Three processes sharing two idle cores, each running a model 4-7x slower alone (3.6 ms against
+0.5-0.9) beside the previous one, read it 1.6-6.2x by the median of per-frame ratios over 15-frame
+windows (10 windows in 60 under 3x), 2.7-7.8x by the fastest runs (median 6.1x, 1 in 60 under 3x);
+with every core busy 5.1-6.9x by the fastest runs, and the same model against itself 0.7-1.3x.
+The fastest of three runs in a row on each frame: a run straight after another run of the same model
+finds the runtime's worker threads awake and its own weights in the caches (the first run after the
+other version's, or after the wait for a frame, read up to 3x slower on its own).
 
 Where both runtimes keep a timer of their own (OpenVINO's, `Session.compute_ms`) the pairs are its
 figures: the wall time from Python adds what is not the model's (the call, the output copies, the
@@ -26,7 +30,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -38,27 +41,24 @@ from agent.stage import Stage
 
 log = logging.getLogger(__name__)
 
-SHARE = 10  # one live frame in this many runs both versions: at most 4/SHARE more runs (40 %)
-RUNS_EACH = 2  # runs of each version in a row on that frame; the fastest counts
+SHARE = 10  # one live frame in this many runs both versions: at most 6/SHARE more runs (60 %)
+RUNS_EACH = 3  # runs of each version in a row on that frame (see the module's docstring)
 MIN_PAIRS = 5  # fewer pairs than this tell a slower model from a busy moment no better than chance
 _PAIRS_KEPT = 200
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """Two medians, the ratio the verdict goes by, and how they were measured (said in its reason)."""
+    """Two speeds, their ratio (the verdict goes by it), and how they were measured (said in its
+    reason): side by side the fastest runs, against a recorded figure the new version's median."""
 
     new_ms: float
     old_ms: float
     how: str
-    # Side by side: the median of each pair's ratio (a pair's two runs share a moment's load; a
-    # busy moment moves both). None: the ratio of the medians.
-    paired_ratio: float | None = None
+    statistic: str = "median"  # which of the new version's times `new_ms` is
 
     @property
     def ratio(self) -> float:
-        if self.paired_ratio is not None:
-            return self.paired_ratio
         return self.new_ms / self.old_ms if self.old_ms > 0 else float("inf")
 
 
@@ -86,7 +86,7 @@ class SideBySide:
 
     def run(self, pixels: np.ndarray, gap: bool) -> None:
         """Both versions on the frame the new one just served, each RUNS_EACH times in a row (the
-        order alternates from one frame to the next): the fastest run of each counts."""
+        order alternates from one frame to the next): the fastest run of each is kept."""
         order = (self.previous, self.new) if self._frames // self.share % 2 else (self.new, self.previous)
         took: dict[Stage, tuple[float, float | None]] = {}  # (wall ms, the runtime's own ms or None)
         for stage in order:
@@ -130,16 +130,14 @@ class SideBySide:
             return len(self._pairs)
 
     def comparison(self) -> Comparison | None:
-        """The medians of the pairs and of their ratios (None: fewer than MIN_PAIRS)."""
+        """Each version's fastest run over the pairs so far (None: fewer than MIN_PAIRS)."""
         with self._lock:
             pairs = list(self._pairs)
         if len(pairs) < MIN_PAIRS:
             return None
-        new = statistics.median(p[0] for p in pairs)
-        old = statistics.median(p[1] for p in pairs)
-        ratio = statistics.median(p[0] / p[1] if p[1] > 0 else float("inf") for p in pairs)
+        new, old = min(p[0] for p in pairs), min(p[1] for p in pairs)
         timer = ", the runtime's own timer" if self._own_timer else ""
-        return Comparison(new, old, f"side by side on {len(pairs)} live frames{timer}", ratio)
+        return Comparison(new, old, f"side by side on {len(pairs)} live frames{timer}", "fastest")
 
 
 def compare(side: SideBySide | None, stage: Stage, recorded_ms: float | None) -> Comparison | None:

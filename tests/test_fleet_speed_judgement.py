@@ -61,7 +61,7 @@ def fleet(
     video: tuple[Path, list[dict[str, Any]]],
 ) -> Iterator[AgentFleet]:
     registry = publish_fleet_versions(tmp_path / "registry", cls_model_path, monkeypatch)
-    slow = slowed(cls_model_path, tmp_path / "slow.onnx", size=512, products=6)
+    slow = slowed(cls_model_path, tmp_path / "slow.onnx", size=512, products=4)
     for version in (SLOW, SLOW_AGAIN):
         FileRegistry(registry).publish(slow, MODEL, version)
     body = pipeline_body(GOOD, video[0], FPS)
