@@ -27,7 +27,10 @@ class HealthWindowConfig(StrictModel):
         description="Most median inference time in the window (judged on 5 frames or more); None: no limit.",
     )
     max_latency_ratio: float = Field(
-        3.0, gt=1, description="Most new median inference time over the previous version's."
+        3.0,
+        gt=1,
+        description="Most new inference time over the previous version's: fastest runs side by side "
+        "(else the new median over the figure recorded before the swap).",
     )
     nan_is_failure: bool = Field(True, description="A frame whose outputs hold NaN or inf counts as failed.")
 
