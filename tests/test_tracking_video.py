@@ -31,14 +31,13 @@ tracks ended as `restarted`, no id used twice.
 
 from __future__ import annotations
 
-import itertools
 import json
 import signal
 import sqlite3
 import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -52,9 +51,14 @@ from agent.config import DetectionPostprocess, PreprocessConfig, ResizeConfig, T
 from agent.processing import Preprocessor, build_postprocessor
 from providers import ModelArtifact, get_backend
 from tests.agent_process import EDGE_AGENT, AgentProcess, StartAgent, read_status
-from tests.media_fixtures import astronaut_bgr, iou
+from tests.media_fixtures import SCRIPTS_DIR, iou
 from tests.mosquitto import Mosquitto, Subscriber
 from tests.waits import wait_until
+
+if str(SCRIPTS_DIR) not in sys.path:  # scripts/ is not a package
+    sys.path.insert(0, str(SCRIPTS_DIR))
+import make_tracking_video  # the walker clips' renderer and their geometric truth
+from make_tracking_video import Truth
 
 DEVICE = "track-cam"
 PIPELINE = "hall"
@@ -66,10 +70,6 @@ LABEL = "FACE_FEMALE"
 TRACK_DEFAULTS = TrackConfig()  # the pipelines' `track:` keeps the defaults (max_lost_s 1 s, ...)
 
 # --- the video and its ground truth ------------------------------------------------------------------
-
-FACE_IN_PHOTO = (173, 82, 274, 180)  # the astronaut's face in the 512x512 photo (MODELS.md)
-MARGIN = 20  # photo pixels kept around the face: some hair and helmet, so the detector sees a face
-SCALE = 1.2  # the face is ~121x118 px in the video: ~60 px at the model's 320 letterbox, score ~0.8
 
 # Each face's centre: (t seconds, x, y) key points, straight lines between them. A face is drawn
 # from its first key point's time until its last one's; a centre beyond the frame's edge is drawn cut
@@ -114,69 +114,17 @@ EXPECTED_TRACKS = {
 }
 
 
-def _photo_patch() -> tuple[np.ndarray, np.ndarray]:
-    """The face with its margin, scaled, and the face's box inside it (x1, y1, x2, y2)."""
-    x1, y1, x2, y2 = FACE_IN_PHOTO
-    crop = astronaut_bgr()[y1 - MARGIN : y2 + MARGIN, x1 - MARGIN : x2 + MARGIN]
-    patch = cv2.resize(crop, None, fx=SCALE, fy=SCALE, interpolation=cv2.INTER_AREA)
-    face = np.array([MARGIN, MARGIN, MARGIN + x2 - x1, MARGIN + y2 - y1], np.float64) * SCALE
-    return patch, face
+CLIP = make_tracking_video.Clip(WALKS, DURATION_S, WIDTH, HEIGHT, FPS)
 
 
 def background() -> np.ndarray:
-    """A plain, gently shaded background (the detector finds nothing in it: checked)."""
-    y, x = np.mgrid[0:HEIGHT, 0:WIDTH]
-    shade = np.stack([90 + 30 * x / WIDTH, 110 + 20 * y / HEIGHT, np.full(x.shape, 100.0)], axis=-1)
-    return shade.astype(np.uint8)
-
-
-def centre_at(walk: list[tuple[float, float, float]], t: float) -> tuple[float, float] | None:
-    times = [k[0] for k in walk]
-    if not times[0] <= t < times[-1]:
-        return None
-    return float(np.interp(t, times, [k[1] for k in walk])), float(np.interp(t, times, [k[2] for k in walk]))
-
-
-@dataclass(frozen=True)
-class Truth:
-    """Frame `index`'s faces: name -> the face's box in the frame, clipped to it (visible part)."""
-
-    index: int
-    faces: dict[str, tuple[float, float, float, float]]
-    whole: dict[str, bool]  # the face is wholly inside the frame
+    return make_tracking_video.background(WIDTH, HEIGHT)
 
 
 def render(path: Path) -> list[Truth]:
-    """Write the video (MJPG in AVI: every frame a JPEG, no inter-frame smearing) and return each
-    frame's ground truth."""
-    patch, face = _photo_patch()
-    ph, pw = patch.shape[:2]
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), FPS, (WIDTH, HEIGHT))
-    assert writer.isOpened(), f"OpenCV cannot write MJPG to {path}"
-    truth = []
-    try:
-        for index in range(round(DURATION_S * FPS)):
-            frame, faces, whole = background(), {}, {}
-            for name, walk in WALKS.items():
-                centre = centre_at(walk, index / FPS)
-                if centre is None:
-                    continue
-                x0, y0 = round(centre[0] - pw / 2), round(centre[1] - ph / 2)
-                xs, ys, xe, ye = max(0, x0), max(0, y0), min(WIDTH, x0 + pw), min(HEIGHT, y0 + ph)
-                if xe <= xs or ye <= ys:
-                    continue
-                frame[ys:ye, xs:xe] = patch[ys - y0 : ye - y0, xs - x0 : xe - x0]
-                box = face + np.array([x0, y0, x0, y0], np.float64)
-                clipped = np.clip(box, 0, [WIDTH, HEIGHT, WIDTH, HEIGHT])
-                if clipped[2] - clipped[0] > 0 and clipped[3] - clipped[1] > 0:
-                    x1, y1, x2, y2 = (float(v) for v in clipped)
-                    faces[name] = (x1, y1, x2, y2)
-                    whole[name] = bool((clipped == box).all())
-            writer.write(frame)
-            truth.append(Truth(index, faces, whole))
-    finally:
-        writer.release()
-    return truth
+    """Write the video (scripts/make_tracking_video.py: MJPG in AVI, the astronaut's face on each
+    walk) and return each frame's ground truth."""
+    return make_tracking_video.render(path, CLIP)
 
 
 def decoded_frames(path: Path) -> list[np.ndarray]:
@@ -208,36 +156,14 @@ def walking_faces(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[
 def ground_truth_tracks(truth: list[Truth]) -> dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]]:
     """What each face's anchor (its box's bottom centre, the part in the picture) did on each visit (a
     face out of the picture for a while comes back as another visit): the zones it was in, in order
-    of entering, and its gate crossings. Plain geometry: the zones are rectangles, the gate y = 0.5."""
-    paths: dict[str, list[list[tuple[float, float]]]] = {}
-    last_seen: dict[str, int] = {}
-    for t in truth:
-        for name, (x1, _, x2, y2) in t.faces.items():
-            visits = paths.setdefault(name, [])
-            if last_seen.get(name) != t.index - 1:
-                visits.append([])
-            visits[-1].append(((x1 + x2) / 2, y2))
-            last_seen[name] = t.index
-    rectangles = {}
-    for zone in ZONES:
-        xs, ys = [p[0] * WIDTH for p in zone["points"]], [p[1] * HEIGHT for p in zone["points"]]
-        rectangles[zone["name"]] = (min(xs), min(ys), max(xs), max(ys))
-    gate_y = GATE["points"][0][1] * HEIGHT
-    tracks = {}
-    for name, visits in paths.items():
-        for i, path in enumerate(visits):
-            entered: list[str] = []
-            for x, y in path:
-                for zone_name, (left, top, right, bottom) in rectangles.items():
-                    if left <= x <= right and top <= y <= bottom and zone_name not in entered:
-                        entered.append(zone_name)
-            crossings = tuple(
-                ("gate", "up" if y < y0 else "down")
-                for (_, y0), (_, y) in itertools.pairwise(path)
-                if (y0 - gate_y) * (y - gate_y) < 0
-            )
-            key = name if len(visits) == 1 else f"{name}, {('first', 'second')[i]} visit"
-            tracks[key] = (tuple(entered), crossings)
+    of entering, and its gate crossings. Plain geometry (make_tracking_video.visits): the zones are
+    rectangles, the gate a straight line."""
+    found = make_tracking_video.visits(truth, CLIP, ZONES, LINES)
+    visits_of, tracks = Counter(v.name for v in found), {}
+    for i, visit in enumerate(found):
+        nth = sum(v.name == visit.name for v in found[:i])  # its earlier visits
+        key = visit.name if visits_of[visit.name] == 1 else f"{visit.name}, {('first', 'second')[nth]} visit"
+        tracks[key] = (tuple(visit.entered), tuple(visit.crossings))
     return tracks
 
 
