@@ -2,8 +2,14 @@
 # The main job, for real: a real trained model (PP-OCR's text-direction classifier) published
 # to a local file registry, a real video rendered here, the agent run against a private
 # mosquitto, and what it publishes printed by a subscriber that checks it against the video.
+# `--tracking`: the tracking quick start instead (scripts/demo_tracking.sh: a shop's door counter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-}" in
+    --tracking) exec scripts/demo_tracking.sh ;;
+    "") ;;
+    *) echo "usage: scripts/demo.sh [--tracking]" >&2; exit 2 ;;
+esac
 source scripts/setup.sh
 
 WORK="$PWD/demo-work"
