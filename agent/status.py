@@ -504,6 +504,18 @@ class PipelineStatus:
         """The last failed frame, until a clean health window cleared it."""
         return None if self.run is None else self.run.counts.last_error
 
+    def problems(self) -> list[str]:
+        """What is wrong now, for people, the news first: while an older version serves, a change
+        that failed or was rolled back (after a reload or a fleet update: why the pipeline is not
+        what was asked for), then the serving version's own error (a missing video, failing frames),
+        which may date from before that change and so is said to be that version's."""
+        change, serving = self.change, self.running_model
+        if serving is not None and change.reason and change.phase in ("failed", "rolled-back"):
+            verb = "failed" if change.phase == "failed" else "rolled back"
+            found = [f"{change.desired_model or 'the new version'} {verb}: {change.reason}"]
+            return found + ([f"{serving}, still serving: {self.error}"] if self.error else [])
+        return [text for text in dict.fromkeys((self.error, change.reason)) if text]
+
     def with_dropped(self, dropped: int) -> PipelineStatus:
         return replace(self, results_dropped=dropped)
 

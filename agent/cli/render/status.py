@@ -9,6 +9,8 @@ from typing import Any
 from agent.status import PipelineStatus, statuses_of
 from agent.text import clip
 
+SHOWN_PROBLEMS = 5  # a refused reload's problems shown under the config line
+
 
 def console() -> Any:
     """A terminal's own width; piped (a script, a log), wide enough that rows are not folded."""
@@ -33,6 +35,7 @@ def render(data: dict[str, Any]) -> Any:
             f" up {_duration(data.get('uptime_s'))}",
         ),
         Text(f"config: {config.get('file') or '-'}" + _config_note(config)),
+        *_config_problems(config),
         Text.assemble(
             "broker: ",
             ("connected", "green") if mqtt.get("connected") else ("not connected", "red"),
@@ -67,9 +70,7 @@ def render(data: dict[str, Any]) -> Any:
             str(dropped),
             str(0 if run is None else run.counts.errors),
         )
-        problem = p.error or p.change.reason
-        if problem:
-            why_lines.append(Text(f"{name}: {problem}", style="yellow"))
+        why_lines += [Text(f"{name}: {problem}", style="yellow") for problem in p.problems()]
         if serving is not None and serving.backend_why:
             why_lines.append(Text(f"{name}: {clip(serving.backend_why, 160)}", style="dim"))
         if run is not None and isinstance(run.tracking, dict):
@@ -116,10 +117,33 @@ def _config_note(config: dict[str, Any]) -> str:
         notes.append(f"INVALID, running the last good config ({problems} problem(s))")
     last = config.get("last_reload") or {}
     if last:
-        notes.append(f"last reload {last.get('result')} at {last.get('at')}")
+        kept = ", the running config stays" if last.get("result") == "refused" else ""
+        notes.append(f"last reload {last.get('result')} at {last.get('at')}{kept}")
     if config.get("restart_needed"):
         notes.append(f"needs a restart for {', '.join(config['restart_needed'])}")
     return f" ({'; '.join(notes)})" if notes else ""
+
+
+def _config_problems(config: dict[str, Any]) -> list[Any]:
+    """Why the config file was not taken, each problem (`file:line: key: what`) on a line of its own
+    under the config line, not only that it was not: a refused reload's (the running config stays),
+    or the file's at start when the last good config runs instead."""
+    from rich.text import Text
+
+    last = config.get("last_reload") or {}
+    if last.get("result") == "refused":
+        problems, what = last.get("problems") or [], "refused"
+    elif config.get("running") == "last-good":
+        problems, what = config.get("problems") or [], "invalid"
+    else:
+        return []
+    lines = [Text(f"  {what}: {clip(str(p), 300)}", style="yellow") for p in problems[:SHOWN_PROBLEMS]]
+    if len(problems) > SHOWN_PROBLEMS:
+        more = len(problems) - SHOWN_PROBLEMS
+        lines.append(
+            Text(f"  ... and {more} more (edge-agent config validate {config.get('file') or 'FILE'})")
+        )
+    return lines
 
 
 def _fleet(fleet: dict[str, Any]) -> str:
