@@ -3,7 +3,8 @@ report thread, its snapshots taken from the frame's pixels, and its open tracks 
 
 The scene belongs to the pipeline, not to a stage: a swapped-in stage (a new model version, a changed
 zone from agent.yaml or the fleet) carries a new config, which the scene takes (`Scene.use`) keeping
-every track; a stage whose config has no tracking ends the open tracks (`tracking turned off`).
+every track and who is in each zone (an edge moved while a person waits is no exit and enter); a stage
+whose config has no tracking ends the open tracks (`tracking turned off`).
 """
 
 from __future__ import annotations

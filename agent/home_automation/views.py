@@ -22,12 +22,12 @@ DEVICE = "_device"
 
 @dataclass(frozen=True)
 class ZoneView:
-    """A zone's state topics: its count, and its dwell and overcrowding states where configured."""
+    """A zone's state topics: its count, and its dwell and overcrowding states where configured. Its
+    shape is not part of it: a moved edge changes no topic (the scene keeps who is in the zone)."""
 
     name: str
     dwell: bool  # dwell_s is set: state/<pipeline>/zone/<name>/dwelling
     crowd: bool  # max_objects is set: state/<pipeline>/zone/<name>/overcrowded
-    config: str  # the zone's whole config (JSON): a changed zone starts afresh in the scene
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,7 @@ class TrackingView:
         if track is None:
             return None
         zones = tuple(
-            ZoneView(z.name, z.dwell_s is not None, z.max_objects is not None, z.model_dump_json())
-            for z in config.zones
+            ZoneView(z.name, z.dwell_s is not None, z.max_objects is not None) for z in config.zones
         )
         lines = tuple(LineView(line.name, (line.in_, line.out)) for line in config.lines)
         return cls(zones, lines, track.snapshots.enabled)
@@ -302,20 +301,15 @@ class PipelineState:
 
     def carry(self, old: PipelineState) -> None:
         """After a config change, keep what `old` (this pipeline's state under its previous view) knew of
-        the scene, which the pipeline keeps: the tracks, unchanged zones (a changed zone starts afresh),
-        lines by name (a moved line keeps its counts) and the snapshots while they stay on."""
+        the scene, which the pipeline keeps: the tracks, zones by name (a changed zone keeps who is in
+        it), lines by name (a moved line keeps its counts) and the snapshots while they stay on; only
+        the values the new view still has."""
         new, before = self.view.tracking, old.view.tracking
         if new is None or before is None:
             return
-        unchanged = {z.name for z in before.zones if z in new.zones}
-        lines = {(line.name, d) for line in new.lines for d in line.directions}
+        kept = {entity.key for entity in tracking_entities(self.view.name, new)}
         for key, value in old.values.items():
-            if (
-                key == ("tracks",)
-                or (key[0] == "zone" and key[1] in unchanged)
-                or (key[0] == "line" and (key[1], key[2]) in lines)
-                or (key[0] == "snapshot" and new.snapshots)
-            ):
+            if key in kept or (key[0] == "snapshot" and new.snapshots):  # (snapshot/<label>: no entity)
                 self.values.setdefault(key, value)
 
     def expire(self, now: float) -> None:

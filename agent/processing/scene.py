@@ -2,7 +2,8 @@
 docs/results.md "Events"). Pure logic, no I/O: the pipeline feeds it each frame's boxes and hands
 the events it makes to the result sink, which writes them to the outbox.
 
-One `Scene` per pipeline, kept across stage swaps: a changed zone or line (`use`) keeps every track.
+One `Scene` per pipeline, kept across stage swaps: a changed zone or line (`use`) keeps every track,
+and a changed zone keeps who is in it (see `use`).
 Per frame (`step`):
 - the tracker (agent/processing/tracking.py) gives each box a track id, written into the box's
   entry as `track_id` (null while the track is tentative);
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -142,9 +143,13 @@ class Scene:
     # --- configuration ---------------------------------------------------------------------------
 
     def use(self, track: TrackConfig, zones: list[ZoneConfig], lines: list[LineConfig]) -> None:
-        """A changed pipeline's tracking, zones and lines, keeping every track. A zone or line whose
-        config is unchanged keeps its state; a changed one starts afresh (its objects are placed again
-        from the next frame); a removed one is forgotten, and its objects no longer list it."""
+        """A changed pipeline's tracking, zones and lines, keeping every track. A zone keeps who is in
+        it (with their entry times, dwell and crowding) when its config changes: an edge moved while a
+        person waits must not make them leave and enter again. From the next frame each object is
+        placed by the new shape and rules with the zone's usual inertia (`min_frames`), so one inside
+        both the old and the new shape stays in, and only those the change puts out or in get an
+        `exit` or `enter`. A removed zone is forgotten, and its objects no longer list it. A line
+        keeps its counts; a moved one starts its objects' paths afresh."""
         self.tracker.config = self.track = track
         self._zone_configs, self._line_configs = zones, lines
         if self._size is not None:
@@ -152,13 +157,18 @@ class Scene:
 
     def _shape(self, width: int, height: int) -> None:
         same_size = self._size == (width, height)
-        old_zones = {z.config.name: z for z in self._zones} if same_size else {}
+        old_zones = {z.config.name: z for z in self._zones}
         old_lines = {line.config.name: (i, line) for i, line in enumerate(self._lines)}
         self._zones = []
         for config in self._zone_configs:
             kept = old_zones.get(config.name)
-            if kept is None or kept.config != config:
+            if kept is None:
                 kept = _Zone(config, ZoneShape.from_config(config, width, height))
+            elif kept.config != config or not same_size:
+                # Who is in (or on the way in or out) stays: the next frames judge them by the new shape.
+                kept = replace(kept, config=config, shape=ZoneShape.from_config(config, width, height))
+                if config.dwell_s is None:
+                    kept.dwelt.clear()  # nobody dwells in a zone without dwell_s
             self._zones.append(kept)
         self._lines, moved_from = [], []
         for line_config in self._line_configs:
@@ -185,7 +195,7 @@ class Scene:
         for obj in self.objects.values():
             for name in list(obj.zones):
                 zone = names.get(name)
-                if zone is None or obj.id not in zone.members:  # removed, changed or re-sized
+                if zone is None or obj.id not in zone.members:  # removed
                     del obj.zones[name]
         for name_codes in (z.shape.labels for z in self._zones):
             for label in name_codes or ():
@@ -417,8 +427,8 @@ class Scene:
                     self._emit(
                         "dwell", now, zone=name, object={"id": track_id, "label": obj.label}, stayed_s=stayed
                     )
-        if config.max_objects is not None:
-            crowded = len(inside) > config.max_objects
+        if config.max_objects is not None or zone.overcrowded:  # (max_objects removed: it ends)
+            crowded = config.max_objects is not None and len(inside) > config.max_objects
             if crowded != zone.overcrowded:
                 zone.overcrowded = crowded
                 state = "start" if crowded else "end"
