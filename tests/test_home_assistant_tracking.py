@@ -160,6 +160,16 @@ def test_zones_lines_and_the_snapshot_fit_home_assistants_schema(tmp_path: Path)
             "binary_sensor", "dock zone loading-bay overcrowded", "zone/loading-bay/overcrowded"
         ),
         "dock__zone__office__count": ("sensor", "dock zone office count", "zone/office/count"),
+        "dock__zone__loading-bay__stayed_s": (
+            "sensor", "dock zone loading-bay last stay", "zone/loading-bay/stayed_s"
+        ),
+        "dock__zone__loading-bay__mean_stayed_s": (
+            "sensor", "dock zone loading-bay mean stay", "zone/loading-bay/mean_stayed_s"
+        ),
+        "dock__zone__office__stayed_s": ("sensor", "dock zone office last stay", "zone/office/stayed_s"),
+        "dock__zone__office__mean_stayed_s": (
+            "sensor", "dock zone office mean stay", "zone/office/mean_stayed_s"
+        ),
         "dock__line__gate__east": ("sensor", "dock line gate east", "line/gate/east"),
         "dock__line__gate__west": ("sensor", "dock line gate west", "line/gate/west"),
         "dock__snapshot": ("image", "dock snapshot", "snapshot"),
@@ -187,7 +197,7 @@ def test_zones_lines_and_the_snapshot_fit_home_assistants_schema(tmp_path: Path)
         cmps["dock__snapshot"]["content_type"] == "image/jpeg" and "state_topic" not in cmps["dock__snapshot"]
     )
     ids = unique_ids(payload)
-    assert len(ids) == len(set(ids)) == 13
+    assert len(ids) == len(set(ids)) == 17
     assert f"{STATE}/snapshot" in entity_topics(payload)["state"]
     # Without snapshots, no image; without tracking, none of it.
     plain = config_of(tmp_path, [tracker(snapshots=False, zones=[], lines=[GATE])])
@@ -255,7 +265,7 @@ def test_the_scene_drives_the_state_topics_on_change_only(tmp_path: Path) -> Non
             assert sent == [], i
             continue
         for topic, payload in sent:
-            published[topic].append(payload)
+            published.setdefault(topic, []).append(payload)
         kinds = " ".join(
             f"{e['type']}:{e.get('zone') or e.get('line') or e['object']['label']}" for e in events
         )
@@ -269,14 +279,20 @@ def test_the_scene_drives_the_state_topics_on_change_only(tmp_path: Path) -> Non
         ),
         (
             "exit:loading-bay overcrowded:loading-bay update:forklift",
-            [("zone/loading-bay/count", b"1"), ("zone/loading-bay/overcrowded", b"OFF")],
+            [
+                ("zone/loading-bay/count", b"1"), ("zone/loading-bay/mean_stayed_s", b"0.6"),
+                ("zone/loading-bay/overcrowded", b"OFF"), ("zone/loading-bay/stayed_s", b"0.6"),
+            ],
         ),
         ("cross:gate update:forklift", [("line/gate/east", b"1")]),
         (
             "exit:loading-bay end:person",
-            [("tracks", b"1"), ("zone/loading-bay/count", b"0"), ("zone/loading-bay/dwelling", b"OFF")],
+            [
+                ("tracks", b"1"), ("zone/loading-bay/count", b"0"), ("zone/loading-bay/dwelling", b"OFF"),
+                ("zone/loading-bay/mean_stayed_s", b"3.4"), ("zone/loading-bay/stayed_s", b"6.2"),
+            ],
         ),
-    ]
+    ]  # fmt: skip
     # On change only: no topic got the value it already had.
     for topic, payloads in published.items():
         assert all(a != b for a, b in itertools.pairwise(payloads)), (topic, payloads)
@@ -336,7 +352,9 @@ def test_a_reload_that_removes_a_zone_removes_its_entities_and_clears_its_state(
     assert short(sent[1:]) == [("zone/office/count", b"")]
     memory = json.loads((tmp_path / "state" / MEMORY_FILE).read_text())
     assert f"{STATE}/zone/office/count" not in memory["state_topics"]
-    assert memory["discovery"]["removed"] == {"dock__zone__office__count": "sensor"}
+    assert memory["discovery"]["removed"] == {
+        f"dock__zone__office__{key}": "sensor" for key in ("count", "stayed_s", "mean_stayed_s")
+    }
 
     # The loading bay's edge moves: the scene keeps who is in it, and Home Assistant sees no change
     # (no 2 -> 0 -> 2: issue 34).

@@ -14,13 +14,18 @@ under `<prefix>/<device>/state/<pipeline>/`, plain text, QoS 1, published only w
 
 and a tracking pipeline's (PipelineConfig.tracking: zones, lines or track; agent/processing/scene.py),
 from its scene's counts after each frame with events (`observe_scene`) and its snapshots
-(`observe_snapshot`); once the pipeline runs, they start at what a new scene has (0, OFF):
+(`observe_snapshot`); once the pipeline runs, they start at what a new scene has (0, OFF; the stays
+have a value from the zone's first exit on):
 
     tracks                   objects tracked now
     zone/<zone>/count        objects in the zone
+    zone/<zone>/count/<label>  of them, those of a label of the zone's `labels` filter
+    zone/<zone>/stayed_s     the last stay in the zone (an `exit` event's stayed_s), seconds
+    zone/<zone>/mean_stayed_s  the mean of its last STAYS_KEPT stays
     zone/<zone>/dwelling     ON while an object has been in it longer than its dwell_s (zones with one)
     zone/<zone>/overcrowded  ON while more than its max_objects are in it (zones with one)
     line/<line>/<direction>  crossings per direction name since the agent started
+    line/<line>/<direction>/<label>  of them, those of a label of the line's `labels` filter
     snapshot                 track.snapshots: the latest snapshot of any object (JPEG)
     snapshot/<label>         the latest snapshot of a `label` object (JPEG)
 
@@ -226,7 +231,8 @@ class HomeAutomation:
         self._states: dict[str, PipelineState] = {}
         # Results (output, pixels) before their view.
         self._pending: dict[str, tuple[Mapping[str, Any], np.ndarray | None]] = {}
-        self._pending_scenes: dict[str, Mapping[str, Any]] = {}  # scene summaries before their view
+        # Scene summaries (the latest) and events (all) before their view.
+        self._pending_scenes: dict[str, tuple[Mapping[str, Any], list[Mapping[str, Any]]]] = {}
         self._pending_snapshots: dict[str, dict[str, bytes]] = {}  # label -> snapshot, before their view
         self._snapshots_too_big = 0
         self._images: dict[str, tuple[np.ndarray, list[dict[str, Any]]]] = {}  # due, not yet sent
@@ -290,17 +296,19 @@ class HomeAutomation:
     def observe_scene(
         self, pipeline: str, summary: Mapping[str, Any], events: Sequence[Mapping[str, Any]]
     ) -> None:
-        """A tracking frame of `pipeline` with events: its scene's `summary` after it (Scene.summary);
-        the state topics follow the counts, which say all the `events` did to them."""
+        """A tracking frame of `pipeline` with events: its scene's `summary` after it (Scene.summary) and
+        its `events`: the counts come from the summary, the stays and per-label crossings from the
+        `exit` and `cross` events."""
         if not self.config.state_topics_on:
             return
 
         def take(state: PipelineState) -> bool:
-            state.take_scene(summary)
+            state.take_scene(summary, events)
             return True
 
-        def keep() -> None:
-            self._pending_scenes[pipeline] = summary
+        def keep() -> None:  # the latest summary, and every event (the stays and crossings add up)
+            before = self._pending_scenes.get(pipeline, (summary, []))[1]
+            self._pending_scenes[pipeline] = (summary, [*before, *events])
 
         with self._lock:
             self._hand_to(pipeline, take, keep)
@@ -432,9 +440,9 @@ class HomeAutomation:
         for name, (output, pixels) in list(self._pending.items()):
             if name in self._states:
                 self._take(self._states[name], output, pixels, now)
-        for name, summary in self._pending_scenes.items():
+        for name, (summary, events) in self._pending_scenes.items():
             if name in self._states:
-                self._states[name].take_scene(summary)
+                self._states[name].take_scene(summary, events)
         for name, snapshots in self._pending_snapshots.items():
             for label, jpeg in snapshots.items():
                 if name in self._states:

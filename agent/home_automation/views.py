@@ -1,11 +1,13 @@
 """What a pipeline shows: the `PipelineView` of a pipeline, its entities, and the `PipelineState` of
 its state topics (label, counts, ON/OFF per watched label of a classification or detection pipeline;
-a tracking pipeline's objects, zone occupancy, dwell, overcrowding, line crossings and snapshots; the
-frame rate and the serving backend of every pipeline), and the box's own (`DEVICE`)."""
+a tracking pipeline's objects, zone occupancy (per label too), stays, dwell, overcrowding, line
+crossings (per label too) and snapshots; the frame rate and the serving backend of every pipeline),
+and the box's own (`DEVICE`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,22 +20,31 @@ QOS = 1
 # The state-topic level of the box's own values (`<prefix>/<device>/state/_device/...`): no pipeline
 # name starts with "_" (agent/config/base.py NAME_PATTERN), so it never clashes with one.
 DEVICE = "_device"
+STAYS_KEPT = 20  # a zone's mean stay is over its last this many stays (exits)
 
 
 @dataclass(frozen=True)
 class ZoneView:
-    """A zone's state topics: its count, and its dwell and overcrowding states where configured. Its
-    shape is not part of it: a moved edge changes no topic (the scene keeps who is in the zone)."""
+    """A zone's state topics: its count (and per label), its stays, and its dwell and overcrowding
+    states where configured. Its shape is not part of it: a moved edge changes no topic (the scene
+    keeps who is in the zone)."""
 
     name: str
     dwell: bool  # dwell_s is set: state/<pipeline>/zone/<name>/dwelling
     crowd: bool  # max_objects is set: state/<pipeline>/zone/<name>/overcrowded
+    labels: tuple[str, ...] = ()  # its label filter's (those that can be topic levels): count/<label>
 
 
 @dataclass(frozen=True)
 class LineView:
     name: str
     directions: tuple[str, str]  # its `in` and `out` names: state/<pipeline>/line/<name>/<direction>
+    labels: tuple[str, ...] = ()  # its label filter's: line/<name>/<direction>/<label>
+
+
+def _level_labels(labels: Sequence[str] | None) -> tuple[str, ...]:
+    """A zone's or line's filter labels that can be a topic level (per-label topics)."""
+    return tuple(label for label in labels or () if label_level_ok(label))
 
 
 @dataclass(frozen=True)
@@ -50,9 +61,12 @@ class TrackingView:
         if track is None:
             return None
         zones = tuple(
-            ZoneView(z.name, z.dwell_s is not None, z.max_objects is not None) for z in config.zones
+            ZoneView(z.name, z.dwell_s is not None, z.max_objects is not None, _level_labels(z.labels))
+            for z in config.zones
         )
-        lines = tuple(LineView(line.name, (line.in_, line.out)) for line in config.lines)
+        lines = tuple(
+            LineView(line.name, (line.in_, line.out), _level_labels(line.labels)) for line in config.lines
+        )
         return cls(zones, lines, track.snapshots.enabled)
 
 
@@ -127,15 +141,27 @@ def entities(view: PipelineView) -> list[Entity]:
 
 
 def tracking_entities(p: str, tracking: TrackingView) -> list[Entity]:
-    """A tracking pipeline's: objects tracked now; per zone its count (and dwelling, overcrowded where
-    configured); per line and direction its crossings since the agent started (total_increasing: Home
+    """A tracking pipeline's: objects tracked now; per zone its count (and per label of its filter),
+    its last stay and mean stay (seconds), dwelling and overcrowded where configured; per line and
+    direction (and label of its filter) its crossings since the agent started (total_increasing: Home
     Assistant reads the drop to 0 at a restart as a reset); its latest snapshot where snapshots are on."""
     measurement = (("state_class", "measurement"),)
+    stay = (
+        ("device_class", "duration"),
+        ("unit_of_measurement", "s"),
+        *measurement,
+        ("suggested_display_precision", 1),
+    )
     out = [Entity(("tracks",), "sensor", f"{p} tracks", (*measurement, ("icon", "mdi:crosshairs-gps")))]
     for zone in tracking.zones:
         z = zone.name
         icon = (("icon", "mdi:vector-polygon"),)
         out.append(Entity(("zone", z, "count"), "sensor", f"{p} zone {z} count", (*measurement, *icon)))
+        for label in zone.labels:
+            of_label = ("zone", z, "count", label)
+            out.append(Entity(of_label, "sensor", f"{p} zone {z} {label} count", (*measurement, *icon)))
+        out.append(Entity(("zone", z, "stayed_s"), "sensor", f"{p} zone {z} last stay", stay))
+        out.append(Entity(("zone", z, "mean_stayed_s"), "sensor", f"{p} zone {z} mean stay", stay))
         if zone.dwell:
             dwell = (("device_class", "occupancy"),)
             out.append(Entity(("zone", z, "dwelling"), "binary_sensor", f"{p} zone {z} dwelling", dwell))
@@ -149,13 +175,16 @@ def tracking_entities(p: str, tracking: TrackingView) -> list[Entity]:
         for direction in line.directions:
             key = ("line", line.name, direction)
             out.append(Entity(key, "sensor", f"{p} line {line.name} {direction}", total))
+            for label in line.labels:
+                name = f"{p} line {line.name} {direction} {label}"
+                out.append(Entity((*key, label), "sensor", name, total))
     if tracking.snapshots:
         out.append(Entity(("snapshot",), "image", f"{p} snapshot", (("content_type", "image/jpeg"),)))
     return out
 
 
-def snapshot_label_ok(label: str) -> bool:
-    """Whether `label` can be a topic level (state/<pipeline>/snapshot/<label>)."""
+def label_level_ok(label: str) -> bool:
+    """Whether `label` can be a topic level (state/<pipeline>/snapshot/<label>, .../count/<label>)."""
     return bool(label) and not any(c in label for c in TOPIC_SPECIALS)
 
 
@@ -214,6 +243,11 @@ class PipelineState:
         self.values: dict[tuple[str, ...], bytes] = {}
         self.present: set[str] = set()  # watched labels in the last result
         self.last_seen: dict[str, float] = {}  # watched label -> when it was last in a result (monotonic)
+        # A tracking pipeline's zone -> its last stays (exits' stayed_s), for the mean stay.
+        self.stays: dict[str, deque[float]] = {}
+        # (line, direction) -> the scene's crossings that way when last told (a `cross` event's `count`,
+        # the summary's): the per-label counts start again with the scene's (a pipeline restart).
+        self.crossed: dict[tuple[str, str], int] = {}
 
     def update(self, output: Mapping[str, Any], now: float) -> list[dict[str, Any]]:
         """Take a published result's `output`; returns its detections (for the image)."""
@@ -242,12 +276,14 @@ class PipelineState:
                 self.values[("seen", watched)] = OFF
         return detections
 
-    def take_scene(self, summary: Mapping[str, Any]) -> None:
-        """A tracking pipeline's counts after a frame (agent/processing/scene.py Scene.summary); zones and
-        lines the view does not have (yet, or any more) are left out."""
+    def take_scene(self, summary: Mapping[str, Any], events: Sequence[Mapping[str, Any]] = ()) -> None:
+        """A tracking pipeline's counts after a frame (agent/processing/scene.py Scene.summary) and that
+        frame's `events` (the stays and per-label crossings come from its `exit` and `cross` events);
+        zones and lines the view does not have (yet, or any more) are left out."""
         tracking = self.view.tracking
         if tracking is None:
             return
+        self._take_events(tracking, events)
         values = self.values
         if summary.get("tracks") is not None:
             values[("tracks",)] = _count(summary["tracks"])
@@ -257,6 +293,10 @@ class PipelineState:
             if not isinstance(got, Mapping):
                 continue
             values[("zone", zone.name, "count")] = _count(got.get("count"))
+            per_label = got.get("labels")
+            per_label = per_label if isinstance(per_label, Mapping) else {}
+            for label in zone.labels:
+                values[("zone", zone.name, "count", label)] = _count(per_label.get(label))
             if zone.dwell:
                 values[("zone", zone.name, "dwelling")] = ON if got.get("dwelling") else OFF
             if zone.crowd:
@@ -269,6 +309,39 @@ class PipelineState:
             for direction in line.directions:
                 if counts.get(direction) is not None:
                     values[("line", line.name, direction)] = _count(counts[direction])
+                    if int(counts[direction]) < self.crossed.get((line.name, direction), 0):
+                        self._crossings_again(line, direction, int(counts[direction]))
+
+    def _take_events(self, tracking: TrackingView, events: Sequence[Mapping[str, Any]]) -> None:
+        zones = {zone.name for zone in tracking.zones}
+        lines = {line.name: line for line in tracking.lines}
+        for event in events:
+            kind = event.get("type")
+            if kind == "exit" and event.get("zone") in zones and event.get("stayed_s") is not None:
+                name = str(event["zone"])
+                stays = self.stays.setdefault(name, deque(maxlen=STAYS_KEPT))
+                stays.append(float(event["stayed_s"]))
+                self.values[("zone", name, "stayed_s")] = f"{stays[-1]:.1f}".encode()
+                self.values[("zone", name, "mean_stayed_s")] = f"{sum(stays) / len(stays):.1f}".encode()
+            elif kind == "cross" and event.get("line") in lines:
+                line, direction = lines[str(event["line"])], str(event.get("direction"))
+                if direction not in line.directions:
+                    continue
+                count = int(event.get("count") or 0)
+                if count <= self.crossed.get((line.name, direction), 0):  # the scene counts afresh
+                    self._crossings_again(line, direction, 0)
+                self.crossed[(line.name, direction)] = count
+                label = (event.get("object") or {}).get("label")
+                if label in line.labels:
+                    key = ("line", line.name, direction, str(label))
+                    self.values[key] = str(int(self.values.get(key, b"0")) + 1).encode()
+
+    def _crossings_again(self, line: LineView, direction: str, count: int) -> None:
+        """The scene's crossings of `line` that way started again (a pipeline restart): its per-label
+        counts too."""
+        self.crossed[(line.name, direction)] = count
+        for label in line.labels:
+            self.values[("line", line.name, direction, label)] = b"0"
 
     def seed(self) -> None:
         """Give a tracking pipeline's values that have none yet what a scene starts with: no objects,
@@ -279,6 +352,8 @@ class PipelineState:
         self.values.setdefault(("tracks",), b"0")
         for zone in tracking.zones:
             self.values.setdefault(("zone", zone.name, "count"), b"0")
+            for label in zone.labels:
+                self.values.setdefault(("zone", zone.name, "count", label), b"0")
             if zone.dwell:
                 self.values.setdefault(("zone", zone.name, "dwelling"), OFF)
             if zone.crowd:
@@ -286,6 +361,8 @@ class PipelineState:
         for line in tracking.lines:
             for direction in line.directions:
                 self.values.setdefault(("line", line.name, direction), b"0")
+                for label in line.labels:
+                    self.values.setdefault(("line", line.name, direction, label), b"0")
 
     def take_snapshot(self, label: str, jpeg: bytes) -> list[tuple[str, ...]]:
         """A new snapshot of a `label` object: the pipeline's latest and, when `label` can be a topic
@@ -293,7 +370,7 @@ class PipelineState:
         if self.view.tracking is None or not self.view.tracking.snapshots:
             return []
         keys: list[tuple[str, ...]] = [("snapshot",)]
-        if snapshot_label_ok(label):
+        if label_level_ok(label):
             keys.append(("snapshot", label))
         for key in keys:
             self.values[key] = jpeg
@@ -302,8 +379,8 @@ class PipelineState:
     def carry(self, old: PipelineState) -> None:
         """After a config change, keep what `old` (this pipeline's state under its previous view) knew of
         the scene, which the pipeline keeps: the tracks, zones by name (a changed zone keeps who is in
-        it), lines by name (a moved line keeps its counts) and the snapshots while they stay on; only
-        the values the new view still has."""
+        it, and its stays), lines by name (a moved line keeps its counts) and the snapshots while they
+        stay on; only the values the new view still has."""
         new, before = self.view.tracking, old.view.tracking
         if new is None or before is None:
             return
@@ -311,6 +388,10 @@ class PipelineState:
         for key, value in old.values.items():
             if key in kept or (key[0] == "snapshot" and new.snapshots):  # (snapshot/<label>: no entity)
                 self.values.setdefault(key, value)
+        zones = {zone.name for zone in new.zones}
+        self.stays.update({name: stays for name, stays in old.stays.items() if name in zones})
+        lines = {(line.name, d) for line in new.lines for d in line.directions}
+        self.crossed.update({key: count for key, count in old.crossed.items() if key in lines})
 
     def expire(self, now: float) -> None:
         """Turn OFF what has been missing for off_delay_s (called every tick)."""
