@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from agent.config import AgentConfig
+from agent.config_origin import remember
 from agent.errors import ConfigError
 
 _ENV_REF = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -60,9 +61,11 @@ def parse_config(
         kind = "empty" if data is None else f"a {type(data).__name__}"
         raise ConfigError([f"{source}:1: the config is {kind}; expected a mapping with at least 'device'"])
     try:
-        return AgentConfig.model_validate(data)
+        config = AgentConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc, data, lines, source)) from None
+    remember(config, source, lines)  # a problem found later (labels vs the model) names its line
+    return config
 
 
 def config_data(text: str, source: str = "<config>", environ: Mapping[str, str] | None = None) -> Any:

@@ -31,6 +31,7 @@ from pydantic import ValidationError
 
 from agent.config import PipelineConfig
 from agent.errors import ModelError
+from agent.model_labels import check_against, own_labels
 from agent.onnx_wire import onnx_metadata_props
 from agent.registry.manifest import Manifest, key_path
 from providers import ModelArtifact
@@ -48,7 +49,6 @@ def with_model_hints(
     from `embedded_hints`); the same object when there are none. `manifest` None: a bare model
     file (`edge-agent infer`), only its own metadata."""
     metadata = manifest.metadata if manifest is not None else {}
-    source = f"{manifest.ref}'s manifest" if manifest is not None else "the model file's own metadata"
     hints = {key: metadata[key] for key in HINT_KEYS if key in metadata}
     for key, value in (embedded or {}).items():
         if key == "preprocess" and isinstance(hints.get("preprocess"), dict) and isinstance(value, dict):
@@ -57,6 +57,12 @@ def with_model_hints(
             hints.setdefault(key, value)
     if not hints:
         return config
+    # The pipeline's labels against the model's own first: said as the config's errors are (its
+    # file:line), where the generic "do not fit" below would blame hints nobody wrote.
+    labels = own_labels(manifest, embedded or {})
+    if labels is not None:
+        check_against(config, *labels)
+    source = _source(manifest, set(metadata) & set(HINT_KEYS), set(embedded or {}))
     raw = config.model_dump(exclude_unset=True)
     if "preprocess" in hints:
         if not isinstance(hints["preprocess"], dict):
@@ -72,6 +78,14 @@ def with_model_hints(
     except ValidationError as exc:
         problems = "; ".join(_describe(error) for error in exc.errors())
         raise ModelError(f"pipeline {config.name}: the hints in {source} do not fit it: {problems}") from None
+
+
+def _source(manifest: Manifest | None, from_manifest: set[str], from_file: set[str]) -> str:
+    """Where the hints came from: the version's manifest, the model file's own metadata, or both."""
+    own = "the model file's own metadata"
+    if manifest is None or not from_manifest:
+        return own
+    return f"{manifest.ref}'s manifest" + (f" and {own}" if from_file - from_manifest else "")
 
 
 def _describe(error: Any) -> str:

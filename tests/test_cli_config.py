@@ -66,6 +66,7 @@ def test_validate_good_config_json() -> None:
         "file": str(EXAMPLE),
         "device": "lobby-cam-01",
         "pipelines": 8,
+        "labels_unchecked": [],  # no zone, line or watch of it names a label only a model can give
     }
 
 

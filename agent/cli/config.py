@@ -9,7 +9,7 @@ import typer
 
 from agent.cli.common import echo_json, load, user_errors
 from agent.cli.options import JsonOption
-from agent.errors import EdgeAgentError
+from agent.errors import ConfigError, EdgeAgentError
 
 config_app = typer.Typer(help="Check agent.yaml files.", no_args_is_help=True)
 
@@ -19,14 +19,33 @@ def config_validate(
     file: Annotated[Path, typer.Argument(help="The agent.yaml to check.")],
     as_json: JsonOption = False,
 ) -> None:
-    """Print OK, or every problem as file:line: key.path: message (exit 1)."""
+    """Print OK, or every problem as file:line: key.path: message (exit 1).
+
+    The labels that zones, lines and home_automation.watch name are checked against the model's own
+    where the model is at hand (a model file, or a version in the local store); where it is not, a
+    note says so."""
+    from agent.model_labels import check_config
+
     with user_errors(as_json):
         cfg = load(file)
+        labels = check_config(cfg)
+        if labels.problems:
+            raise ConfigError(labels.problems, hint="; ".join(dict.fromkeys(labels.hints)))
     summary = f"{len(cfg.pipelines)} pipeline(s), device {cfg.device.id}"
     if as_json:
-        echo_json({"ok": True, "file": str(file), "device": cfg.device.id, "pipelines": len(cfg.pipelines)})
-    else:
-        typer.echo(f"OK: {file} ({summary})")
+        echo_json(
+            {
+                "ok": True,
+                "file": str(file),
+                "device": cfg.device.id,
+                "pipelines": len(cfg.pipelines),
+                "labels_unchecked": labels.unchecked,
+            }
+        )
+        return
+    typer.echo(f"OK: {file} ({summary})")
+    for note in labels.unchecked:
+        typer.echo(f"note: {note}")
 
 
 @config_app.command("diff")

@@ -380,3 +380,21 @@ def models_inspect(
         echo_json(info)
     else:
         print_inspection(info)
+        _print_labels(info["labels"])
+
+
+def _print_labels(labels: dict[str, Any] | None) -> None:
+    """Every label, numbered as the model's classes are (the metadata table cuts long values): the
+    names zones, lines and home_automation.watch may filter on."""
+    if labels is None:
+        return
+    names = labels["names"]
+    typer.echo(f"\nlabels ({len(names)}, from {labels['source']}):")
+    line = ""
+    for i, name in enumerate(names):  # wrapped between labels, never inside one
+        item = f"{i} {name}" + ("," if i < len(names) - 1 else "")
+        if line and len(line) + 1 + len(item) > 78:
+            typer.echo(line)
+            line = ""
+        line = f"{line} {item}" if line else f"  {item}"
+    typer.echo(line)

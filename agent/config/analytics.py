@@ -36,7 +36,8 @@ def _labels_field() -> Any:
     return Field(
         None,
         min_length=1,
-        description="Only objects of these labels (names from postprocess.labels); default: every one.",
+        description="Only objects of these labels (names from postprocess.labels, else the model's own); "
+        "default: every one.",
     )
 
 
@@ -310,4 +311,44 @@ def _label_problems(
                     f"{label!r} is not one of postprocess.labels ({', '.join(labels)}){hint}",
                 )
             )
+    return problems
+
+
+def model_label_problems(
+    zones: list[ZoneConfig],
+    lines: list[LineConfig],
+    written: list[str] | None,
+    watch: list[str],
+    model_labels: list[str],
+) -> Problems:
+    """What a pipeline's labels get wrong against the model's own (`model_labels`, from its manifest
+    or its file's metadata: agent/model_labels.py), checked once the model is at hand. `written`:
+    the pipeline's own postprocess.labels, which replace the model's (the pipeline validator checks
+    names against those); a shorter list leaves classes without a name."""
+    if written is not None:
+        if len(written) >= len(model_labels):
+            return []
+        count = f"{len(written)} name{'s' if len(written) != 1 else ''}"
+        return [
+            (
+                ("postprocess", "labels"),
+                f"{count} for the model's {len(model_labels)} classes: delete postprocess.labels to use "
+                f"the model's own names ({', '.join(model_labels)}), or name all {len(model_labels)} "
+                "in the model's order",
+            )
+        ]
+    problems: Problems = []
+    for key, i, item in zones_and_lines(zones, lines):
+        problems += _unknown_labels((key, i, "labels"), item.labels or [], model_labels)
+    return problems + _unknown_labels(("home_automation", "watch"), watch, model_labels)
+
+
+def _unknown_labels(where: tuple[str | int, ...], wanted: list[str], labels: list[str]) -> Problems:
+    problems: Problems = []
+    for j, label in enumerate(wanted):
+        if label not in labels:
+            close = difflib.get_close_matches(label, labels, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            message = f"{label!r} is not one of the model's labels ({', '.join(labels)}){hint}"
+            problems.append(((*where, j), message))
     return problems

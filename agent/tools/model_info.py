@@ -20,7 +20,7 @@ import numpy as np
 
 from agent.errors import EdgeAgentError
 from agent.model_formats import format_details, format_shape
-from agent.registry.manifest import Artifact
+from agent.registry.manifest import Artifact, Manifest
 from agent.store import InstalledModel, ModelStore
 from agent.testdata import load_testdata
 from agent.tools.inventory import resolve_model
@@ -42,6 +42,7 @@ def inspect_model(spec: str, store: ModelStore) -> dict[str, Any]:
             "artifacts": [{**entry, "target": None, "model_file": None, "rtol": None, "atol": None}],
             "models": [{**entry, **format_details(artifact, weights)}],
             "test_sets": [],
+            "labels": _labels(None, resolved.artifacts),
         }
     name, _, version = resolved.ref.partition("@")
     return inspect_installed(store.get(name, version))
@@ -79,7 +80,18 @@ def inspect_installed(installed: InstalledModel) -> dict[str, Any]:
         "artifacts": [_artifact_entry(a) for a in manifest.artifacts],
         "models": models,
         "test_sets": [_test_set(installed, a) for a in manifest.testdata()],
+        "labels": _labels(manifest, installed.model_artifacts()),
     }
+
+
+def _labels(manifest: Manifest | None, artifacts: list[ModelArtifact]) -> dict[str, Any] | None:
+    """Every label the model names itself, as a pipeline without postprocess.labels gets them
+    (agent/model_labels.py): {"names": [...], "source": where they are}; None when it names none."""
+    from agent.model_hints import embedded_hints
+    from agent.model_labels import own_labels
+
+    found = own_labels(manifest, embedded_hints(artifacts))
+    return None if found is None else {"names": found[0], "source": found[1]}
 
 
 def _artifact_entry(artifact: Artifact) -> dict[str, Any]:

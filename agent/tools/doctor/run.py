@@ -40,6 +40,7 @@ def run_doctor(config_path: Path, timeout_s: float = 10.0) -> list[Check]:
     """Every check, in order; those that need a valid config are rows saying they were not checked
     when it is not."""
     from agent.config_loader import load_config
+    from agent.model_labels import check_config
 
     started = time.monotonic()
     config: AgentConfig | None = None
@@ -56,14 +57,18 @@ def run_doctor(config_path: Path, timeout_s: float = 10.0) -> list[Check]:
     else:
         config = loaded
         enabled = [p for p in loaded.pipelines if p.enabled]
-        checks = [
-            Check(
-                "config",
-                OK,
+        # Labels against the models at hand, as `config validate` checks them: the daemon would
+        # refuse these pipelines once it has their models.
+        labels = check_config(loaded, enabled)
+        if labels.problems:
+            fix = "; ".join(dict.fromkeys(labels.hints))
+            checks = [Check("config", FAIL, "\n".join(labels.problems), fix)]
+        else:
+            detail = (
                 f"{config_path}: device {loaded.device.id}, {len(enabled)} enabled pipeline(s) "
-                f"of {len(loaded.pipelines)}",
+                f"of {len(loaded.pipelines)}"
             )
-        ]
+            checks = [Check("config", OK, detail)]
     checks[0] = replace(checks[0], seconds=round(time.monotonic() - started, 2))
     for name, check, limit_s in _plan(config, config_path, timeout_s):
         checks += bounded(name, check, limit_s)
