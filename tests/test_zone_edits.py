@@ -217,6 +217,7 @@ def check_d_stayed_once(events: list[dict[str, Any]], edited_at: tuple[float, fl
     assert stood - 0.6 <= mine[2]["stayed_s"] <= stood + TRACK_DEFAULTS.max_lost_s + 0.6
 
 
+@pytest.mark.slow  # the 16 s clip plays at its own rate
 def test_a_zone_edge_moved_by_a_stage_swap_keeps_the_waiting_person_in(
     clip: Path, loaded: LoadedModel, yolo_labels: list[str]
 ) -> None:
