@@ -160,33 +160,88 @@ def differences(old: Any, new: Any, prefix: str, depth: int = 3) -> list[str]:
     return [dotted for dotted, _path in _changes(old, new, prefix, (), depth)]
 
 
+@dataclass(frozen=True)
+class _Named:
+    """A step into a list to the item of this `name` (a pipeline's zones and lines)."""
+
+    name: str
+
+
+Step = str | int | _Named
+_NONE = object()  # an item on one side only: shown as (none)
+
+
 def _changes(
-    old: Any, new: Any, prefix: str, path: tuple[str, ...], depth: int = 3
-) -> list[tuple[str, tuple[str, ...]]]:
+    old: Any, new: Any, prefix: str, path: tuple[Step, ...], depth: int = 3
+) -> list[tuple[str, tuple[Step, ...]]]:
     """(dotted key, key path) of each place under which `old` and `new` differ."""
     if old == new:
         return []
+    if isinstance(old, list) and isinstance(new, list):
+        return _list_changes(old, new, prefix, path, depth)
     if depth == 0 or not (isinstance(old, dict) and isinstance(new, dict)):
         return [(prefix or "(all)", path)]
     keys = list(old) + [k for k in new if k not in old]
-    found: list[tuple[str, tuple[str, ...]]] = []
+    found: list[tuple[str, tuple[Step, ...]]] = []
     for key in keys:
         dotted = f"{prefix}.{key}" if prefix else str(key)
         found += _changes(old.get(key), new.get(key), dotted, (*path, str(key)), depth - 1)
     return found
 
 
-def _shown_change(old: Any, new: Any, path: tuple[str, ...]) -> str:
+def _list_changes(
+    old: list[Any], new: list[Any], prefix: str, path: tuple[Step, ...], depth: int
+) -> list[tuple[str, tuple[Step, ...]]]:
+    """Inside two lists (a step that is no level of `depth`): items with names (zones, lines) by
+    name, `lines[door].points`; objects of two lists of one length by place, `[0].x`; any other
+    list (points, labels) as a whole. A moved line is then its points, not the whole list twice."""
+    before, after = _by_name(old), _by_name(new)
+    if before is not None and after is not None:
+        found: list[tuple[str, tuple[Step, ...]]] = []
+        for name in list(before) + [n for n in after if n not in before]:
+            step = (*path, _Named(name))
+            found += _changes(
+                before.get(name, _NONE), after.get(name, _NONE), f"{prefix}[{name}]", step, depth
+            )
+        return found or [(prefix or "(all)", path)]  # the same items, in another order
+    objects = all(isinstance(item, dict) for item in [*old, *new])
+    if objects and len(old) == len(new):
+        found = []
+        for i, (a, b) in enumerate(zip(old, new, strict=True)):
+            found += _changes(a, b, f"{prefix}[{i}]", (*path, i), depth)
+        return found
+    return [(prefix or "(all)", path)]
+
+
+def _by_name(items: list[Any]) -> dict[str, Any] | None:
+    """The items by their `name`, when each is an object with a name of its own."""
+    names = [item.get("name") if isinstance(item, dict) else None for item in items]
+    if not all(isinstance(name, str) for name in names) or len(set(names)) != len(names):
+        return None
+    return {str(name): item for name, item in zip(names, items, strict=True)}
+
+
+def _step(value: Any, step: Step) -> Any:
+    if isinstance(step, _Named):
+        items = value if isinstance(value, list) else []
+        return next((v for v in items if isinstance(v, dict) and v.get("name") == step.name), _NONE)
+    if isinstance(step, int):
+        return value[step] if isinstance(value, list) and step < len(value) else _NONE
+    return value.get(step) if isinstance(value, dict) else None
+
+
+def _shown_change(old: Any, new: Any, path: tuple[Step, ...]) -> str:
     """`old -> new` at `path` of two masked dumps; a change only a secret makes is not shown."""
-    for key in path:
-        old = old.get(key) if isinstance(old, dict) else None
-        new = new.get(key) if isinstance(new, dict) else None
+    for step in path:
+        old, new = _step(old, step), _step(new, step)
     if old == new:
         return SECRET_CHANGED
     return f"{_shown(old)} -> {_shown(new)}"
 
 
 def _shown(value: Any) -> str:
+    if value is _NONE:
+        return "(none)"
     text = value if isinstance(value, str) else json.dumps(value, separators=(", ", ": "))
     return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
 
