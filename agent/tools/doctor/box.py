@@ -65,9 +65,10 @@ def check_disk(state_dir: Path) -> Check:
     return Check("disk", OK, detail)
 
 
-def check_state_dir(state_dir: Path) -> Check:
+def check_state_dir(state_dir: Path, made: bool = False) -> Check:
     """The state dir holds the outbox (results), models and decisions: the agent's user must own
-    and write it, and nobody else should read it."""
+    and write it, and nobody else should read it. `made`: doctor made it just now (run.py), owner
+    only, as the agent makes it."""
     me = user_name(os.geteuid())
     if not state_dir.exists():
         parent = _existing(state_dir)
@@ -106,7 +107,8 @@ def check_state_dir(state_dir: Path) -> Check:
             f"{detail}; doctor runs as {me}, so what it found is {me}'s access, not {owner}'s",
             f"run doctor as the agent's user: sudo -u {owner} edge-agent doctor",
         )
-    return Check("state dir", OK, detail + ", writable")
+    made_now = " (made by doctor, as the agent makes it: it was not there)" if made else ""
+    return Check("state dir", OK, detail + ", writable" + made_now)
 
 
 def _configured_devices(config: AgentConfig | None) -> list[Path]:

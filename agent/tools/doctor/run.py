@@ -70,15 +70,30 @@ def run_doctor(config_path: Path, timeout_s: float = 10.0) -> list[Check]:
             )
             checks = [Check("config", OK, detail)]
     checks[0] = replace(checks[0], seconds=round(time.monotonic() - started, 2))
-    for name, check, limit_s in _plan(config, config_path, timeout_s):
+    made = config is not None and _make_state_dir(config.state_dir)
+    for name, check, limit_s in _plan(config, config_path, timeout_s, made):
         checks += bounded(name, check, limit_s)
     return checks
+
+
+def _make_state_dir(state_dir: Path) -> bool:
+    """Make a state dir that is not there yet as the agent makes it (owner only: 0700), before the
+    checks that write in it (the backends' probe cache): made by them, it would be 0755, and the
+    state dir row would warn about what doctor itself made. False when it exists or cannot be made
+    (the state dir row says why)."""
+    if state_dir.exists():
+        return False
+    try:
+        state_dir.mkdir(mode=0o700, parents=True)
+    except OSError:
+        return False
+    return True
 
 
 Plan = list[tuple[str, Callable[[], Check | list[Check]], float]]
 
 
-def _plan(config: AgentConfig | None, config_path: Path, timeout_s: float) -> Plan:
+def _plan(config: AgentConfig | None, config_path: Path, timeout_s: float, made: bool = False) -> Plan:
     network = 3 * timeout_s + GRACE_S
     local = timeout_s + GRACE_S
     if config is None:
@@ -113,7 +128,7 @@ def _plan(config: AgentConfig | None, config_path: Path, timeout_s: float) -> Pl
     return [
         *plan,
         ("disk", lambda: check_disk(cfg.state_dir), local),
-        ("state dir", lambda: check_state_dir(cfg.state_dir), local),
+        ("state dir", lambda: check_state_dir(cfg.state_dir, made), local),
         ("devices", lambda: check_devices(cfg), local),
         ("secret files", lambda: check_secret_files(config_path, cfg), local),
         ("clock", lambda: check_clock(synchronized=ntp_synchronized(timeout_s)), local),
