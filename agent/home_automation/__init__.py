@@ -101,6 +101,9 @@ log = logging.getLogger(__name__)
 
 MEMORY_FILE = "home_automation.json"
 _MAX_REMOVED = 256  # removed components kept (as removals) in the retained discovery config
+# Exits and crossings kept for a pipeline the state topics do not know yet (until the next tick, or
+# the next change of pipelines for one that went): bounded, should it never come.
+_MAX_PENDING_EVENTS = 1000
 HEALTH_EVERY_S = 10.0  # how often fps, backend and the outbox backlog are looked at (on change: sent)
 
 __all__ = [
@@ -306,9 +309,10 @@ class HomeAutomation:
             state.take_scene(summary, events)
             return True
 
-        def keep() -> None:  # the latest summary, and every event (the stays and crossings add up)
+        def keep() -> None:  # the latest summary, and the exits and crossings (they add up)
             before = self._pending_scenes.get(pipeline, (summary, []))[1]
-            self._pending_scenes[pipeline] = (summary, [*before, *events])
+            adding = [e for e in events if e.get("type") in ("exit", "cross")]
+            self._pending_scenes[pipeline] = (summary, [*before, *adding][-_MAX_PENDING_EVENTS:])
 
         with self._lock:
             self._hand_to(pipeline, take, keep)
