@@ -5,6 +5,8 @@ on the device's topics by a plain paho client, as the agent publishes them.
 - --json: one JSON object per line, the retained status first, then a result; --count stops it.
 - A pipeline named: only its results; readable lines, each flushed as it comes (read through a pipe
   while the command still runs); Ctrl-C (SIGINT) ends it cleanly.
+- --events: the tracking events alone, each line with its zone or line (and direction) first, the
+  object's id as `#4` and the message's seq as `[seq 48]`.
 - README's mosquitto_sub line subscribes to what watch does and gets the box's messages.
 - --seconds stops it with nothing published; the config's login is used (a password broker refuses a
   wrong password with a clear error and takes the right one); a broker that is down is a clear error
@@ -149,12 +151,50 @@ def test_one_pipeline_readable_lines_as_they_come_and_ctrl_c(tmp_path: Path, mos
     # Each line reaches the pipe while the command still runs: flushed per message.
     wait_until(lambda: len(watching.lines) >= 3, "three lines through the pipe", timeout=20)
     assert watching.proc.poll() is None
-    assert watching.lines[0].split(" ", 1)[1] == "result cam #3 upright 0.98", watching.lines
-    assert watching.lines[1].split(" ", 1)[1] == "event  cam #4 start active 0.90", watching.lines
-    assert watching.lines[2].split(" ", 1)[1] == "event  cam #9 cross gate in person #12", watching.lines
+    assert watching.lines[0].split(" ", 1)[1] == "result cam: upright 0.98 [seq 3]", watching.lines
+    assert watching.lines[1].split(" ", 1)[1] == "event  cam: start active 0.90 [seq 4]", watching.lines
+    assert watching.lines[2].split(" ", 1)[1] == (
+        "event  cam: line gate in: cross person #12 (count 3) [seq 9]"
+    ), watching.lines
     watching.proc.send_signal(signal.SIGINT)
     assert watching.finish(timeout=15) == 0, watching.stderr()
     assert "Traceback" not in watching.stderr() and len(watching.lines) == 3
+
+
+def test_events_alone_where_first_and_seq_apart_from_the_objects_id(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    config = write_config(tmp_path, mosquitto.port)
+    publish(mosquitto, f"edge/{DEVICE}/status", STATUS, retain=True)  # retained: not shown with --events
+    watching = Watching(tmp_path, "-c", str(config), "--events")
+    watching.subscribed()
+    assert f"watching edge/{DEVICE}/events/+ on " in watching.stderr()
+    publish(mosquitto, f"edge/{DEVICE}/results/door-cam", result("door-cam", 47, "person"))  # not shown
+    person = {"id": 4, "label": "person"}
+    base = {"device": DEVICE, "pipeline": "door-cam"}
+    events = [
+        {"seq": 1, "type": "new", "object": {**person, "score": 0.812}},
+        {"seq": 48, "type": "cross", "line": "door", "direction": "in", "object": person, "count": 3},
+        {"seq": 49, "type": "enter", "zone": "counter", "object": person},
+        {"seq": 50, "type": "dwell", "zone": "counter", "object": person, "stayed_s": 7.46},
+        {"seq": 51, "type": "exit", "zone": "counter", "object": person, "stayed_s": 9.3, "reason": "left"},
+        {"seq": 52, "type": "overcrowded", "zone": "counter", "state": "start", "count": 5, "max_objects": 4},
+        {"seq": 53, "type": "end", "reason": "lost", "object": person},
+    ]
+    for event in events:
+        publish(mosquitto, f"edge/{DEVICE}/events/door-cam", {**base, **event})
+    wait_until(lambda: len(watching.lines) >= len(events), "a line per event", timeout=20)
+    watching.proc.send_signal(signal.SIGINT)
+    assert watching.finish(timeout=15) == 0, watching.stderr()
+    assert [text.split(" ", 1)[1] for text in watching.lines] == [
+        "event  door-cam: new person #4 (score 0.81) [seq 1]",
+        "event  door-cam: line door in: cross person #4 (count 3) [seq 48]",
+        "event  door-cam: zone counter: enter person #4 [seq 49]",
+        "event  door-cam: zone counter: dwell person #4 (inside 7.5 s) [seq 50]",
+        "event  door-cam: zone counter: exit person #4 (stayed 9.3 s) [seq 51]",
+        "event  door-cam: zone counter: overcrowded start (5 inside, max 4) [seq 52]",
+        "event  door-cam: end person #4 (lost) [seq 53]",
+    ]
 
 
 def test_seconds_ends_it_with_nothing_published(tmp_path: Path, mosquitto: Mosquitto) -> None:
@@ -196,7 +236,7 @@ def test_the_configs_login_is_used(tmp_path: Path) -> None:
         client.disconnect()
         client.loop_stop()
         assert watching.finish() == 0, watching.stderr()
-        assert watching.lines[0].endswith("result cam #1 upright 0.98"), watching.lines
+        assert watching.lines[0].endswith("result cam: upright 0.98 [seq 1]"), watching.lines
     finally:
         broker.close()
 
@@ -223,7 +263,7 @@ def test_the_readmes_mosquitto_sub_line_reads_what_watch_reads(tmp_path: Path, m
     """README's "Using it" shows `edge-agent watch` and its mosquitto_sub equivalent: the same topic
     filters as watch subscribes to (state topics on), and run as written it gets the box's messages."""
     using = README.read_text().split("## Using it", 1)[1].split("\n## ", 1)[0]
-    assert "edge-agent watch [PIPELINE] -c CONFIG [--json] [--seconds N] [--count N]" in using
+    assert "edge-agent watch [PIPELINE] -c CONFIG [--events] [--json] [--seconds N] [--count N]" in using
     (command,) = [ln.split("  #", 1)[0] for ln in using.splitlines() if ln.startswith("mosquitto_sub ")]
     args = shlex.split(
         command.replace("DEVICE", DEVICE).replace("BROKER", f"{mosquitto.host} -p {mosquitto.port}")

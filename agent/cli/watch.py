@@ -1,6 +1,7 @@
 """`edge-agent watch [PIPELINE]`: what the box publishes, live, off its broker with the config's
 `mqtt:` settings (agent/tools/watch.py): a line per result, event, status and state message (drawn by
-agent/cli/render/watch.py), or with --json one JSON object per line (JSON Lines)."""
+agent/cli/render/watch.py), or with --json one JSON object per line (JSON Lines); --events: the
+tracking events alone."""
 
 from __future__ import annotations
 
@@ -33,17 +34,27 @@ def watch(
     count: Annotated[
         int, typer.Option("--count", min=0, help="Stop after this many messages (0: until Ctrl-C).")
     ] = 0,
+    events: Annotated[
+        bool,
+        typer.Option(
+            "--events",
+            help="Only tracking events (new, enter, exit, dwell, cross, overcrowded, end, update): "
+            "no results, status or state.",
+        ),
+    ] = False,
 ) -> None:
     """Show what the box publishes, live: its results, events, status and state topics.
 
     Read off the box's broker with the config's mqtt settings (login, TLS), one line per message
-    as it arrives; stop with Ctrl-C, --seconds or --count. Exit 1 when the broker cannot be reached
-    or refuses the login."""
+    as it arrives; stop with Ctrl-C, --seconds or --count. A tracking event's line starts with its
+    zone or line, e.g. `door-cam: line door in: cross person #4 (count 3)`, and ends with the
+    message's number in brackets (seq 48); #4 is the object's id. Exit 1 when the broker cannot be
+    reached or refuses the login."""
     from agent.cli.render.watch import line, styled
     from agent.tools.watch import Seen, Watch
 
     with user_errors(as_json):
-        box = Watch(load(config), pipeline)
+        box = Watch(load(config), pipeline, events)
         box.start()
     typer.echo(f"watching {', '.join(box.filters)} on {box.broker} (Ctrl-C to stop)", err=True)
 

@@ -1,6 +1,7 @@
 """`edge-agent watch`: what a box publishes, live, read off its broker with the config's `mqtt:`
-settings (login, TLS: agent/mqtt/client.py) on the topics of agent/mqtt/topics.py: its results (all
-pipelines or one), its retained status and, when the config turns them on, its state topics.
+settings (login, TLS: agent/mqtt/client.py) on the topics of agent/mqtt/topics.py: its results and
+tracking events (all pipelines or one), its retained status and, when the config turns them on, its
+state topics; or its tracking events alone.
 
 `Watch` connects (a clean session: a viewer leaves nothing queued at the broker), subscribes, and
 hands each message to the caller as a `Seen` (topic, kind, pipeline, the payload parsed) on the
@@ -54,8 +55,9 @@ class Seen:
         }
 
 
-def filters(config: AgentConfig, pipeline: str | None) -> list[str]:
-    """The topic filters for this device's results (all or `pipeline`'s), status and state topics."""
+def filters(config: AgentConfig, pipeline: str | None, events_only: bool = False) -> list[str]:
+    """The topic filters for this device's results and events (all or `pipeline`'s), status and
+    state topics; `events_only`: the tracking events alone."""
     prefix, device = config.mqtt.topic_prefix, config.device.id
     try:
         status = status_topic(prefix, device)
@@ -70,6 +72,8 @@ def filters(config: AgentConfig, pipeline: str | None) -> list[str]:
             )
     except ValueError as exc:
         raise EdgeAgentError(f"cannot watch: {exc}") from None
+    if events_only:
+        return [events]
     return [results, events, status, *([state] if config.state_topics_on else [])]
 
 
@@ -106,9 +110,9 @@ def _parse(payload: bytes) -> Any:
 class Watch:
     """A connection to the box's broker that collects the box's messages."""
 
-    def __init__(self, config: AgentConfig, pipeline: str | None = None) -> None:
+    def __init__(self, config: AgentConfig, pipeline: str | None = None, events_only: bool = False) -> None:
         self.config = config
-        self.filters = filters(config, pipeline)
+        self.filters = filters(config, pipeline, events_only)
         self._messages: queue.Queue[Seen] = queue.Queue()
         self._connack: queue.Queue[Any] = queue.Queue()
         self._subscribed: queue.Queue[Any] = queue.Queue()

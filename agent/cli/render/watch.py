@@ -1,7 +1,10 @@
 """`edge-agent watch` for people: one line per message the box published (agent/tools/watch.py), its
-time, its kind and a summary: a result's pipeline, seq and top output, a status's state, a state
-topic's value. Plain text, or rich's colours on a terminal. Whatever a payload holds, a line comes
-out (a message not in the documented shape is shown cut short, never an error)."""
+time, its kind and a summary: a result's pipeline and top output, a tracking event's zone or line
+(and direction) first, then what happened to which object, a status's state, a state topic's value.
+A message's `seq` is written `[seq 48]` at the line's end and an object's id `person #4`, as drawn
+frames and `infer --track` write it: the two numbers are never both `#`. Plain text, or rich's
+colours on a terminal. Whatever a payload holds, a line comes out (a message not in the documented
+shape is shown cut short, never an error)."""
 
 from __future__ import annotations
 
@@ -43,22 +46,55 @@ def summary(seen: Seen) -> str:
         return f"{seen.topic}: {_raw(seen)}{retained}"
     if seen.kind == "status":
         return _status(payload) + retained
-    head = f"{seen.pipeline} #{payload.get('seq', '?')}"
+    seq = f" [seq {payload.get('seq', '?')}]"
     if "type" in payload and "output" not in payload:  # a tracking event
-        return f"{head} {tracking_event(payload)}{retained}"
+        return f"{seen.pipeline}: {tracking_event(payload)}{seq}{retained}"
     output = payload.get("output")
-    return f"{head} {top_output(output) if isinstance(output, dict) else cut(output)}{retained}"
+    shown = top_output(output) if isinstance(output, dict) else cut(output)
+    return f"{seen.pipeline}: {shown}{seq}{retained}"
 
 
 def tracking_event(event: dict[str, Any]) -> str:
-    """A tracking event in a few words: its type, zone or line (and direction), the object."""
-    obj = event.get("object") if isinstance(event.get("object"), dict) else {}
-    where = " ".join(
-        str(event[k]) for k in ("zone", "line", "direction", "state") if event.get(k) is not None
-    )
+    """A tracking event in a few words, where first: `line door in: cross person #4 (count 3)`,
+    `zone counter: dwell person #4 (inside 7.5 s)`, `new person #4 (score 0.81)`."""
+    given = event.get("object")
+    obj: dict[str, Any] = given if isinstance(given, dict) else {}
+    kind = str(event.get("type", "?"))
+    if event.get("line") is not None:
+        where = f"line {event['line']}" + (f" {event['direction']}" if event.get("direction") else "")
+    elif event.get("zone") is not None:
+        where = f"zone {event['zone']}"
+    else:
+        where = ""
     who = f"{obj.get('label', '?')} #{obj.get('id', '?')}" if obj else ""
-    why = f"({event['reason']})" if event.get("reason") else ""
-    return " ".join(part for part in (str(event.get("type", "?")), where, who, why) if part)
+    what = " ".join(part for part in (kind, _state_of(event), who, _detail(kind, event, obj)) if part)
+    return f"{where}: {what}" if where else what
+
+
+def _state_of(event: dict[str, Any]) -> str:
+    return str(event["state"]) if event.get("state") is not None else ""  # overcrowded: start / end
+
+
+def _detail(kind: str, event: dict[str, Any], obj: dict[str, Any]) -> str:
+    """The numbers an event carries (docs/results.md, Events), in brackets."""
+    parts: list[str] = []
+    if kind == "cross" and event.get("count") is not None:
+        parts.append(f"count {event['count']}")
+    elif kind in ("exit", "dwell") and _is_number(event.get("stayed_s")):
+        parts.append(f"{'stayed' if kind == 'exit' else 'inside'} {float(event['stayed_s']):.1f} s")
+    elif kind == "overcrowded" and event.get("count") is not None:
+        parts.append(f"{event['count']} inside, max {event.get('max_objects', '?')}")
+    elif kind == "new" and _is_number(obj.get("score")):
+        parts.append(f"score {float(obj['score']):.2f}")
+    elif kind == "update" and isinstance(event.get("changed"), list):
+        parts.append(", ".join(str(c) for c in event["changed"]))
+    if event.get("reason") and event.get("reason") != "left":
+        parts.append(str(event["reason"]))
+    return f"({', '.join(parts)})" if parts else ""
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _raw(seen: Seen) -> str:
@@ -93,7 +129,7 @@ def _entry(entry: dict[str, Any]) -> str:
 
 
 def _score(score: Any) -> str:
-    return f"{score:.2f}" if isinstance(score, int | float) and not isinstance(score, bool) else ""
+    return f"{score:.2f}" if _is_number(score) else ""
 
 
 def _status(status: dict[str, Any]) -> str:
