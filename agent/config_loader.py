@@ -1,8 +1,10 @@
 """Load agent.yaml into `AgentConfig` with errors a person can act on.
 
-YAML is composed into nodes first so every key keeps its line number; `${VAR}` and
-`${VAR:-default}` are expanded in string values (`$${` is a literal `${`). Validation
-errors from pydantic are mapped back to `file:line: key.path: message`.
+YAML is composed into nodes first so every key keeps its line number (and every value the text it
+was written as); `${VAR}` and `${VAR:-default}` are expanded in string values (`$${` is a literal
+`${`), into `Expanded` text: the one text read as a number or true/false where the key wants one.
+Validation errors from pydantic are mapped back to `file:line: key.path: message`, each one plain
+sentence saying what the key expects (not pydantic's words: "Input should be a valid tuple").
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from agent.config import AgentConfig
+from agent.config.base import Expanded
 from agent.config_origin import remember
 from agent.errors import ConfigError
 
@@ -56,22 +59,23 @@ def parse_config(
     text: str, source: str = "<config>", environ: Mapping[str, str] | None = None
 ) -> AgentConfig:
     """Validate config text; `source` names it in errors (a file path, or an MQTT topic)."""
-    data, lines = _load_yaml(text, source, os.environ if environ is None else environ)
+    data, lines, texts = _load_yaml(text, source, os.environ if environ is None else environ)
     if not isinstance(data, dict):
         kind = "empty" if data is None else f"a {type(data).__name__}"
         raise ConfigError([f"{source}:1: the config is {kind}; expected a mapping with at least 'device'"])
     try:
         config = AgentConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, data, lines, source)) from None
+        raise ConfigError(_format_errors(exc, data, lines, source, texts)) from None
     remember(config, source, lines)  # a problem found later (labels vs the model) names its line
     return config
 
 
 def config_data(text: str, source: str = "<config>", environ: Mapping[str, str] | None = None) -> Any:
     """The document that validation checks (and `config_json_schema` describes): the YAML read and
-    its `${VAR}` references expanded. ConfigError for what fails before validation (YAML syntax,
-    unset variables)."""
+    its `${VAR}` references expanded (text: where a key wants a number or true/false, the validator
+    reads it as one and the schema, seeing text, refuses it; README). ConfigError for what fails
+    before validation (YAML syntax, unset variables)."""
     return _load_yaml(text, source, os.environ if environ is None else environ)[0]
 
 
@@ -88,7 +92,10 @@ def config_json_schema() -> dict[str, Any]:
 # --- YAML with positions -----------------------------------------------------------------
 
 
-def _load_yaml(text: str, source: str, environ: Mapping[str, str]) -> tuple[Any, dict[PathKey, int]]:
+def _load_yaml(
+    text: str, source: str, environ: Mapping[str, str]
+) -> tuple[Any, dict[PathKey, int], dict[PathKey, str]]:
+    """(the document, each key's line, each scalar's text as written)."""
     try:
         loader = yaml.SafeLoader(text)  # checks every character up front
     except yaml.reader.ReaderError as exc:
@@ -101,8 +108,9 @@ def _load_yaml(text: str, source: str, environ: Mapping[str, str]) -> tuple[Any,
     try:
         node = loader.get_single_node()
         lines: dict[PathKey, int] = {}
+        texts: dict[PathKey, str] = {}
         problems: list[str] = []
-        data = None if node is None else _build(node, (), loader, lines, environ, source, problems)
+        data = None if node is None else _build(node, (), loader, lines, texts, environ, source, problems)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
@@ -117,7 +125,7 @@ def _load_yaml(text: str, source: str, environ: Mapping[str, str]) -> tuple[Any,
         loader.dispose()
     if problems:
         raise ConfigError(problems)
-    return data, lines
+    return data, lines, texts
 
 
 def _build(
@@ -125,6 +133,7 @@ def _build(
     path: PathKey,
     loader: yaml.SafeLoader,
     lines: dict[PathKey, int],
+    texts: dict[PathKey, str],
     environ: Mapping[str, str],
     source: str,
     problems: list[str],
@@ -149,15 +158,17 @@ def _build(
                     f"duplicate key (first at line {lines[key_path]})"
                 )
                 continue
-            result[key] = _build(value_node, key_path, loader, lines, environ, source, problems)
+            result[key] = _build(value_node, key_path, loader, lines, texts, environ, source, problems)
             lines[key_path] = key_node.start_mark.line + 1  # errors point at the key, not its value
         return result
     if isinstance(node, yaml.SequenceNode):
         return [
-            _build(item, (*path, index), loader, lines, environ, source, problems)
+            _build(item, (*path, index), loader, lines, texts, environ, source, problems)
             for index, item in enumerate(node.value)
         ]
     value = loader.construct_object(node, deep=True)
+    if isinstance(node, yaml.ScalarNode):
+        texts[path] = node.value  # as written: `yes` for a value YAML reads as true
     if isinstance(value, str) and "$" in value:
         try:
             value = _interpolate(value, environ)
@@ -171,6 +182,8 @@ def _build(
 
 
 def _interpolate(value: str, environ: Mapping[str, str]) -> str:
+    """`value` with its references expanded: `Expanded` text when one was (typed by its key)."""
+
     def replace(match: re.Match[str]) -> str:
         if match.group(0) == "$${":
             return "${"
@@ -181,30 +194,111 @@ def _interpolate(value: str, environ: Mapping[str, str]) -> str:
             return default
         raise KeyError(name)
 
-    return _ENV_REF.sub(replace, value)
+    expanded, count = _ENV_REF.subn(replace, value)
+    return Expanded(expanded) if count else expanded
 
 
 # --- pydantic errors -> file:line: key.path: message --------------------------------------
 
 
-def _format_errors(exc: ValidationError, data: Any, lines: dict[PathKey, int], source: str) -> list[str]:
+def _format_errors(
+    exc: ValidationError, data: Any, lines: dict[PathKey, int], source: str, texts: Mapping[PathKey, str]
+) -> list[str]:
     return [
         f"{source}:{_line_for(path, lines)}: {_dotted(path) or '(top)'}: {message}"
-        for path, message in validation_problems(exc, data, AgentConfig)
+        for path, message in validation_problems(exc, data, AgentConfig, texts=texts)
     ]
 
 
 def validation_problems(
-    exc: ValidationError, data: Any, model: type[BaseModel], syntax: Literal["yaml", "json"] = "yaml"
+    exc: ValidationError,
+    data: Any,
+    model: type[BaseModel],
+    syntax: Literal["yaml", "json"] = "yaml",
+    texts: Mapping[PathKey, str] | None = None,
 ) -> list[tuple[PathKey, str]]:
     """(path of keys in `data`, message) for each of pydantic's errors from validating `data` as
     `model`; the caller says where the path is (a file line, a JSON path). `syntax` is the language
-    `data` was written in, for the hints that depend on it."""
+    `data` was written in, `texts` each scalar's text as written there (YAML), for the hints that
+    depend on them. The errors of a zone's or line's points that are not [x, y] pairs (a flat list
+    gives one per number) are said once, at `points`."""
     problems = []
+    said: set[PathKey] = set()
     for error in exc.errors(include_url=False):
         path, missing_leaf = _data_path(error["loc"], data)
-        problems.append((path, _message(error, path, missing_leaf, data, model, syntax)))
+        points = _points_not_pairs(error, path)
+        if points is not None:
+            if points not in said:
+                said.add(points)
+                problems.append((points, _points_message(points, data)))
+            continue
+        problems.append((path, _message(error, path, missing_leaf, data, model, syntax, texts or {})))
     return problems
+
+
+POINTS_WANTED = "expected a list of [x, y] points, each two numbers"
+
+
+def _points_not_pairs(error: Mapping[str, Any], path: PathKey) -> PathKey | None:
+    """The path of a zone's or line's `points` when `error` says one of its items is not a pair of
+    numbers (or it is no list); else None. The list's own length is said as pydantic says it."""
+    if "points" not in path:
+        return None
+    at = len(path) - 1 - path[::-1].index("points")
+    item_shape = error["type"] in ("tuple_type", "too_long", "too_short") and len(path) == at + 2
+    return path[: at + 1] if item_shape or (error["type"] == "list_type" and len(path) == at + 1) else None
+
+
+def _points_message(points: PathKey, data: Any) -> str:
+    """`expected a list of [x, y] points, each two numbers between 0 and 1, got a flat list of 6 numbers:
+    pair them, [[0.1, 0.5], [0.4, 0.5], ...]` (or the first item that is not a pair)."""
+    parent, value = _value_at(data, points[:-1]), _value_at(data, points)
+    pixels = isinstance(parent, dict) and parent.get("units") == "pixels"
+    wanted = POINTS_WANTED + (" (pixels)" if pixels else " between 0 and 1")
+    if not isinstance(value, list):
+        return f"{wanted}, got {_quoted(value)}"
+    if value and all(_is_number(v) for v in value):
+        pairs = ", ".join(
+            f"[{_short(a)}, {_short(b)}]" for a, b in zip(value[:4:2], value[1:4:2], strict=False)
+        )
+        return f"{wanted}, got a flat list of {len(value)} numbers: pair them, [{pairs}, ...]"
+    i, item = next(
+        ((i, v) for i, v in enumerate(value) if not (isinstance(v, list) and len(v) == 2)), (0, None)
+    )
+    return f"{wanted}, got {_quoted(item)} as point {i}"
+
+
+def _quoted(value: Any) -> str:
+    """`value` as JSON (text in double quotes, as YAML and JSON write it), cut short."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _value_at(data: Any, path: PathKey) -> Any:
+    for part in path:
+        found = isinstance(data, dict) and part in data
+        found = found or (isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data))
+        if not found:
+            return None
+        data = data[part]
+    return data
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+# pydantic's type errors for a scalar, by what the key wants (agent/config/base.py's words for text
+# where a number is meant).
+_WANTED = {
+    "int_type": "a whole number",
+    "int_parsing": "a whole number",
+    "int_from_float": "a whole number",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+}
 
 
 def _data_path(loc: tuple[Any, ...], data: Any) -> tuple[PathKey, bool]:
@@ -250,6 +344,7 @@ def _message(
     data: Any,
     model: type[BaseModel],
     syntax: Literal["yaml", "json"],
+    texts: Mapping[PathKey, str],
 ) -> str:
     kind = error["type"]
     # A password's value is never quoted back (error output, a refused document in reported state).
@@ -273,13 +368,34 @@ def _message(
         # YAML turned an unquoted 2.0 / 2024-01-01 / yes into a number, date or bool (JSON: a number).
         if secret:  # not even its kind: "a number" says much about a password
             return f"expected a string: quote it in the {syntax.upper()}"
-        got = _short(error["input"])
-        return f'expected a string, got {got}: quote it in the {syntax.upper()}, e.g. "2.0"'
+        return _not_text(error["input"], texts.get(path))
+    if kind in _WANTED:
+        if secret:
+            return f"expected {_WANTED[kind]}"
+        value = error.get("input")
+        got, written = _quoted(value), texts.get(path)
+        expanded = f" (from {written})" if isinstance(value, Expanded) and written else ""
+        return f"expected {_WANTED[kind]}, got {got}{expanded}"
     message = str(error["msg"])
     message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
     if not missing_leaf and not secret and kind not in ("value_error", "assertion_error"):
         message += f" (got {_short(error.get('input'))})"
     return message
+
+
+def _not_text(value: Any, written: str | None) -> str:
+    """A string was expected, and YAML (or JSON) read a number, a date or true/false: say what it read,
+    from what (`yes` is true to YAML), and how to write it as text."""
+    if isinstance(value, bool):
+        got = json.dumps(value)
+    elif isinstance(value, datetime.date):
+        got = f"the date {value.isoformat()}"
+    else:
+        got = f"the number {_short(value)}"
+    shown = got.removeprefix("the date ").removeprefix("the number ")
+    written = written if written is not None else shown
+    read_as = f" (YAML reads {written} unquoted as {shown})" if written.lower() != shown else ""
+    return f'expected a string, got {got}{read_as}: write it in quotes, "{written}"'
 
 
 def _expected_tags(error: Mapping[str, Any]) -> str:

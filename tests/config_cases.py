@@ -114,11 +114,7 @@ BAD_CONFIGS: dict[str, tuple[str, list[tuple[int, str]]]] = {
           keepalive_s: often
         """,
         [
-            (
-                4,
-                "mqtt.keepalive_s: Input should be a valid integer, unable to parse string as an integer "
-                "(got 'often')",
-            )
+            (4, 'mqtt.keepalive_s: expected a whole number, got the text "often"'),
         ],
     ),
     "port_out_of_range": (
@@ -548,7 +544,7 @@ BAD_CONFIGS: dict[str, tuple[str, list[tuple[int, str]]]] = {
     ),
     "unquoted_float_version": (
         "device:\n  id: box-1\n" + PIPELINE.replace('version: "1"', "version: 2.0"),
-        [(7, 'pipelines[0].model.version: expected a string, got 2.0: quote it in the YAML, e.g. "2.0"')],
+        [(7, 'pipelines[0].model.version: expected a string, got the number 2.0: write it in quotes, "2.0"')],
     ),
     "pipelines_not_a_list": (
         """
@@ -591,11 +587,7 @@ BAD_CONFIGS: dict[str, tuple[str, list[tuple[int, str]]]] = {
             (2, f"device.id: {bad_name('box 1')}"),
             (4, "mqtt.port: Input should be greater than or equal to 1 (got 0)"),
             (5, "mqtt.keepalive_s: Input should be greater than or equal to 5 (got 1)"),
-            (
-                7,
-                "mqtt.outbox.max_inflight: Input should be a valid integer, "
-                "unable to parse string as an integer (got 'lots')",
-            ),
+            (7, 'mqtt.outbox.max_inflight: expected a whole number, got the text "lots"'),
             (13, "pipelines[0].source.fps: Input should be greater than 0 (got 0)"),
             (16, "pipelines[0].postprocess.top_k: Input should be greater than or equal to 1 (got 0)"),
             (

@@ -264,8 +264,7 @@ def test_env_value_is_validated_after_interpolation(tmp_path: Path) -> None:
     path = write(tmp_path, PORT_FROM_ENV)
     assert load_config(path, environ={"PORT": "8883"}).mqtt.port == 8883
     assert problems_of(path, {"PORT": "abc"}) == [
-        f"{path}:5: mqtt.port: Input should be a valid integer, "
-        "unable to parse string as an integer (got 'abc')"
+        f'{path}:5: mqtt.port: expected a whole number, got "abc" (from ${{PORT}})'
     ]
     assert problems_of(path, {"PORT": "70000"}) == [
         f"{path}:5: mqtt.port: Input should be less than or equal to 65535 (got '70000')"

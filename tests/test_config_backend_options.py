@@ -107,8 +107,7 @@ def test_every_problem_in_the_options_is_reported_at_once(tmp_path: Path) -> Non
         "openvino/<device>, tflite/cpu or tflite/edgetpu",
         f"{path}:7: backends.options.tflite/gpu: no backend is called 'tflite/gpu'; options are per "
         "backend: onnxruntime/<execution provider>, openvino/<device>, tflite/cpu or tflite/edgetpu",
-        f"{path}:9: backends.options.tflite/cpu.threads: Input should be a valid integer, unable to parse "
-        "string as an integer (got 'many')",
+        f'{path}:9: backends.options.tflite/cpu.threads: expected a whole number, got the text "many"',
     ]
 
 

@@ -275,9 +275,9 @@ def test_target_is_required() -> None:
     [
         (0, "Input should be greater than or equal to 1 (got 0)"),
         (-3, "Input should be greater than or equal to 1 (got -3)"),
-        (True, "Input should be a valid integer (got true)"),
-        ("7", "Input should be a valid integer (got '7')"),
-        (7.0, "Input should be a valid integer (got 7.0)"),
+        (True, "expected a whole number, got true"),
+        ("7", 'expected a whole number, got the text "7": write it without quotes'),
+        (7.0, "expected a whole number, got 7.0"),
     ],
 )
 def test_generation_is_an_integer_from_1(generation: Any, message: str) -> None:
@@ -359,10 +359,10 @@ def test_list_indices_in_paths() -> None:
     ]
 
 
-def test_a_number_where_a_string_is_expected_says_json() -> None:
+def test_a_number_where_a_string_is_expected_is_told_to_be_quoted() -> None:
     assert problems_of(document(pipelines={"door-cam": pipeline(version=2)})) == [  # type: ignore[arg-type]
-        f"{LAYER}: $.pipelines.door-cam.model.version: expected a string, got 2: "
-        'quote it in the JSON, e.g. "2.0"'
+        f"{LAYER}: $.pipelines.door-cam.model.version: expected a string, got the number 2: "
+        'write it in quotes, "2"'
     ]
 
 
@@ -482,7 +482,7 @@ def test_a_canary_phase_needs_percent_and_seed() -> None:
         ),
         (
             {"phase": "canary", "canary_percent": True, "seed": "s"},
-            "$.rollout.canary_percent: Input should be a valid number (got true)",
+            "$.rollout.canary_percent: expected a number, got true",
         ),
         (
             {"phase": "all", "sed": "s"},

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field, GetCoreSchemaHandler, GetJsonSchemaHandle
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import InitErrorDetails, core_schema
 
-from agent.config.base import StrictModel
+from agent.config.base import StrictModel, carried, validate_typed
 from providers.options import EP_OPTIONS, TFLITE_OPTIONS, CpuOptions, OpenVinoOptions, options_model
 
 # --- each backend's options: the providers' own models (providers/options.py) ---------------------
@@ -73,12 +73,9 @@ def _check_per_backend(
             problems.append({"type": "value_error", "loc": (backend,), "input": given, "ctx": {"error": why}})
             continue
         try:
-            checked[backend] = model.model_validate(given).model_dump(exclude_unset=True)
+            checked[backend] = validate_typed(model, given).model_dump(exclude_unset=True)
         except ValidationError as exc:
-            problems.extend(
-                {"type": e["type"], "loc": (backend, *e["loc"]), "input": e["input"], "ctx": e.get("ctx", {})}
-                for e in exc.errors()
-            )
+            problems.extend(carried(e, (backend, *e["loc"])) for e in exc.errors())
     if problems:
         raise ValidationError.from_exception_data("options", problems, hide_input=True)
     return checked
