@@ -1,9 +1,13 @@
 """Drawing on frames: boxes with captions, zones and lines, and a size-bounded JPEG. numpy and OpenCV.
 
-Used by the Home Assistant image (agent/home_automation/image.py), the snapshots (agent/snapshots.py)
-and `infer --draw`. Images are BGR uint8 (OpenCV's order); boxes are [x1, y1, x2, y2] in the image's
-pixels, as the detection postprocessor gives them. The drawing functions return a drawn copy and
-leave their input alone (a frame may be shared with other readers).
+Used by the Home Assistant image (agent/home_automation/image.py), the snapshots (agent/snapshots.py),
+`infer --draw` and `source --save`. Images are BGR uint8 (OpenCV's order); boxes are [x1, y1, x2, y2]
+in the image's pixels, as the detection postprocessor gives them. The drawing functions return a drawn
+copy and leave their input alone (a frame may be shared with other readers).
+
+A drawn frame explains itself: each object's anchor point (the point a zone or line counts) is
+marked, a zone is coloured by its state (empty, occupied, overcrowded) with its live count, a line
+shows its count per direction, and no label covers another or a line's arrowhead (`Labels`).
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from typing import Any
 import cv2
 import numpy as np
 
-from agent.processing.zones import LineShape, ZoneShape
+from agent.processing.zones import LineShape, ZoneShape, anchor_points
 
 Colour = tuple[int, int, int]  # B, G, R
+Rect = tuple[int, int, int, int]  # x1, y1, x2, y2 (x2, y2 excluded)
 
 # Boxes without a track id: the amber the Home Assistant image has always used.
 DEFAULT_COLOUR: Colour = (0, 200, 255)
@@ -86,20 +91,86 @@ def _text_colour(background: Colour) -> Colour:
     return (0, 0, 0) if 0.114 * b + 0.587 * g + 0.299 * r > 140 else (255, 255, 255)
 
 
+class Labels:
+    """Where the labels of one picture went: each new label is placed near where it was asked for,
+    where it covers no earlier label and no area kept clear (a line's arrowhead). Share one between
+    `draw_zones` and `draw_boxes` so a caption does not cover a zone's name either."""
+
+    # Tried in order of distance from the place asked for: up to this many label sizes away.
+    _REACH_X, _REACH_Y = 3, 6
+
+    def __init__(self) -> None:
+        self.placed: list[tuple[str, Rect]] = []  # text, rectangle: what `place` gave, in order
+        self.clear: list[Rect] = []
+
+    def keep_clear(self, rect: Rect) -> None:
+        self.clear.append(rect)
+
+    def place(self, text: str, x: int, y: int, w: int, h: int, width: int, height: int) -> Rect:
+        """A w x h rectangle inside the width x height picture, its top-left corner as near (x, y) as
+        there is room for; where every place within reach is taken, the one asked for."""
+        taken = [rect for _, rect in self.placed] + self.clear
+        offsets = sorted(
+            ((dx * (w // 2 + 1), dy * (h + 1)) for dx in range(-self._REACH_X, self._REACH_X + 1)
+             for dy in range(-self._REACH_Y, self._REACH_Y + 1)),
+            key=lambda o: (o[0] / max(w, 1)) ** 2 + (o[1] / max(h, 1)) ** 2,
+        )  # fmt: skip
+        first: Rect | None = None
+        for dx, dy in offsets:
+            left = min(max(x + dx, 0), max(width - w, 0))
+            top = min(max(y + dy, 0), max(height - h, 0))
+            rect = (left, top, left + w, top + h)
+            if first is None:
+                first = rect
+            if not any(_overlaps(rect, other) for other in taken):
+                break
+        else:
+            rect = first if first is not None else (x, y, x + w, y + h)
+        self.placed.append((text, rect))
+        return rect
+
+
+def _overlaps(a: Rect, b: Rect) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
 def _label(
-    image: np.ndarray, text: str, x: int, y: int, colour: Colour, scale: float, thickness: int
-) -> None:
+    image: np.ndarray,
+    text: str,
+    x: int,
+    y: int,
+    colour: Colour,
+    scale: float,
+    thickness: int,
+    labels: Labels | None = None,
+) -> Rect:
     """`text` on a filled `colour` background whose bottom-left corner is at (x, y), moved inside
-    the image where it would leave it."""
+    the image where it would leave it (and, with `labels`, off the labels placed before); its
+    rectangle."""
     height, width = image.shape[:2]
     (tw, th), baseline = cv2.getTextSize(text, _FONT, scale, thickness)
     pad = max(2, thickness)
     box_w, box_h = tw + 2 * pad, th + baseline + 2 * pad
-    x = min(max(x, 0), max(width - box_w, 0))
-    y = min(max(y, box_h), height)
-    cv2.rectangle(image, (x, y - box_h), (x + box_w, y), colour, cv2.FILLED)
-    cv2.putText(image, text, (x + pad, y - pad - baseline), _FONT, scale, _text_colour(colour), thickness,
+    if labels is None:
+        labels = Labels()
+    x1, y1, x2, y2 = labels.place(text, x, y - box_h, box_w, box_h, width, height)
+    cv2.rectangle(image, (x1, y1), (x2 - 1, y2 - 1), colour, cv2.FILLED)
+    cv2.putText(image, text, (x1 + pad, y2 - pad - baseline), _FONT, scale, _text_colour(colour), thickness,
                 cv2.LINE_AA)  # fmt: skip
+    return x1, y1, x2, y2
+
+
+def mark_anchor(image: np.ndarray, point: Sequence[float], colour: Colour, radius: int) -> None:
+    """A dot in `colour` ringed in black and white at `point` (in place): the point of an object a
+    zone or a line counts, legible on any background."""
+    centre = (round(float(point[0])), round(float(point[1])))
+    cv2.circle(image, centre, radius + 2, (255, 255, 255), cv2.FILLED, cv2.LINE_AA)
+    cv2.circle(image, centre, radius + 1, (0, 0, 0), cv2.FILLED, cv2.LINE_AA)
+    cv2.circle(image, centre, radius, colour, cv2.FILLED, cv2.LINE_AA)
+
+
+def anchor_radius(image: np.ndarray) -> int:
+    return max(3, _sizes(image)[0] + 2)
 
 
 def draw_boxes(
@@ -109,20 +180,26 @@ def draw_boxes(
     colour: Colour | None = None,
     captions: bool = True,
     thickness: int | None = None,
+    anchors: Sequence[str] = (),
+    labels: Labels | None = None,
 ) -> np.ndarray:
     """A copy of `image_bgr` with each entry's box and caption ('person #12 0.87': `caption_of`).
 
     An entry with a `track_id` is drawn in that track's colour (`track_colour`), others in `colour`
     (default DEFAULT_COLOUR). The caption sits on a filled strip of the box's colour just above the
-    box (inside its top where the box touches the frame's top). Entries without a usable box (none,
-    not 4 finite numbers, wholly outside the image) are left out. `thickness` defaults to one that
-    suits the image's size."""
+    box (inside its top where the box touches the frame's top), moved where it would cover another
+    caption (or a label of `labels`). `anchors` ("bottom_center", "center": those the pipeline's
+    zones and lines count by) are marked on each box (`mark_anchor`). Entries without a usable box
+    (none, not 4 finite numbers, wholly outside the image) are left out. `thickness` defaults to
+    one that suits the image's size."""
     _check_image(image_bgr)
     image = image_bgr.copy()
     height, width = image.shape[:2]
     auto_thickness, scale = _sizes(image)
     line = thickness if thickness is not None else auto_thickness
     text_thickness = max(1, auto_thickness // 2 + auto_thickness % 2)
+    placed = labels if labels is not None else Labels()
+    kept: list[tuple[tuple[int, int, int, int], Colour, str]] = []
     for entry in entries:
         box = _pixel_box(entry.get("box"), width, height)
         if box is None:
@@ -133,19 +210,17 @@ def draw_boxes(
         track_id = entry.get("track_id")
         drawn = track_colour(track_id) if track_id is not None else (colour or DEFAULT_COLOUR)
         cv2.rectangle(image, (x1, y1), (x2, y2), drawn, line)
-        if captions:
-            _label(image, caption_of(entry), min(x1, x2) - line // 2, min(y1, y2) - line // 2 - 1, drawn,
-                   scale, text_thickness)  # fmt: skip
+        kept.append((box, drawn, caption_of(entry)))
+    # Anchors over every box's lines, captions over everything: none is hidden by a later box.
+    radius = anchor_radius(image)
+    for anchor in dict.fromkeys(a for a in anchors if a in ("bottom_center", "center")):
+        for box, drawn, _ in kept:
+            mark_anchor(image, anchor_points([box], anchor)[0], drawn, radius)  # type: ignore[arg-type]
+    if captions:
+        for (x1, y1, x2, y2), drawn, text in kept:
+            _label(image, text, min(x1, x2) - line // 2, min(y1, y2) - line // 2 - 1, drawn, scale,
+                   text_thickness, placed)  # fmt: skip
     return image
-
-
-def _outlined_text(image: np.ndarray, text: str, centre: tuple[float, float], colour: Colour, scale: float,
-                   thickness: int) -> None:  # fmt: skip
-    """`text` centred on `centre`, in `colour` with a dark outline (legible on any background)."""
-    (tw, th), _ = cv2.getTextSize(text, _FONT, scale, thickness)
-    origin = (round(centre[0] - tw / 2), round(centre[1] + th / 2))
-    cv2.putText(image, text, origin, _FONT, scale, (0, 0, 0), thickness + 2, cv2.LINE_AA)
-    cv2.putText(image, text, origin, _FONT, scale, colour, thickness, cv2.LINE_AA)
 
 
 def zone_colour(index: int) -> Colour:
@@ -154,16 +229,66 @@ def zone_colour(index: int) -> Colour:
     return track_colour(index + 1000)
 
 
+# A zone's colour by its state, where the state is known (`infer --track`): blue when empty, green
+# when occupied, red when overcrowded (the scene's own verdict, as its events say).
+ZONE_STATE_COLOURS: dict[str, Colour] = {
+    "empty": (230, 150, 40),
+    "occupied": (60, 200, 60),
+    "overcrowded": (40, 40, 235),
+}
+
+
+def zone_state(occupancy: Mapping[str, Any] | None) -> str:
+    """empty, occupied or overcrowded, from a zone's entry of `Scene.summary()["zones"]`."""
+    if not occupancy:
+        return "empty"
+    if occupancy.get("overcrowded"):
+        return "overcrowded"
+    return "occupied" if int(occupancy.get("count") or 0) > 0 else "empty"
+
+
 def _ints(points: np.ndarray) -> np.ndarray:
     return np.round(np.clip(points, -(2**20), 2**20)).astype(np.int32)
 
 
+def _label_at(
+    image: np.ndarray,
+    text: str,
+    centre: Sequence[float] | np.ndarray,
+    colour: Colour,
+    scale: float,
+    thickness: int,
+    labels: Labels,
+) -> Rect:
+    """A label (`_label`) centred on `centre`, where there is room."""
+    (tw, th), baseline = cv2.getTextSize(text, _FONT, scale, thickness)
+    pad = max(2, thickness)
+    x = round(float(centre[0]) - (tw + 2 * pad) / 2)
+    y = round(float(centre[1]) + (th + baseline + 2 * pad) / 2)
+    return _label(image, text, x, y, colour, scale, thickness, labels)
+
+
 def draw_zones(
-    image: np.ndarray, zones: Sequence[ZoneShape], lines: Sequence[LineShape], *, fill_alpha: float = 0.25
+    image: np.ndarray,
+    zones: Sequence[ZoneShape],
+    lines: Sequence[LineShape],
+    *,
+    fill_alpha: float = 0.25,
+    occupancy: Mapping[str, Mapping[str, Any]] | None = None,
+    limits: Mapping[str, int | None] | None = None,
+    counts: Mapping[str, Mapping[str, int]] | None = None,
+    labels: Labels | None = None,
 ) -> np.ndarray:
-    """A copy of `image` with each zone's polygon (outlined, filled at `fill_alpha`, its name in the
-    middle) and each line (its name at its start; an arrow from its middle towards the side an `in`
-    crossing goes to, the `in` name at the arrow's tip and the `out` name on the other side).
+    """A copy of `image` with each zone's polygon (outlined, filled at `fill_alpha`, its name on its
+    top edge, away from the people inside) and each line (its name at its start; an arrow from its
+    middle towards the side an `in` crossing goes to, the `in` name beyond the arrow's tip and the
+    `out` name on the other side).
+
+    With `occupancy` (`Scene.summary()["zones"]`), a zone is coloured by its state (`zone_state`:
+    ZONE_STATE_COLOURS) and its label says how many are in it (`2/3` with `limits`, the zones'
+    `max_objects`); without, each zone has its own colour (`zone_colour`). With `counts`
+    (`Scene.summary()["lines"]`), each direction's name carries its count. Labels never cover each
+    other nor an arrowhead (`labels`, shared with `draw_boxes`, keeps their places).
 
     Sides as agent/processing/zones.py defines them: walking from the line's first point to its
     second, `in` crosses from the right to the left."""
@@ -171,18 +296,23 @@ def draw_zones(
     if not 0 <= fill_alpha <= 1:
         raise ValueError(f"fill_alpha {fill_alpha} is not between 0 and 1")
     thickness, scale = _sizes(image)
+    text_thickness = max(1, thickness // 2)
+    placed = labels if labels is not None else Labels()
     out = image.copy()
+    zone_colours = [
+        ZONE_STATE_COLOURS[zone_state(occupancy.get(zone.name))] if occupancy is not None else zone_colour(i)
+        for i, zone in enumerate(zones)
+    ]
     if zones:
         overlay = out.copy()
-        for i, zone in enumerate(zones):
-            cv2.fillPoly(overlay, [_ints(zone.polygon)], zone_colour(i))
+        for zone, colour in zip(zones, zone_colours, strict=True):
+            cv2.fillPoly(overlay, [_ints(zone.polygon)], colour)
         # The fill is see-through; outlines and names go on top at full strength.
         out = cv2.addWeighted(overlay, fill_alpha, out, 1 - fill_alpha, 0)
-        for i, zone in enumerate(zones):
-            cv2.polylines(out, [_ints(zone.polygon)], True, zone_colour(i), thickness, cv2.LINE_AA)
-            cx, cy = zone.polygon.mean(axis=0)
-            _outlined_text(out, zone.name, (cx, cy), zone_colour(i), scale, max(1, thickness // 2))
+        for zone, colour in zip(zones, zone_colours, strict=True):
+            cv2.polylines(out, [_ints(zone.polygon)], True, colour, thickness, cv2.LINE_AA)
     arrow = max(20.0, max(out.shape[:2]) / 20)
+    drawn_lines = []
     for j, line in enumerate(lines):
         colour = zone_colour(len(zones) + j)
         start, end = np.asarray(line.start, np.float64), np.asarray(line.end, np.float64)
@@ -197,15 +327,86 @@ def draw_zones(
         tip = mid + normal * arrow
         cv2.arrowedLine(out, tuple(_ints(mid)), tuple(_ints(tip)), colour, thickness, cv2.LINE_AA,
                         tipLength=0.3)  # fmt: skip
-        (_, th), _ = cv2.getTextSize(line.directions[0], _FONT, scale, thickness)
-        text_thickness = max(1, thickness // 2)
-        _outlined_text(
-            out, line.directions[0], tuple(mid + normal * (arrow + th)), colour, scale, text_thickness
+        head = 0.3 * arrow + 2 * thickness  # the arrowhead's reach around its tip: no label there
+        placed.keep_clear(
+            (
+                math.floor(min(mid[0], tip[0]) - head),
+                math.floor(min(mid[1], tip[1]) - head),
+                math.ceil(max(mid[0], tip[0]) + head),
+                math.ceil(max(mid[1], tip[1]) + head),
+            )
         )
-        _outlined_text(
-            out, line.directions[1], tuple(mid - normal * (arrow + th)), colour, scale, text_thickness
+        drawn_lines.append((line, colour, start, d / length, mid, normal))
+    # Labels last, zones' first: they claim their places before the lines' (and the boxes' after).
+    for zone, colour in zip(zones, zone_colours, strict=True):
+        text = zone.name
+        if occupancy is not None:
+            count = int((occupancy.get(zone.name) or {}).get("count") or 0)
+            limit = (limits or {}).get(zone.name)
+            text = f"{zone.name} {count}" + (f"/{limit}" if limit is not None else "")
+        # On the zone's top edge (its topmost corner, the leftmost of equals): people stand lower.
+        top = min(range(len(zone.polygon)), key=lambda k: (zone.polygon[k][1], zone.polygon[k][0]))
+        x, y = zone.polygon[top]
+        _label(out, text, round(float(x)), round(float(y)), colour, scale, text_thickness, placed)
+    for line, colour, start, along, mid, normal in drawn_lines:
+        (_, th), _ = cv2.getTextSize(line.name, _FONT, scale, text_thickness)
+        seen = (counts or {}).get(line.name)
+        names = [f"{name} {seen.get(name, 0)}" if seen is not None else name for name in line.directions]
+        _label_at(out, names[0], mid + normal * (arrow + 2 * th), colour, scale, text_thickness, placed)
+        _label_at(out, names[1], mid - normal * (arrow + 2 * th), colour, scale, text_thickness, placed)
+        _label_at(out, line.name, start - along * th * 2, colour, scale, text_thickness, placed)
+    return out
+
+
+def draw_scene(
+    image: np.ndarray,
+    entries: Sequence[Mapping[str, Any]],
+    zones: Sequence[ZoneShape],
+    lines: Sequence[LineShape],
+    *,
+    occupancy: Mapping[str, Mapping[str, Any]] | None = None,
+    limits: Mapping[str, int | None] | None = None,
+    counts: Mapping[str, Mapping[str, int]] | None = None,
+) -> np.ndarray:
+    """A frame of a tracking pipeline: its zones and lines (`draw_zones`, by state and count), then
+    the boxes with their captions and the anchor points the zones and lines count by (`draw_boxes`),
+    no label covering another."""
+    labels = Labels()
+    anchors = [zone.anchor for zone in zones] + [line.anchor for line in lines]
+    canvas = image
+    if zones or lines:
+        canvas = draw_zones(
+            image, zones, lines, occupancy=occupancy, limits=limits, counts=counts, labels=labels
         )
-        _outlined_text(out, line.name, tuple(start - d / length * th * 2), colour, scale, text_thickness)
+    return draw_boxes(canvas, entries, anchors=anchors, labels=labels)
+
+
+GRID_STEP = 0.1  # `draw_grid`: a line every tenth of the width and of the height
+
+
+def draw_grid(image: np.ndarray, step: float = GRID_STEP) -> np.ndarray:
+    """A copy of `image` with a grid of fraction coordinates (the `units: fraction` a zone's points
+    are given in): a thin line every `step` of the width and of the height, each labelled with its
+    fraction along the top (x) and the left (y) edge."""
+    _check_image(image)
+    if not 0 < step < 1:
+        raise ValueError(f"grid step {step} is not between 0 and 1")
+    height, width = image.shape[:2]
+    overlay = image.copy()
+    marks = [round(k * step, 6) for k in range(1, math.ceil(1 / step - 1e-9))]
+    for f in marks:
+        x, y = round(f * width), round(f * height)
+        cv2.line(overlay, (x, 0), (x, height - 1), (255, 255, 255), 1)
+        cv2.line(overlay, (0, y), (width - 1, y), (255, 255, 255), 1)
+    out = cv2.addWeighted(overlay, 0.5, image, 0.5, 0)  # see-through: the picture stays legible
+    _, scale = _sizes(image)
+    scale *= 0.8
+    placed = Labels()
+    for f in marks:
+        text = f"{f:g}"
+        (tw, _), _ = cv2.getTextSize(text, _FONT, scale, 1)
+        _label(out, text, round(f * width - tw / 2) - 2, 0, (40, 40, 40), scale, 1, placed)
+        _label_at(out, text, (tw / 2 + 4, f * height), (40, 40, 40), scale, 1, placed)
     return out
 
 

@@ -4,7 +4,7 @@ GStreamer pipeline start, does the microphone deliver, at what rate and size?"""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agent.config import AudioSourceConfig, SourceConfig, VideoSourceConfig
@@ -35,6 +35,7 @@ class SourceCheck:
     shape: list[int] | None
     dtype: str | None
     stats: SourceStatus  # as it stood at the end of the check (streaming, retrying, ...)
+    sample: Any = field(default=None, repr=False, compare=False)  # the first frame's data (source --save)
 
     def to_json(self) -> dict[str, Any]:
         """`edge-agent source --json`."""
@@ -100,4 +101,5 @@ def check_source(config: SourceConfig, seconds: float = 3.0, until_first: bool =
         shape=None if sample is None else list(sample.shape),
         dtype=None if sample is None else str(sample.dtype),
         stats=stats,
+        sample=sample,
     )

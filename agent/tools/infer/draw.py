@@ -1,4 +1,6 @@
-"""`infer --draw`: the picture the model saw with its boxes and labels drawn, written to a file."""
+"""`infer --draw`: the picture the model saw with its boxes and labels drawn, over the pipeline's zones
+and lines (each zone with how many of the boxes it holds, each box's anchor point marked), written to
+a file."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ from typing import Any
 import cv2
 import numpy as np
 
+from agent.config import LineConfig, ZoneConfig
 from agent.errors import EdgeAgentError
+from agent.processing.drawing import Labels, anchor_radius, draw_zones, mark_anchor
+from agent.processing.zones import LineShape, ZoneShape, anchor_points
 
 # BGR colours of boxes by class index: bright, and far from each other.
 PALETTE: tuple[tuple[int, int, int], ...] = (
@@ -34,27 +39,66 @@ def line_width(image: np.ndarray) -> int:
     return max(2, round(max(image.shape[:2]) / 400))
 
 
-def draw(image: np.ndarray, output: Mapping[str, Any]) -> tuple[np.ndarray, str]:
+def draw(
+    image: np.ndarray,
+    output: Mapping[str, Any],
+    zones: Sequence[ZoneConfig] = (),
+    lines: Sequence[LineConfig] = (),
+) -> tuple[np.ndarray, str]:
     """A copy of `image` with the output drawn (detections and regions: boxes and labels in their
-    class colour; classification: the top label), and what was drawn."""
+    class colour; classification: the top label) over `zones` and `lines` (a zone coloured by whether
+    any box is in it, by its anchor and labels, with how many; each box's anchor point marked), and
+    what was drawn."""
+    height, width = image.shape[:2]
+    zone_shapes = [ZoneShape.from_config(zone, width, height) for zone in zones]
+    line_shapes = [LineShape.from_config(line, width, height) for line in lines]
+    labels = Labels()
+    limits = {zone.name: zone.max_objects for zone in zones}
+    entries = output.get("detections", output.get("regions", []))
     canvas = image.copy()
+    if zone_shapes or line_shapes:
+        canvas = draw_zones(
+            canvas, zone_shapes, line_shapes, occupancy=_occupancy(zone_shapes, entries, limits),
+            limits=limits, labels=labels,
+        )  # fmt: skip
+    points = [z.anchor for z in zone_shapes if z.anchor != "box"] + [ln.anchor for ln in line_shapes]
+    anchors = list(dict.fromkeys(points))  # the points the zones and lines count by
+    drawn = f" over {len(zone_shapes)} zone(s) and {len(line_shapes)} line(s)" if zones or lines else ""
     if "detections" in output:
         for detection in output["detections"]:
             label = detection["label"] if detection["label"] is not None else f"class {detection['index']}"
-            _box(
-                canvas, detection["box"], f"{label} {detection['score']:.2f}", box_colour(detection["index"])
-            )
-        return canvas, f"{len(output['detections'])} detection(s) drawn"
+            caption, colour = f"{label} {detection['score']:.2f}", box_colour(detection["index"])
+            _box(canvas, detection["box"], caption, colour, labels, anchors)
+        return canvas, f"{len(output['detections'])} detection(s) drawn{drawn}"
     if "regions" in output:
         for region in output["regions"]:
-            _box(canvas, region["box"], f"{region['score']:.2f}", box_colour(0))
-        return canvas, f"{len(output['regions'])} region(s) drawn"
+            _box(canvas, region["box"], f"{region['score']:.2f}", box_colour(0), labels, anchors)
+        return canvas, f"{len(output['regions'])} region(s) drawn{drawn}"
     if output.get("top"):
         top = output["top"][0]
         label = top["label"] if top["label"] is not None else f"class {top['index']}"
         _banner(canvas, f"{label} {top['score']:.2f}")
-        return canvas, f"top label {label!r} written"
+        return canvas, f"top label {label!r} written{drawn}"
+    if drawn:
+        return canvas, f"nothing to draw for this output: the image with its{drawn[5:]}"
     return canvas, "nothing to draw for this output: the image is as it came"
+
+
+def _occupancy(
+    zones: Sequence[ZoneShape], entries: Sequence[Mapping[str, Any]], limits: Mapping[str, int | None]
+) -> dict[str, dict[str, Any]]:
+    """How many of the boxes each zone holds (its anchor, its labels), as a tracking pipeline counts
+    them on one frame (no min_frames: one frame is all there is), and whether that is more than its
+    max_objects."""
+    boxes = [entry["box"] for entry in entries]
+    occupancy: dict[str, dict[str, Any]] = {}
+    for zone in zones:
+        wanted = [zone.labels is None or entry.get("label") in zone.labels for entry in entries]
+        inside = zone.contains(np.asarray(boxes, np.float64).reshape(-1, 4)) if boxes else np.zeros(0, bool)
+        count = int(np.sum(inside & np.asarray(wanted, bool)))
+        limit = limits.get(zone.name)
+        occupancy[zone.name] = {"count": count, "overcrowded": limit is not None and count > limit}
+    return occupancy
 
 
 def _text_size(image: np.ndarray) -> tuple[float, int]:
@@ -62,18 +106,30 @@ def _text_size(image: np.ndarray) -> tuple[float, int]:
     return scale, max(1, round(scale * 2))
 
 
-def _box(image: np.ndarray, box: Sequence[float], label: str, colour: tuple[int, int, int]) -> None:
+def _box(
+    image: np.ndarray,
+    box: Sequence[float],
+    label: str,
+    colour: tuple[int, int, int],
+    labels: Labels | None = None,
+    anchors: Sequence[str] = (),
+) -> None:
     x1, y1, x2, y2 = (round(float(v)) for v in box)
     width = line_width(image)
     cv2.rectangle(image, (x1, y1), (x2, y2), colour, width)
+    for anchor in anchors:
+        mark_anchor(image, anchor_points([box], anchor)[0], colour, anchor_radius(image))  # type: ignore[arg-type]
     scale, thickness = _text_size(image)
     (text_w, text_h), baseline = cv2.getTextSize(label, _FONT, scale, thickness)
-    top = y1 - text_h - baseline - 2 * width
+    box_w, box_h = text_w + 2 * width, text_h + baseline + 2 * width
+    top = y1 - box_h
     if top < 0:  # no room above: inside, under the top edge
         top = y1
-    right = x1 + text_w + 2 * width
-    cv2.rectangle(image, (x1, top), (right, top + text_h + baseline + 2 * width), colour, cv2.FILLED)
-    origin = (x1 + width, top + text_h + width)
+    # Where another label is, beside it instead (`Labels`).
+    placed = labels if labels is not None else Labels()
+    left, top, right, bottom = placed.place(label, x1, top, box_w, box_h, image.shape[1], image.shape[0])
+    cv2.rectangle(image, (left, top), (right, bottom), colour, cv2.FILLED)
+    origin = (left + width, top + text_h + width)
     cv2.putText(image, label, origin, _FONT, scale, (0, 0, 0), thickness, cv2.LINE_AA)
 
 

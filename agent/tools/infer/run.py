@@ -45,7 +45,7 @@ from agent.model_hints import embedded_hints, with_model_hints
 from agent.processing import Postprocessor, build_postprocessor
 from agent.processing.feed import AudioFeeder, ImageFeeder
 from agent.rules import ReportRules
-from agent.sources import read_wav
+from agent.sources import read_wav, redact_uri
 from agent.sources.audio import audio_windows
 from agent.stage import FrameRun, LoadedModel, Stage
 from agent.store import ModelStore
@@ -149,6 +149,12 @@ class InferRequest:
     state_dir: Path | None = None
     backend: str | None = None
     benchmark: bool = False
+    camera: str | None = None  # INPUT is this camera or stream (rtsp://, /dev/videoN, ...), not a file
+
+    @property
+    def input_name(self) -> str:
+        """INPUT as results say it (a camera's URL without its password)."""
+        return redact_uri(self.camera) if self.camera is not None else str(self.input_path)
 
 
 # --- running --------------------------------------------------------------------------------------
@@ -169,15 +175,24 @@ def infer(request: InferRequest, *, frame: int | None = None, raw: bool = False)
     """Run MODEL on INPUT as the pipeline `pipeline` of `agent` (or with the model's defaults): on
     `frame` of a video (default 0); `raw`: every output tensor's values in the result too."""
     input_path, pipeline = request.input_path, request.pipeline
-    kind = input_kind(input_path)
-    if frame is not None and kind != "video":
-        raise EdgeAgentError(f"--frame is for a video input; {input_path} is {NAMED[kind]}")
+    picture: np.ndarray | None = None
+    if request.camera is not None:
+        if frame is not None:
+            raise EdgeAgentError("--frame is for a video file; a camera's frame is the one it gives now")
+        from agent.tools.infer.camera import camera_frame
+
+        # The camera's first frame, run as an image (it answers, or says why, before the model loads).
+        picture = camera_frame(request.camera)
+        kind = "image"
+    else:
+        kind = input_kind(input_path)
+        if frame is not None and kind != "video":
+            raise EdgeAgentError(f"--frame is for a video input; {input_path} is {NAMED[kind]}")
+        if kind == "image":
+            picture = read_image(input_path)
+        elif kind == "video":
+            picture = read_video_frame(input_path, frame or 0)
     model, config, embedded = model_and_pipeline(request, kind)
-    picture = None
-    if kind == "image":
-        picture = read_image(input_path)
-    elif kind == "video":
-        picture = read_video_frame(input_path, frame or 0)
     defaults = pipeline is None
 
     def run(completed: PipelineConfig, loaded: Loaded) -> InferResult:
@@ -186,6 +201,8 @@ def infer(request: InferRequest, *, frame: int | None = None, raw: bool = False)
     result = on_model(request, model, config, embedded, run, kind=kind, picture=picture)
     result.pipeline = pipeline
     result.frame = (frame or 0) if kind == "video" else None
+    if request.camera is not None:
+        result.input, result.kind = request.input_name, "camera"
     return result
 
 

@@ -9,17 +9,24 @@ and its frame number, counted from 0 as --frame counts them), and an event's tim
 object's `first_seen`, ...) read as if the clip had started when infer did. At the clip's end every
 open track ends (reason `end of clip`).
 
---draw writes the picture with the boxes (each track in its own colour, `label #id score`), the
-zones and the lines drawn (agent/processing/drawing.py): a video name (.mp4, .avi) gets every frame
-at the clip's fps and size; an image name the frame with the most tracked objects (the latest of
-equals; the last frame when nothing was tracked).
+INPUT may also be a camera or stream (rtsp://, http(s)://, /dev/videoN, gst:...): its frames for
+`seconds` (10 by default), each at its capture time; or one image: one frame, which is all there is,
+so a track is confirmed and a zone entered on it (min_hits, min_frames 1, min_seconds 0).
+
+--draw writes the picture (agent/processing/drawing.py `draw_scene`): the boxes (each track in its
+own colour, `label #id score`) with the anchor points the zones and lines count by, the zones coloured
+by state with their live counts, the lines with their counts per direction. A video name (.mp4: H.264,
+.webm: VP8, .avi: MJPEG; agent/tools/infer/video.py) gets every frame at the clip's fps and size (a
+camera's frames at their capture times on a DRAW_CAMERA_FPS grid); an image name the frame with the
+most tracked objects (the latest of equals; the last frame when nothing was tracked).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,22 +37,27 @@ import numpy as np
 from agent.config import PipelineConfig, TrackConfig
 from agent.config.processing import gives_boxes
 from agent.errors import EdgeAgentError, ModelError
-from agent.processing.drawing import draw_boxes, draw_zones
+from agent.processing.drawing import draw_scene
 from agent.processing.scene import Event, Scene, boxes_of
 from agent.processing.zones import LineShape, ZoneShape
 from agent.stage import Stage
+from agent.tools.infer.camera import camera_frames
 from agent.tools.infer.choice import Loaded, ResolvedModel, artifact_run
 from agent.tools.infer.draw import write_picture
-from agent.tools.infer.inputs import NAMED, input_kind, read_video_frame
+from agent.tools.infer.inputs import NAMED, input_kind, read_image, read_video_frame
 from agent.tools.infer.run import InferRequest, latency, model_and_pipeline, on_model, ready_stage
+from agent.tools.infer.video import REFUSED, VIDEO_FORMATS, VideoWriter, is_video_name, video_problem
 from providers import BackendError
 
-# Video files --draw writes with --track: suffix -> the FourCC OpenCV encodes it with (both are in
-# every OpenCV build: no external codec library needed).
-VIDEO_WRITERS = {".mp4": "mp4v", ".avi": "MJPG"}
 MAX_FRAMES = 1_000_000  # a bound on the frames read (about 9 hours at 30 fps)
 ASSUMED_FPS = 25.0  # for a video that does not say its frame rate
+DRAW_CAMERA_FPS = 10.0  # a camera's drawn video: its frames placed at their capture times on this grid
+CAMERA_SECONDS = 10.0  # how long --track reads a camera without --seconds
 END_OF_CLIP = "end of clip"
+ONE_IMAGE = (
+    "one image: a track is confirmed and a zone entered on its one frame (min_hits, min_frames 1, "
+    "min_seconds 0)"
+)
 
 OnEvent = Callable[[Event], None]
 
@@ -70,12 +82,13 @@ class TrackResult:
     summary: dict[str, Any] = field(default_factory=dict)
     note: str = ""
     drawn: str = ""  # what --draw wrote
+    kind: str = "video"  # video, camera or image
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "model": self.model,
             "input": self.input,
-            "kind": "video",
+            "kind": self.kind,
             "pipeline": self.pipeline,
             "backend": self.backend,
             "precision": self.precision,
@@ -94,18 +107,32 @@ class TrackResult:
         return data
 
 
-def check_track_draw(path: Path) -> None:
+def check_track_draw(path: Path, kind: str = "video") -> None:
     """EdgeAgentError unless --draw can write `path` with --track (before the model runs): a video
-    (.mp4, .avi) or an image type OpenCV writes, in a folder that exists and can be written to."""
+    (VIDEO_FORMATS, whose encoder is here) or an image type OpenCV writes, in a folder that exists
+    and can be written to. `kind` "image" (one frame): an image only."""
     if path.is_dir():
         raise EdgeAgentError(f"--draw {path} is a folder: name the file to write")
     suffix = path.suffix.lower()
-    if suffix not in VIDEO_WRITERS and not cv2.haveImageWriter(str(path)):
+    videos = ", ".join(VIDEO_FORMATS)
+    if kind == "image" and (is_video_name(path) or suffix in REFUSED):
+        raise EdgeAgentError(
+            f"--draw {path}: the input is one image, so is the picture", hint="name a .jpg or .png"
+        )
+    problem = video_problem(path)
+    if problem:
+        playable = [suffix for suffix in VIDEO_FORMATS if video_problem(Path(f"out{suffix}")) is None]
+        raise EdgeAgentError(
+            f"--draw {path}: {problem}",
+            hint=f"name a video ({', '.join(playable)}: the whole clip) or an image (.jpg, .png: the frame "
+            "with the most tracked objects)",
+        )
+    if not is_video_name(path) and not cv2.haveImageWriter(str(path)):
         what = f"cannot write {suffix!r} files" if suffix else "a name without a suffix says no file type"
         raise EdgeAgentError(
             f"--draw {path}: {what}",
-            hint=f"name a video ({', '.join(VIDEO_WRITERS)}: the whole clip) or an image (.jpg, .png: "
-            "the frame with the most tracked objects)",
+            hint=f"name a video ({videos}: the whole clip) or an image (.jpg, .png: the frame with the "
+            "most tracked objects)",
         )
     folder = path.parent
     if not folder.is_dir():
@@ -124,27 +151,99 @@ def track(
     request: InferRequest,
     *,
     draw: Path | None = None,
+    seconds: float | None = None,
     on_start: Callable[[TrackResult], None] | None = None,
     on_event: OnEvent | None = None,
 ) -> TrackResult:
-    """Run MODEL on every frame of the video INPUT and track what it finds (the module's docstring):
-    `on_start` is called once the backend is loaded, `on_event` with each event as it happens."""
-    input_path, pipeline = request.input_path, request.pipeline
-    kind = input_kind(input_path)
-    if kind != "video":
-        raise EdgeAgentError(
-            f"--track follows objects across a video's frames; {input_path} is {NAMED[kind]}"
-        )
+    """Run MODEL on every frame of INPUT (a video file, a camera, or one image) and track what it
+    finds (the module's docstring): `seconds` bounds the clip's time (a camera's: CAMERA_SECONDS by
+    default); `on_start` is called once the backend is loaded, `on_event` with each event as it
+    happens."""
+    input_path = request.input_path
+    camera: Iterator[Frame] | None = None
+    if request.camera is not None:
+        kind = "camera"
+        camera = _camera_clip(request.camera, seconds or CAMERA_SECONDS)
+        first = next(camera)  # the camera answers (or says why) before the model loads
+    else:
+        kind = input_kind(input_path)
+        if kind not in ("video", "image"):
+            raise EdgeAgentError(
+                f"--track follows objects across a video's frames; {input_path} is {NAMED[kind]}"
+            )
+        first = Frame(read_image(input_path) if kind == "image" else read_video_frame(input_path, 0), 0, 0.0)
     if draw is not None:
-        check_track_draw(draw)
-    model, config, embedded = model_and_pipeline(request, kind)
-    first = read_video_frame(input_path, 0)
+        check_track_draw(draw, kind)
+    model, config, embedded = model_and_pipeline(request, "image" if kind == "camera" else kind)
+    if kind == "image":
+        config = _one_frame(config)
+
+    def clip() -> Iterator[Frame]:
+        """The frames from the first (again, where `on_model` runs the body again on other backends;
+        a camera goes on from where it is)."""
+        if camera is not None:
+            return itertools.chain([first], camera)
+        return iter([first]) if kind == "image" else _file_clip(input_path, seconds)
 
     def run(completed: PipelineConfig, loaded: Loaded) -> TrackResult:
-        tracker = _ClipTracker(completed, model, loaded, input_path, pipeline, draw, on_start, on_event)
-        return tracker.run()
+        tracker = _ClipTracker(completed, model, loaded, request, kind, draw, on_start, on_event)
+        return tracker.run(clip())
 
-    return on_model(request, model, config, embedded, run, kind=kind, picture=first)
+    try:
+        return on_model(request, model, config, embedded, run, kind="image" if kind == "camera" else kind,
+                        picture=first.data)  # fmt: skip
+    finally:
+        close = getattr(camera, "close", None)
+        if close is not None:
+            close()  # the camera stopped now, not when the generator is collected
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of the clip: the picture, its number (from 0) and its position in seconds."""
+
+    data: np.ndarray
+    index: int
+    position: float
+    fps: float = 0.0  # the clip's rate where the clip says it (files; 0: a camera or an image)
+    note: str = ""
+
+
+def _file_clip(path: Path, seconds: float | None) -> Iterator[Frame]:
+    """A video file's frames in order, frame i at i / fps (ASSUMED_FPS where the file says none)."""
+    capture = cv2.VideoCapture(str(path))
+    try:
+        if not capture.isOpened():
+            raise EdgeAgentError(f"{path}: OpenCV cannot open this video (a damaged file, or no codec)")
+        fps = float(capture.get(cv2.CAP_PROP_FPS) or 0.0)
+        note = ""
+        if not math.isfinite(fps) or fps <= 0 or fps > 1000:
+            note = f"the video does not say its frame rate: {ASSUMED_FPS:g} fps assumed"
+            fps = ASSUMED_FPS
+        for index in range(MAX_FRAMES):
+            ok, picture = capture.read()
+            if not ok or picture is None or (seconds is not None and index / fps >= seconds):
+                return
+            yield Frame(picture, index, index / fps, fps, note)
+    finally:
+        capture.release()
+
+
+def _camera_clip(uri: str, seconds: float) -> Iterator[Frame]:
+    """A camera's frames for `seconds` after its first, each at its capture time from the first."""
+    began: float | None = None
+    for index, frame in enumerate(camera_frames(uri, seconds)):
+        began = frame.captured_at if began is None else began
+        yield Frame(frame.data, index, max(0.0, frame.captured_at - began))
+        if index + 1 >= MAX_FRAMES:
+            return
+
+
+def _one_frame(config: PipelineConfig) -> PipelineConfig:
+    """The pipeline's settings for one image: a track confirmed and a zone entered on one frame."""
+    tracking = (config.tracking or TrackConfig()).model_copy(update={"min_hits": 1})
+    zones = [zone.model_copy(update={"min_frames": 1, "min_seconds": 0.0}) for zone in config.zones]
+    return config.model_copy(update={"track": tracking, "zones": zones})
 
 
 def boxes_problem(config: PipelineConfig) -> str | None:
@@ -166,22 +265,22 @@ class _ClipTracker:
         config: PipelineConfig,
         model: ResolvedModel,
         loaded: Loaded,
-        path: Path,
-        pipeline: str | None,
+        request: InferRequest,
+        kind: str,
         draw: Path | None,
         on_start: Callable[[TrackResult], None] | None,
         on_event: OnEvent | None,
     ) -> None:
-        self.config, self.model, self.loaded, self.path = config, model, loaded, path
-        self.pipeline, self.draw = pipeline, draw
+        self.config, self.model, self.loaded, self.request = config, model, loaded, request
+        self.pipeline, self.kind, self.draw = request.pipeline, kind, draw
         self.on_start, self.on_event = on_start, on_event
         zero = {"entries": 0, "exits": 0, "dwell": 0, "overcrowded": 0}
         self.counts: dict[str, dict[str, int]] = {zone.name: dict(zero) for zone in config.zones}
-        self.writer: cv2.VideoWriter | None = None
+        self.limits = {zone.name: zone.max_objects for zone in config.zones}
+        self.writer: VideoWriter | None = None
         self.best: tuple[int, int, np.ndarray] | None = None  # tracked objects, frame, drawn picture
-        self._size = (0, 0)  # the video writer's frame size
 
-    def run(self) -> TrackResult:
+    def run(self, frames: Iterator[Frame]) -> TrackResult:
         problem = boxes_problem(self.config)
         if problem:
             raise EdgeAgentError(
@@ -191,30 +290,28 @@ class _ClipTracker:
                 else f"pipeline {self.pipeline} has no boxes to track",
             )
         stage = ready_stage(self.config, self.model, self.loaded, defaults=self.pipeline is None)
-        capture = cv2.VideoCapture(str(self.path))
+        head = next(frames, None)  # the clip's own first frame: its rate and size
+        if head is None:
+            raise EdgeAgentError(f"{self.request.input_name}: OpenCV decoded no frame of this video")
         try:
-            if not capture.isOpened():
-                raise EdgeAgentError(
-                    f"{self.path}: OpenCV cannot open this video (a damaged file, or no codec)"
-                )
-            return self._frames(stage, capture)
-        finally:
-            capture.release()
+            result = self._frames(stage, itertools.chain([head], frames), head)
+        except BaseException:
             if self.writer is not None:
-                self.writer.release()
+                self.writer.abort()
+                self.writer = None
+                if self.draw is not None:
+                    self.draw.unlink(missing_ok=True)
+            raise
+        return result
 
-    def _frames(self, stage: Stage, capture: cv2.VideoCapture) -> TrackResult:
+    def _frames(self, stage: Stage, frames: Iterator[Frame], first: Frame) -> TrackResult:
         session = self.loaded.session
-        fps = float(capture.get(cv2.CAP_PROP_FPS) or 0.0)
-        note = ""
-        if not math.isfinite(fps) or fps <= 0 or fps > 1000:
-            note = f"the video does not say its frame rate: {ASSUMED_FPS:g} fps assumed"
-            fps = ASSUMED_FPS
-        width = int(capture.get(cv2.CAP_PROP_FRAME_WIDTH))
-        height = int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT))
+        # A camera's rate is what it gives (known at the end); its drawn video is on a grid.
+        fps = first.fps or (DRAW_CAMERA_FPS if self.kind == "camera" else 1.0)
+        height, width = first.data.shape[:2]
         result = TrackResult(
             model=self.model.ref,
-            input=str(self.path),
+            input=self.request.input_name,
             pipeline=self.pipeline,
             backend=session.backend,
             precision=session.precision,
@@ -223,20 +320,18 @@ class _ClipTracker:
             backend_choice=self.loaded.how,
             fps=fps,
             size=[width, height],
-            note=note,
+            kind=self.kind,
+            note="; ".join(filter(None, [first.note, ONE_IMAGE if self.kind == "image" else ""])),
         )
         tracking = self.config.tracking or TrackConfig()
         scene = Scene(tracking, self.config.zones, self.config.lines)
         shapes: tuple[list[ZoneShape], list[LineShape]] | None = None
         started = time.time()  # the clip's frame 0, for the events' times
         totals = np.zeros(3)
-        frames = 0
+        frames_run = 0
         position = 0.0
-        for index in range(MAX_FRAMES):
-            ok, picture = capture.read()
-            if not ok or picture is None:
-                break
-            position = index / fps
+        for frame in frames:
+            picture, index, position = frame.data, frame.index, frame.position
             try:
                 run = stage.run_frame(picture, gap=index == 0)
             except BackendError as exc:
@@ -245,11 +340,10 @@ class _ClipTracker:
                 raise ModelError(f"{self.model.ref}: frame {index}: {exc}") from None
             if index == 0 and self.on_start is not None:
                 self.on_start(result)
-            frames += 1
+            frames_run += 1
             totals += (run.preprocess_ms, run.inference_ms, run.postprocess_ms)
-            entries = boxes_of(
-                run.output
-            )  # None: a plugin without boxes this frame (skipped, as in the daemon)
+            # None: a plugin without boxes this frame (skipped, as in the daemon)
+            entries = boxes_of(run.output)
             height, width = picture.shape[:2]
             if entries is not None:
                 scene.step(entries, started + position, width, height)
@@ -258,20 +352,24 @@ class _ClipTracker:
                 if shapes is None or result.size != [width, height]:
                     result.size = [width, height]
                     shapes = _shapes(self.config, width, height)
-                self._draw(picture, entries or [], shapes, index, fps)
-        else:
-            result.note = "; ".join(filter(None, [result.note, f"stopped after {MAX_FRAMES} frames"]))
-        if frames == 0:
-            raise EdgeAgentError(f"{self.path}: OpenCV decoded no frame of this video")
+                self._draw(picture, entries or [], shapes, scene, index, position, fps)
+            if frames_run >= MAX_FRAMES:
+                result.note = "; ".join(filter(None, [result.note, f"stopped after {MAX_FRAMES} frames"]))
+                break
+        if frames_run == 0:
+            raise EdgeAgentError(f"{result.input}: OpenCV decoded no frame of this video")
+        if self.kind == "camera":
+            result.fps = (frames_run - 1) / position if position > 0 else 0.0
+            result.note = "; ".join(filter(None, [result.note, f"{frames_run} frame(s) in {position:.1f} s"]))
         if scene.problems:  # pixel points outside the frame (the daemon logs them)
             result.note = "; ".join(filter(None, [result.note, *scene.problems]))
         open_at_end = scene.summary()
         scene.end_all(END_OF_CLIP, started + position)
-        self._events(scene.take_events(), result, frames - 1, position, at_end=True)
-        result.frames = frames
-        result.latency_ms = latency(*(totals / frames))
+        self._events(scene.take_events(), result, frames_run - 1, position, at_end=True)
+        result.frames = frames_run
+        result.latency_ms = latency(*(totals / frames_run))
         result.summary = self._summary(scene, open_at_end)
-        result.drawn = self._finish_drawing(frames)
+        result.drawn = self._finish_drawing(frames_run)
         return result
 
     def _events(
@@ -315,39 +413,44 @@ class _ClipTracker:
         picture: np.ndarray,
         entries: list[dict[str, Any]],
         shapes: tuple[list[ZoneShape], list[LineShape]],
+        scene: Scene,
         index: int,
+        position: float,
         fps: float,
     ) -> None:
         assert self.draw is not None
-        video = self.draw.suffix.lower() in VIDEO_WRITERS
+        video = is_video_name(self.draw)
         tracked = sum(1 for entry in entries if entry.get("track_id") is not None)
         if not video and self.best is not None and tracked < self.best[0]:
             return  # not the frame an image keeps: no need to draw it
         zones, lines = shapes
-        canvas = draw_zones(picture, zones, lines) if zones or lines else picture
-        canvas = draw_boxes(canvas, entries)
+        now = scene.summary() if zones or lines else {"zones": {}, "lines": {}}
+        canvas = draw_scene(
+            picture, entries, zones, lines, occupancy=now["zones"], limits=self.limits, counts=now["lines"]
+        )
         if not video:
             self.best = (tracked, index, canvas)
             return
-        height, width = canvas.shape[:2]
         if self.writer is None:
-            fourcc = cv2.VideoWriter.fourcc(*VIDEO_WRITERS[self.draw.suffix.lower()])
-            self.writer = cv2.VideoWriter(str(self.draw), fourcc, fps, (width, height))
-            if not self.writer.isOpened():
-                raise EdgeAgentError(f"--draw {self.draw}: OpenCV cannot write this video here")
-            self._size = (width, height)
-        if (width, height) != self._size:  # a clip that changes size mid-way: the writer's size it is
-            canvas = cv2.resize(canvas, self._size, interpolation=cv2.INTER_AREA)
-        self.writer.write(canvas)
+            height, width = canvas.shape[:2]
+            self.writer = VideoWriter(self.draw, fps, (width, height))
+        # Each frame held until the next one's time: one a frame for a file (frame i at i / fps), a
+        # camera's at their capture times (repeated over a gap, left out when two share a tick).
+        due = math.floor(position * fps + 0.5) + 1 - self.writer.frames
+        for _ in range(min(max(due, 1 if self.writer.frames == 0 else 0), 10 * math.ceil(fps))):
+            self.writer.write(canvas)
 
     def _finish_drawing(self, frames: int) -> str:
         if self.draw is None:
             return ""
-        if self.draw.suffix.lower() in VIDEO_WRITERS:
+        if is_video_name(self.draw):
             assert self.writer is not None
-            self.writer.release()
-            self.writer = None
-            return f"{frames} frame(s) with the tracked boxes, zones and lines"
+            writer, self.writer = self.writer, None
+            writer.close()
+            shown = f"{writer.frames} frame(s)"
+            if self.kind == "camera":
+                shown += f" at {writer.fps:g} fps ({frames} from the camera, each at its time)"
+            return f"{shown} with the tracked boxes, zones and lines"
         assert self.best is not None
         tracked, index, canvas = self.best
         write_picture(self.draw, canvas)
