@@ -125,6 +125,43 @@ def _frame_as_input(video: Path, model: Path, out: Path) -> None:
     np.savez(out, **{name: x.transpose(2, 0, 1)[None]})
 
 
+def _zone_config(path: Path, video: Path, demo_config: Path) -> None:
+    """A user's config with a zone: the demo's settings and a detector pipeline (nudenet's YOLOv8n, from
+    its wheel) on the demo's video, a zone off the grid's lines (0.55 to 0.85 across)."""
+    settings = yaml.safe_load(demo_config.read_text())
+    detector = Path(importlib.util.find_spec("nudenet").submodule_search_locations[0]) / "320n.onnx"  # type: ignore[union-attr,index]
+    settings["pipelines"] = [{
+        "name": "door",
+        "model": {"path": str(detector)},
+        "source": {"type": "video", "uri": str(video)},
+        "postprocess": {"type": "detection"},
+        "zones": [{"name": "counter", "points": [[0.55, 0.1], [0.85, 0.1], [0.85, 0.9], [0.55, 0.9]]}],
+    }]  # fmt: skip
+    path.write_text(yaml.safe_dump(settings, sort_keys=False))
+
+
+def _zone_drawn(frame: Path, video: Path) -> Callable[[str], None]:
+    """`source --save`'s check: a JPEG of the video's first frame with the zone's left edge drawn
+    where --json says its pixels are."""
+
+    def check(stdout: str) -> None:
+        import cv2
+        import numpy as np
+
+        saved = json.loads(stdout)["saved"]
+        (zone,) = saved["zones"]
+        assert frame.read_bytes()[:3] == b"\xff\xd8\xff", f"{frame} is not a JPEG"
+        picture = cv2.imread(str(frame))
+        ok, first = cv2.VideoCapture(str(video)).read()
+        assert ok and picture is not None and picture.shape == first.shape, "not the video's frame"
+        (x, top), (_, bottom) = zone["pixels"][0], zone["pixels"][3]
+        rows = slice(top + 12, bottom - 2)  # below its label
+        edge = np.abs(picture[rows, x - 1 : x + 2].astype(int) - first[rows, x - 1 : x + 2]).max(axis=2)
+        assert (edge > 40).any(axis=1).mean() > 0.9, f"the zone's edge is not drawn at x={x}"
+
+    return check
+
+
 def json_with(*keys: str) -> Callable[[str], None]:
     def check(stdout: str) -> None:
         data = json.loads(stdout)
@@ -219,6 +256,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         walk.run("doctor", *c, "--json", exit_codes=(0, 1), check=json_with("checks"))
         walk.run("providers", "--json", check=json_with("backends", "hardware"))
         walk.run("source", str(video), "--seconds", "3", "--json", check=json_with("received", "per_second"))
+        # A zone set-up from a saved frame (docs/analytics.md, "Finding your zone's coordinates").
+        zones_config, frame = work / "zones.yaml", work / "frame.jpg"
+        _zone_config(zones_config, video, config)
+        walk.run("source", str(video), "--save", str(frame), "-c", str(zones_config), "--pipeline", "door",
+                 "--json", check=_zone_drawn(frame, video))  # fmt: skip
         walk.run("models", "check", str(model), "--json", check=json_with("backends"))
         walk.run("models", "inspect", str(model), "--json", check=json_with("models"))
         walk.run("explain", "sign-orientation", *c, expect=r"onnxruntime|openvino")
