@@ -30,6 +30,7 @@ from tests import media_fixtures
 from tests.face_clip import HEIGHT, LINE_X, MOVING, WIDTH, ZONE_X, faces_pipeline, write_clip
 from tests.media_fixtures import write_wav
 from tests.rtsp_camera import RtspServer
+from tests.test_draw_explains import probe
 
 yolo_path = media_fixtures.yolo_path
 yolo_labels = media_fixtures.yolo_labels
@@ -215,6 +216,9 @@ def test_track_on_one_image_runs_its_one_frame(
     zone = data["tracking"]["zones"]["right"]
     assert zone["entries"] == 1 and zone["inside_at_end"] == 1
     assert cv2.imread(str(out)).shape == (HEIGHT, WIDTH, 3)
+    result = run("infer", yolo_path, face_in_zone, "--track", "-c", config, "--pipeline", "faces")
+    assert result.exit_code == 0 and f"{WIDTH}x{HEIGHT}, one image: one frame" in result.output, result.output
+    assert "zone right: entered 1" in result.output
     result = run("infer", yolo_path, face_in_zone, "--track", "-c", config, "--pipeline", "faces",
                  "--draw", folder / "one.mp4")  # fmt: skip
     assert result.exit_code == 1 and "the input is one image, so is the picture" in result.output
@@ -241,6 +245,17 @@ def test_a_camera_url_is_saved_inferred_and_tracked(
     assert data["kind"] == "camera" and data["frames"] >= 3 and data["size"] == [WIDTH, HEIGHT]
     said = [e["type"] for e in data["events"] if e["type"] != "update"]
     assert said[:2] == ["new", "enter"], said
+    # For people, with the drawn video: H.264, the camera's frames at their times on a 10 fps grid.
+    video = folder / "camera.mp4"
+    faces = ("-c", config, "--pipeline", "faces")
+    result = run("infer", yolo_path, camera.url, "--track", "--seconds", "2", *faces, "--draw", video)
+    assert result.exit_code == 0, (result.output[-3000:], result.exception)
+    assert (
+        f"on {camera.url} (pipeline faces): {WIDTH}x{HEIGHT}, tracking every frame the camera gives"
+        in result.output
+    )
+    stream = probe(video)
+    assert stream["codec_name"] == "h264" and 15 <= int(stream["nb_read_frames"]) <= 25, stream
     # A camera that is not there: its reason, at once.
     camera.kill()
     result = run("infer", yolo_path, camera.url, "-c", config, "--pipeline", "faces")

@@ -114,8 +114,12 @@ class TrackPrinter:
         data = result.to_dict()
         how = f"pipeline {data['pipeline']}" if data["pipeline"] else "the model's own settings"
         width, height = data["size"]
-        clip = f"{width}x{height} at {data['fps']:g} fps"
-        say(self.console, f"{data['model']} on {data['input']} ({how}): {clip}, tracking every frame")
+        # A camera's rate is what it gives (said at the end); an image is its one frame.
+        clip = {
+            "camera": f"{width}x{height}, tracking every frame the camera gives",
+            "image": f"{width}x{height}, one image: one frame",
+        }.get(data["kind"], f"{width}x{height} at {data['fps']:g} fps, tracking every frame")
+        say(self.console, f"{data['model']} on {data['input']} ({how}): {clip}")
         _print_backend(self.console, data)
 
     def event(self, event: dict[str, Any]) -> None:
