@@ -224,6 +224,7 @@ def test_track_on_one_image_runs_its_one_frame(
     assert result.exit_code == 1 and "the input is one image, so is the picture" in result.output
 
 
+@pytest.mark.slow  # about 16 s: a real RTSP camera read five times, the model loaded four
 def test_a_camera_url_is_saved_inferred_and_tracked(
     camera: RtspServer, yolo_path: Path, config: Path, folder: Path, face_in_zone: Path
 ) -> None:
