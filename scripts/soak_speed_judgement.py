@@ -5,13 +5,15 @@ times, and tally what each agent's health window decided and the ratios it measu
     python scripts/soak_speed_judgement.py [RUNS]      (default 10; ~100 s a run on 2 cores)
 
 Exit status 0 only when every run passed: the same-speed version converged on every device and the
-slower one was rolled back on every device, busy and idle."""
+slower one was rolled back on every device, busy and idle. Each run's whole output (every device's
+verdicts and the test's report) is kept in LOGS/run-N.log."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -27,12 +29,15 @@ def main(runs: int) -> int:
     ratios: dict[str, list[float]] = defaultdict(list)
     outcomes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     passed = 0
+    logs = Path(tempfile.mkdtemp(prefix="soak-speed-"))
+    print(f"each run's output: {logs}/run-N.log", flush=True)
     for run in range(1, runs + 1):
         began = time.monotonic()
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", TEST],
             cwd=ROOT, capture_output=True, text=True, timeout=1800,
         )  # fmt: skip
+        (logs / f"run-{run}.log").write_text(done.stdout + done.stderr)
         for line in done.stdout.splitlines():
             found = VERDICT.search(line)
             if found:
@@ -44,8 +49,10 @@ def main(runs: int) -> int:
         passed += ok
         took = time.monotonic() - began
         print(f"run {run}/{runs}: {'passed' if ok else 'FAILED'} in {took:.0f} s", flush=True)
-        if not ok:
-            print(done.stdout[-4000:], flush=True)
+        if not ok:  # the devices' verdicts, and why the test failed
+            said = done.stdout.splitlines()
+            verdicts = [line for line in said if line.startswith("door-") or line[:2] == "E "]
+            print("\n".join(verdicts[-30:]), flush=True)
     print(f"\n{passed} of {runs} runs passed")
     for case, values in ratios.items():
         counts = ", ".join(f"{n} {verdict}" for verdict, n in sorted(outcomes[case].items()))

@@ -20,8 +20,10 @@ import pytest
 
 from agent.config import HealthWindowConfig, PipelineConfig
 from agent.pipeline import Pipeline
+from agent.side_by_side import MIN_PAIRS
 from agent.stage import LoadedModel, Stage
-from agent.supervisor.health import watch
+from agent.supervisor.health import _too_slow_twice, watch
+from providers.cpu_load import CpuLoad
 from providers.onnxruntime_backend import OnnxRuntimeBackend
 from tests.media_fixtures import CLS_LABELS, ListSink, cls_artifact, sign_folder
 from tests.slow_models import slowed
@@ -137,3 +139,26 @@ def test_stages_on_one_session_are_not_compared(tmp_path: Path, cls_model_path: 
         assert watch(pipeline, HEALTH, threading.Event()) is None
     finally:
         pipeline.stop(timeout=30)
+
+
+def test_a_slowdown_that_cannot_be_measured_again_still_counts(tmp_path: Path, cls_model_path: Path) -> None:
+    """Too slow once, then no frames to measure it again (a model that starves its pipeline, a source
+    that stalls): the first verdict stands, saying why, rather than passing unmeasured."""
+    slow = slowed(cls_model_path, tmp_path / "slow.onnx", size=512, products=6)
+    pipeline = running_on(tmp_path, cls_model_path)
+    stopped = False
+    try:
+        stage = swapped(pipeline, loaded(slow, "4.0"))
+        previous = pipeline.stages.previous
+        side = pipeline.compare_with(previous)
+        assert side is not None and previous is not None
+        wait_until(lambda: side.pairs >= MIN_PAIRS, f"{MIN_PAIRS} frames side by side", timeout=120)
+        pipeline.stop(timeout=30)  # no frame comes any more
+        stopped = True
+        recorded = previous.stats.median_latency_ms()
+        problem = _too_slow_twice(threading.Event(), stage, side, recorded, HEALTH, CpuLoad())
+        assert problem is not None and "side by side on" in problem, problem
+        assert "could not measure again: 0 frame(s) beside the previous version in 3 s" in problem, problem
+    finally:
+        if not stopped:
+            pipeline.stop(timeout=30)
