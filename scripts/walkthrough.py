@@ -171,6 +171,16 @@ def json_with(*keys: str) -> Callable[[str], None]:
     return check
 
 
+def _config_naming(path: Path, label: str, port: int, work: Path) -> None:
+    """A user's own tracking config: the tracking quick start's (configs/demo-tracking.yaml, its
+    lines kept, so file:line points at the user's line), the detector's file from its wheel, and
+    `label` where the quick start names the faces the detector finds."""
+    detector = Path(importlib.util.find_spec("nudenet").submodule_search_locations[0]) / "320n.onnx"  # type: ignore[union-attr,index]
+    text = (ROOT / "configs/demo-tracking.yaml").read_text()
+    text = text.replace("@WORK@/320n.onnx", str(detector)).replace("@PORT@", str(port))
+    path.write_text(text.replace("@WORK@", str(work)).replace("[FACE_FEMALE, FACE_MALE]", f"[{label}]"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, help="Folder for the walk's files (default: a new temp dir).")
@@ -280,6 +290,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         walk.run("fleet", "rollback", "--device", DEVICE, *broker_opt, "--timeout", "300",
                  "--json", check=json_with("status"), timeout=400)  # fmt: skip
         walk.run("fleet", "cmd", DEVICE, "ping", *broker_opt, "--json", check=json_with("ok", "result"))
+        # A user's own tracking config naming a label the detector lacks (`person`, as Frigate's
+        # detectors have it; this one finds faces) is refused with its file and line.
+        mine = work / "my-shop.yaml"
+        _config_naming(mine, "person", port, work)
+        refused = r"my-shop\.yaml:\d+: pipelines\[0\]\.(zones|lines)\[0\]\.labels\[0\]: 'person'"
+        walk.run("config", "validate", str(mine), exit_codes=(1,), expect=refused)
     finally:
         if agent is not None:
             agent.terminate()

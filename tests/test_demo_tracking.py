@@ -12,6 +12,7 @@ is no formality: counts that disagree with the truth make it say WRONG and exit 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -155,3 +156,32 @@ def test_the_shop_clip_shows_what_its_story_says_clearly(tmp_path: Path) -> None
         for name, box in t.faces.items():
             if abs(box[3] - door_y) < 20:  # its anchor at the door line
                 assert t.whole[name], (t.index, name)
+
+
+def test_the_walkthrough_s_own_config_naming_a_label_the_detector_lacks_is_refused_with_its_line(
+    tmp_path: Path,
+) -> None:
+    """scripts/walkthrough.py's last step: the quick start's config as a user makes it their own,
+    naming `person` (the detector finds faces), is refused by `config validate` at the lines that
+    name it; naming the detector's own labels, it is accepted."""
+    spec = importlib.util.spec_from_file_location("walkthrough", REPO / "scripts/walkthrough.py")
+    assert spec is not None and spec.loader is not None
+    walkthrough = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(walkthrough)
+    edge_agent = str(Path(sys.executable).parent / "edge-agent")
+    mine, theirs = tmp_path / "my-shop.yaml", tmp_path / "faces.yaml"
+    walkthrough._config_naming(mine, "person", 1883, tmp_path)
+    walkthrough._config_naming(theirs, "FACE_FEMALE", 1883, tmp_path)
+    refused = subprocess.run(
+        [edge_agent, "config", "validate", str(mine)], capture_output=True, text=True, timeout=60
+    )
+    lines = mine.read_text().splitlines()
+    said = re.findall(
+        r"my-shop\.yaml:(\d+): pipelines\[0\]\.(zones|lines)\[0\]\.labels\[0\]: 'person'", refused.stderr
+    )
+    assert refused.returncode == 1 and len(said) == 2, refused.stdout + refused.stderr
+    assert all("labels: [person]" in lines[int(number) - 1] for number, _ in said), said
+    accepted = subprocess.run(
+        [edge_agent, "config", "validate", str(theirs)], capture_output=True, text=True, timeout=60
+    )
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
