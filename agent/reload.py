@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from agent.clock import iso_utc
@@ -33,6 +32,7 @@ from agent.config_loader import parse_config, read_config
 from agent.errors import ConfigError
 from agent.fsutil import atomic_write_bytes
 from agent.sources.uri import redact_uri
+from agent.state_dir import state_dir_of
 
 log = logging.getLogger(__name__)
 
@@ -326,20 +326,6 @@ class LastGoodConfig:
 
 def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def state_dir_of(path: Path, default: Path | None = None) -> Path:
-    """Where a config's state dir is, even when the config does not validate: its `state_dir` when
-    the file still parses that far, else `default` (the config's own default state dir)."""
-    if default is None:
-        default = AgentConfig.model_fields["state_dir"].default
-        assert isinstance(default, Path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return default
-    value = data.get("state_dir") if isinstance(data, dict) else None
-    return Path(value) if isinstance(value, str) and value and "${" not in value else default
 
 
 @dataclass

@@ -25,13 +25,15 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from agent.errors import ModelError
-from providers import Backend, BackendError, ModelArtifact
-from providers.base import one_line
-from providers.select import Sample, SelectionPolicy, compare_outputs, feeds_problem, reference_session
+from providers.base import Backend, BackendError, ModelArtifact, one_line
+
+if TYPE_CHECKING:  # imported where test data is read or checked: a config's checks need neither
+    import numpy as np
+
+    from providers.select import Sample
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,10 @@ class TestData:
 
 def load_testdata(path: Path, label: str | None = None) -> Sample:
     """Read a test data archive; ModelError says what is wrong with it (`label` names it)."""
+    import numpy as np
+
+    from providers.select import Sample
+
     label = label or path.name
     feeds: dict[str, np.ndarray] = {}
     expected: dict[str, np.ndarray] = {}
@@ -120,6 +126,8 @@ def testdata_fits(
 ) -> list[tuple[TestData, Sample | None, str]]:
     """Each test data artifact with its sample (None when it cannot be read or fits no model
     file, and why)."""
+    from providers.select import Sample, feeds_problem, reference_session
+
     if not testdata:
         return []
     specs = {}
@@ -163,6 +171,8 @@ def testdata_problem(model: ModelArtifact, sample: Sample, backends: Sequence[Ba
     """What is wrong with `sample` as test data of `model` ("" if nothing): its inputs must fit, and
     its expected outputs must be what a plain CPU backend computes from them. BackendError when
     no CPU backend here can read the model."""
+    from providers.select import SelectionPolicy, compare_outputs, feeds_problem, reference_session
+
     session = reference_session([model], backends)
     try:
         problem = feeds_problem(session.inputs, sample.feeds)
@@ -271,6 +281,7 @@ def model_zoo_testdata(set_dir: Path, input_names: Sequence[str], output_names: 
     (input_K.pb feeds the K-th graph input that is not an initializer). Any ONNX tensor type is
     taken; strings become unicode arrays. Sequences, maps and optionals are refused by name.
     """
+    import numpy as np
     import onnx
     from onnx import numpy_helper
 
@@ -309,6 +320,8 @@ def testdata_bytes(
     feeds: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray] | None = None
 ) -> bytes:
     """An .npz archive of inputs and expected outputs (this module's format)."""
+    import numpy as np
+
     arrays = {**feeds, **{EXPECTED_PREFIX + k: v for k, v in (expected or {}).items()}}
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)  # type: ignore[arg-type]

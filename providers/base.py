@@ -7,10 +7,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+if TYPE_CHECKING:  # imported where a tensor is made: the options models (a config's) need no numpy
+    import numpy as np
 
 Dim = int | str | None  # a fixed size, a symbolic name, or unknown
 
@@ -139,6 +141,8 @@ class Session(ABC):
         `shapes` gives the real input shapes where the model leaves dimensions open
         (many convolutional models fail on a 1x1 image); other open dimensions become 1.
         """
+        import numpy as np
+
         feeds = {}
         for spec in self.inputs:
             shape = (shapes or {}).get(spec.name) or tuple(

@@ -7,12 +7,14 @@ import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from agent.config import AgentConfig
 from agent.errors import ConfigError, EdgeAgentError
+
+if TYPE_CHECKING:  # building the config models costs a command that reads no config (--help, status)
+    from agent.config import AgentConfig
 
 
 def echo_json(data: Any) -> None:

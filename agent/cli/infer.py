@@ -12,10 +12,10 @@ import typer
 from agent.cli.common import echo_json, load, user_errors
 from agent.cli.options import DEFAULT_CONFIG, ConfigOption, JsonOption, StateDirOption
 from agent.cli.render.infer import print_inference
-from agent.config import AgentConfig, PipelineConfig
 from agent.errors import EdgeAgentError
 
 if TYPE_CHECKING:
+    from agent.config import AgentConfig, PipelineConfig
     from agent.tools.infer.run import InferRequest
 
 

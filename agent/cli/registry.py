@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -21,8 +21,10 @@ from agent.cli.options import (
     TokenFileOption,
     UsernameOption,
 )
-from agent.config import RegistryConnection
 from agent.errors import EdgeAgentError
+
+if TYPE_CHECKING:
+    from agent.config import RegistryConnection
 
 registry_app = typer.Typer(help="Publish models to a registry.", no_args_is_help=True)
 
@@ -31,6 +33,8 @@ def _connection(
     username: str | None, password_file: Path | None, token_file: Path | None, ca_file: Path | None
 ) -> RegistryConnection:
     from pydantic import ValidationError
+
+    from agent.config import RegistryConnection
 
     try:
         return RegistryConnection(

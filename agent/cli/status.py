@@ -40,7 +40,7 @@ def status(
     ] = 0,
 ) -> None:
     """Ask the running daemon what it is doing. Exit 1 when none runs on the state dir."""
-    from agent.reload import state_dir_of
+    from agent.state_dir import state_dir_of
 
     where = socket_path(state_dir or state_dir_of(config))
     if not watch:

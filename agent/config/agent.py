@@ -16,6 +16,7 @@ from agent.config.mqtt import MqttConfig
 from agent.config.pipeline import PipelineConfig
 from agent.config.registry import RegistryConfig
 from agent.logfmt import LogFormat, LogLevel
+from agent.state_dir import DEFAULT_STATE_DIR
 
 
 class DeviceConfig(StrictModel):
@@ -127,7 +128,7 @@ class AgentConfig(StrictModel):
     model_config = ConfigDict(json_schema_extra=_registry_when_a_pipeline_names_one)
 
     device: DeviceConfig
-    state_dir: Path = Field(Path("/var/lib/edge-agent"), description="Model store, outbox and decisions.")
+    state_dir: Path = Field(DEFAULT_STATE_DIR, description="Model store, outbox and decisions.")
     log_level: LogLevel = "info"
     log_format: LogFormat = Field(
         "text", description="text: plain lines (no time under journald); json: one JSON object per line."
