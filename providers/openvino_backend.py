@@ -27,14 +27,15 @@ import functools
 import os
 import re
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import openvino as ov
 
 from providers.base import (
     Backend,
@@ -48,6 +49,43 @@ from providers.base import (
     sysroot,
 )
 from providers.options import OpenVinoOptions
+
+_OVC = "openvino.tools.ovc"
+
+
+def _openvino() -> ModuleType:
+    """`import openvino`, without the model conversion API it imports too (openvino.tools.ovc, for
+    `ov.convert_model`), which the agent never calls: that import loads OpenVINO's usage telemetry,
+    walks the stack three times and sends its event from a new process, ~0.1 s of every start of a
+    daemon on OpenVINO (docs/performance.md, "Start-up time"). `ov.convert_model` still works: it
+    imports the API when first asked for."""
+    if "openvino" in sys.modules or _OVC in sys.modules:
+        import openvino
+
+        return openvino
+    sys.modules[_OVC] = None  # type: ignore[assignment]  # openvino's __init__ skips an ImportError
+    try:
+        import openvino
+    finally:
+        if sys.modules.get(_OVC, ...) is None:
+            del sys.modules[_OVC]
+
+    def convert_model_on_first_use(name: str) -> Any:
+        if name == "convert_model":
+            from openvino.tools.ovc import convert_model
+
+            return convert_model
+        raise AttributeError(f"module 'openvino' has no attribute {name!r}")
+
+    if not hasattr(openvino, "convert_model"):
+        openvino.__getattr__ = convert_model_on_first_use
+    return openvino
+
+
+if TYPE_CHECKING:
+    import openvino as ov
+else:
+    ov = _openvino()
 
 RUNTIME = "openvino"
 FORMATS = frozenset({"onnx", "openvino-ir", "tflite"})

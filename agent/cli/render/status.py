@@ -4,10 +4,12 @@ a line for each problem and backend choice (agent/cli/status.py asks the daemon 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.status import PipelineStatus, statuses_of
 from agent.text import clip
+
+if TYPE_CHECKING:  # imported where a status is drawn: every other command loads this module too
+    from agent.status import PipelineStatus
 
 SHOWN_PROBLEMS = 5  # a refused reload's problems shown under the config line
 
@@ -24,6 +26,8 @@ def render(data: dict[str, Any]) -> Any:
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
+
+    from agent.status import statuses_of
 
     config = data.get("config") or {}
     mqtt = data.get("mqtt") or {}
