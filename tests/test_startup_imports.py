@@ -113,3 +113,26 @@ print(json.dumps({"before": before, "devices": devices, "convert": convert}))
     assert seen["before"] == []
     assert "openvino/CPU" in seen["devices"]  # the runtime works without it
     assert seen["convert"] == "convert_model"
+
+
+def test_starting_keeps_the_collector_off_then_freezes_what_it_made() -> None:
+    """What a command makes while starting (modules, config models) is long-lived: the cyclic
+    collector is off meanwhile and it is frozen after, so later passes skip it."""
+    script = """
+import gc, json
+from agent.cli.common import starting
+frozen = gc.get_freeze_count()
+with starting():
+    during = gc.isenabled()
+    import agent.config
+after = gc.isenabled()
+print(json.dumps({"during": during, "after": after, "frozen": gc.get_freeze_count() - frozen}))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["during"] is False
+    assert seen["after"] is True
+    assert seen["frozen"] > 10_000  # the config models and their modules

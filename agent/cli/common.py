@@ -3,6 +3,7 @@ messages (exit 1), the config loaded, and where a model is looked up."""
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -41,6 +42,22 @@ def user_errors(
             if exc.hint:
                 typer.echo(f"hint: {exc.hint}", err=True)
         raise typer.Exit(code) from None
+
+
+@contextmanager
+def starting() -> Iterator[None]:
+    """A command's start: importing the agent's modules and building the config models makes tens of
+    thousands of objects that live as long as the process and no garbage, and the cyclic collector's
+    passes over them cost ~10% of the start (importing the daemon: 0.42 s of CPU with it, 0.37 s
+    without). Off while starting; what was made is then frozen (gc.freeze): later passes skip it."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
 
 
 def load(config_path: Path) -> AgentConfig:

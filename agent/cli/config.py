@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from agent.cli.common import echo_json, load, user_errors
+from agent.cli.common import echo_json, load, starting, user_errors
 from agent.cli.options import JsonOption
 from agent.errors import ConfigError, EdgeAgentError
 
@@ -27,7 +27,8 @@ def config_validate(
     from agent.model_labels import check_config
 
     with user_errors(as_json):
-        cfg = load(file)
+        with starting():
+            cfg = load(file)
         labels = check_config(cfg)
         if labels.problems:
             raise ConfigError(labels.problems, hint="; ".join(dict.fromkeys(labels.hints)))

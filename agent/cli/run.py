@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from agent.cli.common import user_errors
+from agent.cli.common import starting, user_errors
 from agent.cli.options import DEFAULT_CONFIG, ConfigOption
 from agent.logfmt import LOG_LEVELS, setup_logging
 
@@ -41,16 +41,17 @@ def run(
             )
         log_level = log_level.lower()
     setup_logging(log_level or "info", "json" if log_format == "json" else "text")  # (the fallback logs)
-    from agent.reload import load_for_run
+    with starting():
+        from agent.reload import load_for_run
 
-    with user_errors():
-        loaded = load_for_run(config)
-    setup_logging(
-        log_level or loaded.config.log_level,
-        loaded.config.log_format if log_format is None else "json" if log_format == "json" else "text",
-    )
-    from agent.daemon import Agent, hold_state_dir
-    from agent.self_update import boot
+        with user_errors():
+            loaded = load_for_run(config)
+        setup_logging(
+            log_level or loaded.config.log_level,
+            loaded.config.log_format if log_format is None else "json" if log_format == "json" else "text",
+        )
+        from agent.daemon import Agent, hold_state_dir
+        from agent.self_update import boot
 
     with user_errors():  # a second daemon on the state dir must not touch its releases either
         held = hold_state_dir(loaded.config.state_dir)  # dropped by exec (close-on-exec)
