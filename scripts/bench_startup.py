@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""Benchmark: what `edge-agent` pays at start, against a bare `python -c pass`, in fresh processes run
+side by side (rounds interleaved: a noisy stretch of this shared box hits every contender alike).
+
+    .venv/bin/python scripts/bench_startup.py [--rounds 15] [--daemon-rounds 7] [--no-daemon]
+        [--no-compile] [--repo DIR] [--json out.json]
+
+Contenders, each a fresh process, timed from its start to its exit (the CLI) or to its first result
+on MQTT (the daemon):
+- bare: `python -c pass` (the interpreter's own start, the floor of every command);
+- help: `edge-agent --help`;
+- status: `edge-agent status -c CONFIG`, answered by a running daemon (one pipeline at 2 fps, idle
+  most of the time; with --no-daemon: the answer that none runs);
+- validate: `edge-agent config validate configs/agent.example.yaml`;
+- daemon: `edge-agent run -c CONFIG` on a restart (model stored, backend decision cached by a first
+  run), to its first result on a real mosquitto on loopback (the PP-OCR text direction classifier
+  on onnxruntime, a looping 640x360 clip at 2 fps).
+Goals (issue 34 item 14): help and status within 0.3 s of bare, validate within 0.5 s, the daemon's
+first result within 0.6 s. Figures: the median of each (and its min-max), minus bare's median.
+
+By default agent/ and providers/ are compiled to bytecode first, as scripts/install.sh installs
+them; --no-compile leaves a checkout run with PYTHONDONTWRITEBYTECODE=1 compiling them from source at
+each start (as this box's shell does): that costs every command ~0.3-0.4 s more. --repo DIR times
+another tree's agent/ and providers/ (e.g. an older commit: `git archive COMMIT agent providers |
+tar -x -C DIR`) with this interpreter and its packages: every command then starts as
+`python -c "from agent.cli import main; main()"` with PYTHONPATH=DIR, as the console script does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import datetime as dt
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.mosquitto import Mosquitto, Subscriber  # noqa: E402
+
+# The console script's own code (`from agent.cli import main`), run with PYTHONPATH = the tree timed.
+EDGE_AGENT = [
+    sys.executable,
+    "-c",
+    "import sys; sys.argv[0] = 'edge-agent'; from agent.cli import main; main()",
+]
+EXAMPLE = ROOT / "configs" / "agent.example.yaml"
+GOALS_S = {"help": 0.3, "status": 0.3, "validate": 0.5, "daemon": 0.6}
+MODEL, VERSION = "text-direction", "1"
+FIRST_RESULT_TIMEOUT_S = 120.0
+
+
+def cls_model() -> Path:
+    spec = importlib.util.find_spec("rapidocr_onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("rapidocr_onnxruntime is not installed (scripts/setup.sh installs it)")
+    return Path(next(iter(spec.submodule_search_locations)), "models", "ch_ppocr_mobile_v2.0_cls_infer.onnx")
+
+
+def make_clip(path: Path, frames: int = 20, fps: int = 10) -> None:
+    import cv2
+    import numpy as np
+
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (640, 360))
+    try:
+        for i in range(frames):
+            image = np.full((360, 640, 3), 255, np.uint8)
+            cv2.putText(image, f"SIGN {i}", (60, 200), cv2.FONT_HERSHEY_SIMPLEX, 3, (0, 0, 0), 6)
+            writer.write(image)
+    finally:
+        writer.release()
+
+
+def tree(env: dict[str, str]) -> str:
+    """The tree timed: the first entry of PYTHONPATH, also the working dir (`-c` puts that first)."""
+    return env["PYTHONPATH"].split(os.pathsep)[0]
+
+
+def timed(argv: list[str], env: dict[str, str], expect: tuple[int, ...] = (0,)) -> float:
+    """Seconds from the start of a fresh process to its exit."""
+    start = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, env=env, cwd=tree(env), timeout=120, check=False)
+    took = time.perf_counter() - start
+    if done.returncode not in expect:
+        raise SystemExit(f"{' '.join(argv)} exited {done.returncode}:\n{done.stderr.decode()[-2000:]}")
+    return took
+
+
+class Daemon:
+    """`edge-agent run` on one pipeline (the clip, looping at 2 fps) with a real broker."""
+
+    def __init__(self, work: Path, broker: Mosquitto, env: dict[str, str]) -> None:
+        self.work, self.env = work, env
+        self.state_dir = work / "state"
+        registry = work / "registry"
+        subprocess.run(
+            [*EDGE_AGENT, "registry", "publish", str(cls_model()), "--name", MODEL, "--version", VERSION,
+             "--registry", f"file://{registry}"],
+            check=True, capture_output=True, timeout=120, env=env, cwd=tree(env),
+        )  # fmt: skip
+        clip = work / "clip.mp4"
+        make_clip(clip)
+        config = {
+            "device": {"id": "bench-startup"},
+            "state_dir": str(self.state_dir),
+            "mqtt": {"host": broker.host, "port": broker.port, "reconnect_min_s": 0.2},
+            "registry": {"url": f"file://{registry}"},
+            "pipelines": [
+                {
+                    "name": "signs",
+                    "model": {"name": MODEL, "version": VERSION},
+                    "source": {"type": "video", "uri": str(clip), "loop": True, "fps": 2},
+                    "preprocess": {
+                        "resize": {"width": 192, "height": 48},
+                        "color": "bgr",
+                        "mean": [0.5] * 3,
+                        "std": [0.5] * 3,
+                    },
+                    "postprocess": {"type": "classification", "softmax": False, "top_k": 2},
+                }
+            ],
+        }
+        self.config = work / "agent.yaml"
+        self.config.write_text(json.dumps(config))
+        self.results = Subscriber(broker.host, broker.port, "edge/bench-startup/results/#")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = work / "daemon.log"
+
+    def _last_seq(self) -> int:
+        return max((json.loads(m.payload)["seq"] for m in self.results.messages), default=0)
+
+    def start(self) -> float:
+        """Start it; seconds to its first result of this run on MQTT (a seq above the last run's)."""
+        after = self._last_seq()
+        with self.log.open("ab") as log:
+            start = time.perf_counter()
+            self.proc = subprocess.Popen(
+                [*EDGE_AGENT, "run", "-c", str(self.config)],
+                stdout=log, stderr=log, env=self.env, cwd=tree(self.env),
+            )  # fmt: skip
+        fresh: Callable[[list[Any]], bool] = lambda got: any(  # noqa: E731
+            json.loads(m.payload)["seq"] > after for m in got
+        )
+        try:
+            self.results.wait_until(fresh, timeout=FIRST_RESULT_TIMEOUT_S)
+        except AssertionError:
+            self.stop()
+            raise SystemExit(f"edge-agent run gave no result in time; see {self.log}") from None
+        return time.perf_counter() - start
+
+    def decision_cached(self) -> bool:
+        path = self.state_dir / "decisions" / "pipelines" / "signs.json"
+        try:
+            return bool(json.loads(path.read_text())["decision"]["checked"])
+        except (OSError, ValueError, KeyError):
+            return False
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+
+    def close(self) -> None:
+        self.stop()
+        self.results.close()
+
+
+def summary(values: list[float], bare: float) -> dict[str, float]:
+    median = statistics.median(values)
+    return {
+        "median_s": round(median, 3),
+        "min_s": round(min(values), 3),
+        "max_s": round(max(values), 3),
+        "over_bare_s": round(median - bare, 3),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds of the CLI contenders")
+    parser.add_argument("--daemon-rounds", type=int, default=7, help="daemon restarts timed")
+    parser.add_argument("--no-daemon", action="store_true", help="skip the daemon (status: none running)")
+    parser.add_argument("--no-compile", action="store_true", help="leave agent/ uncompiled (see above)")
+    parser.add_argument("--repo", type=Path, default=ROOT, help="the tree whose agent/ is timed")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+
+    if not args.no_compile:
+        for package in ("agent", "providers"):
+            compileall.compile_dir(str(args.repo / package), quiet=1)
+    # The example config reads these: keep the host's values out.
+    env = {k: v for k, v in os.environ.items() if k not in ("EDGE_DEVICE_ID", "MQTT_HOST")}
+    env["PYTHONPATH"] = str(args.repo.resolve())  # and the working dir: `-c` puts it first on sys.path
+    env["COLUMNS"] = "100"
+    times: dict[str, list[float]] = {name: [] for name in ("bare", "help", "status", "validate")}
+    times["daemon"] = []
+    times["daemon_bare"] = []
+
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp,
+        Mosquitto(Path(tmp) / "broker") as broker,
+    ):
+        work = Path(tmp)
+        daemon: Daemon | None = None
+        status_config = work / "no-daemon.yaml"
+        status_config.write_text(json.dumps({"device": {"id": "x"}, "state_dir": str(work / "none")}))
+        status_expect: tuple[int, ...] = (1,)
+        try:
+            if not args.no_daemon:
+                daemon = Daemon(work, broker, env)
+                first = daemon.start()  # a first run proves the backend and caches the decision
+                deadline = time.monotonic() + FIRST_RESULT_TIMEOUT_S
+                while not daemon.decision_cached():
+                    if time.monotonic() > deadline:
+                        raise SystemExit(f"no cached decision in time; see {daemon.log}")
+                    time.sleep(0.1)
+                daemon.stop()
+                print(f"first run (nothing cached): first result after {first:.2f} s", flush=True)
+                for round_ in range(args.daemon_rounds):
+                    times["daemon_bare"].append(timed([sys.executable, "-c", "pass"], env))
+                    times["daemon"].append(daemon.start())
+                    if round_ < args.daemon_rounds - 1:
+                        daemon.stop()
+                    print(f"restart {round_ + 1}: first result after {times['daemon'][-1]:.3f} s", flush=True)
+                status_config, status_expect = daemon.config, (0,)  # the last one runs on, for status
+            contenders = {
+                "bare": ([sys.executable, "-c", "pass"], (0,)),
+                "help": ([*EDGE_AGENT, "--help"], (0,)),
+                "status": ([*EDGE_AGENT, "status", "-c", str(status_config)], status_expect),
+                "validate": ([*EDGE_AGENT, "config", "validate", str(EXAMPLE)], (0,)),
+            }
+            for argv, expect in contenders.values():  # once each, unmeasured: the page cache
+                timed(argv, env, expect)
+            for round_ in range(args.rounds):
+                order = list(contenders)
+                if round_ % 2:
+                    order.reverse()  # A B C D, D C B A, ...
+                for name in order:
+                    argv, expect = contenders[name]
+                    times[name].append(timed(argv, env, expect))
+        finally:
+            if daemon is not None:
+                daemon.close()
+
+    bare = statistics.median(times["bare"])
+    figures: dict[str, Any] = {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "box": f"{os.cpu_count()} logical cores; {platform.platform()}; Python {platform.python_version()}",
+        "compiled": not args.no_compile,
+        "repo": str(args.repo),
+        "rounds": args.rounds,
+        "bare": summary(times["bare"], bare),
+    }
+    for name in ("help", "status", "validate"):
+        figures[name] = summary(times[name], bare)
+    if times["daemon"]:
+        figures["daemon"] = summary(times["daemon"], statistics.median(times["daemon_bare"]))
+        figures["daemon_rounds"] = args.daemon_rounds
+    print(f"\n{figures['date']}; {figures['box']}; {args.repo}, bytecode compiled: {figures['compiled']}")
+    print("| contender | median s | min-max s | over bare s | goal (over bare) |")
+    print("|---|---|---|---|---|")
+    for name in ("bare", "help", "status", "validate", "daemon"):
+        if name not in figures:
+            continue
+        f = figures[name]
+        goal = GOALS_S.get(name)
+        verdict = "" if goal is None else f"≤ {goal} {'met' if f['over_bare_s'] <= goal else 'NOT met'}"
+        over = "" if name == "bare" else f"{f['over_bare_s']:.3f}"
+        print(f"| {name} | {f['median_s']:.3f} | {f['min_s']:.3f}-{f['max_s']:.3f} | {over} | {verdict} |")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    if shutil.which("mosquitto") is None and not Path("/usr/sbin/mosquitto").exists():
+        print("note: mosquitto is needed for the daemon part (apt-get install mosquitto)", file=sys.stderr)
+    sys.exit(main())
