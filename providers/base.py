@@ -96,7 +96,8 @@ class Support:
 class BackendOptions(BaseModel):
     """Base of every backend's options model (from YAML): unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Built when first used: a config names one or two backends, if any (start-up time).
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 def parse_options(model: type[OptionsT], options: Mapping[str, Any] | None, backend: str) -> OptionsT:

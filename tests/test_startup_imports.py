@@ -136,3 +136,26 @@ print(json.dumps({"during": during, "after": after, "frozen": gc.get_freeze_coun
     assert seen["during"] is False
     assert seen["after"] is True
     assert seen["frozen"] > 10_000  # the config models and their modules
+
+
+def test_config_models_build_their_validators_when_first_used() -> None:
+    """Importing agent.config builds no validator; validating a config builds AgentConfig's (its
+    sections inside it), not one per section model."""
+    script = f"""
+import json
+from pathlib import Path
+import agent.config as config
+from agent.config_loader import load_config
+models = [config.AgentConfig, config.PipelineConfig, config.MqttConfig, config.SelectionConfig]
+at_import = [m.__pydantic_complete__ for m in models]
+load_config(Path({str(EXAMPLE)!r}))
+print(json.dumps({{"at_import": at_import, "after": [m.__pydantic_complete__ for m in models]}}))
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("EDGE_DEVICE_ID", "MQTT_HOST")}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["at_import"] == [False, False, False, False]
+    assert seen["after"] == [True, False, False, False]

@@ -99,8 +99,11 @@ class StrictModel(BaseModel):
     `Expanded` text is the one exception."""
 
     # hide_input_in_errors: a ValidationError's text never quotes a value (a password, or a whole
-    # section holding one); config_loader's messages quote only what is safe to.
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+    # section holding one); config_loader's messages quote only what is safe to. defer_build: a
+    # model's validator is built when it is first used, not when its class is: validating a whole
+    # config builds AgentConfig's alone (the sections within it), not one more for each of the ~50
+    # section models (docs/performance.md, "Start-up time").
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True, defer_build=True)
 
     @model_validator(mode="wrap")
     @classmethod
