@@ -75,6 +75,7 @@ class SideBySide:
         }
         self._frames = 0
         self._pairs: collections.deque[tuple[float, float]] = collections.deque(maxlen=_PAIRS_KEPT)
+        self._made = 0  # pairs made so far (the deque keeps the last _PAIRS_KEPT)
         self._lock = threading.Lock()
         self.failed: str | None = None  # why the previous stage cannot run beside the new one
         self._own_timer = False  # the pairs are the runtimes' own timings (see `run`)
@@ -106,6 +107,7 @@ class SideBySide:
         pair = (new_own, old_own) if new_own is not None and old_own is not None else (new_wall, old_wall)
         with self._lock:
             self._pairs.append(pair)
+            self._made += 1
             self._own_timer = new_own is not None and old_own is not None
 
     def _time(self, stage: Stage, pixels: np.ndarray, gap: bool) -> tuple[float, float | None]:
@@ -119,10 +121,11 @@ class SideBySide:
         feeder.seen(outputs)
         return took, session.compute_ms
 
-    def restart(self) -> None:
-        """Forget the pairs so far (a second measurement after a pause)."""
+    @property
+    def made(self) -> int:
+        """Pairs made so far, all of them (`pairs`: those kept)."""
         with self._lock:
-            self._pairs.clear()
+            return self._made
 
     @property
     def pairs(self) -> int:
