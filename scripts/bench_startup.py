@@ -3,7 +3,7 @@
 side by side (rounds interleaved: a noisy stretch of this shared box hits every contender alike).
 
     .venv/bin/python scripts/bench_startup.py [--rounds 15] [--daemon-rounds 7] [--no-daemon]
-        [--no-compile] [--repo DIR] [--json out.json]
+        [--no-compile] [--repo DIR] [--against DIR] [--json out.json]
 
 Contenders, each a fresh process, timed from its start to its exit (the CLI) or to its first result
 on MQTT (the daemon):
@@ -23,7 +23,8 @@ By default agent/ and providers/ are compiled to bytecode first, as scripts/inst
 them; --no-compile removes their bytecode and runs with PYTHONDONTWRITEBYTECODE=1, as a checkout
 runs in this box's shell: each start then compiles the agent's modules from source. --repo DIR times
 another tree's agent/ and providers/ (e.g. an older commit: `git archive COMMIT agent providers |
-tar -x -C DIR`) with this interpreter and its packages: every command then starts as
+tar -x -C DIR`) with this interpreter and its packages; --against DIR times one more tree in the
+same rounds, side by side (before and after a change). Every command starts as
 `python -c "from agent.cli import main; main()"` with PYTHONPATH=DIR, as the console script does.
 """
 
@@ -117,7 +118,9 @@ def process_cpu_s(pid: int) -> float:
 class Daemon:
     """`edge-agent run` on one pipeline (the clip, looping at 2 fps) with a real broker."""
 
-    def __init__(self, work: Path, broker: Mosquitto, env: dict[str, str]) -> None:
+    def __init__(
+        self, work: Path, broker: Mosquitto, env: dict[str, str], device: str = "bench-startup"
+    ) -> None:
         self.work, self.env = work, env
         self.state_dir = work / "state"
         registry = work / "registry"
@@ -129,7 +132,7 @@ class Daemon:
         clip = work / "clip.mp4"
         make_clip(clip)
         config = {
-            "device": {"id": "bench-startup"},
+            "device": {"id": device},
             "state_dir": str(self.state_dir),
             "mqtt": {"host": broker.host, "port": broker.port, "reconnect_min_s": 0.2},
             "registry": {"url": f"file://{registry}"},
@@ -150,7 +153,7 @@ class Daemon:
         }
         self.config = work / "agent.yaml"
         self.config.write_text(json.dumps(config))
-        self.results = Subscriber(broker.host, broker.port, "edge/bench-startup/results/#")
+        self.results = Subscriber(broker.host, broker.port, f"edge/{device}/results/#")
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = work / "daemon.log"
 
@@ -212,6 +215,27 @@ def summary(values: list[float], bare: float) -> dict[str, float]:
     }
 
 
+def prepare(repo: Path, no_compile: bool) -> dict[str, str]:
+    """The environment that runs `repo`'s agent, its bytecode compiled (or removed)."""
+    for package in ("agent", "providers"):
+        if no_compile:  # as a fresh checkout: no bytecode, and none written (below)
+            for cache in (repo / package).rglob("__pycache__"):
+                shutil.rmtree(cache)
+        else:
+            compileall.compile_dir(str(repo / package), quiet=1)
+    # The example config reads these: keep the host's values out.
+    env = {k: v for k, v in os.environ.items() if k not in ("EDGE_DEVICE_ID", "MQTT_HOST")}
+    env["PYTHONPATH"] = str(repo.resolve())  # and the working dir: `-c` puts it first on sys.path
+    if no_compile:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["COLUMNS"] = "100"
+    return env
+
+
+def alternating(items: list[Any], round_: int) -> list[Any]:
+    return items if round_ % 2 == 0 else items[::-1]  # A B C D, D C B A, ...
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -223,36 +247,33 @@ def main() -> int:
         "--no-compile", action="store_true", help="remove agent/'s and providers/' bytecode first (see above)"
     )
     parser.add_argument("--repo", type=Path, default=ROOT, help="the tree whose agent/ is timed")
+    parser.add_argument(
+        "--against", type=Path, help="another tree (e.g. an older commit), timed in the same rounds"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
 
-    for package in ("agent", "providers"):
-        if args.no_compile:  # as a fresh checkout: no bytecode, and none written (below)
-            for cache in (args.repo / package).rglob("__pycache__"):
-                shutil.rmtree(cache)
-        else:
-            compileall.compile_dir(str(args.repo / package), quiet=1)
-    # The example config reads these: keep the host's values out.
-    env = {k: v for k, v in os.environ.items() if k not in ("EDGE_DEVICE_ID", "MQTT_HOST")}
-    env["PYTHONPATH"] = str(args.repo.resolve())  # and the working dir: `-c` puts it first on sys.path
-    if args.no_compile:
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env["COLUMNS"] = "100"
+    trees = {"now": args.repo, **({"against": args.against} if args.against else {})}
+    envs = {label: prepare(repo, args.no_compile) for label, repo in trees.items()}
     names = ("bare", "help", "status", "validate", "daemon", "daemon_bare")
-    times: dict[str, list[float]] = {key: [] for name in names for key in (name, f"{name}_cpu")}
+    times = {label: {key: [] for name in names for key in (name, f"{name}_cpu")} for label in trees}
+
+    def record(label: str, name: str, took_cpu: tuple[float, float]) -> None:
+        times[label][name].append(took_cpu[0])
+        times[label][f"{name}_cpu"].append(took_cpu[1])
 
     with (
         tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp,
         Mosquitto(Path(tmp) / "broker") as broker,
     ):
         work = Path(tmp)
-        daemon: Daemon | None = None
-        status_config = work / "no-daemon.yaml"
-        status_config.write_text(json.dumps({"device": {"id": "x"}, "state_dir": str(work / "none")}))
-        status_expect: tuple[int, ...] = (1,)
+        daemons: dict[str, Daemon] = {}
+        none_runs = work / "no-daemon.yaml"
+        none_runs.write_text(json.dumps({"device": {"id": "x"}, "state_dir": str(work / "none")}))
         try:
-            if not args.no_daemon:
-                daemon = Daemon(work, broker, env)
+            for label in [] if args.no_daemon else list(trees):
+                (work / label).mkdir()
+                daemon = daemons[label] = Daemon(work / label, broker, envs[label], f"bench-{label}")
                 first, _ = daemon.start()  # a first run proves the backend and caches the decision
                 deadline = time.monotonic() + FIRST_RESULT_TIMEOUT_S
                 while not daemon.decision_cached():
@@ -260,77 +281,79 @@ def main() -> int:
                         raise SystemExit(f"no cached decision in time; see {daemon.log}")
                     time.sleep(0.1)
                 daemon.stop()
-                print(f"first run (nothing cached): first result after {first:.2f} s", flush=True)
-                for round_ in range(args.daemon_rounds):
-                    took, cpu = timed([sys.executable, "-c", "pass"], env)
-                    times["daemon_bare"].append(took)
-                    times["daemon_bare_cpu"].append(cpu)
-                    took, cpu = daemon.start()
-                    times["daemon"].append(took)
-                    times["daemon_cpu"].append(cpu)
+                print(f"{label}: first run (nothing cached), first result after {first:.2f} s", flush=True)
+            for round_ in range(0 if args.no_daemon else args.daemon_rounds):
+                for label in alternating(list(trees), round_):
+                    record(label, "daemon_bare", timed([sys.executable, "-c", "pass"], envs[label]))
+                    record(label, "daemon", daemons[label].start())
                     if round_ < args.daemon_rounds - 1:
-                        daemon.stop()
-                    print(f"restart {round_ + 1}: first result after {times['daemon'][-1]:.3f} s", flush=True)
-                status_config, status_expect = daemon.config, (0,)  # the last one runs on, for status
-            contenders = {
-                "bare": ([sys.executable, "-c", "pass"], (0,)),
-                "help": ([*EDGE_AGENT, "--help"], (0,)),
-                "status": ([*EDGE_AGENT, "status", "-c", str(status_config)], status_expect),
-                "validate": ([*EDGE_AGENT, "config", "validate", str(EXAMPLE)], (0,)),
-            }
-            for argv, expect in contenders.values():  # once each, unmeasured: the page cache
-                timed(argv, env, expect)
+                        daemons[label].stop()  # the last ones run on, for status
+                    print(f"{label} restart {round_ + 1}: {times[label]['daemon'][-1]:.3f} s", flush=True)
+            contenders: list[tuple[str, str, list[str], tuple[int, ...]]] = []
+            for label in trees:
+                status_config = daemons[label].config if label in daemons else none_runs
+                contenders += [
+                    (label, "bare", [sys.executable, "-c", "pass"], (0,)),
+                    (label, "help", [*EDGE_AGENT, "--help"], (0,)),
+                    (
+                        label,
+                        "status",
+                        [*EDGE_AGENT, "status", "-c", str(status_config)],
+                        (0,) if daemons else (1,),
+                    ),
+                    (label, "validate", [*EDGE_AGENT, "config", "validate", str(EXAMPLE)], (0,)),
+                ]
+            for label, _, argv, expect in contenders:  # once each, unmeasured: the page cache
+                timed(argv, envs[label], expect)
             for round_ in range(args.rounds):
-                order = list(contenders)
-                if round_ % 2:
-                    order.reverse()  # A B C D, D C B A, ...
-                for name in order:
-                    argv, expect = contenders[name]
-                    took, cpu = timed(argv, env, expect)
-                    times[name].append(took)
-                    times[f"{name}_cpu"].append(cpu)
+                for label, name, argv, expect in alternating(contenders, round_):
+                    record(label, name, timed(argv, envs[label], expect))
         finally:
-            if daemon is not None:
+            for daemon in daemons.values():
                 daemon.close()
 
     figures: dict[str, Any] = {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "box": f"{os.cpu_count()} logical cores; {platform.platform()}; Python {platform.python_version()}",
         "compiled": not args.no_compile,
-        "repo": str(args.repo),
         "rounds": args.rounds,
         "daemon_rounds": 0 if args.no_daemon else args.daemon_rounds,
     }
+    print(f"\n{figures['date']}; {figures['box']}; bytecode compiled: {figures['compiled']}")
+    for label, repo in trees.items():
+        figures[label] = {"repo": str(repo), **summaries(times[label])}
+        print(f"\n{label}: {repo}")
+        print(
+            "| contender | median s | min-max s | over bare s | CPU s | CPU over bare s | goal (over bare) |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for name, f in summaries(times[label]).items():
+            goal = GOALS_S.get(name)
+            verdict = "" if goal is None else f"≤ {goal} {'met' if f['over_bare_s'] <= goal else 'NOT met'}"
+            over = "" if name == "bare" else f"{f['over_bare_s']:.3f}"
+            cpu_over = "" if name == "bare" else f"{f['cpu_over_bare_s']:.3f}"
+            print(
+                f"| {name} | {f['median_s']:.3f} | {f['min_s']:.3f}-{f['max_s']:.3f} | {over} "
+                f"| {f['cpu_s']:.3f} | {cpu_over} | {verdict} |"
+            )
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+def summaries(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    found = {}
     for name in ("bare", "help", "status", "validate", "daemon"):
         if not times[name]:
             continue
         bare = "daemon_bare" if name == "daemon" else "bare"  # each against the bare runs beside it
-        figures[name] = {
+        cpu, bare_cpu = statistics.median(times[f"{name}_cpu"]), statistics.median(times[f"{bare}_cpu"])
+        found[name] = {
             **summary(times[name], statistics.median(times[bare])),
-            "cpu_s": round(statistics.median(times[f"{name}_cpu"]), 3),
-            "cpu_over_bare_s": round(
-                statistics.median(times[f"{name}_cpu"]) - statistics.median(times[f"{bare}_cpu"]), 3
-            ),
+            "cpu_s": round(cpu, 3),
+            "cpu_over_bare_s": round(cpu - bare_cpu, 3),
         }
-    print(f"\n{figures['date']}; {figures['box']}; {args.repo}, bytecode compiled: {figures['compiled']}")
-    print("| contender | median s | min-max s | over bare s | CPU s | CPU over bare s | goal (over bare) |")
-    print("|---|---|---|---|---|---|---|")
-    for name in ("bare", "help", "status", "validate", "daemon"):
-        if name not in figures:
-            continue
-        f = figures[name]
-        goal = GOALS_S.get(name)
-        verdict = "" if goal is None else f"≤ {goal} {'met' if f['over_bare_s'] <= goal else 'NOT met'}"
-        over, cpu_over = (
-            ("", "") if name == "bare" else (f"{f['over_bare_s']:.3f}", f"{f['cpu_over_bare_s']:.3f}")
-        )
-        print(
-            f"| {name} | {f['median_s']:.3f} | {f['min_s']:.3f}-{f['max_s']:.3f} | {over} | {f['cpu_s']:.3f} "
-            f"| {cpu_over} | {verdict} |"
-        )
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
-    return 0
+    return found
 
 
 if __name__ == "__main__":
