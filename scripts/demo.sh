@@ -14,7 +14,8 @@ source scripts/setup.sh
 
 WORK="$PWD/demo-work"
 rm -rf "$WORK" && mkdir -p "$WORK"
-PORT="$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+source scripts/demo_broker.sh
+PORT="$(free_port)"
 MODEL="$(python -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("rapidocr_onnxruntime").submodule_search_locations[0]) / "models/ch_ppocr_mobile_v2.0_cls_infer.onnx")')"
 
 echo "== 1. a video of text signs, some upside down (ground truth in $WORK/truth.json)"
@@ -24,16 +25,10 @@ echo "== 2. publish the model to a file registry"
 edge-agent registry publish "$MODEL" --name pp-ocr-text-direction --version 2.0 --registry "file://$WORK/registry"
 
 echo "== 3. a private mosquitto on 127.0.0.1:$PORT"
-cat > "$WORK/mosquitto.conf" <<CONF
-listener $PORT 127.0.0.1
-allow_anonymous true
-persistence false
-CONF
-mosquitto -c "$WORK/mosquitto.conf" > "$WORK/mosquitto.log" 2>&1 &
-BROKER=$!
+BROKER=""
 SUB=""
-trap 'kill $BROKER ${SUB:-} 2>/dev/null || true' EXIT
-for _ in $(seq 50); do (echo > /dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break; sleep 0.1; done
+trap 'kill ${BROKER:-} ${SUB:-} 2>/dev/null || true' EXIT
+start_broker "$WORK" "$PORT"
 
 sed -e "s|@PORT@|$PORT|" -e "s|@WORK@|$WORK|g" configs/demo.yaml > "$WORK/agent.yaml"
 edge-agent config validate "$WORK/agent.yaml"

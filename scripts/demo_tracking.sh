@@ -20,7 +20,8 @@ else
     WORK="$PWD/demo-work/tracking"
     rm -rf "$WORK" && mkdir -p "$WORK"
 fi
-PORT="$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+source scripts/demo_broker.sh
+PORT="$(free_port)"
 # A model file on the box (no registry): the wheel's, linked where the config names it.
 ln -s "$(python -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("nudenet").submodule_search_locations[0]) / "320n.onnx")')" "$WORK/320n.onnx"
 sed -e "s|@PORT@|$PORT|" -e "s|@WORK@|$WORK|g" configs/demo-tracking.yaml > "$WORK/agent.yaml"
@@ -33,17 +34,11 @@ echo "== 2. the config: the detector, a door line and a counter zone ($WORK/agen
 edge-agent config validate "$WORK/agent.yaml"
 
 echo "== 3. a private mosquitto on 127.0.0.1:$PORT"
-cat > "$WORK/mosquitto.conf" <<CONF
-listener $PORT 127.0.0.1
-allow_anonymous true
-persistence false
-CONF
-mosquitto -c "$WORK/mosquitto.conf" > "$WORK/mosquitto.log" 2>&1 &
-BROKER=$!
+BROKER=""
 SUB=""
 AGENT=""
-trap 'kill $BROKER ${SUB:-} ${AGENT:-} 2>/dev/null || true' EXIT
-for _ in $(seq 50); do (echo > /dev/tcp/127.0.0.1/$PORT) 2>/dev/null && break; sleep 0.1; done
+trap 'kill ${BROKER:-} ${SUB:-} ${AGENT:-} 2>/dev/null || true' EXIT
+start_broker "$WORK" "$PORT"
 
 echo "== 4. the events as they arrive (edge/demo-shop/events/shop and the status)"
 python scripts/demo_tracking_events.py watch -c "$WORK/agent.yaml" --truth "$WORK/truth.json" \
