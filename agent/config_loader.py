@@ -25,12 +25,11 @@ from pydantic import BaseModel, ValidationError
 
 from agent.config import AgentConfig
 from agent.config.base import Expanded
-from agent.config_origin import remember
+from agent.config_origin import PathKey, dotted, line_for, remember
 from agent.errors import ConfigError
 
 _ENV_REF = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
-PathKey = tuple[str | int, ...]
 
 SECRET_KEYS = frozenset({"password"})  # keys whose values error messages never quote
 
@@ -147,14 +146,14 @@ def _build(
             key = loader.construct_object(key_node, deep=True)
             if not isinstance(key, str):
                 problems.append(
-                    f"{source}:{key_node.start_mark.line + 1}: {_dotted(path) or '(top)'}: "
+                    f"{source}:{key_node.start_mark.line + 1}: {dotted(path) or '(top)'}: "
                     f"key {key!r} must be a string"
                 )
                 continue
             key_path = (*path, key)
             if key in result:
                 problems.append(
-                    f"{source}:{key_node.start_mark.line + 1}: {_dotted(key_path)}: "
+                    f"{source}:{key_node.start_mark.line + 1}: {dotted(key_path)}: "
                     f"duplicate key (first at line {lines[key_path]})"
                 )
                 continue
@@ -175,7 +174,7 @@ def _build(
         except KeyError as exc:
             name = exc.args[0]
             problems.append(
-                f"{source}:{lines[path]}: {_dotted(path)}: environment variable {name} is not set "
+                f"{source}:{lines[path]}: {dotted(path)}: environment variable {name} is not set "
                 f"(write ${{{name}:-default}} to give a default)"
             )
     return value
@@ -205,7 +204,7 @@ def _format_errors(
     exc: ValidationError, data: Any, lines: dict[PathKey, int], source: str, texts: Mapping[PathKey, str]
 ) -> list[str]:
     return [
-        f"{source}:{_line_for(path, lines)}: {_dotted(path) or '(top)'}: {message}"
+        f"{source}:{line_for(path, lines)}: {dotted(path) or '(top)'}: {message}"
         for path, message in validation_problems(exc, data, AgentConfig, texts=texts)
     ]
 
@@ -330,13 +329,6 @@ def _data_path(loc: tuple[Any, ...], data: Any) -> tuple[PathKey, bool]:
     return tuple(path), False
 
 
-def _line_for(path: PathKey, lines: dict[PathKey, int]) -> int:
-    for end in range(len(path), -1, -1):
-        if path[:end] in lines:
-            return lines[path[:end]]
-    return 1
-
-
 def _message(
     error: Mapping[str, Any],
     path: PathKey,
@@ -406,13 +398,6 @@ def _expected_tags(error: Mapping[str, Any]) -> str:
 def _short(value: Any) -> str:
     text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _dotted(path: PathKey) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
-    return out
 
 
 def _allowed_keys(path: PathKey, data: Any, root: type[BaseModel]) -> list[str]:

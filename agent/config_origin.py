@@ -32,13 +32,27 @@ def remember(config: AgentConfig, source: str, lines: dict[PathKey, int]) -> Non
 def where(pipeline: PipelineConfig, path: PathKey) -> str:
     """`source:line: pipelines[i].<path>` for a key below `pipeline` as it was read, else
     `pipelines[<name>].<path>`."""
-    from agent.config_loader import _dotted, _line_for
-
     with _lock:
         found = _read.get(pipeline.name)
     if found is not None and found[0] == pipeline:
         _, source, index, lines = found
         full = ("pipelines", index, *path)
-        return f"{source}:{_line_for(full, lines)}: {_dotted(full)}"
-    below = _dotted(path)
+        return f"{source}:{line_for(full, lines)}: {dotted(full)}"
+    below = dotted(path)
     return f"pipelines[{pipeline.name}]" + (below if below.startswith("[") else f".{below}")
+
+
+def dotted(path: PathKey) -> str:
+    """("pipelines", 0, "zones") -> "pipelines[0].zones"."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def line_for(path: PathKey, lines: dict[PathKey, int]) -> int:
+    """The line of `path`'s key, else of the nearest key above it that has one (1: none)."""
+    for end in range(len(path), -1, -1):
+        if path[:end] in lines:
+            return lines[path[:end]]
+    return 1

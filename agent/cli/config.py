@@ -24,7 +24,7 @@ def config_validate(
     The labels that zones, lines and home_automation.watch name are checked against the model's own
     where the model is at hand (a model file, or a version in the local store); where it is not, a
     note says so."""
-    from agent.model_labels import check_config
+    from agent.label_check import check_config
 
     with user_errors(as_json):
         with starting():

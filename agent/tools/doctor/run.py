@@ -40,7 +40,7 @@ def run_doctor(config_path: Path, timeout_s: float = 10.0) -> list[Check]:
     """Every check, in order; those that need a valid config are rows saying they were not checked
     when it is not."""
     from agent.config_loader import load_config
-    from agent.model_labels import check_config
+    from agent.label_check import check_config
 
     started = time.monotonic()
     config: AgentConfig | None = None
