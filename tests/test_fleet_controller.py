@@ -352,7 +352,8 @@ prority: 1
     assert code == 1 and out["ok"] is False, out
     errors = "\n".join(out["errors"])
     # The devices' own check (agent/fleet/document.py), with what it would refuse on group:lobby.
-    assert f'{spec}: group:lobby: $.pipelines.door-cam.model.version: expected a string, got the number 2.0' in errors
+    version = "$.pipelines.door-cam.model.version"
+    assert f"{spec}: group:lobby: {version}: expected a string, got the number 2.0" in errors
     assert f"{spec}: group:lobby: $.pipelines.door-cam.source.uri: required key is missing" in errors
     assert "$.pipelines.door-cam.postprocess.top_kk: unknown key; did you mean 'top_k'?" in errors
     assert f"{spec}: $.prority: unknown key" in errors
