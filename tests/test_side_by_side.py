@@ -21,7 +21,7 @@ import pytest
 
 from agent.config import HealthWindowConfig, PipelineConfig
 from agent.pipeline import Pipeline
-from agent.side_by_side import MIN_PAIRS
+from agent.side_by_side import MIN_PAIRS, SideBySide
 from agent.stage import LoadedModel, Stage
 from agent.supervisor.health import _too_slow_twice, watch
 from providers.cpu_load import CpuLoad
@@ -80,6 +80,17 @@ def swapped(pipeline: Pipeline, model: LoadedModel) -> Stage:
     stage.warm_up()
     assert pipeline.stages.swap_in(stage, timeout=30)
     return stage
+
+
+def slower_beside(pipeline: Pipeline, slow: Path) -> tuple[Stage, SideBySide]:
+    """`slow` swapped in as version 4.0, run beside the previous version on MIN_PAIRS live frames:
+    (the new stage, its side-by-side measurement with the previous one)."""
+    stage = swapped(pipeline, loaded(slow, "4.0"))
+    previous = pipeline.stages.previous
+    side = pipeline.compare_with(previous)
+    assert side is not None and previous is not None
+    wait_until(lambda: side.pairs >= MIN_PAIRS, f"{MIN_PAIRS} frames side by side", timeout=120)
+    return stage, side
 
 
 def test_a_version_as_fast_as_the_last_passes_on_a_busy_box(
@@ -150,14 +161,10 @@ def test_a_slowdown_that_cannot_be_measured_again_still_counts(tmp_path: Path, c
     pipeline = running_on(tmp_path, cls_model_path)
     stopped = False
     try:
-        stage = swapped(pipeline, loaded(slow, "4.0"))
-        previous = pipeline.stages.previous
-        side = pipeline.compare_with(previous)
-        assert side is not None and previous is not None
-        wait_until(lambda: side.pairs >= MIN_PAIRS, f"{MIN_PAIRS} frames side by side", timeout=120)
+        stage, side = slower_beside(pipeline, slow)
         pipeline.stop(timeout=30)  # no frame comes any more
         stopped = True
-        recorded = previous.stats.median_latency_ms()
+        recorded = side.previous.stats.median_latency_ms()
         problem = _too_slow_twice(threading.Event(), stage, side, recorded, HEALTH, CpuLoad())
         assert problem is not None and "side by side on" in problem, problem
         assert "could not measure again: 0 frame(s) in 3 s" in problem, problem
@@ -174,11 +181,7 @@ def test_a_pass_close_to_the_limit_is_measured_again(
     slow = slowed(cls_model_path, tmp_path / "slow.onnx", size=512, products=6)
     pipeline = running_on(tmp_path, cls_model_path)
     try:
-        stage = swapped(pipeline, loaded(slow, "4.0"))
-        previous = pipeline.stages.previous
-        side = pipeline.compare_with(previous)
-        assert side is not None and previous is not None
-        wait_until(lambda: side.pairs >= MIN_PAIRS, f"{MIN_PAIRS} frames side by side", timeout=120)
+        stage, side = slower_beside(pipeline, slow)
         first = side.comparison()
         assert first is not None
         # A limit the first measurement passes, within CLOSE_CALL of it.
