@@ -120,6 +120,7 @@ def _save(path: Path, frame: np.ndarray, pipeline: PipelineConfig | None, grid: 
 
     from agent.processing.drawing import GRID_STEP, draw_grid, draw_zones
     from agent.processing.zones import LineShape, ZoneShape, frame_problems
+    from agent.tools.infer.draw import write_image
 
     image: np.ndarray = np.ascontiguousarray(frame, np.uint8)
     if image.ndim == 2:
@@ -133,12 +134,7 @@ def _save(path: Path, frame: np.ndarray, pipeline: PipelineConfig | None, grid: 
     line_shapes = [LineShape.from_config(line, width, height) for line in lines]
     if zone_shapes or line_shapes:
         image = draw_zones(image, zone_shapes, line_shapes)
-    try:
-        written = cv2.imwrite(str(path), image, [cv2.IMWRITE_JPEG_QUALITY, 92])
-    except cv2.error as exc:
-        raise EdgeAgentError(f"--save {path}: cannot write it: {exc}") from None
-    if not written:
-        raise EdgeAgentError(f"--save {path}: cannot write it (permissions?)")
+    write_image(path, image, "--save", quality=92)
 
     def pixels(points: Any) -> list[list[int]]:
         return [[round(float(x)), round(float(y))] for x, y in points]

@@ -155,9 +155,15 @@ def write_picture(path: Path, image: np.ndarray) -> None:
     """Write an image file (its type by suffix: .jpg at quality 95, .png, ...); EdgeAgentError when
     it cannot be."""
     check_picture_path(path)
+    write_image(path, image, "--draw", quality=95)
+
+
+def write_image(path: Path, image: np.ndarray, option: str, quality: int) -> None:
+    """cv2.imwrite (a .jpg at `quality`), its failure an EdgeAgentError naming the `option` that
+    asked for the file."""
     try:
-        written = cv2.imwrite(str(path), image, [cv2.IMWRITE_JPEG_QUALITY, 95])
+        written = cv2.imwrite(str(path), image, [cv2.IMWRITE_JPEG_QUALITY, quality])
     except cv2.error as exc:
-        raise EdgeAgentError(f"--draw {path}: cannot write it: {exc}") from None
+        raise EdgeAgentError(f"{option} {path}: cannot write it: {exc}") from None
     if not written:
-        raise EdgeAgentError(f"--draw {path}: cannot write it (permissions?)")
+        raise EdgeAgentError(f"{option} {path}: cannot write it (permissions?)")
