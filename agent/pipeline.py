@@ -163,8 +163,17 @@ class Pipeline:
         to be cleared; None: the default health window (fleet.health's defaults)."""
         counts = self.stats.read(health or _DEFAULT_HEALTH)
         # The stage once: a swap between two reads would pair one version with another's backend.
-        stage, source = self.stage.status(), self.source.stats()
-        return run_status(stage, counts, source, self.stages.swaps, self.finished, self.tracking.summary)
+        plan = self.stages.plan
+        stage, source = plan.stage.status(), self.source.stats()
+        steps = {
+            step.name: shown
+            for thread in plan.steps.values()
+            for step in thread
+            if (shown := step.status()) is not None
+        }
+        return run_status(
+            stage, counts, source, self.stages.swaps, self.finished, self.tracking.summary, steps
+        )
 
     # --- the three threads ------------------------------------------------------------------------
 

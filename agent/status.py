@@ -21,7 +21,7 @@ version stands. A source has its own `state` (`SourceState`), which the pipeline
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, get_args
 
 # How a pipeline's frames flow now (docs/operations.md).
@@ -304,6 +304,9 @@ class RunStatus:
     counts: Counts
     source: SourceStatus
     tracking: Mapping[str, Any] | None  # a tracking pipeline's scene (agent/processing/scene.py summary)
+    # What steps show of themselves, by step name (agent/steps/base.py `Step.status`): the motion
+    # gate's frames gated, the filters' drops...
+    steps: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> Json:
         counts, error = self.counts, self.counts.last_error
@@ -326,6 +329,7 @@ class RunStatus:
             "latency_ms": counts.latency.to_json(),
             "source": self.source.to_json(),
             **({} if self.tracking is None else {"tracking": self.tracking}),
+            **({"steps": {name: dict(value) for name, value in self.steps.items()}} if self.steps else {}),
         }
 
     @staticmethod
@@ -345,7 +349,8 @@ class RunStatus:
         stage = StageStatus(data.get("model") or "", Serving.from_json(data), switches, held_back)
         source = SourceStatus.from_json(data.get("source") or {})
         swaps, tracking = data.get("stage_swaps") or 0, data.get("tracking")
-        return RunStatus(state, data.get("error"), stage, swaps, counts, source, tracking)
+        steps = data.get("steps") or {}
+        return RunStatus(state, data.get("error"), stage, swaps, counts, source, tracking, steps)
 
 
 def run_state(finished: bool, degraded: bool, source: SourceState) -> RunState:
@@ -368,6 +373,7 @@ def run_status(
     stage_swaps: int,
     finished: bool,
     tracking: Mapping[str, Any] | None = None,
+    steps: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> RunStatus:
     """A running pipeline's status; its `error`: the last failed frame's while it is degraded, else
     its source's (None while it delivers)."""
@@ -376,7 +382,7 @@ def run_status(
         error = None if counts.last_error is None else counts.last_error.text
     else:
         error = source.error
-    return RunStatus(state, error, stage, stage_swaps, counts, source, tracking)
+    return RunStatus(state, error, stage, stage_swaps, counts, source, tracking, steps or {})
 
 
 # --- the change -----------------------------------------------------------------------------------

@@ -39,6 +39,8 @@ class FrameRecord:
     position_s: float | None  # position in a file
     gap: bool  # the stream restarted before this frame
     pixels: np.ndarray | None
+    # Where the frame moved, (x1, y1, x2, y2) in frame pixels (the motion gate's; None: no gate ran).
+    motion_areas: list[tuple[int, int, int, int]] | None = None
     feeds: dict[str, np.ndarray] | None = None  # the model's inputs (prepare -> infer)
     geometry: Geometry | None = None  # how an image was fitted into the model's input
     outputs: dict[str, np.ndarray] | None = None  # the model's raw outputs (infer -> postprocess)
@@ -110,3 +112,8 @@ class Step:
     def run(self, record: FrameRecord) -> bool:
         """Do this step's work on the record; False (gates only) ends the frame here."""
         raise NotImplementedError
+
+    def status(self) -> dict[str, Any] | None:
+        """What this step shows in the pipeline's status under `steps.<name>` (its own counters and
+        state, JSON); None: nothing."""
+        return None
