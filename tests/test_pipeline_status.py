@@ -128,6 +128,7 @@ def test_a_session_not_chosen_has_no_artifact_or_proof_and_no_tracking() -> None
     assert list(data)[:6] == ["state", "error", "model", "backend", "precision", "backend_why"]
     assert "artifact" not in data and "proven" not in data and "tracking" not in data
     assert "running_layer" not in data and "step" not in data and "results_dropped" not in data
+    assert "steps" not in data  # no step shows anything of itself
 
 
 def test_nothing_running_is_the_change_alone() -> None:
@@ -228,6 +229,7 @@ def test_json_reads_back_into_the_same_status(counters: SourceCounters) -> None:
         0,
         False,
         {"tracks": 0, "zones": {}, "lines": {}},
+        {"motion": {"motion": False, "frames_gated": 7}},  # what steps show of themselves
     )
     statuses = {
         "cam": pipeline_status(
