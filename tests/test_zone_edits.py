@@ -125,6 +125,23 @@ def test_only_objects_the_change_puts_out_or_in_leave_or_enter() -> None:
     assert scene.summary()["zones"]["counter"]["count"] == 3
 
 
+def test_a_removed_zone_lets_its_objects_out_with_an_exit_event() -> None:
+    """A zone removed while two people are in it: each gets an `exit` (reason "zone removed", with its
+    stay) on the next frame, as a consumer counting enters and exits needs, and nobody lists it."""
+    track = TrackConfig(min_hits=1)
+    scene = Scene(track, [zone()], [])
+    people = [box(100, 900), box(300, 600)]
+    run(scene, [people] * 3)
+    assert scene.summary()["zones"]["counter"]["count"] == 2
+    scene.use(track, [], [])
+    out = run(scene, [people] * 2, start=3)
+    exits = [e for f in out for e in f if e["type"] == "exit"]
+    assert [(e["zone"], e["reason"]) for e in exits] == [("counter", "zone removed")] * 2
+    assert all(e["stayed_s"] == pytest.approx(0.2) for e in exits)  # entered at frame 1, out at frame 3
+    assert [(e["type"], e.get("zone")) for f in out for e in f if e["type"] not in ("exit", "update")] == []
+    assert all(not obj.zones for obj in scene.objects.values())
+
+
 def test_rules_changed_while_it_is_occupied_apply_to_who_is_in() -> None:
     """max_objects removed while overcrowded ends the overcrowding; dwell_s removed ends the dwelling;
     a lower dwell_s makes those already in long enough dwell at once."""

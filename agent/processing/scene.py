@@ -137,6 +137,7 @@ class Scene:
         self._wanted: list[SnapshotWanted] = []
         self.problems: list[str] = []  # pixel points outside the frame, found at the first frame (the log)
         self._new: set[int] = set()  # confirmed since the last take_events: their `new` says it all
+        self._removed: list[_Zone] = []  # zones removed while objects were in them: exits at the next frame
         self.started = 0  # tracks confirmed
         self.ended = 0
 
@@ -148,8 +149,9 @@ class Scene:
         person waits must not make them leave and enter again. From the next frame each object is
         placed by the new shape and rules with the zone's usual inertia (`min_frames`), so one inside
         both the old and the new shape stays in, and only those the change puts out or in get an
-        `exit` or `enter`. A removed zone is forgotten, and its objects no longer list it. A line
-        keeps its counts; a moved one starts its objects' paths afresh."""
+        `exit` or `enter`. A removed zone lets its objects out on the next frame (`exit`, reason "zone
+        removed"), so whoever counts enters and exits stays right, then is forgotten. A line keeps its
+        counts; a moved one starts its objects' paths afresh."""
         self.tracker.config = self.track = track
         self._zone_configs, self._line_configs = zones, lines
         if self._size is not None:
@@ -159,6 +161,8 @@ class Scene:
         same_size = self._size == (width, height)
         old_zones = {z.config.name: z for z in self._zones}
         old_lines = {line.config.name: (i, line) for i, line in enumerate(self._lines)}
+        kept_names = {config.name for config in self._zone_configs}
+        self._removed += [z for name, z in old_zones.items() if name not in kept_names and z.members]
         self._zones = []
         for config in self._zone_configs:
             kept = old_zones.get(config.name)
@@ -191,7 +195,7 @@ class Scene:
             self._line_last[track_id] = fresh
         self._zone_group = ZoneGroup([z.shape for z in self._zones])
         self._line_group = LineGroup([line.shape for line in self._lines])
-        names = {z.config.name: z for z in self._zones}
+        names = {z.config.name: z for z in (*self._removed, *self._zones)}
         for obj in self.objects.values():
             for name in list(obj.zones):
                 zone = names.get(name)
@@ -213,6 +217,7 @@ class Scene:
         `now`; sets each entry's `track_id` and queues the frame's events (`take_events`)."""
         if self._size != (width, height):
             self._shape(width, height)
+        self._let_out_of_removed_zones(now)
         count = len(boxes)
         coords = np.array([b["box"] for b in boxes], dtype=np.float64).reshape(count, 4)
         scores = np.array([float(b.get("score", 1.0)) for b in boxes], dtype=np.float64)
@@ -254,8 +259,17 @@ class Scene:
         for track_id in result.ended:
             self._end(track_id, "lost", now)
 
+    def _let_out_of_removed_zones(self, now: float) -> None:
+        removed, self._removed = self._removed, []
+        for zone in removed:
+            for track_id in sorted(zone.members):
+                obj = self.objects.get(track_id)
+                if obj is not None and zone.config.name in obj.zones:
+                    self._leave(zone, obj, now, "zone removed")
+
     def end_all(self, reason: str, now: float) -> None:
         """End every open track (the pipeline stops, tracking is turned off), saying why."""
+        self._let_out_of_removed_zones(now)
         self.tracker.end_all()
         for track_id in list(self.objects):
             self._end(track_id, reason, now)
