@@ -33,7 +33,7 @@ from agent.sources import Frame, Slot, Source, open_source
 from agent.stage import BackendSwitcher, LoadedModel, Stage
 from agent.stage_swap import StageSwap
 from agent.status import RunStatus, run_status
-from agent.steps import FrameRecord, Plan, ResultSink, Thread, plan_for
+from agent.steps import FrameRecord, PipelineMotion, Plan, ResultSink, Thread, plan_for
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ class _Job:
     frame: Frame | None  # the source's frame, until the model ran (a sample for a new stage)
     plan: Plan | None = None  # the plan whose prepare-thread steps ran on it (None: not yet)
     failure: str | None = None  # a step failed: `<step> failed: <error>`, counted at its turn
+    ended: bool = False  # a gate before the model ended it (no motion): nothing more to do
 
 
 class Pipeline:
@@ -70,6 +71,7 @@ class Pipeline:
         self.source_config = config.source
         # Tracking is the pipeline's, not a stage's: a changed zone or a new model version keeps tracks.
         self.tracking = PipelineTracking(self.name, sink)
+        self.motion = PipelineMotion()  # the motion gate's background too: a new version keeps it
         self.stats = PipelineStats(self.name)
         first = model if isinstance(model, Stage) else Stage(config, model, switcher)
         self.stages = StageSwap(self.name, self._plan_of(first), self._plan_of)
@@ -96,7 +98,7 @@ class Pipeline:
         return self.stage.config
 
     def _plan_of(self, stage: Stage) -> Plan:
-        return plan_for(stage, self.sink, self.tracking, self._source_info)
+        return plan_for(stage, self.sink, self.tracking, self._source_info, self.motion)
 
     def _source_info(self) -> dict[str, Any]:
         return {
@@ -213,7 +215,7 @@ class Pipeline:
 
     def _prepare(self, job: _Job, plan: Plan) -> None:
         job.plan, job.failure = plan, None
-        self._walk(job, "prepare")
+        job.ended = not self._walk(job, "prepare") and job.failure is None
 
     def _prepare_loop(self) -> None:
         try:
@@ -226,6 +228,8 @@ class Pipeline:
                 job = _Job(FrameRecord.of(frame), frame)
                 if not self.stages.pending:  # (else the new stage prepares it)
                     self._prepare(job, self.stages.plan)
+                    if job.ended:
+                        continue  # the model never sees it
                 if not self._hand_over(self._prepared, job, self._thread):
                     return
         finally:
@@ -261,6 +265,8 @@ class Pipeline:
         try:
             if job.plan is not plan:  # prepared for a stage swapped out since, or not yet
                 self._prepare(job, plan)
+            if job.ended:
+                return False
             if job.failure is None:
                 self._walk(job, "inference")
         finally:

@@ -108,6 +108,12 @@ class PipelineTracking:
             self.summary = scene.summary()
         return events
 
+    def tracks_alive(self) -> bool:
+        """Whether any track is open, tentative or lost ones too (the motion gate keeps the model running
+        meanwhile); cheap, from any thread."""
+        scene = self.scene
+        return scene is not None and len(scene.tracker.ids) > 0
+
     def stop(self, now: float) -> None:
         """The pipeline stopped (its report thread is done): end the open tracks (`stopped`)."""
         scene, self.scene = self.scene, None

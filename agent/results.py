@@ -55,6 +55,7 @@ class Result:
     source: Mapping[str, Any]  # uri, frame, position_s, frames_dropped, outages, last_outage_s
     output: Mapping[str, Any]  # the postprocessed output
     held_back: int  # results the report rules held back since the last one published
+    frames_gated: int | None = None  # frames the motion gate skipped before this one (None: no gate)
     events: Sequence[Mapping[str, Any]] = ()  # the frame's tracking events, in order
     publish: bool = True  # False: only the events go (report.results off, or held back by the rules)
     scene: Mapping[str, Any] | None = None  # a tracking pipeline's counts after this frame (Scene.summary)
@@ -73,6 +74,7 @@ class Result:
             "source": self.source,
             "output": self.output,
             "held_back": self.held_back,
+            **({"frames_gated": self.frames_gated} if self.frames_gated is not None else {}),
             **({"tags": self.tags} if self.tags else {}),
         }
 

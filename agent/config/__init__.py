@@ -46,6 +46,7 @@ from agent.config.base import (
     read_password,
 )
 from agent.config.fleet import CommandsConfig, FleetConfig, HealthWindowConfig
+from agent.config.motion import MotionConfig, MotionMaskConfig
 from agent.config.mqtt import CLIENT_ID_MAX, MqttConfig, OutboxConfig, TlsConfig, check_client_id
 from agent.config.pipeline import HomeAutomationConfig, PipelineConfig, ReportConfig, check_watch_label
 from agent.config.processing import (
@@ -100,6 +101,8 @@ __all__ = [
     "HomeAutomationConfig",
     "LineConfig",
     "ModelRef",
+    "MotionConfig",
+    "MotionMaskConfig",
     "MqttConfig",
     "MqttSourceConfig",
     "Name",

@@ -5,11 +5,19 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from agent.config.analytics import LineConfig, TrackConfig, ZoneConfig, analytics_problems
 from agent.config.backends import BackendChoiceConfig
 from agent.config.base import TOPIC_SPECIALS, Name, StrictModel, problems_at
+from agent.config.motion import MotionConfig, is_live_video, motion_switch
 from agent.config.processing import (
     AnyPreprocessConfig,
     AudioPreprocessConfig,
@@ -152,6 +160,21 @@ class PipelineConfig(StrictModel):
         "defaults when zones or lines are given.",
     )
 
+    motion: Annotated[MotionConfig | None, BeforeValidator(motion_switch)] = Field(
+        None,
+        json_schema_extra=lambda schema: schema["anyOf"].insert(0, {"type": "boolean"}),
+        description="The motion gate (docs/analytics.md): true, false or its settings. Default: on for live "
+        "cameras (V4L2, RTSP/HTTP streams, GStreamer), off for video files; video sources only.",
+    )
+
+    @property
+    def motion_gate(self) -> MotionConfig | None:
+        """The motion gate this pipeline runs (None: none): `motion`, or its defaults on a live camera."""
+        if self.motion is None:
+            live = isinstance(self.source, VideoSourceConfig) and is_live_video(self.source.uri)
+            return MotionConfig() if live else None
+        return self.motion if self.motion.enabled else None
+
     @property
     def tracking(self) -> TrackConfig | None:
         """The tracking this pipeline runs: `track`, or its defaults when zones or lines need it."""
@@ -169,6 +192,13 @@ class PipelineConfig(StrictModel):
                 if signal_source
                 else f"preprocess.type: {kind} needs an audio, mqtt, replay or serial source"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _motion_needs_video(self) -> PipelineConfig:
+        if self.motion is not None and self.motion.enabled and not isinstance(self.source, VideoSourceConfig):
+            need = f"the motion gate needs pictures: a video source, not {self.source.type}"
+            raise problems_at("PipelineConfig", [(("motion",), need)])
         return self
 
     @model_validator(mode="after")

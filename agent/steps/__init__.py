@@ -5,8 +5,8 @@ module here and one line below. Each step declares its thread (prepare / inferen
 it is a gate, and whether it needs the frame's pixels; agent/pipeline.py runs them in order on their
 threads and counts a failure against the step that failed.
 
-    preprocess -> inference -> postprocess -> tracking -> report rules (gate) -> report
-    (prepare)     (inference)  (report ...........................................)
+    motion (gate) -> preprocess -> inference -> postprocess -> tracking -> report rules (gate) -> report
+    (prepare ...............)     (inference)  (report ...........................................)
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from agent.rules import ReportRules
 from agent.stage import Stage
 from agent.steps.base import THREADS, FrameRecord, Step, StepStats, Thread
 from agent.steps.infer import InferStep, RunModel
+from agent.steps.motion import MotionGateStep, PipelineMotion
 from agent.steps.postprocess import PostprocessStep
 from agent.steps.prepare import PrepareStep
 from agent.steps.report import ReportStep, ResultSink, result_of
@@ -33,6 +34,7 @@ from agent.steps.track import TrackStep
 __all__ = [
     "THREADS",
     "FrameRecord",
+    "PipelineMotion",
     "Plan",
     "ResultSink",
     "Step",
@@ -59,13 +61,16 @@ class StepParts:
     model: Mapping[str, Any]  # name, version, sha256: the result's `model`
     sink: ResultSink
     tracking: PipelineTracking
+    motion: PipelineMotion  # the motion gate's background and counters (kept across stages)
     source: Callable[[], Mapping[str, Any]]  # the source's uri and counters, for a result
 
 
 def build_steps(config: PipelineConfig, parts: StepParts) -> list[Step]:
     """The steps a frame of this pipeline walks, in order: one line a step (None: not in this one)."""
     tracks = config.tracking is not None or parts.tracking.scene is not None  # (or a scene to end)
+    gate = config.motion_gate
     steps = [
+        MotionGateStep(gate, parts.motion, parts.tracking.tracks_alive) if gate is not None else None,
         PrepareStep(parts.feeder),
         InferStep(parts.run_model, parts.serving, parts.fall_back),
         PostprocessStep(parts.postprocess),
@@ -91,8 +96,10 @@ def plan_for(
     sink: ResultSink,
     tracking: PipelineTracking,
     source: Callable[[], Mapping[str, Any]],
+    motion: PipelineMotion | None = None,
 ) -> Plan:
-    """The steps of `stage` in a pipeline with this sink, scene and source."""
+    """The steps of `stage` in a pipeline with this sink, scene, source and motion background (None:
+    a new one)."""
     parts = StepParts(
         feeder=stage.feeder,
         run_model=lambda feeds: stage.infer(feeds, offer=stage.offer_sample),
@@ -103,6 +110,7 @@ def plan_for(
         model=stage.identity,
         sink=sink,
         tracking=tracking,
+        motion=motion or PipelineMotion(),
         source=source,
     )
     steps = build_steps(stage.config, parts)

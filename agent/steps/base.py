@@ -41,6 +41,7 @@ class FrameRecord:
     pixels: np.ndarray | None
     # Where the frame moved, (x1, y1, x2, y2) in frame pixels (the motion gate's; None: no gate ran).
     motion_areas: list[tuple[int, int, int, int]] | None = None
+    frames_gated: int = 0  # frames the motion gate skipped before this one
     feeds: dict[str, np.ndarray] | None = None  # the model's inputs (prepare -> infer)
     geometry: Geometry | None = None  # how an image was fitted into the model's input
     outputs: dict[str, np.ndarray] | None = None  # the model's raw outputs (infer -> postprocess)

@@ -52,6 +52,7 @@ def result_of(
         },
         output=record.output or {},
         held_back=record.held_back,
+        frames_gated=None if record.motion_areas is None else record.frames_gated,  # (None: no gate ran)
         events=record.events,
         publish=record.publish,
         scene=record.scene,

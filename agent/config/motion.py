@@ -1,0 +1,138 @@
+"""A pipeline's motion gate (`motion:`): cheap motion detection on a small grey frame decides whether a
+camera frame is worth the detector (agent/steps/motion.py, agent/processing/motion.py;
+docs/analytics.md "Motion gate"). On by default for live cameras, off for files and non-video sources."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+
+from agent.config.analytics import (
+    MAX_POINTS,
+    Point,
+    Units,
+    _fractions_only,
+    _fractions_problem,
+    _repeats,
+    _units_field,
+    polygon_problem,
+)
+from agent.config.base import StrictModel
+from agent.config.sources import GST_PREFIX
+
+
+def is_live_video(uri: str) -> bool:
+    """A video uri that is a camera (V4L2 index or device, RTSP/HTTP stream, GStreamer pipeline), not a
+    file or a folder of images: where the gate is on by default."""
+    return (
+        uri.startswith(GST_PREFIX)
+        or " ! " in uri
+        or "://" in uri
+        or uri.isdigit()
+        or uri.startswith("/dev/video")
+    )
+
+
+def motion_switch(value: object) -> object:
+    """`motion: true` / `motion: false` as the mapping they are short for."""
+    return {"enabled": value} if isinstance(value, bool) else value
+
+
+class MotionMaskConfig(StrictModel):
+    """A polygon whose pixels never count as motion (a clock overlay, a tree in the wind, a road)."""
+
+    units: Units = _units_field()  # before `points`, whose check reads it
+    points: list[Point] = Field(
+        min_length=3,
+        max_length=MAX_POINTS,
+        json_schema_extra={"uniqueItems": True},
+        description="The polygon's corners [x, y] in order around it (the last joins the first); its edges "
+        "must not cross. x grows to the right, y downwards.",
+    )
+
+    model_config = ConfigDict(json_schema_extra=_fractions_only)
+
+    @field_validator("points")
+    @classmethod
+    def _simple_polygon(cls, points: list[Point], info: ValidationInfo) -> list[Point]:
+        _fractions_problem(points, info)
+        _repeats(points)
+        problem = polygon_problem(points)
+        if problem:
+            raise ValueError(problem)
+        return points
+
+
+class MotionConfig(StrictModel):
+    """The motion gate: a frame goes on to the model when something moved, while any track is alive,
+    or once every keepalive_s on a static scene; the other frames are skipped (counted: frames_gated)."""
+
+    enabled: bool = Field(True, description="Gate the frames (`motion: false` is short for false here).")
+    method: Literal["average", "mog2"] = Field(
+        "average",
+        description="average: difference from a running average of the frame (cheapest; Frigate's); "
+        "mog2: OpenCV's MOG2 background subtractor (copes better with waving leaves, costs more).",
+    )
+    frame_height: int = Field(
+        120,
+        ge=32,
+        le=720,
+        description="Rows of the downscaled grey frame motion is found on (its width follows the frame's "
+        "aspect); more finds smaller motion and costs more.",
+    )
+    threshold: int = Field(
+        25,
+        ge=1,
+        le=255,
+        description="A pixel moved when it differs from the background by more than this (0..255 grey "
+        "levels; average only: mog2 uses it as its variance threshold).",
+    )
+    min_area: float = Field(
+        0.0005,
+        gt=0,
+        le=100_000_000,
+        description="The smallest moving blob that counts: below 1 a fraction of the frame's area, from 1 "
+        "pixels of the source frame.",
+    )
+    dilation: int = Field(
+        2, ge=0, le=20, description="Dilations (3x3) of the moving pixels: joins the parts of one object."
+    )
+    learning_rate: float = Field(
+        0.02,
+        gt=0,
+        le=1,
+        description="How fast the background takes in a change (a parked car becomes background in about "
+        "1/learning_rate frames).",
+    )
+    relearn_above: float = Field(
+        0.7,
+        gt=0,
+        le=1,
+        description="When more than this fraction of the (unmasked) frame changes at once, it is a global "
+        "brightness jump (lights, the IR switch, lightning), not motion: the background is learnt again "
+        "and the frame shows no motion.",
+    )
+    keepalive_s: float = Field(
+        10.0,
+        gt=0,
+        le=86_400,
+        description="On a static scene, still one frame to the model every this many seconds.",
+    )
+    masks: list[MotionMaskConfig] = Field(
+        default_factory=list,
+        max_length=100,
+        description="Polygons whose pixels never count as motion (units: fraction or pixels, like zones).",
+    )
+    regions: bool = Field(
+        False,
+        description="Run the detector on crops around the motion at the model's input size instead of the "
+        "whole frame letterboxed (small far objects are seen at full resolution).",
+    )
+    max_regions: int = Field(4, ge=1, le=32, description="At most this many regions a frame.")
+    full_frame_above: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="When motion covers more than this fraction of the frame, the whole frame is used.",
+    )
