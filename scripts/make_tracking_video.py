@@ -54,6 +54,7 @@ class Clip:
     width: int = 640
     height: int = 480
     fps: int = 10
+    face_scale: float = SCALE  # the face's size against the photo's (a bigger frame wants a bigger face)
 
     @property
     def frames(self) -> int:
@@ -69,13 +70,14 @@ class Truth:
     whole: dict[str, bool]  # the face is wholly inside the frame
 
 
-def photo_patch() -> tuple[np.ndarray, np.ndarray]:
+def photo_patch(scale: float = SCALE) -> tuple[np.ndarray, np.ndarray]:
     """The face with its margin, scaled, and the face's box inside it (x1, y1, x2, y2)."""
     x1, y1, x2, y2 = FACE_IN_PHOTO
     photo = cv2.cvtColor(skimage_data.astronaut(), cv2.COLOR_RGB2BGR)
     crop = photo[y1 - MARGIN : y2 + MARGIN, x1 - MARGIN : x2 + MARGIN]
-    patch = cv2.resize(crop, None, fx=SCALE, fy=SCALE, interpolation=cv2.INTER_AREA)
-    face = np.array([MARGIN, MARGIN, MARGIN + x2 - x1, MARGIN + y2 - y1], np.float64) * SCALE
+    interpolation = cv2.INTER_AREA if scale <= 1 else cv2.INTER_LINEAR
+    patch = cv2.resize(crop, None, fx=scale, fy=scale, interpolation=interpolation)
+    face = np.array([MARGIN, MARGIN, MARGIN + x2 - x1, MARGIN + y2 - y1], np.float64) * scale
     return patch, face
 
 
@@ -93,19 +95,25 @@ def centre_at(walk: Walk, t: float) -> tuple[float, float] | None:
     return float(np.interp(t, times, [k[1] for k in walk])), float(np.interp(t, times, [k[2] for k in walk]))
 
 
-def render(path: Path, clip: Clip) -> list[Truth]:
+def render(path: Path, clip: Clip, scene: np.ndarray | None = None, noise: float = 0.0) -> list[Truth]:
     """Write the clip (MJPG in AVI: every frame a JPEG, no inter-frame smearing) and return each
-    frame's ground truth."""
-    patch, face = photo_patch()
+    frame's ground truth. `scene`: the still background (BGR, the clip's size; default the plain
+    shade); `noise`: a camera sensor's grain, the standard deviation in grey levels, new each frame
+    (scripts/bench_capacity.py: a camera's picture is never perfectly still)."""
+    patch, face = photo_patch(clip.face_scale)
     ph, pw = patch.shape[:2]
     w, h = clip.width, clip.height
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), clip.fps, (w, h))
     if not writer.isOpened():
         raise RuntimeError(f"OpenCV cannot write MJPG to {path}")
+    still = background(w, h) if scene is None else scene
+    if still.shape != (h, w, 3):
+        raise ValueError(f"the scene is {still.shape}, the clip {(h, w, 3)}")
+    grain = _Grain(still.shape, noise) if noise > 0 else None
     truth = []
     try:
         for index in range(clip.frames):
-            frame, faces, whole = background(w, h), {}, {}
+            frame, faces, whole = still.copy(), {}, {}
             for name, walk in clip.walks.items():
                 centre = centre_at(walk, index / clip.fps)
                 if centre is None:
@@ -121,11 +129,28 @@ def render(path: Path, clip: Clip) -> list[Truth]:
                     x1, y1, x2, y2 = (float(v) for v in clipped)
                     faces[name] = (x1, y1, x2, y2)
                     whole[name] = bool((clipped == box).all())
-            writer.write(frame)
+            writer.write(frame if grain is None else grain.add(frame, index))
             truth.append(Truth(index, faces, whole))
     finally:
         writer.release()
     return truth
+
+
+class _Grain:
+    """Sensor noise: a few fields of Gaussian grain drawn once (drawing 2.7 M numbers a frame costs more
+    than the rest of a 720p frame), each frame one of them shifted by a pseudo-random offset."""
+
+    FIELDS = 4
+
+    def __init__(self, shape: tuple[int, ...], sigma: float) -> None:
+        rng = np.random.default_rng(0)
+        self.fields = [rng.normal(0, sigma, shape).astype(np.int16) for _ in range(self.FIELDS)]
+
+    def add(self, frame: np.ndarray, index: int) -> np.ndarray:
+        base = self.fields[index % self.FIELDS]
+        shift = (index * 7919) % base.shape[0], (index * 104729) % base.shape[1]
+        grain = np.roll(base, shift, axis=(0, 1))
+        return np.clip(frame.astype(np.int16) + grain, 0, 255).astype(np.uint8)
 
 
 # --- what zones and lines should count -----------------------------------------------------------------
@@ -134,12 +159,13 @@ def render(path: Path, clip: Clip) -> list[Truth]:
 @dataclass
 class Visit:
     """One face's time in the picture (a face out of it and back is another visit): its zones in
-    the order it entered them, its line crossings (line, direction), and each stay in a zone (zone,
-    seconds: consecutive frames inside)."""
+    the order it entered them, its line crossings (line, direction) and when each happened, and each
+    stay in a zone (zone, seconds: consecutive frames inside)."""
 
     name: str
     entered: list[str] = field(default_factory=list)
     crossings: list[tuple[str, str]] = field(default_factory=list)
+    crossed_at: list[float] = field(default_factory=list)  # each crossing's time: its first frame past it
     stays: list[tuple[str, float]] = field(default_factory=list)
 
 
@@ -208,6 +234,7 @@ def visits(
                 direction = _crossing(line, clip, seen[1], anchor)
                 if direction is not None:
                     visit.crossings.append((str(line["name"]), direction))
+                    visit.crossed_at.append(t.index / clip.fps)
             last[name] = (t.index, anchor, inside)
     for name, (_, _, inside) in last.items():
         _close(current[name], inside, clip)
