@@ -2,8 +2,8 @@
 
 A detector often names its classes itself: in its manifest's metadata (`labels`), or in the model
 file's own metadata (Ultralytics' `names`, a TFLite labels file: agent/model_hints.py). A pipeline
-that writes no `postprocess.labels` uses those, so the labels its zones and lines filter on
-(and home_automation.watch) must be among them; one that writes a shorter list leaves classes
+that writes no `postprocess.labels` uses those, so the labels its zones, lines and object filters
+name (and home_automation.watch) must be among them; one that writes a shorter list leaves classes
 without a name. The pipeline validator cannot see the model: this check runs where it can,
 with the same `file:line: key.path: message` as the config's own errors (agent/config_origin.py):
 `config validate` and `doctor` (a model file, or a version installed in the local store:
@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from agent.config.analytics import Problems, model_label_problems
+from agent.config.filters import filter_model_label_problems
 from agent.config_origin import where
 from agent.errors import ConfigError
 
@@ -51,7 +52,8 @@ def uses_model_labels(pipeline: PipelineConfig) -> bool:
     if "labels" not in type(post).model_fields or getattr(post, "labels", None) is not None:
         return False
     drawn = any(item.labels for item in [*pipeline.zones, *pipeline.lines])
-    return drawn or bool(pipeline.home_automation.watch)
+    filtered = pipeline.filters is not None and any(pipeline.filters.label_keys())
+    return drawn or filtered or bool(pipeline.home_automation.watch)
 
 
 def label_problems(pipeline: PipelineConfig, labels: list[str]) -> Problems:
@@ -62,7 +64,10 @@ def label_problems(pipeline: PipelineConfig, labels: list[str]) -> Problems:
         return []
     written = getattr(post, "labels", None)
     watch = list(pipeline.home_automation.watch)
-    return model_label_problems(pipeline.zones, pipeline.lines, written, watch, labels)
+    problems = model_label_problems(pipeline.zones, pipeline.lines, written, watch, labels)
+    if written is not None:  # the pipeline's validator checks the filters' labels against these
+        return problems
+    return problems + filter_model_label_problems(pipeline.filters, labels)
 
 
 def located(pipeline: PipelineConfig, problems: Problems) -> list[str]:

@@ -45,6 +45,7 @@ from agent.config.base import (
     check_name,
     read_password,
 )
+from agent.config.filters import FiltersConfig, ObjectMask, ObjectRule
 from agent.config.fleet import CommandsConfig, FleetConfig, HealthWindowConfig
 from agent.config.motion import MotionConfig, MotionMaskConfig
 from agent.config.mqtt import CLIENT_ID_MAX, MqttConfig, OutboxConfig, TlsConfig, check_client_id
@@ -95,6 +96,7 @@ __all__ = [
     "CommandsConfig",
     "DetectionPostprocess",
     "DeviceConfig",
+    "FiltersConfig",
     "FleetConfig",
     "HealthWindowConfig",
     "HomeAssistantConfig",
@@ -106,6 +108,8 @@ __all__ = [
     "MqttConfig",
     "MqttSourceConfig",
     "Name",
+    "ObjectMask",
+    "ObjectRule",
     "OutboxConfig",
     "PipelineConfig",
     "PluginPostprocess",

@@ -17,6 +17,7 @@ from pydantic import (
 from agent.config.analytics import LineConfig, TrackConfig, ZoneConfig, analytics_problems
 from agent.config.backends import BackendChoiceConfig
 from agent.config.base import TOPIC_SPECIALS, Name, StrictModel, problems_at
+from agent.config.filters import FiltersConfig, filter_label_problems
 from agent.config.motion import MotionConfig, is_live_video, motion_switch
 from agent.config.processing import (
     AnyPreprocessConfig,
@@ -145,6 +146,11 @@ class PipelineConfig(StrictModel):
         description="Watched labels, their off delay and the annotated image, for the state topics and "
         "Home Assistant (docs/integrations.md).",
     )
+    filters: FiltersConfig | None = Field(
+        None,
+        description="Object filters and masks: which detections are dropped after postprocess, before "
+        "tracking and the result (per label: area, score, width/height; masks). docs/analytics.md.",
+    )
     zones: list[ZoneConfig] = Field(
         default_factory=list,
         description="Polygons objects are counted in (detection, regions and plugin postprocessors: "
@@ -257,6 +263,20 @@ class PipelineConfig(StrictModel):
         problems = analytics_problems(
             self.zones, self.lines, labels, boxes=not isinstance(post, RegionsPostprocess)
         )
+        if problems:
+            raise problems_at("PipelineConfig", problems)
+        return self
+
+    @model_validator(mode="after")
+    def _filters_fit(self) -> PipelineConfig:
+        if self.filters is None:
+            return self
+        post = self.postprocess
+        if not gives_boxes(post):
+            need = f"object filters need boxes: use a detection or regions postprocess, not {post.type}"
+            raise problems_at("PipelineConfig", [(("filters",), need)])
+        labels = post.labels if isinstance(post, DetectionPostprocess) else None
+        problems = filter_label_problems(self.filters, labels, boxes=not isinstance(post, RegionsPostprocess))
         if problems:
             raise problems_at("PipelineConfig", problems)
         return self

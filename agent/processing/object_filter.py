@@ -18,6 +18,9 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.config.filters import RULES, FiltersConfig, ObjectRule
+from agent.filter_counts import Drops
+from agent.processing.postprocess import Postprocessor
+from agent.processing.preprocess import Geometry
 from agent.processing.scene import _label_of, boxes_of
 from agent.processing.zones import ZoneGroup, ZoneShape, to_pixels
 
@@ -136,3 +139,20 @@ def _over(default: ObjectRule, rule: ObjectRule) -> dict[str, tuple[float | None
     }
     merged.update({key: (getattr(rule, key), rule.units) for key in rule.given()})
     return merged
+
+
+class Filtered(Postprocessor):
+    """A postprocessor whose boxes go through the filters: `edge-agent infer` runs a stage's
+    preprocess, model and postprocess (not the pipeline's steps), and drops what the pipeline's
+    filter step would."""
+
+    def __init__(self, postprocess: Postprocessor, config: FiltersConfig) -> None:
+        self.postprocess = postprocess
+        self.filter = ObjectFilter(config)
+        self.drops = Drops()
+
+    def __call__(self, outputs: Mapping[str, np.ndarray], geometry: Geometry | None = None) -> dict[str, Any]:
+        size = (geometry.source_width, geometry.source_height) if geometry is not None else (0, 0)
+        output, dropped = self.filter.apply(self.postprocess(outputs, geometry), *size)
+        self.drops.count(len(boxes_of(output) or []), dropped)
+        return output

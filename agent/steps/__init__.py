@@ -22,6 +22,7 @@ from agent.processing.feed import Feeder
 from agent.rules import ReportRules
 from agent.stage import Stage
 from agent.steps.base import THREADS, FrameRecord, Step, StepStats, Thread
+from agent.steps.filter import FilterStep
 from agent.steps.infer import InferStep, RunModel
 from agent.steps.motion import MotionGateStep, PipelineMotion
 from agent.steps.postprocess import PostprocessStep
@@ -74,6 +75,7 @@ def build_steps(config: PipelineConfig, parts: StepParts) -> list[Step]:
         PrepareStep(parts.feeder),
         InferStep(parts.run_model, parts.serving, parts.fall_back),
         PostprocessStep(parts.postprocess),
+        FilterStep(config.filters) if config.filters is not None else None,
         TrackStep(config, parts.tracking) if tracks else None,
         ReportRulesStep(config.report, parts.rules),
         TagStep(config.report.tags) if config.report.tags else None,

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 from agent.text import clip
 
 if TYPE_CHECKING:  # imported where a status is drawn: every other command loads this module too
+    from collections.abc import Mapping
+
     from agent.status import PipelineStatus
 
 SHOWN_PROBLEMS = 5  # a refused reload's problems shown under the config line
@@ -79,6 +81,8 @@ def render(data: dict[str, Any]) -> Any:
             why_lines.append(Text(f"{name}: {clip(serving.backend_why, 160)}", style="dim"))
         if run is not None and isinstance(run.tracking, dict):
             tracking_lines.append(tracking_line(name, run.tracking))
+        if run is not None and isinstance(run.steps.get("filter"), dict):
+            tracking_lines.append(filter_line(name, run.steps["filter"]))
     return Group(*lines, table, *tracking_lines, *why_lines)
 
 
@@ -102,6 +106,16 @@ def tracking_line(name: str, tracking: dict[str, Any]) -> Any:
     for line_name, counts in (tracking.get("lines") or {}).items():
         text.append(f"; line {line_name} " + ", ".join(f"{way} {n}" for way, n in (counts or {}).items()))
     return text
+
+
+def filter_line(name: str, shown: Mapping[str, Any]) -> Any:
+    """What a pipeline's object filters dropped (agent/steps/filter.py `status`) in one line:
+    `door: filters kept 40, dropped 15: min_area 12 (person 10, car 2), mask 3 (car)`."""
+    from rich.text import Text
+
+    from agent.filter_counts import drops_text
+
+    return Text(f"{name}: filters {drops_text(shown)}")
 
 
 def _state(pipeline: PipelineStatus) -> str:

@@ -41,9 +41,11 @@ from agent.config import (
     PipelineConfig,
 )
 from agent.errors import EdgeAgentError, ModelError
+from agent.filter_counts import drops_text
 from agent.model_hints import embedded_hints, with_model_hints
 from agent.processing import Postprocessor, build_postprocessor
 from agent.processing.feed import AudioFeeder, ImageFeeder
+from agent.processing.object_filter import Filtered
 from agent.rules import ReportRules
 from agent.sources import read_wav, redact_uri
 from agent.sources.audio import audio_windows
@@ -352,6 +354,7 @@ def _run(
             result.output = run.output
             result.latency_ms = latency(run.preprocess_ms, run.inference_ms, run.postprocess_ms)
             result.held_back_by = stage.rules.check(run.output, time.time())
+            result.note = "; ".join(filter(None, [result.note, filters_note(stage)]))
     result.summary = summarise(outputs)
     if defaults and config.postprocess.type == "raw" and result.output is not None:
         result.output = result.summary  # the bare values would be a dump; the summary says what they are
@@ -388,7 +391,17 @@ def ready_stage(config: PipelineConfig, model: ResolvedModel, loaded: Loaded, de
             hint="preprocess.input names the input frames go to; state links feed the others",
         )
     stage.warm_up()
+    if config.filters is not None:  # what the pipeline's filter step would drop (its steps do not run here)
+        stage.postprocess = Filtered(stage.postprocess, config.filters)
     return stage
+
+
+def filters_note(stage: Stage) -> str:
+    """What the pipeline's object filters dropped of the frames run ('' when they dropped nothing)."""
+    post = stage.postprocess
+    if not isinstance(post, Filtered) or not post.drops.dropped:
+        return ""
+    return f"filters {drops_text(post.drops.to_dict())}"
 
 
 def _run_tensors(

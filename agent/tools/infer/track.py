@@ -45,7 +45,14 @@ from agent.tools.infer.camera import camera_frames
 from agent.tools.infer.choice import Loaded, ResolvedModel, artifact_run
 from agent.tools.infer.draw import write_picture
 from agent.tools.infer.inputs import NAMED, input_kind, read_image, read_video_frame
-from agent.tools.infer.run import InferRequest, latency, model_and_pipeline, on_model, ready_stage
+from agent.tools.infer.run import (
+    InferRequest,
+    filters_note,
+    latency,
+    model_and_pipeline,
+    on_model,
+    ready_stage,
+)
 from agent.tools.infer.video import REFUSED, VIDEO_FORMATS, VideoWriter, is_video_name, video_problem
 from providers import BackendError
 
@@ -363,6 +370,7 @@ class _ClipTracker:
             result.note = "; ".join(filter(None, [result.note, f"{frames_run} frame(s) in {position:.1f} s"]))
         if scene.problems:  # pixel points outside the frame (the daemon logs them)
             result.note = "; ".join(filter(None, [result.note, *scene.problems]))
+        result.note = "; ".join(filter(None, [result.note, filters_note(stage)]))
         open_at_end = scene.summary()
         scene.end_all(END_OF_CLIP, started + position)
         self._events(scene.take_events(), result, frames_run - 1, position, at_end=True)
