@@ -20,6 +20,9 @@ class Feeder(Protocol):
     # True when a run's inputs need the previous run's outputs (state links): such a feeder prepares
     # each frame after the run before it, never ahead of it on another thread.
     recurrent: bool
+    # The (width, height) an image takes in the model's input (a motion region's crop is cut to its
+    # shape, agent/processing/motion_regions.py); None: not images.
+    input_size: tuple[int, int] | None
 
     def feeds(self, data: np.ndarray, gap: bool = False) -> tuple[dict[str, np.ndarray], Geometry | None]:
         """The inputs for one run on `data`; `gap`: the stream restarted, forget what came before."""
@@ -76,6 +79,7 @@ class ImageFeeder:
         self.preprocess = preprocess
         self.state = state
         self.recurrent = bool(state.links)
+        self.input_size: tuple[int, int] | None = (preprocess.width, preprocess.height)
 
     def feeds(self, data: np.ndarray, gap: bool = False) -> tuple[dict[str, np.ndarray], Geometry | None]:
         if gap:
@@ -129,6 +133,7 @@ class AudioFeeder:
             self.constants[key] = np.full(shape, value, dtype=spec.dtype)
         self.state = state
         self.recurrent = bool(state.links)
+        self.input_size: tuple[int, int] | None = None
         missing = set(by_name) - {name} - set(self.constants) - {link.input for link in state.links}
         if missing:
             raise ModelError(

@@ -42,6 +42,25 @@ class Geometry:
         out[:, 1::2] = out[:, 1::2].clip(0, self.source_height)
         return out
 
+    def of_crop(self, left: int, top: int, frame_width: int, frame_height: int) -> Geometry:
+        """This geometry of a crop whose top-left corner is at (left, top) of a larger frame, as the
+        frame's: a crop is one more offset, so boxes map back to (and are clipped to) the frame."""
+        return Geometry(
+            self.scale_x,
+            self.scale_y,
+            self.offset_x - left * self.scale_x,
+            self.offset_y - top * self.scale_y,
+            frame_width,
+            frame_height,
+            self.input_width,
+            self.input_height,
+        )
+
+    @classmethod
+    def identity(cls, width: int, height: int) -> Geometry:
+        """A frame's own pixels (boxes already in frame pixels: the motion regions' merged ones)."""
+        return cls(1.0, 1.0, 0, 0, width, height, width, height)
+
 
 class Preprocessor:
     """Turns one BGR uint8 frame (as OpenCV decodes it) into the model's input tensor."""

@@ -23,7 +23,7 @@ from agent.rules import ReportRules
 from agent.stage import Stage
 from agent.steps.base import THREADS, FrameRecord, Step, StepStats, Thread
 from agent.steps.filter import FilterStep
-from agent.steps.infer import InferStep, RunModel
+from agent.steps.infer import InferStep, RunModel, runs_batches
 from agent.steps.motion import MotionGateStep, PipelineMotion
 from agent.steps.postprocess import PostprocessStep
 from agent.steps.prepare import PrepareStep
@@ -57,6 +57,7 @@ class StepParts:
     run_model: RunModel
     serving: Callable[[], tuple[str, str]]  # the backend and precision the model runs on now
     fall_back: Callable[[str], None]  # a backend keeps failing: try the next candidate
+    batches: Callable[[], bool]  # the model serving now runs several inputs at once (motion regions)
     postprocess: Postprocessor
     rules: ReportRules
     model: Mapping[str, Any]  # name, version, sha256: the result's `model`
@@ -72,9 +73,9 @@ def build_steps(config: PipelineConfig, parts: StepParts) -> list[Step]:
     gate = config.motion_gate
     steps = [
         MotionGateStep(gate, parts.motion, parts.tracking.tracks_alive) if gate is not None else None,
-        PrepareStep(parts.feeder),
-        InferStep(parts.run_model, parts.serving, parts.fall_back),
-        PostprocessStep(parts.postprocess),
+        PrepareStep(parts.feeder, gate, parts.tracking),  # (motion regions: crops around the motion)
+        InferStep(parts.run_model, parts.serving, parts.fall_back, parts.batches),
+        PostprocessStep(parts.postprocess, gate is not None and gate.regions),
         FilterStep(config.filters) if config.filters is not None else None,
         TrackStep(config, parts.tracking) if tracks else None,
         ReportRulesStep(config.report, parts.rules),
@@ -107,6 +108,7 @@ def plan_for(
         run_model=lambda feeds: stage.infer(feeds, offer=stage.offer_sample),
         serving=stage.running_on,
         fall_back=stage.fall_back,
+        batches=lambda: runs_batches(stage.model.session),
         postprocess=stage.postprocess,
         rules=stage.rules,
         model=stage.identity,

@@ -27,6 +27,16 @@ PREPROCESS_STEP, INFERENCE_STEP = "preprocess", "inference"
 
 
 @dataclass
+class CropRun:
+    """One motion region of a frame (agent/processing/motion_regions.py): the detector's run on a crop."""
+
+    box: tuple[int, int, int, int]  # the crop, in frame pixels
+    feeds: dict[str, np.ndarray] | None  # its inputs (prepare -> infer)
+    geometry: Geometry | None  # crop-input pixels -> frame pixels
+    outputs: dict[str, np.ndarray] | None = None  # the model's raw outputs on it (infer -> postprocess)
+
+
+@dataclass
 class FrameRecord:
     """One frame on its way through the steps: what the source gave, then what each step made of it.
 
@@ -45,6 +55,8 @@ class FrameRecord:
     feeds: dict[str, np.ndarray] | None = None  # the model's inputs (prepare -> infer)
     geometry: Geometry | None = None  # how an image was fitted into the model's input
     outputs: dict[str, np.ndarray] | None = None  # the model's raw outputs (infer -> postprocess)
+    # Motion regions: the detector runs on these crops instead of `feeds` (None: on the whole frame).
+    crops: list[CropRun] | None = None
     backend: str = ""  # the backend the model ran on (a switch may follow before the result)
     precision: str = ""
     output: dict[str, Any] | None = None  # postprocessed: detections/regions (with track_id), labels...

@@ -1,8 +1,16 @@
-"""Postprocess: the model's raw outputs -> the result's `output` (labels, detections, regions...)."""
+"""Postprocess: the model's raw outputs -> the result's `output` (labels, detections, regions...).
+
+A frame cut into motion regions (`FrameRecord.crops`) has each crop's detections mapped to frame
+pixels and made one list (agent/processing/motion_regions.py `merge_detections`): every step after
+this one sees one frame's detections, as without regions.
+"""
 
 from __future__ import annotations
 
+from agent.errors import ModelError
 from agent.processing import Postprocessor
+from agent.processing.motion_regions import merge_detections
+from agent.processing.postprocess import Detection
 from agent.steps.base import FrameRecord, Step
 
 
@@ -10,11 +18,29 @@ class PostprocessStep(Step):
     name = "postprocess"
     thread = "report"
 
-    def __init__(self, postprocess: Postprocessor) -> None:
+    def __init__(self, postprocess: Postprocessor, regions: bool = False) -> None:
+        """`regions`: the pipeline runs its detector on motion regions (a detection postprocessor only)."""
         super().__init__()
         self.postprocess = postprocess
+        if regions and not isinstance(postprocess, Detection):
+            raise ModelError(
+                "motion.regions needs postprocess type detection: the boxes of the crops are merged"
+            )
 
     def run(self, record: FrameRecord) -> bool:
-        assert record.outputs is not None
-        record.output, record.outputs = self.postprocess(record.outputs, record.geometry), None
+        if record.crops is None:
+            assert record.outputs is not None
+            record.output, record.outputs = self.postprocess(record.outputs, record.geometry), None
+            return True
+        assert isinstance(self.postprocess, Detection) and record.geometry is not None
+        found = []
+        for crop in record.crops:
+            assert crop.outputs is not None
+            found.append((crop.box, self.postprocess(crop.outputs, crop.geometry)["detections"]))
+            crop.outputs = None
+        size = (record.geometry.source_width, record.geometry.source_height)
+        config = self.postprocess.config
+        record.output = {
+            "detections": merge_detections(found, size, config.iou_threshold, config.max_detections)
+        }
         return True
