@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from agent.cli import app
 from agent.config import MotionConfig, PipelineConfig
 from agent.config.motion import is_live_video
+from tests.config_cases import assert_both_accept, assert_both_reject
 
 HEAD = """\
 device: {id: box-1}
@@ -152,3 +153,13 @@ def test_a_good_motion_config_validates(tmp_path: Path) -> None:
         "    ",
     )
     assert validate(tmp_path, HEAD + FILE + body) == (0, [])
+
+
+@pytest.mark.parametrize("motion", ["true", "false", "{}", "{method: mog2, masks: []}"])
+def test_the_validator_and_the_schema_both_accept_motion_as_a_switch_or_settings(motion: str) -> None:
+    assert_both_accept(HEAD + FILE + DETECTION + f"    motion: {motion}\n", f"motion: {motion}")
+
+
+@pytest.mark.parametrize("motion", ["'on'", "1", "{threshold: 0}", "[true]"])
+def test_the_validator_and_the_schema_both_refuse_a_bad_motion(motion: str) -> None:
+    assert_both_reject(HEAD + FILE + DETECTION + f"    motion: {motion}\n", f"motion: {motion}")

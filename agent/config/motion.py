@@ -4,7 +4,7 @@ docs/analytics.md "Motion gate"). On by default for live cameras, off for files 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
@@ -37,6 +37,11 @@ def is_live_video(uri: str) -> bool:
 def motion_switch(value: object) -> object:
     """`motion: true` / `motion: false` as the mapping they are short for."""
     return {"enabled": value} if isinstance(value, bool) else value
+
+
+def switch_schema(schema: dict[str, Any]) -> None:
+    """JSON Schema: `motion:` takes true or false too (`motion_switch`)."""
+    schema["anyOf"].insert(0, {"type": "boolean"})
 
 
 class MotionMaskConfig(StrictModel):

@@ -18,7 +18,7 @@ from agent.config.analytics import LineConfig, TrackConfig, ZoneConfig, analytic
 from agent.config.backends import BackendChoiceConfig
 from agent.config.base import TOPIC_SPECIALS, Name, StrictModel, problems_at
 from agent.config.filters import FiltersConfig, filter_label_problems
-from agent.config.motion import MotionConfig, is_live_video, motion_switch
+from agent.config.motion import MotionConfig, is_live_video, motion_switch, switch_schema
 from agent.config.processing import (
     AnyPreprocessConfig,
     AudioPreprocessConfig,
@@ -168,7 +168,7 @@ class PipelineConfig(StrictModel):
 
     motion: Annotated[MotionConfig | None, BeforeValidator(motion_switch)] = Field(
         None,
-        json_schema_extra=lambda schema: schema["anyOf"].insert(0, {"type": "boolean"}),
+        json_schema_extra=switch_schema,
         description="The motion gate (docs/analytics.md): true, false or its settings. Default: on for live "
         "cameras (V4L2, RTSP/HTTP streams, GStreamer), off for video files; video sources only.",
     )
