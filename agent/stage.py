@@ -20,8 +20,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from agent.config import PipelineConfig
-from agent.processing import Geometry, build_postprocessor
+from agent.errors import ModelError
+from agent.processing import Geometry, Postprocessor, build_postprocessor
 from agent.processing.feed import Feeder, build_feeder
+from agent.processing.postprocess import Detection
 from agent.rules import ReportRules
 from agent.status import Chosen, Serving, StageStatus
 from providers import Decision, Session
@@ -143,6 +145,9 @@ class Stage:
         session = model.session
         self.feeder = feeder if feeder is not None else build_feeder(config, session.inputs, session.outputs)
         self.postprocess = build_postprocessor(config.postprocess, session.outputs)
+        motion = config.motion_gate
+        if motion is not None and motion.regions:  # (here, not in the steps: a swap builds those late)
+            _check_regions(self.feeder, self.postprocess)
         self.rules = ReportRules(config.report)
         self.stats = StageStats()
         # While on probation (a health window), outputs are checked for NaN and infinity each frame.
@@ -289,6 +294,16 @@ class Stage:
         self._closed = True
         if self.model.release():
             self.model.session.close()
+
+
+def _check_regions(feeder: Feeder, postprocess: Postprocessor) -> None:
+    """Motion regions cut a frame into crops and merge their boxes: a detection model on images only."""
+    if not isinstance(postprocess, Detection):
+        raise ModelError("motion.regions needs postprocess type detection: the boxes of its crops are merged")
+    if feeder.input_size is None or feeder.recurrent:
+        raise ModelError(
+            "motion.regions needs a model on single images (crops of a frame), not one with state"
+        )
 
 
 # Pipeline keys a model never sees: a change to only these is taken by a stage on the same session.

@@ -75,7 +75,7 @@ def build_steps(config: PipelineConfig, parts: StepParts) -> list[Step]:
         MotionGateStep(gate, parts.motion, parts.tracking.tracks_alive) if gate is not None else None,
         PrepareStep(parts.feeder, gate, parts.tracking),  # (motion regions: crops around the motion)
         InferStep(parts.run_model, parts.serving, parts.fall_back, parts.batches),
-        PostprocessStep(parts.postprocess, gate is not None and gate.regions),
+        PostprocessStep(parts.postprocess),
         FilterStep(config.filters) if config.filters is not None else None,
         TrackStep(config, parts.tracking) if tracks else None,
         ReportRulesStep(config.report, parts.rules),

@@ -7,7 +7,6 @@ this one sees one frame's detections, as without regions.
 
 from __future__ import annotations
 
-from agent.errors import ModelError
 from agent.processing import Postprocessor
 from agent.processing.motion_regions import merge_detections
 from agent.processing.postprocess import Detection
@@ -18,20 +17,16 @@ class PostprocessStep(Step):
     name = "postprocess"
     thread = "report"
 
-    def __init__(self, postprocess: Postprocessor, regions: bool = False) -> None:
-        """`regions`: the pipeline runs its detector on motion regions (a detection postprocessor only)."""
+    def __init__(self, postprocess: Postprocessor) -> None:
         super().__init__()
         self.postprocess = postprocess
-        if regions and not isinstance(postprocess, Detection):
-            raise ModelError(
-                "motion.regions needs postprocess type detection: the boxes of the crops are merged"
-            )
 
     def run(self, record: FrameRecord) -> bool:
         if record.crops is None:
             assert record.outputs is not None
             record.output, record.outputs = self.postprocess(record.outputs, record.geometry), None
             return True
+        # (A stage with regions has a detection postprocessor: agent/stage.py checks it.)
         assert isinstance(self.postprocess, Detection) and record.geometry is not None
         found = []
         for crop in record.crops:

@@ -14,7 +14,6 @@ import threading
 from typing import Any
 
 from agent.config import MotionConfig
-from agent.errors import ModelError
 from agent.pipeline_tracking import PipelineTracking
 from agent.processing import Geometry
 from agent.processing.feed import Feeder
@@ -33,11 +32,8 @@ class PrepareStep(Step):
         super().__init__()
         self.feeder = feeder
         self.thread = "inference" if feeder.recurrent else "prepare"
+        # (A stage with regions has an image feeder: agent/stage.py checks it.)
         self.regions = motion if motion is not None and motion.regions else None
-        if self.regions is not None and (feeder.input_size is None or feeder.recurrent):
-            raise ModelError(
-                "motion.regions needs a model on single images (crops of a frame): not audio, not state"
-            )
         self.tracking = tracking
         self._lock = threading.Lock()
         self._counts = {"frames": 0, "whole_frames": 0, "crops": 0}  # since the step was built
