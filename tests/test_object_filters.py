@@ -17,7 +17,7 @@ from agent.label_check import check_config
 from agent.processing.object_filter import ObjectFilter
 from agent.steps.base import FrameRecord
 from agent.steps.filter import FilterStep
-from tests.config_cases import problems_of
+from tests.config_cases import assert_both_accept, assert_both_reject, problems_of
 
 W, H = 200, 100  # the frame: 20000 square pixels
 
@@ -236,6 +236,16 @@ BAD_FILTERS = {
 def test_a_bad_filter_is_refused_at_its_line(tmp_path: Path, case: str) -> None:
     filters, wanted = BAD_FILTERS[case]
     assert problems(tmp_path, filters) == [wanted]
+
+
+def test_the_json_schema_refuses_an_area_fraction_above_1_and_takes_pixels() -> None:
+    def text(rule: str) -> str:
+        return PIPELINE + f"      default: {rule}\n"
+
+    assert_both_reject(text("{min_area: 400}"), "fraction.yaml")
+    assert_both_reject(text("{max_area: 1.5}"), "fraction.yaml")
+    assert_both_accept(text("{units: pixels, min_area: 400, max_area: null}"), "pixels.yaml")
+    assert_both_accept(text("{min_area: 0.01, max_area: 1}"), "fractions.yaml")
 
 
 def test_filters_need_boxes_and_regions_have_no_labels(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ The checks here need no frame; the pipeline checks the labels against its postpr
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -35,8 +35,16 @@ RULES = ("min_score", "min_area", "max_area", "min_ratio", "max_ratio", "mask")
 MAX_RATIO = 1000.0  # width / height: far beyond any real object's box
 
 
+def _area_fractions(schema: dict[str, Any]) -> None:
+    """JSON Schema: with units fraction (the default) min_area and max_area are at most 1."""
+    schema["if"] = {"properties": {"units": {"const": "pixels"}}, "required": ["units"]}
+    schema["else"] = {"properties": {"min_area": {"maximum": 1}, "max_area": {"maximum": 1}}}
+
+
 class ObjectRule(StrictModel):
     """What an object must be to be kept: each key unset keeps every object."""
+
+    model_config = ConfigDict(json_schema_extra=_area_fractions)
 
     units: Units = Field(
         "fraction",
