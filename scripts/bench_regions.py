@@ -26,7 +26,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,8 @@ from agent.config import PipelineConfig
 from agent.pipeline import Pipeline
 from agent.stage import LoadedModel
 from providers import ModelArtifact, Session, get_backend
+from tests.media_fixtures import ListSink
+from tests.waits import wait_until
 
 WIDTH, HEIGHT, FPS = 1280, 720, 10
 FACE_SCALE = 0.36  # the photo's 101-px face becomes ~36 px wide (9 px in a 320 letterbox of the frame)
@@ -103,25 +104,6 @@ def config(way: str, clip: Path, labels: list[str]) -> PipelineConfig:
     )
 
 
-class _Sink:
-    """Every result of a pipeline (only what counting needs: no outbox)."""
-
-    def __init__(self) -> None:
-        self.results: list[Any] = []
-
-    def submit(self, result: Any) -> None:
-        self.results.append(result)
-
-    def write_events(self, pipeline: str, events: list[dict[str, Any]]) -> None:
-        pass
-
-    def open_tracks(self, pipeline: str) -> int:
-        return 1
-
-    def save_snapshot(self, *args: Any) -> str | None:
-        return None
-
-
 @dataclass
 class Run:
     way: str
@@ -135,35 +117,34 @@ class Run:
 
 def run(way: str, clip: Path, truth: list[tracking_video.Truth], session: Session, labels: list[str]) -> Run:
     """The clip through a real pipeline the `way` given, to its end; what it found against the truth."""
-    sink = _Sink()
+    sink = ListSink()
     pipeline = Pipeline(config(way, clip, labels), LoadedModel("nudenet", "3.4.2", "ab" * 32, session), sink)
     pipeline.start()
-    deadline = time.monotonic() + 300
-    while not pipeline.finished and time.monotonic() < deadline:
-        time.sleep(0.05)
-    pipeline.stop(timeout=30)
-    if not pipeline.finished:
-        raise RuntimeError(f"{way}: the clip did not play to its end in 300 s")
+    try:
+        wait_until(lambda: pipeline.finished, f"{way}: the clip played to its end", timeout=300)
+    finally:
+        pipeline.stop(timeout=30)
     steps = dict(pipeline.status().steps)
-    by_frame = {r.source["frame"]: r for r in sink.results}
+    results = [fields for _, fields in sink.results]
+    by_frame = {r["source"]["frame"]: r for r in results}
     found = faces = 0
     for frame in truth[1:]:  # the gate has no background before the second frame
         result = by_frame.get(frame.index + 1)  # a video source counts frames from 1
         boxes = [
             d["box"]
-            for d in (result.output.get("detections", []) if result is not None else [])
+            for d in (result["output"].get("detections", []) if result is not None else [])
             if d["label"] in ("FACE_FEMALE", "FACE_MALE")
         ]
         for box in frame.faces.values():
             faces += 1
             found += any(_iou(box, other) >= MATCH_IOU for other in boxes)
-    inference = [r.latency_ms["inference"] for r in sink.results]
-    total = [sum(r.latency_ms[k] for k in ("preprocess", "inference", "postprocess")) for r in sink.results]
+    inference = [r["latency_ms"]["inference"] for r in results]
+    total = [sum(r["latency_ms"][k] for k in ("preprocess", "inference", "postprocess")) for r in results]
     return Run(
         way,
         found,
         faces,
-        len(sink.results),
+        len(results),
         statistics.median(inference) if inference else 0.0,
         statistics.median(total) if total else 0.0,
         steps,
