@@ -307,7 +307,7 @@ def _check_regions(feeder: Feeder, postprocess: Postprocessor) -> None:
 
 
 # Pipeline keys a model never sees: a change to only these is taken by a stage on the same session.
-REPORTING_KEYS = ("zones", "lines", "track", "report", "home_automation", "stall_s")
+REPORTING_KEYS = ("zones", "lines", "track", "filters", "report", "home_automation", "stall_s")
 
 
 def changes_only_reporting(old: PipelineConfig, new: PipelineConfig) -> bool:

@@ -14,6 +14,7 @@ import pytest
 
 from agent.config import (
     DetectionPostprocess,
+    FiltersConfig,
     LineConfig,
     ModelRef,
     PipelineConfig,
@@ -152,8 +153,11 @@ def test_a_reporting_only_change_shares_the_session_which_closes_with_its_last_s
     session = OnnxRuntimeBackend().load(cls_artifact(yolo_path))
     model = LoadedModel(name="faces", version="1", sha256="ef" * 32, session=session)
     before = config(crossing_clip, yolo_labels)
-    after = config(crossing_clip, yolo_labels, zones=[RIGHT], report=ReportConfig(results=False))
-    assert changes_only_reporting(before, after)
+    filters = FiltersConfig.model_validate({"default": {"min_area": 0.01}})
+    after = config(
+        crossing_clip, yolo_labels, zones=[RIGHT], report=ReportConfig(results=False), filters=filters
+    )
+    assert changes_only_reporting(before, after)  # filters work on the outputs too
     other_model = config(crossing_clip, yolo_labels, model=ModelRef(name="faces", version="2"))
     other_post = config(crossing_clip, yolo_labels, postprocess=DetectionPostprocess(type="detection"))
     assert not changes_only_reporting(before, other_model) and not changes_only_reporting(before, other_post)
