@@ -77,22 +77,26 @@ def plan_regions(
 
 
 def _merged(groups: list[_Group], frame_size: tuple[int, int], input_size: tuple[int, int]) -> list[_Group]:
-    """Groups merged pairwise until no two should be: one crop covers both at no loss of resolution,
-    or their crops overlap much (and one crop of both fits the frame). At most n-1 merges."""
-    while True:
-        pair = next(
-            (
-                (i, j, joined)
-                for i in range(len(groups))
-                for j in range(i + 1, len(groups))
-                if (joined := _join(groups[i], groups[j], frame_size, input_size)) is not None
-            ),
-            None,
-        )
-        if pair is None:
-            return groups
-        i, j, joined = pair
-        groups = [g for k, g in enumerate(groups) if k not in (i, j)] + [joined]
+    """Groups merged until no two should be: one crop covers both at no loss of resolution, or their
+    crops overlap much (and one crop of both fits the frame). Each group joins the merged ones in
+    turn, and a group that grew is checked again against the rest (no two of which merge)."""
+    merged: list[_Group] = []
+    for group in groups:
+        while True:
+            found = next(
+                (
+                    (k, joined)
+                    for k, other in enumerate(merged)
+                    if (joined := _join(group, other, frame_size, input_size)) is not None
+                ),
+                None,
+            )
+            if found is None:
+                merged.append(group)
+                break
+            del merged[found[0]]
+            group = found[1]
+    return merged
 
 
 def _join(a: _Group, b: _Group, frame_size: tuple[int, int], input_size: tuple[int, int]) -> _Group | None:
