@@ -34,6 +34,7 @@ from agent.backend_choice.proof import Peek, grab_sample, pipeline_judge, proof_
 from agent.backend_choice.switcher import DecisionSwitcher, Prover
 from agent.config import AgentConfig, PipelineConfig
 from agent.errors import ModelError
+from agent.processing.judge import judged_on
 from agent.testdata import TestData, testdata_samples
 from agent.transform import with_upgraded_twins
 from providers import BackendError, Decision, ModelArtifact, SelectionPolicy, Session, decide, load_decided
@@ -386,6 +387,7 @@ def _decide_on(
         hardware=notes,
         progress=progress,
         judge=judge,
+        judged_on=judged_on(pipeline.postprocess),
     )
 
 

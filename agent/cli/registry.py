@@ -24,7 +24,7 @@ from agent.cli.options import (
 from agent.errors import EdgeAgentError
 
 if TYPE_CHECKING:
-    from agent.config import RegistryConnection
+    from agent.config import PipelineConfig, RegistryConnection
 
 registry_app = typer.Typer(help="Publish models to a registry.", no_args_is_help=True)
 
@@ -70,6 +70,36 @@ def registry_publish(
         Path | None,
         typer.Option("--sign", help="Sign the manifest with this Ed25519 private key (registry keygen)."),
     ] = None,
+    quantize: Annotated[
+        str | None,
+        typer.Option(
+            "--quantize",
+            metavar="int8",
+            help="Also publish an int8 variant (onnxruntime static QDQ, per-channel) beside the ONNX model, "
+            "kept only where it reports the float model's detections/top-k on the calibration inputs (its "
+            "output head kept in float where quantizing it changes them).",
+        ),
+    ] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(
+            "--calibration",
+            help="With --quantize: a folder of images (e.g. frames `edge-agent source --save` wrote) or an "
+            ".npz of inputs; default: the --test-data. Images are prepared with --pipeline's preprocess, "
+            "else the model's metadata (Ultralytics: letterbox to imgsz), else a plain letterbox to the "
+            "model's input, RGB, 0..1.",
+            exists=True,
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="With --pipeline: the agent config it is in.")
+    ] = None,
+    pipeline: Annotated[
+        str | None,
+        typer.Option(
+            "--pipeline", help="With --quantize: prepare and judge as this pipeline of -c CONFIG does."
+        ),
+    ] = None,
     username: UsernameOption = None,
     password_file: PasswordFileOption = None,
     token_file: TokenFileOption = None,
@@ -82,7 +112,10 @@ def registry_publish(
     from agent.registry.publish import publish_version
     from agent.registry.signing import key_id, load_private_key
 
+    made = None
     with user_errors(as_json):
+        if quantize is None and (calibration is not None or pipeline is not None):
+            raise EdgeAgentError("--calibration and --pipeline say how to quantize: add --quantize int8")
         extra = _read_json_file(metadata) if metadata else None
         private_key = load_private_key(sign_key) if sign_key is not None else None  # before any copying
         options = PublishOptions(
@@ -95,15 +128,47 @@ def registry_publish(
             atol=atol,
         )
         connection = _connection(username, password_file, token_file, ca_file)
-        manifest, digest = publish_version(registry, file, name, version, options, connection)
+        if quantize is None:
+            manifest, digest = publish_version(registry, file, name, version, options, connection)
+        else:
+            from agent.quantize import Quantized, make_variant
+            from agent.registry.publish import publish_with_variant
+
+            chosen, match_iou = _pipeline(config, pipeline)
+
+            def make(model: Path, out: Path, testdata: list[Path]) -> Quantized:
+                return make_variant(model, out, calibration, testdata, chosen, match_iou, _stderr)
+
+            manifest, digest, made = publish_with_variant(
+                registry, file, name, version, make, options, connection, precision=quantize
+            )
     signed_by = key_id(private_key.public_key()) if private_key is not None else None
+    variant = None
+    if made is not None:
+        variant = {
+            "file": made.path.name,
+            "precision": quantize,
+            "kept_float": made.kept_float,
+            "checked_inputs": made.checked,
+            "max_diff": made.max_diff,
+            "refused_tries": made.tries,
+        }
     if as_json:
-        echo_json({**json.loads(manifest.to_bytes()), "signed_by": signed_by, "digest": digest})
+        echo_json(
+            {**json.loads(manifest.to_bytes()), "signed_by": signed_by, "digest": digest, "variant": variant}
+        )
     else:
         for artifact in manifest.artifacts:
+            kind = f", {artifact.precision} variant of {artifact.made_from}" if artifact.precision else ""
             typer.echo(
                 f"published {name}@{version} to {registry}: {artifact.file} "
-                f"({artifact.format}, {artifact.size} bytes, sha256 {artifact.sha256})"
+                f"({artifact.format}{kind}, {artifact.size} bytes, sha256 {artifact.sha256})"
+            )
+        if made is not None:
+            within = f", {made.within()}" if made.max_diff is not None else ""
+            typer.echo(
+                f"{quantize} variant {made.path.name}: {made.kept_float} kept in float; the same reports as "
+                f"the float model on {made.checked} calibration inputs{within}"
             )
         if signed_by:
             typer.echo(f"signed {name}@{version} with key {signed_by}")
@@ -156,6 +221,30 @@ def registry_sign(
         typer.echo(f"signed {name}@{version} in {registry} with key {kid}")
         if digest:
             typer.echo(f"image manifest {digest} (the tag {version} now points to it)")
+
+
+def _stderr(text: str) -> None:
+    typer.echo(text, err=True)
+
+
+def _pipeline(config: Path | None, name: str | None) -> tuple[PipelineConfig | None, float]:
+    """The pipeline of -c CONFIG that --pipeline names (None: none named), and the config's match_iou
+    (what selection will judge the variant by)."""
+    if name is None:
+        if config is not None:
+            raise EdgeAgentError("-c CONFIG is read for --pipeline's preprocess: add --pipeline NAME")
+        return None, 0.5
+    if config is None:
+        raise EdgeAgentError("--pipeline names a pipeline of a config: add -c CONFIG")
+    from agent.config_loader import load_config
+
+    loaded = load_config(config)
+    found = {p.name: p for p in loaded.pipelines}
+    if name not in found:
+        raise EdgeAgentError(
+            f"no pipeline named {name!r} in {config} (its pipelines: {', '.join(sorted(found)) or 'none'})"
+        )
+    return found[name], loaded.backends.match_iou
 
 
 def _read_json_file(path: Path) -> dict[str, Any]:

@@ -6,7 +6,8 @@ Where the pipeline has a postprocessor that says what matters, the candidate's o
 reference's go through it and are compared as reports:
 - detection: the same objects: each reference detection matched by one of the same class at IoU >=
   `match_iou` (greedy, best scores first); detections within `SCORE_MARGIN` of the score threshold
-  may be missing on either side (a coin toss at the threshold is no error);
+  may be missing on either side (a coin toss at the threshold is no error); scores above 1 where the
+  reference's are 0..1 are wrong however the boxes match (a quantized output head);
 - classification: the same top-k classes, in the same order;
 - threshold (speech, anomalies): the same side of `on_score` (a reference score within
   `SCORE_MARGIN` of it may go either way), so the same events start.
@@ -52,6 +53,12 @@ def report_judge(
     return None
 
 
+def judged_on(postprocess: PostprocessConfig) -> str:
+    """What `report_judge` compares for this postprocess, in the words Decision.judged_on keeps."""
+    kinds = {DetectionPostprocess: "detections", ClassificationPostprocess: "top-k"}
+    return next((word for kind, word in kinds.items() if isinstance(postprocess, kind)), "")
+
+
 def _report(post: Postprocessor, outputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
     return post(outputs, None)
 
@@ -84,18 +91,21 @@ def _same_detections(
     edge = config.score_threshold + SCORE_MARGIN
     missing = [d for d in missing if float(d["score"]) >= edge]
     extra = [d for d in unmatched if float(d["score"]) >= edge]
-    if not missing and not extra:
-        return worst, ""
-    parts = [f"{len(want)} detections in the reference, {len(got)} here"]
-    if missing:
-        parts.append("missing " + ", ".join(_describe(d) for d in missing[:3]))
-    if extra:
-        parts.append("extra " + ", ".join(_describe(d) for d in extra[:3]))
-    return (
-        worst,
-        f"reports other detections than the reference ({'; '.join(parts)}; "
-        f"matched by class at IoU >= {match_iou:g})",
-    )
+    # Scores that are no probabilities where the reference's are (a quantized output head: 1.25).
+    top = max((float(d["score"]) for d in got), default=0.0)
+    above = top > 1.0 and all(float(d["score"]) <= 1.0 for d in want)
+    problems = [f"class scores above 1 (up to {top:.2f}; the reference's are 0..1)"] if above else []
+    if missing or extra:
+        parts = [f"{len(want)} detections in the reference, {len(got)} here"]
+        if missing:
+            parts.append("missing " + ", ".join(_describe(d) for d in missing[:3]))
+        if extra:
+            parts.append("extra " + ", ".join(_describe(d) for d in extra[:3]))
+        problems.append(
+            f"reports other detections than the reference ({'; '.join(parts)}; "
+            f"matched by class at IoU >= {match_iou:g})"
+        )
+    return worst, "; ".join(problems)
 
 
 def _same_top(

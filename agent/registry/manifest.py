@@ -26,6 +26,10 @@ A "test-data" artifact holds inputs (and optionally expected outputs) that selec
 backends on (agent/testdata.py); `model_file` ties it to one model file, else it is for every
 model file whose inputs it fits; `rtol`/`atol` (optional) are the tolerances its expected outputs
 hold to.
+
+A reduced-precision variant (`registry publish --quantize int8`, agent/quantize.py) is one more
+model file with `precision` ("int8") and `made_from` (the float model file of the version it was
+made from); manifests without them load as before.
 """
 
 from __future__ import annotations
@@ -77,6 +81,12 @@ class Artifact(BaseModel):
     )
     atol: float | None = Field(
         None, ge=0, description="test-data only: absolute tolerance its expected outputs hold to."
+    )
+    precision: Literal["int8"] | None = Field(
+        None, description='A reduced-precision variant (e.g. "int8") of the model file `made_from`.'
+    )
+    made_from: str | None = Field(
+        None, description="A variant only: the model file of this version it was made from."
     )
 
     @field_validator("file")
@@ -144,6 +154,15 @@ class Manifest(BaseModel):
         if not models and not wheels:
             raise ValueError("no model file among the artifacts (only test data)")
         for artifact in self.artifacts:
+            if (artifact.precision is None) != (artifact.made_from is None):
+                raise ValueError(f"artifact {artifact.file!r}: a variant names both precision and made_from")
+            if artifact.made_from is not None and (
+                artifact.made_from not in models or artifact.made_from == artifact.file
+            ):
+                raise ValueError(
+                    f"artifact {artifact.file!r}: made_from {artifact.made_from!r} is not another model "
+                    f"file of this version (it has: {', '.join(sorted(models))})"
+                )
             for key in ("rtol", "atol"):
                 if getattr(artifact, key) is not None and artifact.format != TESTDATA_FORMAT:
                     raise ValueError(f"artifact {artifact.file!r}: {key} is for test-data artifacts only")
@@ -190,10 +209,11 @@ class Manifest(BaseModel):
         raise KeyError(f"{self.ref} has no {format} artifact (it has: {formats})")
 
     def to_bytes(self) -> bytes:
-        # Test-data tolerances appear only when set (manifests without them read as before).
+        # Test-data tolerances and a variant's fields appear only when set (manifests without them
+        # read as before, byte for byte).
         document = self.model_dump(mode="json")
         for artifact in document["artifacts"]:
-            for key in ("rtol", "atol"):
+            for key in ("rtol", "atol", "precision", "made_from"):
                 if artifact.get(key) is None:
                     artifact.pop(key, None)
         return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode()

@@ -12,6 +12,9 @@
    tolerances is rejected, however fast. A reference that is not finite (a CPU backend's NaN or
    infinities, where no expected outputs put NaN) is none: the candidates proven on that sample are
    rejected for it. The fastest correct one wins (among native-format candidates when any is correct).
+   A reduced-precision variant (VariantArtifact: an int8 model made from a float one) is one more
+   candidate, tried beside the float model on the same backends: proven on the reports against the
+   float model's reference (never its own), chosen only when faster, refused with what differs.
 5. The Decision lists every candidate with its verdict and numbers (`explain()`).
 
 This package is data in, data out: no files, no hardware access; tests feed it backends. Its
@@ -47,12 +50,20 @@ from providers.select.policy import (
     Sample,
     Samples,
     SelectionPolicy,
+    VariantArtifact,
     as_samples,
     serving_options,
     spare_core_variant,
     usable_cores,
+    variant_precision,
 )
-from providers.select.reports import CandidateReport, Decision, NoBackendError, spare_core_note
+from providers.select.reports import (
+    CandidateReport,
+    Decision,
+    NoBackendError,
+    reports_within,
+    spare_core_note,
+)
 
 __all__ = [
     "CPU_THREAD_OPTIONS",
@@ -73,6 +84,7 @@ __all__ = [
     "Samples",
     "SelectionPolicy",
     "Trial",
+    "VariantArtifact",
     "as_samples",
     "compare_outputs",
     "computed_reference",
@@ -87,11 +99,13 @@ __all__ = [
     "reference_first",
     "reference_problem",
     "reference_session",
+    "reports_within",
     "screen",
     "serving_options",
     "spare_core_note",
     "spare_core_variant",
     "trial_request",
     "usable_cores",
+    "variant_precision",
     "what_would_pass",
 ]

@@ -13,6 +13,7 @@ from providers.select.policy import (
     FULL_PRECISION_REFERENCES,
     REFERENCE_BACKENDS,
     SelectionPolicy,
+    variant_precision,
 )
 from providers.select.reports import CandidateReport, Decision
 
@@ -31,7 +32,11 @@ def preference_index(name: str, policy: SelectionPolicy) -> tuple[int, int]:
 def candidate_report(
     backend: str, artifact: ModelArtifact, verdict: str, reason: str = ""
 ) -> CandidateReport:
-    return CandidateReport(backend, artifact.label, artifact.format, artifact.sha256, verdict, reason)
+    report = CandidateReport(backend, artifact.label, artifact.format, artifact.sha256, verdict, reason)
+    if variant_precision(artifact):
+        report.variant_of = artifact.derived_from
+        report.precision = variant_precision(artifact)
+    return report
 
 
 def screen(
@@ -100,8 +105,9 @@ def reference_first(
     screens them anyway. None where the policy rules the reference out; where the reference cannot
     run the model after all, loading it fails and `decide` says why."""
     by_name = {b.name: b for b in backends}
-    # A derived twin (an upgraded opset) exists because the reference refuses its original as it is.
-    refused = {a.derived_from for a in artifacts if a.derived_from}
+    # A derived twin (an upgraded opset) exists because the reference refuses its original as it is;
+    # a reduced-precision variant is never the reference (it is proven against the float model).
+    refused = {a.derived_from for a in artifacts if a.derived_from and not variant_precision(a)}
     for name in FULL_PRECISION_REFERENCES:
         backend = by_name.get(name)
         if backend is None or _ruled_out(backend, policy, {}):
@@ -111,6 +117,7 @@ def reference_first(
                 a
                 for a in artifacts
                 if a.format in backend.formats
+                and not variant_precision(a)
                 and not (name == REFERENCE_BACKENDS[0] and not a.derived_from and a.name in refused)
             ),
             key=lambda a: not backend.is_native(a.format),

@@ -28,6 +28,7 @@ from providers.select.policy import (
     as_samples,
     serving_options,
     spare_core_variant,
+    variant_precision,
 )
 from providers.select.reports import CandidateReport, Decision, NoBackendError
 from providers.trial import TrialRequest, TrialResult, run_trial_isolated
@@ -68,12 +69,14 @@ def decide(
     progress: Progress | None = None,
     judge: ReportJudge | None = None,
     timer: Timer = time_in_rounds,
+    judged_on: str = "",
 ) -> Decision:
     """Choose a backend. With samples and benchmarking on, the top candidates are proven.
 
     `judge` compares a candidate's outputs with the reference's as the pipeline would report them
     (agent/processing/judge.py); without one, or against test data that declares its tolerances
-    (the publisher's own contract), outputs are compared as tensors.
+    (the publisher's own contract), outputs are compared as tensors. `judged_on` says what the judge
+    compares ("detections": its differences are box pixels; Decision.judged_on).
 
     Each candidate is proven on the first sample that fits its artifact; a candidate no sample
     fits is not tried. `progress` hears of each trial before it starts (a trial includes building
@@ -145,7 +148,12 @@ def decide(
 
     def reference_for(s: int) -> tuple[str | None, Mapping[str, np.ndarray] | None, str]:
         if s not in references:
-            tried = {ranked[i][0].name: results[i] for i in results if sample_of[i] == s}
+            # A reduced-precision variant is proven against the float model, never against itself.
+            tried = {
+                ranked[i][0].name: results[i]
+                for i in results
+                if sample_of[i] == s and not variant_precision(ranked[i][1])
+            }
             name, outputs = _reference(inputs[s], tried, policy, trial, artifacts, backends, say)
             problem = reference_problem(name, outputs, inputs[s]) if name and outputs is not None else ""
             references[s] = (name, outputs, problem)
@@ -171,8 +179,13 @@ def decide(
             return False
         sample = inputs[sample_of[i] or 0]
         rules = judged_by(sample, policy)
-        # Judged on the reports unless the sample declares tensor tolerances (or makes no report).
-        verdict = judge(result.outputs, reference) if judge is not None and rules is policy else None
+        variant = variant_precision(ranked[i][1])
+        if variant:
+            report.precision = variant
+        # Judged on the reports unless the sample declares tensor tolerances (or makes no report); a
+        # variant on the reports always (its tensors are not the float model's by construction).
+        reported = judge is not None and (rules is policy or bool(variant))
+        verdict = judge(result.outputs, reference) if judge is not None and reported else None
         by_report = verdict is not None
         diff, problem = (
             verdict
@@ -180,6 +193,9 @@ def decide(
             else compare_outputs(result.outputs, reference, rules, computed=not sample.expected)
         )
         report.max_abs_diff = diff
+        if problem and variant:  # the variant is wrong, not the backend: the float model serves
+            report.verdict, report.reason = "rejected", f"{variant} variant: {problem}"
+            return False
         if problem:
             report.verdict, report.reason = "rejected", problem
             report.unlock = what_would_pass(report.backend, result, reference, rules, tolerance=not by_report)
@@ -188,12 +204,12 @@ def decide(
         report.verdict = "passed"
         return True
 
-    first = triable[: policy.max_trials]
+    first = _first_trials(triable, ranked, policy.max_trials)
     for i in first:
         run(i)
     passed = [i for i in first if accept(i)]
     # None of the top candidates is right: keep going down the ranking until one is.
-    for i in triable[len(first) :]:
+    for i in (i for i in triable if i not in first):
         if passed:
             break
         unusable = references.get(sample_of[i] or 0, (None, None, ""))[2]
@@ -215,10 +231,11 @@ def decide(
     cpu = rounds.cpu if rounds is not None and rounds.cpu is not None else load.use()
     best = _fastest(pool, reports)
     reports[best].verdict = "chosen"
+    _variant_speedups(pool, ranked, reports, best)
     backend, artifact = ranked[best]
     sample = sample_of[best] or 0
     reference_name, reference, _unusable = reference_for(sample)
-    return Decision(
+    decision = Decision(
         backend.name,
         artifact.sha256,
         artifact.label,
@@ -230,7 +247,55 @@ def decide(
         rounds=rounds.rounds if rounds is not None else 0,
         cpu_busy_percent=round(cpu.busy_percent, 1),
         cpu_others_percent=None if cpu.others_percent is None else round(cpu.others_percent, 1),
+        judged_on=judged_on if judge is not None else "",
     )
+    for report in reports:  # a variant that serves says so where candidates are listed
+        if report.verdict == "chosen" and report.variant_of:
+            report.reason = decision.variant_note(report)
+    return decision
+
+
+def _first_trials(triable: list[int], ranked: list[tuple[Backend, ModelArtifact]], count: int) -> list[int]:
+    """The top `count` candidates as published, plus the reduced-precision variants on their backends
+    (one more candidate each, not one fewer float candidate tried)."""
+    floats = [i for i in triable if not variant_precision(ranked[i][1])][:count]
+    backends = {ranked[i][0].name for i in floats}
+    return [
+        i
+        for i in triable
+        if i in floats or (variant_precision(ranked[i][1]) and ranked[i][0].name in backends)
+    ]
+
+
+def _variant_speedups(
+    pool: list[int], ranked: list[tuple[Backend, ModelArtifact]], reports: list[CandidateReport], best: int
+) -> None:
+    """Each correct variant's speed against the float model on its backend; one not chosen (`best`
+    was) says why."""
+    for i in pool:
+        report = reports[i]
+        if not report.variant_of or report.median_ms is None:
+            continue
+        floats = [
+            reports[j]
+            for j in pool
+            if not reports[j].variant_of and ranked[j][0].name == ranked[i][0].name and reports[j].median_ms
+        ]
+        if floats:
+            report.speedup = round(min(f.median_ms or 0.0 for f in floats) / report.median_ms, 2)
+        if report.verdict != "passed":
+            continue
+        speed = f"{report.speedup:.2f}x" if report.speedup is not None else "not timed against it"
+        chosen = reports[best]
+        if chosen.backend == report.backend and chosen.artifact == report.variant_of:
+            report.reason = (
+                f"{report.precision} variant: the same reports, not faster than {report.variant_of} ({speed})"
+            )
+        else:
+            report.reason = (
+                f"{report.precision} variant: the same reports, {speed} of {report.variant_of} on this "
+                f"backend, but {chosen.backend} on {chosen.artifact} is as fast or faster"
+            )
 
 
 # Candidates this close to the fastest count as equally fast however steady their timings: a few
@@ -325,7 +390,9 @@ def _fastest(pool: list[int], reports: list[CandidateReport]) -> int:
         margin = max(TIE_MARGIN * best.median_ms, (report.spread_ms or 0.0) + (best.spread_ms or 0.0))
         return report.median_ms - best.median_ms <= margin
 
-    return min(i for i in pool if as_fast(i))
+    # Of equally fast ones a model file as published wins over a reduced-precision variant: a variant
+    # serves only when it is faster.
+    return min((i for i in pool if as_fast(i)), key=lambda i: (bool(reports[i].variant_of), i))
 
 
 def _reference(
@@ -362,7 +429,7 @@ def computed_reference(
     be checked at all. Outputs with NaN or infinities are still returned: `reference_problem` says
     whether they can be a reference (the next CPU backend is not asked instead: the plainest one's
     NaN says the model is broken, not the backend)."""
-    fitting = [a for a in artifacts if sample.fits_artifact(a)]
+    fitting = [a for a in artifacts if sample.fits_artifact(a) and not variant_precision(a)]
     for name in REFERENCE_BACKENDS:
         result = (tried or {}).get(name)
         if result is None:

@@ -139,4 +139,19 @@ def as_samples(samples: Samples) -> list[Sample]:
     return list(samples)
 
 
+@dataclass(frozen=True)
+class VariantArtifact(ModelArtifact):
+    """A reduced-precision variant of a model file (`registry publish --quantize int8`; the agent
+    reads what it is from the file's own metadata: agent/transform.py): one more candidate, proven
+    on the reports against the float model's reference, never a reference itself. `derived_from`
+    names the float model file it was made from."""
+
+    precision: str = "int8"
+
+
+def variant_precision(artifact: ModelArtifact) -> str:
+    """ "int8" for a reduced-precision variant, "" for a model file as published (or upgraded)."""
+    return artifact.precision if isinstance(artifact, VariantArtifact) else ""
+
+
 Progress = Callable[[str], None]  # hears what selection is doing now, e.g. "trial 2: openvino/CPU on ..."

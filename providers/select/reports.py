@@ -34,6 +34,10 @@ class CandidateReport:
     # Timed side by side with the other correct candidates (providers/rounds.py): the interquartile
     # range of its turns' medians (median_ms is then their median). None: timed alone in its trial.
     spread_ms: float | None = None
+    # A reduced-precision variant (VariantArtifact): the float model file it was made from, and how
+    # many times faster it ran than the fastest correct float candidate on the same backend.
+    variant_of: str = ""
+    speedup: float | None = None
 
 
 @dataclass
@@ -52,6 +56,9 @@ class Decision:
     rounds: int = 0
     cpu_busy_percent: float | None = None
     cpu_others_percent: float | None = None
+    # What the candidates' outputs were judged on: "detections" (max_abs_diff: box pixels), "top-k"
+    # (scores), "" (tensors, or a decision from before).
+    judged_on: str = ""
 
     def explain(self) -> str:
         head = f"chose {self.backend} for {self.artifact}"
@@ -63,6 +70,8 @@ class Decision:
             head += f"; outputs checked against {self.proof()}"
         if self.timing():
             head += f"; {self.timing()}"
+        if chosen and chosen.variant_of:
+            head += f"; {self.variant_note(chosen)}"
         if self.note:
             head += f"; {self.note}"
         # Candidates with the same verdict for the same reason share one entry: a fixed backend
@@ -81,6 +90,14 @@ class Decision:
             for (artifact, verdict), backends in others.items()
         ]
         return head + (f" (others: {'; '.join(entries)})" if entries else "")
+
+    def variant_note(self, report: CandidateReport) -> str:
+        """ "int8 variant of 320n.onnx: 1.7x, boxes within 0.6 px" for a variant that passed."""
+        speed = f"{report.speedup:.1f}x" if report.speedup is not None else "not timed against it"
+        within = reports_within(self.judged_on, report.max_abs_diff)
+        return f"{report.precision} variant of {report.variant_of}: {speed}" + (
+            f", {within}" if within else ""
+        )
 
     def timing(self) -> str:
         """How the speeds were measured: "timed side by side in 5 rounds while the box's CPU was 85 %
@@ -126,6 +143,18 @@ class NoBackendError(BackendError):
         )
         super().__init__(f"no backend can run this model ({reasons or 'no backends are registered'})")
         self.candidates = candidates
+
+
+def reports_within(judged_on: str, diff: float | None) -> str:
+    """How far a candidate's reports are from the reference's, in their units: "boxes within 0.6 px"
+    (detections), "scores within 0.02" (top-k), else "max diff 0.3"; "" without a difference."""
+    if diff is None:
+        return ""
+    units = {
+        "detections": f"boxes within {diff:.2g} px",
+        "top-k": f"the same top-k, scores within {diff:.2g}",
+    }
+    return units.get(judged_on, f"max diff {diff:.2g}")
 
 
 def spare_core_note(report: CandidateReport) -> str:
