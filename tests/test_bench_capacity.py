@@ -144,6 +144,7 @@ def test_the_verdict_and_the_reports_arithmetic() -> None:
     static_off = run(2, False, 0, scene="static", cpu=20.0)  # 20 s a camera-minute
     static_on = run(2, True, 0, scene="static", cpu=2.0)  # 2: a tenth
     static_on.cameras = [camera(0, 0, gate_ms=1.0), camera(0, 0, gate_ms=2.0)]
+    static_on.decode_ms_in_process = 4.0  # 5 fps: 1.2 s a camera-minute
     runs = [
         static_off,
         static_on,
@@ -164,6 +165,9 @@ def test_the_verdict_and_the_reports_arithmetic() -> None:
         "gate_ms_ok": True,
         "cpu_ratio_on_off": 0.1,
         "cpu_ratio_ok": True,
+        "cpu_on_s": 2.0,
+        "decode_s": 1.2,
+        "largest_k": 16,
         "largest_k_off": 2,
         "largest_k_on": 8,
         "capacity_ok": True,
@@ -179,10 +183,30 @@ def test_the_verdict_and_the_reports_arithmetic() -> None:
     static_on.gate_ms_in_process = 2.5
     assert bench.verdict(runs)["gate_ms"] == 2.5 and bench.verdict(runs)["gate_ms_from"] == "in-process"
 
+    # The gate off carrying every K measured leaves the capacity goal undecided.
+    carried = [run(k, gate, 3) for k in (1, 2, 4) for gate in (False, True)]
+    assert (bench.verdict(carried)["largest_k_off"], bench.verdict(carried)["capacity_ok"]) == (4, None)
+    assert "its limit lies beyond" in bench.goals_text(bench.verdict(carried))
+
     rows = bench.table(runs).splitlines()
     assert len(rows) == 2 + len(runs)
     assert rows[5] == "| walkers | 2 | off | 5.00 (5.00) | 0 | 60.00 | 300 | 6/6 | 0 | 0.50 / 0.50 |"
     ET.fromstring(bench.plot_svg(runs))  # well-formed SVG
+
+
+def test_a_saved_report_reads_back_as_the_same_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = [run(1, False, 3), run(1, True, 2, late=2.5), run(2, True, 3)]
+    runs[1].problems.append("cam01: its pipeline ended 'stopped', not finished")
+    saved = tmp_path / "capacity.json"
+    saved.write_text(json.dumps({"verdict": {}, "runs": [r.to_json() for r in runs]}))
+    assert [bench.RunFigures.from_json(r.to_json()) for r in runs] == runs
+    assert bench.main(["--report", str(saved)]) == 0
+    assert bench.table(runs) in capsys.readouterr().out
+    saved.write_text("{}")
+    with pytest.raises(SystemExit, match="not a report of this benchmark's --json"):
+        bench.main(["--report", str(saved)])
 
 
 def test_write_docs_replaces_only_the_text_between_the_markers(tmp_path: Path) -> None:
