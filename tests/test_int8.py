@@ -7,6 +7,7 @@ serves; `registry publish --quantize int8` end to end, and its bad inputs."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,9 +15,22 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import yaml
 from skimage import data as skimage_data
 
-from agent.config import PostprocessConfig
+from agent.backend_choice import current_choice, prove_on
+from agent.config import (
+    AgentConfig,
+    DeviceConfig,
+    ModelRef,
+    PipelineConfig,
+    PostprocessConfig,
+    PreprocessConfig,
+    RegistryConfig,
+    ResizeConfig,
+    SelectionConfig,
+    VideoSourceConfig,
+)
 from agent.errors import RegistryError
 from agent.processing.judge import report_judge
 from agent.quantize import (
@@ -32,7 +46,7 @@ from agent.registry.manifest import Manifest
 from agent.transform import variant_of, with_variants_marked
 from providers import ModelArtifact, SelectionPolicy, TensorSpec, decide, get_backend, run_trial
 from providers.select import TIE_MARGIN, Decision, Sample, VariantArtifact, reference_first
-from tests.cli_runs import cli, cli_json
+from tests.cli_runs import EDGE_AGENT, cli
 
 ORT = "onnxruntime/CPUExecutionProvider"
 POLICY = SelectionPolicy(runs=5, warmup=2, min_time_s=0.0, budget_s=2.0, rounds=3, turn_s=0.2, fixed=ORT)
@@ -188,37 +202,70 @@ def test_a_wrong_variant_is_refused_with_what_differs_and_the_float_model_serves
 
 def test_publish_quantize_end_to_end(variants: Variants, tmp_path: Path) -> None:
     registry = tmp_path / "registry"
-    record = cli_json(
+    text = cli(
         "registry", "publish", str(variants.float_model), "--name", "faces", "--version", "1",
         "--registry", f"file://{registry}", "--quantize", "int8", "--calibration", str(variants.photos),
     )  # fmt: skip
-    assert record["variant"]["file"] == "320n.int8.onnx"
-    assert "after the last Conv" in record["variant"]["kept_float"]
-    assert record["variant"]["checked_inputs"] == 4
+    # The output names the variant, what was kept in float and how close its reports are.
+    assert "320n.int8.onnx (onnx, int8 variant of 320n.onnx" in text
+    assert "int8 variant 320n.int8.onnx: the output head: 109 nodes after the last Conv" in text, text
+    assert "kept in float; the same reports as the float model on 4 calibration inputs, boxes within" in text
     manifest = Manifest.parse_bytes((registry / "faces" / "1" / "manifest.json").read_bytes(), "manifest")
     variant = manifest.artifact("320n.int8.onnx")
     assert (variant.precision, variant.made_from, variant.format) == ("int8", "320n.onnx", "onnx")
     assert manifest.artifact("320n.onnx").precision is None
     assert variant_of(registry / "faces" / "1" / "320n.int8.onnx") == ("int8", "320n.onnx")
-    # The text output names the variant and what was kept in float.
-    text = cli(
-        "registry", "publish", str(variants.float_model), "--name", "faces", "--version", "2",
-        "--registry", f"file://{registry}", "--quantize", "int8", "--calibration", str(variants.photos),
+    assert json.loads((registry / "index.json").read_text())["models"] == {"faces": ["1"]}
+
+
+def test_publish_quantize_calibrates_on_the_test_data_prepared_as_a_pipeline_does(
+    variants: Variants, tmp_path: Path
+) -> None:
+    inputs = tmp_path / "inputs.npz"  # two rows: the astronaut and the camera man
+    np.savez(inputs, images=np.concatenate([variants.feeds[0]["images"], variants.feeds[1]["images"]]))
+    config = tmp_path / "agent.yaml"
+    pipeline = {
+        "name": "faces",
+        "model": {"name": "faces", "version": "1"},
+        "source": {"type": "video", "uri": str(tmp_path / "unused.mp4")},
+        "preprocess": {"resize": {"width": 320, "height": 320, "mode": "letterbox"}, "color": "rgb"},
+        "postprocess": variants.postprocess.model_dump(mode="json", exclude_defaults=True),
+    }
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "device": {"id": "box-1"},
+                "state_dir": str(tmp_path / "state"),
+                "registry": {"url": f"file://{tmp_path / 'registry'}"},
+                "backends": {"match_iou": 0.6},
+                "pipelines": [pipeline],
+            }
+        )
+    )
+    done = subprocess.run(
+        [EDGE_AGENT, "registry", "publish", str(variants.float_model), "--name", "faces", "--version", "1",
+         "--registry", f"file://{tmp_path / 'registry'}", "--test-data", str(inputs), "--quantize", "int8",
+         "-c", str(config), "--pipeline", "faces", "--json"],
+        capture_output=True, text=True, timeout=180,
     )  # fmt: skip
-    assert "320n.int8.onnx (onnx, int8 variant of 320n.onnx" in text
-    assert "kept in float; the same reports as the float model on 4 calibration inputs, boxes within" in text
+    assert done.returncode == 0, done.stdout + done.stderr
+    # Progress on stderr: where the inputs came from, how they were prepared, each try.
+    assert "calibration: the test data (inputs.npz), prepared with pipeline faces's preprocess" in done.stderr
+    assert "refused: on input 1 of 2, class scores above 1" in done.stderr, done.stderr
+    record = json.loads(done.stdout)
+    assert record["variant"]["checked_inputs"] == 2 and record["variant"]["refused_tries"]
+    files = {a["file"]: a for a in record["artifacts"]}
+    assert files["320n.int8.onnx"]["made_from"] == "320n.onnx" and "inputs.npz" in files
 
 
 def test_a_manifest_without_variant_fields_loads_and_a_bad_made_from_is_refused() -> None:
-    base = {
-        "schema_version": 1, "name": "m", "version": "1", "created": "2026-11-29T00:00:00Z",
-        "artifacts": [{"file": "m.onnx", "sha256": "a" * 64, "size": 1, "format": "onnx"}],
-    }  # fmt: skip
-    old = Manifest.parse_bytes(json.dumps(base).encode(), "old")
+    float_file = {"file": "m.onnx", "sha256": "a" * 64, "size": 1, "format": "onnx"}
+    base = {"schema_version": 1, "name": "m", "version": "1", "created": "2026-11-29T00:00:00Z"}
+    old = Manifest.parse_bytes(json.dumps({**base, "artifacts": [float_file]}).encode(), "old")
     assert b"precision" not in old.to_bytes() and old.artifacts[0].made_from is None
-    bad = {**base, "artifacts": [*base["artifacts"], {  # type: ignore[list-item]
-        "file": "m.int8.onnx", "sha256": "b" * 64, "size": 1, "format": "onnx",
-        "precision": "int8", "made_from": "other.onnx"}]}  # fmt: skip
+    variant = {"file": "m.int8.onnx", "sha256": "b" * 64, "size": 1, "format": "onnx"}
+    variant.update({"precision": "int8", "made_from": "other.onnx"})
+    bad = {**base, "artifacts": [float_file, variant]}
     with pytest.raises(RegistryError) as refused:
         Manifest.parse_bytes(json.dumps(bad).encode(), "bad")
     assert "made_from 'other.onnx' is not another model file of this version" in str(refused.value)
@@ -252,3 +299,52 @@ def test_publish_quantize_bad_inputs_say_what_is_wrong(variants: Variants, tmp_p
     assert "no calibration data" in out and "--test-data" in out, out
     # Nothing was published by any of them.
     assert not (tmp_path / "registry" / "faces" / "1" / "manifest.json").exists()
+
+
+# --- the box's choice (agent/backend_choice): a version with a variant, as the store lists it ------
+
+
+def _box_config(state_dir: Path, postprocess: PostprocessConfig) -> AgentConfig:
+    resize = ResizeConfig(width=320, height=320, mode="letterbox")
+    pipeline = PipelineConfig(
+        name="faces",
+        model=ModelRef(name="faces", version="1"),
+        source=VideoSourceConfig(type="video", uri=str(state_dir / "unused.mp4")),  # proven on feeds
+        preprocess=PreprocessConfig(resize=resize, color="rgb", scale=1 / 255),
+        postprocess=postprocess,
+    )
+    return AgentConfig(
+        device=DeviceConfig(id="box-1"),
+        state_dir=state_dir,
+        registry=RegistryConfig(url=f"file://{state_dir.parent / 'registry'}"),  # never read here
+        backends=SelectionConfig(fixed=ORT, runs=5, warmup=2, budget_s=2.0, rounds=3),
+        pipelines=[pipeline],
+    )
+
+
+def test_the_box_serves_the_float_model_first_and_proves_the_variant_on_a_frame(
+    variants: Variants, tmp_path: Path
+) -> None:
+    config = _box_config(tmp_path / "state", variants.postprocess)
+    pipeline = config.pipelines[0]
+    for variant, wrong in ((variants.made.path, False), (variants.naive, True)):
+        listed = [  # as the store lists a version's files: plain model artifacts
+            ModelArtifact(variants.float_model, "onnx", "c" * 64, name="320n.onnx"),
+            ModelArtifact(variant, "onnx", ("d" if wrong else "e") * 64, name=variant.name),
+        ]
+        first = current_choice(config, pipeline, listed, "faces@1")
+        # Before a frame proved it, the float model serves (never a variant, listed or not first).
+        assert (first.backend, first.artifact, first.proven) == (ORT, "320n.onnx", False)
+        proven = prove_on(config, pipeline, first, variants.feeds[0], origin="the astronaut")
+        decision = proven.decision
+        assert decision.judged_on == "detections" and decision.checked
+        report = next(c for c in decision.candidates if c.artifact == variant.name)
+        explanation = decision.explain()
+        if wrong:
+            assert report.verdict == "rejected" and decision.artifact == "320n.onnx", explanation
+            assert "int8 variant: class scores above 1 (up to 1.2" in report.reason, explanation
+        else:
+            assert report.verdict in ("chosen", "passed"), explanation
+            assert report.max_abs_diff is not None and 0 < report.max_abs_diff < 8
+            expected = decision.variant_note(report) if report.verdict == "chosen" else "not faster than"
+            assert expected in explanation, explanation
