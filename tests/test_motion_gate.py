@@ -34,7 +34,7 @@ from agent.config import (
     ZoneConfig,
 )
 from agent.pipeline import Pipeline
-from agent.stage import LoadedModel
+from agent.stage import LoadedModel, Stage
 from providers.onnxruntime_backend import OnnxRuntimeBackend
 from tests import media_fixtures
 from tests.media_fixtures import FACE_BOX, ListSink, astronaut_bgr, cls_artifact
@@ -122,12 +122,17 @@ def loaded(yolo_path: Path) -> LoadedModel:
 
 
 def config(
-    clip: Path, labels: list[str], motion: MotionConfig, realtime: bool = False, **more: Any
+    clip: Path,
+    labels: list[str],
+    motion: MotionConfig,
+    realtime: bool = False,
+    loop: bool = False,
+    **more: Any,
 ) -> PipelineConfig:
     return PipelineConfig(
         name="faces",
         model=ModelRef(path=str(clip)),  # not read: the test hands the pipeline its loaded model
-        source=VideoSourceConfig(type="video", uri=str(clip), realtime=realtime),
+        source=VideoSourceConfig(type="video", uri=str(clip), realtime=realtime, loop=loop),
         preprocess=PreprocessConfig(
             resize=ResizeConfig(width=320, height=320, mode="letterbox"), color="rgb", scale=1 / 255
         ),
@@ -222,3 +227,35 @@ def test_a_walker_who_stops_in_a_zone_keeps_its_track_and_gets_its_dwell_event(
     assert sink.count() >= frames - WALK_EMPTY - 2
     assert gate["motion"] is False  # it stands still: no motion for most of its stay
     assert gate["last_motion_at"] < sink.results[-1][1]["captured_at"] - STAY_S / 2
+
+
+def test_the_background_and_the_counts_outlive_a_stage_swap(
+    clips: dict[str, Path], loaded: LoadedModel, yolo_labels: list[str]
+) -> None:
+    gate = MotionConfig(keepalive_s=60)
+    before = config(clips["static"], yolo_labels, gate, realtime=True, loop=True)
+    pipeline = Pipeline(before, loaded, ListSink())
+    try:
+        pipeline.start()
+        wait_until(lambda: pipeline.motion.frames_gated >= 3, "gated frames", timeout=60)
+        background = pipeline.motion.detector
+        # A new model version with the same motion settings: the same background, the counts go on.
+        version_2 = LoadedModel(name="faces", version="2", sha256="ef" * 32, session=loaded.session)
+        assert pipeline.stages.swap_in(Stage(before, version_2), timeout=60)
+        gated = pipeline.motion.frames_gated
+        wait_until(
+            lambda: pipeline.motion.frames_gated >= gated + 3, "gated frames after the swap", timeout=60
+        )
+        assert pipeline.motion.detector is background
+        assert pipeline.status().steps["motion"]["frames_gated"] >= gated + 3
+        # Other motion settings: a background of their own, learnt afresh.
+        tuned = config(
+            clips["static"], yolo_labels, MotionConfig(keepalive_s=60, threshold=40), realtime=True, loop=True
+        )
+        assert pipeline.stages.swap_in(Stage(tuned, loaded), timeout=60)
+        wait_until(
+            lambda: pipeline.motion.detector is not background, "the new settings' background", timeout=60
+        )
+        assert pipeline.motion.detector is not None and pipeline.motion.detector.config.threshold == 40
+    finally:
+        pipeline.stop(timeout=30)

@@ -94,8 +94,8 @@ BAD: dict[str, tuple[str, str, list[str]]] = {
             "    ",
         ),
         [
-            "9: pipelines[0].motion.masks[0].points: edge 0-1 meets edge 2-3: a zone's edges must not "
-            "cross or touch (list the corners in order around the zone)"
+            "9: pipelines[0].motion.masks[0].points: edge 0-1 meets edge 2-3: a mask's edges must not "
+            "cross or touch (list the corners in order around the mask)"
         ],
     ),
     "a_mask_in_pixels_written_as_fractions": (

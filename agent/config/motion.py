@@ -64,8 +64,8 @@ class MotionMaskConfig(StrictModel):
         _fractions_problem(points, info)
         _repeats(points)
         problem = polygon_problem(points)
-        if problem:
-            raise ValueError(problem)
+        if problem:  # (worded for zones, as filters.py ObjectMask words it for masks)
+            raise ValueError(problem.replace("a zone's", "a mask's").replace("the zone", "the mask"))
         return points
 
 

@@ -11,6 +11,8 @@ under `<prefix>/<device>/state/<pipeline>/`, plain text, QoS 1, published only w
     image              detection with home_automation.image: the frame with its boxes drawn (JPEG)
     fps                every pipeline: its frame rate (one decimal)
     backend            every pipeline: the backend serving it (e.g. onnxruntime/CPUExecutionProvider)
+    motion             a pipeline with a motion gate (`motion:`): ON while its latest frame moved, else
+                       OFF (looked at every tick, sent when it changes)
 
 and a tracking pipeline's (PipelineConfig.tracking: zones, lines or track; agent/processing/scene.py),
 from its scene's counts after each frame with events (`observe_scene`) and its snapshots
@@ -96,6 +98,7 @@ from agent.mqtt.message import Message
 from agent.mqtt.publisher import payload_room
 from agent.mqtt.topics import ha_device_config_topic, ha_status_topic, state_topic
 from agent.status import PipelineStatus
+from agent.steps.motion import PipelineMotion
 
 log = logging.getLogger(__name__)
 
@@ -375,7 +378,12 @@ class HomeAutomation:
             for pipeline in self._wanted():
                 if pipeline.enabled:
                     views[pipeline.name] = PipelineView.of(pipeline)
-        running = {p.name for p in self._running_of()}
+        pipelines = list(self._running_of())
+        running = {p.name for p in pipelines}
+        # The motion gates' verdicts, read every tick (a pipeline's `motion`, agent/pipeline.py).
+        gates = {
+            p.name: gate for p in pipelines if isinstance(gate := getattr(p, "motion", None), PipelineMotion)
+        }
         connects = int(self._mqtt.stats().get("connects", 0))
         connected = self._mqtt.connected
         # Also at once for a new connection (the backlog it found) and new pipelines (what serves them).
@@ -389,6 +397,8 @@ class HomeAutomation:
                 state.expire(now)
                 if name in running:
                     state.seed()
+                if name in gates:
+                    state.take_motion(gates[name].moving)
             if health is not None:
                 self._take_health(*health)
             elif not config.state_topics_on:

@@ -1,5 +1,6 @@
 """What a pipeline shows: the `PipelineView` of a pipeline, its entities, and the `PipelineState` of
 its state topics (label, counts, ON/OFF per watched label of a classification or detection pipeline;
+motion ON/OFF of a pipeline with a motion gate;
 a tracking pipeline's objects, zone occupancy (per label too), stays, dwell, overcrowding, line
 crossings (per label too) and snapshots; the frame rate and the serving backend of every pipeline),
 and the box's own (`DEVICE`)."""
@@ -82,6 +83,7 @@ class PipelineView:
     image_interval_s: float
     tracking: TrackingView | None = None  # a tracking pipeline's zones, lines and snapshots
     results: bool = True  # report.results: the label, count and image follow the published results
+    motion: bool = False  # the pipeline runs a motion gate: state/<pipeline>/motion ON/OFF
 
     @classmethod
     def of(cls, config: PipelineConfig) -> PipelineView:
@@ -103,6 +105,7 @@ class PipelineView:
             home.image_interval_s,
             TrackingView.of(config),
             config.report.results,
+            config.motion_gate is not None,
         )
 
 
@@ -133,6 +136,8 @@ def entities(view: PipelineView) -> list[Entity]:
         out.append(Entity(("image",), "image", f"{p} image", (("content_type", "image/jpeg"),)))
     if view.tracking is not None:
         out += tracking_entities(p, view.tracking)
+    if view.motion:
+        out.append(Entity(("motion",), "binary_sensor", f"{p} motion", (("device_class", "motion"),)))
     fps = (("state_class", "measurement"), ("unit_of_measurement", "fps"), ("suggested_display_precision", 1))
     out.append(Entity(("fps",), "sensor", f"{p} fps", (*fps, ("icon", "mdi:speedometer"))))
     diagnostic = (("entity_category", "diagnostic"),)
@@ -363,6 +368,11 @@ class PipelineState:
                 self.values.setdefault(("line", line.name, direction), b"0")
                 for label in line.labels:
                     self.values.setdefault(("line", line.name, direction, label), b"0")
+
+    def take_motion(self, moving: bool) -> None:
+        """The motion gate's verdict on the pipeline's latest frame (its `PipelineMotion.moving`)."""
+        if self.view.motion:
+            self.values[("motion",)] = ON if moving else OFF
 
     def take_snapshot(self, label: str, jpeg: bytes) -> list[tuple[str, ...]]:
         """A new snapshot of a `label` object: the pipeline's latest and, when `label` can be a topic

@@ -83,6 +83,8 @@ def render(data: dict[str, Any]) -> Any:
             tracking_lines.append(tracking_line(name, run.tracking))
         if run is not None and isinstance(run.steps.get("filter"), dict):
             tracking_lines.append(filter_line(name, run.steps["filter"]))
+        if run is not None and isinstance(run.steps.get("motion"), dict):
+            tracking_lines.append(motion_line(name, run.steps["motion"]))
     return Group(*lines, table, *tracking_lines, *why_lines)
 
 
@@ -116,6 +118,25 @@ def filter_line(name: str, shown: Mapping[str, Any]) -> Any:
     from agent.filter_counts import drops_text
 
     return Text(f"{name}: filters {drops_text(shown)}")
+
+
+def motion_line(name: str, shown: Mapping[str, Any], now: float | None = None) -> Any:
+    """A pipeline's motion gate (agent/steps/motion.py `status`) in one line: `door: motion ON, 1520
+    frames gated, 2 relearned, last motion 12s ago`."""
+    import time
+
+    from rich.text import Text
+
+    text = Text(f"{name}: motion ")
+    text.append("ON" if shown.get("motion") else "OFF", style="bold" if shown.get("motion") else "")
+    text.append(f", {shown.get('frames_gated', 0)} frames gated")
+    if shown.get("relearned"):
+        text.append(f", {shown['relearned']} relearned (brightness jumps)")
+    last = shown.get("last_motion_at")
+    if isinstance(last, int | float):
+        ago = max(0.0, (time.time() if now is None else now) - last)
+        text.append(f", last motion {_duration(ago)} ago")
+    return text
 
 
 def _state(pipeline: PipelineStatus) -> str:
