@@ -6,6 +6,7 @@ serves; `registry publish --quantize int8` end to end, and its bad inputs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from agent.config import (
     PostprocessConfig,
     PreprocessConfig,
     RegistryConfig,
+    RegistryConnection,
     ResizeConfig,
     SelectionConfig,
     VideoSourceConfig,
@@ -42,11 +44,15 @@ from agent.quantize import (
     quantize_qdq,
     stamp_variant,
 )
+from agent.registry import PublishOptions
 from agent.registry.manifest import Manifest
+from agent.registry.oci_registry import OciRegistry
 from agent.transform import variant_of, with_variants_marked
 from providers import ModelArtifact, SelectionPolicy, TensorSpec, decide, get_backend, run_trial
 from providers.select import TIE_MARGIN, Decision, Sample, VariantArtifact, reference_first
 from tests.cli_runs import EDGE_AGENT, cli
+from tests.oci_registry import PASSWORD, USER, DistributionRegistry
+from tests.pki import Pki
 
 ORT = "onnxruntime/CPUExecutionProvider"
 POLICY = SelectionPolicy(runs=5, warmup=2, min_time_s=0.0, budget_s=2.0, rounds=3, turn_s=0.2, fixed=ORT)
@@ -201,10 +207,14 @@ def test_a_wrong_variant_is_refused_with_what_differs_and_the_float_model_serves
 
 
 def test_publish_quantize_end_to_end(variants: Variants, tmp_path: Path) -> None:
+    from agent.registry.signing import generate_key, load_public_key, parse_signatures
+
     registry = tmp_path / "registry"
+    kid, public_file = generate_key(tmp_path / "publisher.key")
     text = cli(
         "registry", "publish", str(variants.float_model), "--name", "faces", "--version", "1",
         "--registry", f"file://{registry}", "--quantize", "int8", "--calibration", str(variants.photos),
+        "--sign", str(tmp_path / "publisher.key"),
     )  # fmt: skip
     # The output names the variant, what was kept in float and how close its reports are.
     assert "320n.int8.onnx (onnx, int8 variant of 320n.onnx" in text
@@ -216,6 +226,14 @@ def test_publish_quantize_end_to_end(variants: Variants, tmp_path: Path) -> None
     assert manifest.artifact("320n.onnx").precision is None
     assert variant_of(registry / "faces" / "1" / "320n.int8.onnx") == ("int8", "320n.onnx")
     assert json.loads((registry / "index.json").read_text())["models"] == {"faces": ["1"]}
+    # Signed as one: the signature covers the manifest that lists the variant.
+    folder = registry / "faces" / "1"
+    [signature] = parse_signatures((folder / "manifest.json.sig").read_bytes(), "the signature")
+    assert signature.key_id == kid and f"signed faces@1 with key {kid}" in text
+    load_public_key(public_file).verify(signature.signature, (folder / "manifest.json").read_bytes())
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "320n.int8.onnx", "320n.onnx", "manifest.json", "manifest.json.sig"
+    ]  # fmt: skip
 
 
 def test_publish_quantize_calibrates_on_the_test_data_prepared_as_a_pipeline_does(
@@ -348,3 +366,35 @@ def test_the_box_serves_the_float_model_first_and_proves_the_variant_on_a_frame(
             assert report.max_abs_diff is not None and 0 < report.max_abs_diff < 8
             expected = decision.variant_note(report) if report.verdict == "chosen" else "not faster than"
             assert expected in explanation, explanation
+
+
+def test_publish_quantize_pushes_the_variant_to_an_oci_registry_signed(
+    variants: Variants, oci_registry: DistributionRegistry, tmp_path: Path, pki: Pki
+) -> None:
+    from agent.quantize import make_variant as make
+    from agent.registry.publish import publish_with_variant
+    from agent.registry.signing import generate_key, load_private_key, load_public_key, parse_signatures
+
+    password = tmp_path / "registry.pw"
+    password.write_text(PASSWORD + "\n")
+    connection = RegistryConnection(username=USER, password_file=password, ca_file=pki.ca, retries=1)
+    key_file = tmp_path / "publisher.key"
+    kid, public_file = generate_key(key_file)
+    url = f"oci://{oci_registry.host}/edge"
+    manifest, digest, made = publish_with_variant(
+        url,
+        variants.float_model,
+        "faces",
+        "1",
+        lambda model, out, testdata: make(model, out, variants.photos, testdata),
+        PublishOptions(sign_with=load_private_key(key_file)),
+        connection,
+    )
+    assert digest is not None and digest.startswith("sha256:") and made.path.name == "320n.int8.onnx"
+    with contextlib.closing(OciRegistry(url, connection)) as registry:
+        document = registry.fetch_manifest("faces", "1")
+    assert document.manifest == manifest and document.signature is not None
+    assert document.manifest.artifact("320n.int8.onnx").made_from == "320n.onnx"
+    [signature] = parse_signatures(document.signature, "the pushed signature")
+    assert signature.key_id == kid  # over the manifest that lists the variant (raises if not)
+    load_public_key(public_file).verify(signature.signature, document.data)
