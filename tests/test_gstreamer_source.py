@@ -112,6 +112,7 @@ def test_the_detector_finds_the_face_in_a_photo_streamed_through_gstreamer(
             },
             "preprocess": {"resize": {"width": 320, "height": 320, "mode": "letterbox"}, "color": "rgb"},
             "postprocess": {"type": "detection", "score_threshold": 0.25, "labels": yolo_labels},
+            "motion": False,  # a still photo: a camera's default motion gate would pass one frame in 10 s
         }
     )
     session = get_backend("onnxruntime/CPUExecutionProvider").load(ModelArtifact(yolo_path, "onnx", "0" * 64))
