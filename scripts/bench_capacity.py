@@ -50,7 +50,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -195,15 +195,31 @@ def has_gate() -> bool:
     return "motion" in PipelineConfig.model_fields
 
 
+@dataclass(frozen=True)
+class Model:
+    """The detector as the runs' pipelines name it, and the backend decision every run starts with."""
+
+    ref: dict[str, Any]  # the pipelines' `model:`
+    top: dict[str, Any] = field(default_factory=dict)  # more of agent.yaml (the registry)
+    # The state_dir every run uses, with the box's backend decision in it (`warm_up`: the selection made
+    # once, not again on every start inside the measured time; its cache key holds the state_dir's path,
+    # so the runs keep that path and only its other parts are cleared between them).
+    warm: Path | None = None
+    variant: str = ""  # "int8": a registry version with its int8 variant beside the float model
+    backend: str | None = None  # `--backend`: the pipelines' backend fixed (default: the box's choice)
+
+
 def agent_config(
-    state_dir: Path, port: int, clips: Sequence[Path], gate: bool, model: Path
+    state_dir: Path, port: int, clips: Sequence[Path], gate: bool, model: Model, loop: bool = False
 ) -> dict[str, Any]:
-    """The agent.yaml of a run: one pipeline a clip, each played once at its own 5 fps."""
+    """The agent.yaml of a run: one pipeline a clip, each played once at its own 5 fps. The backend is
+    the box's own choice (the default selection: trials on a frame, decided once by `warm_up`)."""
     pipelines = [
         {
             "name": pipeline_name(camera),
-            "model": {"path": str(model)},
-            "source": {"type": "video", "uri": str(clip), "loop": False},
+            "model": dict(model.ref),
+            **({"backend": {"fixed": model.backend}} if model.backend else {}),
+            "source": {"type": "video", "uri": str(clip), "loop": loop},
             "postprocess": {"type": "detection", "score_threshold": 0.1},  # ByteTrack's second stage too
             "report": {"min_interval_s": 1.0},  # a result a second: the play start, from their positions
             "track": {},
@@ -216,10 +232,76 @@ def agent_config(
         "device": {"id": DEVICE},
         "state_dir": str(state_dir),
         "mqtt": {"host": "127.0.0.1", "port": port},
-        "backends": {"benchmark": False, "min_time_s": 0.0},  # one backend, no trials: a quick start
         "telemetry": {"interval_s": 0},
+        **model.top,
         "pipelines": pipelines,
     }
+
+
+WARM_PARTS = ("cache", "decisions", "store")  # what of a state_dir holds the backend decision
+
+
+def warm_up(work: Path, port: int, model: Model, clip: Path) -> Model:
+    """The box's backend decision for `model`, made once: a daemon on a still clip (looped) until its
+    pipeline serves a proven choice (the selection's trials, ~30 s on a busy 2-core box); the runs
+    then start with it, as a box restarted does."""
+    folder = work / f"warm-{model.variant or 'float'}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    config = folder / "agent.yaml"
+    state_dir = work / f"state-{model.variant or 'float'}"
+    shutil.rmtree(state_dir, ignore_errors=True)
+    config.write_text(
+        yaml.safe_dump(agent_config(state_dir, port, [clip], True, model, loop=True), sort_keys=False)
+    )
+    daemon = Daemon(config, folder / "agent.log")
+    name = pipeline_name(0)
+    try:
+        proven = wait_for(
+            lambda: bool(((daemon.status().get("pipelines") or {}).get(name) or {}).get("proven")),
+            START_S + 120.0,
+            daemon,
+            "the box's backend decision",
+        )
+        serving = (daemon.status().get("pipelines") or {}).get(name) or {}
+    finally:
+        daemon.stop()
+    if not proven:
+        raise SystemExit(f"no backend decision for the detector; the daemon's log: {folder / 'agent.log'}")
+    print(f"  the box chose {serving.get('backend')} {serving.get('precision')} on {serving.get('artifact')}")
+    return replace(model, warm=state_dir)
+
+
+def int8_model(work: Path, detector: Path, clips: Sequence[Path], backend: str | None) -> Model:
+    """A registry version of the detector with its int8 variant (`registry publish --quantize int8`),
+    calibrated on frames of the camera clips (with walkers and without)."""
+    import cv2
+
+    calibration, registry_dir = work / "calibration", work / "registry"
+    for folder in (calibration, registry_dir):  # a work folder used before: made again
+        shutil.rmtree(folder, ignore_errors=True)
+    calibration.mkdir(parents=True)
+    for i, clip in enumerate(clips[:4]):
+        capture = cv2.VideoCapture(str(clip))
+        try:
+            for n in range(round(FULL_SECONDS * FPS)):  # bounded: every 12th frame up to a clip's end
+                ok, frame = capture.read()
+                if not ok:
+                    break
+                if n % 12 == 0:
+                    cv2.imwrite(str(calibration / f"cam{i}-{n:03d}.jpg"), frame)
+        finally:
+            capture.release()
+    registry = f"file://{registry_dir}"
+    edge_agent = Path(sys.executable).parent / "edge-agent"
+    publish = [str(edge_agent), "registry", "publish", str(detector), "--name", "faces", "--version", "1",
+               "--registry", registry, "--quantize", "int8", "--calibration", str(calibration)]  # fmt: skip
+    done = subprocess.run(publish, capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"registry publish --quantize int8 failed:\n{done.stderr[-2000:]}")
+    print(f"  {done.stderr.strip().splitlines()[-1]}")
+    ref = {"name": "faces", "version": "1"}
+    return Model(ref, {"registry": {"url": registry}}, variant="int8", backend=backend)
 
 
 @dataclass(frozen=True)
@@ -341,6 +423,7 @@ class CameraFigures:
     dropped: int  # frames the model had no time for
     gated: int | None  # frames the motion gate skipped (None: no gate)
     gate_ms: float | None  # the motion step's mean time a frame
+    serving: str = ""  # the backend, precision and file its detector ran on at the end
 
 
 @dataclass
@@ -360,6 +443,7 @@ class RunFigures:
     gate_ms_in_process: float | None = None
     decode_ms_in_process: float | None = None
     problems: list[str] = field(default_factory=list)
+    variant: str = ""  # "int8": the registry version with its int8 variant (the box's choice serves)
 
     @property
     def cpu_per_camera_minute(self) -> float:
@@ -456,6 +540,7 @@ def camera_figures(
     motion = (status.get("steps") or {}).get("motion")
     gated = None if motion is None else int(motion.get("frames_gated") or 0)
     gate_ms = None if motion is None or motion.get("mean_ms") is None else float(motion["mean_ms"])
+    serving = " ".join(str(status.get(key) or "?") for key in ("backend", "precision", "artifact"))
     if status.get("state") != "finished":
         problems.append(f"{name}: its pipeline ended {status.get('state')!r}, not finished")
     figures = CameraFigures(
@@ -469,6 +554,7 @@ def camera_figures(
         dropped=dropped,
         gated=gated,
         gate_ms=gate_ms,
+        serving=serving if status else "",
     )
     return figures, problems
 
@@ -497,22 +583,27 @@ def run_once(
     gate: bool,
     seconds: float,
     scene: str,
-    model: Path,
+    model: Model,
 ) -> RunFigures:
     """K = len(clips) cameras through one daemon, gate on or off; its figures."""
     k = len(clips)
-    run_dir = work / f"run-{scene}-k{k}-{'on' if gate else 'off'}"
+    run_dir = (
+        work / f"run-{scene}-k{k}-{'on' if gate else 'off'}{'-' + model.variant if model.variant else ''}"
+    )
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     config = run_dir / "agent.yaml"
-    state_dir = run_dir / "state"
+    state_dir = run_dir / "state" if model.warm is None else model.warm
+    for part in state_dir.iterdir() if model.warm is not None else ():
+        if part.name not in WARM_PARTS:  # the last run's outbox, tracks, status...: not this one's
+            shutil.rmtree(part) if part.is_dir() else part.unlink()
     config.write_text(
         yaml.safe_dump(agent_config(state_dir, port, [c for c, _ in clips], gate, model), sort_keys=False)
     )
     names = [pipeline_name(camera) for camera in range(k)]
     listener = Listener(port)
     daemon = Daemon(config, run_dir / "agent.log")
-    figures = RunFigures(k, gate, scene, seconds, 0.0, 0.0, 0.0)
+    figures = RunFigures(k, gate, scene, seconds, 0.0, 0.0, 0.0, variant=model.variant)
     peak = {"rss": 0}
     last: dict[str, Any] = {}
 
@@ -612,10 +703,11 @@ def mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def largest_all_found(runs: Sequence[RunFigures], gate: bool) -> int:
+def largest_all_found(runs: Sequence[RunFigures], gate: bool, variant: str = "") -> int:
     """The largest K at which every crossing of every camera was found, every smaller K too (0: none)."""
     best = 0
-    for run in sorted((r for r in runs if r.gate == gate and r.scene == "walkers"), key=lambda r: r.k):
+    mine = (r for r in runs if r.gate == gate and r.scene == "walkers" and r.variant == variant)
+    for run in sorted(mine, key=lambda r: r.k):
         if not run.all_found:
             break
         best = run.k
@@ -623,7 +715,10 @@ def largest_all_found(runs: Sequence[RunFigures], gate: bool) -> int:
 
 
 def verdict(runs: Sequence[RunFigures]) -> dict[str, Any]:
-    """The issue's Done-when, from the runs' figures (None where a figure is missing)."""
+    """The issue's Done-when, from the runs' figures (None where a figure is missing); the int8 runs
+    only add their own largest K."""
+    int8 = [r for r in runs if r.variant == "int8" and r.scene == "walkers"]
+    runs = [r for r in runs if not r.variant]
     static = {r.gate: r for r in runs if r.scene == "static"}
     gate_ms, gate_ms_from, ratio, decode = None, None, None, None
     if True in static:
@@ -659,6 +754,7 @@ def verdict(runs: Sequence[RunFigures]) -> dict[str, Any]:
         else k_on >= 3 * max(k_off, 1) and k_off < k_on,
         "worst_lateness_at_k_on_s": late,
         "lateness_ok": None if late is None else late <= LATE_S,
+        **({"largest_k_on_int8": largest_all_found(int8, True, "int8")} if int8 else {}),
     }
 
 
@@ -678,13 +774,19 @@ def table(runs: Sequence[RunFigures]) -> str:
         late = [s for c in cams for s in c.lateness_s]
         found = f"{sum(c.found for c in cams)}/{sum(c.truth for c in cams)}" if r.scene == "walkers" else "-"
         rows.append(
-            f"| {r.scene} | {r.k} | {'on' if r.gate else 'off'} "
+            f"| {r.scene} | {r.k} | {'on' if r.gate else 'off'}{' + ' + r.variant if r.variant else ''} "
             f"| {fmt(mean([c.fps for c in cams]), 2)} ({fmt(mean([c.inferred_fps for c in cams]), 2)}) "
             f"| {fmt(mean([float(c.dropped) for c in cams]), 0)} | {fmt(r.cpu_per_camera_minute, 2)} "
             f"| {fmt(r.rss_mb, 0)} | {found} | {sum(c.extra for c in cams)} "
             f"| {fmt(mean(late), 2)} / {fmt(max(late) if late else None, 2)} |"
         )
-    return "\n".join(rows)
+    servings: dict[str, list[str]] = {}
+    for r in runs:
+        for serving in sorted({c.serving for c in r.cameras if c.serving}):
+            servings.setdefault(serving, []).append(f"{r.scene} K={r.k} {mode_name(r.gate, r.variant)}")
+    rows.append("")
+    rows.extend(f"The detector ran on {serving}: {'; '.join(where)}." for serving, where in servings.items())
+    return "\n".join(rows).rstrip()
 
 
 def goals_text(v: Mapping[str, Any]) -> str:
@@ -721,6 +823,14 @@ def goals_text(v: Mapping[str, Any]) -> str:
             "(goal <= 2 s): "
             f"{mark(v['lateness_ok'])}.",
         ]
+        + (
+            [
+                "- With an int8 variant offered (gate on), every crossing found up to "
+                f"K={v['largest_k_on_int8']}."
+            ]
+            if "largest_k_on_int8" in v
+            else []
+        )
     )
 
 
@@ -738,19 +848,20 @@ def plot_svg(runs: Sequence[RunFigures]) -> str:
         ("CPU s per camera-minute", lambda r: r.cpu_per_camera_minute),
         ("latest event, s", lambda r: r.worst_lateness_s),
     ]
-    colours = {False: "#d62728", True: "#1f77b4"}
+    colours = {(False, ""): "#d62728", (True, ""): "#1f77b4", (True, "int8"): "#2ca02c"}
     w, h, pad = 330, 220, 45
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * w}" height="{2 * h + 30}" '
         'font-family="sans-serif" font-size="11">',
         f'<rect width="{2 * w}" height="{2 * h + 30}" fill="white"/>',
-        f'<text x="10" y="{2 * h + 20}" fill="{colours[False]}">gate off</text>',
-        f'<text x="80" y="{2 * h + 20}" fill="{colours[True]}">gate on</text>',
-        f'<text x="150" y="{2 * h + 20}">x: cameras (K), 1280x720 at 5 fps each</text>',
+        f'<text x="10" y="{2 * h + 20}" fill="{colours[False, ""]}">gate off</text>',
+        f'<text x="70" y="{2 * h + 20}" fill="{colours[True, ""]}">gate on</text>',
+        f'<text x="130" y="{2 * h + 20}" fill="{colours[True, "int8"]}">gate on, int8 offered</text>',
+        f'<text x="290" y="{2 * h + 20}">x: cameras (K), 1280x720 at 5 fps each</text>',
     ]
     for i, (title, value) in enumerate(panels):
         ox, oy = (i % 2) * w, (i // 2) * h
-        values = [(r.gate, r.k, value(r)) for r in walking]
+        values = [((r.gate, r.variant), r.k, value(r)) for r in walking]
         top = max([v for _, _, v in values if v is not None] + [1e-9]) * 1.1
         span = max(1.0, np.log2(ks[-1]) - np.log2(ks[0]))
 
@@ -772,8 +883,8 @@ def plot_svg(runs: Sequence[RunFigures]) -> str:
         for k in ks:
             x, _ = xy(k, 0.0)
             parts.append(f'<text x="{x - 4:.1f}" y="{oy + h - 14}">{k}</text>')
-        for gate, colour in colours.items():
-            points = sorted((k, v) for g, k, v in values if g == gate and v is not None)
+        for mode, colour in colours.items():
+            points = sorted((k, v) for m, k, v in values if m == mode and v is not None)
             if not points:
                 continue
             path = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(k, v) for k, v in points))
@@ -861,13 +972,23 @@ def work_folder(given: Path | None, keep: bool) -> Iterator[Path]:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+MODES = {"off": (False, ""), "on": (True, ""), "int8": (True, "int8")}  # --modes: (gate, variant)
+
+
+def mode_name(gate: bool, variant: str) -> str:
+    return f"gate {'on' if gate else 'off'}" + (f", {variant} variant offered" if variant else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--k", default=None, help="Camera counts, comma-separated (default 1,2,4,8,16; --quick: 1)."
     )
     parser.add_argument(
-        "--modes", default="off,on", help="The motion gate: off, on or both (default off,on)."
+        "--modes",
+        default="off,on",
+        help="off: the motion gate off, on: on, int8: on with an int8 variant published beside the detector "
+        "(the box's selection decides which serves); comma-separated (default off,on).",
     )
     parser.add_argument("--quick", action="store_true", help="A smoke run (~1 minute): K=1, a 15 s clip.")
     parser.add_argument("--seconds", type=float, help="Each clip's length (default 36; --quick: 15).")
@@ -878,6 +999,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--work", type=Path, help="Keep clips and runs here (reused clips: a faster rerun).")
     parser.add_argument("--keep", action="store_true", help="Keep the temporary work folder.")
+    parser.add_argument(
+        "--backend",
+        help="Fix the detector's backend (onnxruntime/CPUExecutionProvider...); default: the box's choice.",
+    )
     parser.add_argument(
         "--report",
         type=Path,
@@ -895,16 +1020,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         ks = sorted(
             {int(k) for k in (args.k or ("1" if args.quick else ",".join(map(str, FULL_KS)))).split(",")}
         )
-        modes = [{"off": False, "on": True}[m.strip()] for m in args.modes.split(",")]
+        modes = [MODES[m.strip()] for m in args.modes.split(",")]
     except (ValueError, KeyError):
         parser.error(
-            f"--k takes numbers (1,2,4), --modes off and/or on; got --k {args.k!r} --modes {args.modes!r}"
+            f"--k takes numbers (1,2,4), --modes off, on, int8; got --k {args.k!r} --modes {args.modes!r}"
         )
     if not ks or ks[0] < 1 or ks[-1] > 64:
         parser.error("--k: from 1 to 64 cameras")
     seconds = args.seconds or (QUICK_SECONDS if args.quick else FULL_SECONDS)
     static_s = QUICK_STATIC_SECONDS if args.quick else STATIC_SECONDS
-    model = detector_path()
+    detector = detector_path()
     from tests.mosquitto import Mosquitto
 
     began, box = time.monotonic(), box_description()
@@ -918,16 +1043,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         clips = [render_camera(clips_dir, camera, seconds) for camera in range(ks[-1])]
         print(f"  {sum(len(t) for _, t in clips)} crossings in all", flush=True)
-        plan = [("walkers", k, gate) for k in ks for gate in modes]
+        cameras = range(STATIC_CAMERAS if not args.no_static else 1)  # one, looped, for the warm-up
+        still = [render_camera(clips_dir, camera, static_s, walking=False) for camera in cameras]
+        models = {}
+        for variant in sorted({v for _, v in modes} | {""}):
+            print(f"the box's backend decision for the detector{' with its int8 variant' if variant else ''}")
+            made = (
+                int8_model(work, detector, [c for c, _ in clips], args.backend)
+                if variant
+                else Model({"path": str(detector)}, backend=args.backend)
+            )
+            models[variant] = warm_up(work, broker.port, made, still[0][0])
+        plan = [("walkers", k, mode) for k in ks for mode in modes]
         if not args.no_static:
-            still = [
-                render_camera(clips_dir, camera, static_s, walking=False) for camera in range(STATIC_CAMERAS)
-            ]
-            plan = [("static", STATIC_CAMERAS, gate) for gate in (False, True)] + plan
-        for i, (scene, k, gate) in enumerate(plan, 1):
-            print(f"[{i}/{len(plan)}] {scene}: K={k}, gate {'on' if gate else 'off'}", flush=True)
+            plan = [("static", STATIC_CAMERAS, mode) for mode in (MODES["off"], MODES["on"])] + plan
+        for i, (scene, k, (gate, variant)) in enumerate(plan, 1):
+            print(f"[{i}/{len(plan)}] {scene}: K={k}, {mode_name(gate, variant)}", flush=True)
             chosen, length = (still, static_s) if scene == "static" else (clips[:k], seconds)
-            run = run_once(work, broker.port, chosen, gate, length, scene, model)
+            run = run_once(work, broker.port, chosen, gate, length, scene, models[variant])
             if scene == "static" and gate:
                 run.decode_ms_in_process, gate_ms = costs_in_process(still[0][0])
                 if any(c.gate_ms is None for c in run.cameras):

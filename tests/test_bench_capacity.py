@@ -232,7 +232,8 @@ def test_a_short_real_run_finds_the_crossing_and_cleans_up(tmp_path: Path) -> No
     is found, on time, and no process or file of the run is left behind but the work folder asked for."""
     out = tmp_path / "figures.json"
     work = tmp_path / "work"
-    assert bench.main(["--k", "1", "--modes", "off", "--seconds", "7", "--no-static", "--work", str(work),
+    assert bench.main(["--quick", "--modes", "off", "--seconds", "7", "--no-static", "--work", str(work),
+                       "--backend", "onnxruntime/CPUExecutionProvider",
                        "--json", str(out)]) == 0  # fmt: skip
     report = json.loads(out.read_text())
     (only,) = report["runs"]
