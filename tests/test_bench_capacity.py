@@ -127,6 +127,16 @@ def test_a_cameras_figures_from_what_arrived_and_its_status() -> None:
     ]
 
 
+def test_an_event_decoded_late_is_its_crossings_but_not_one_of_another_or_too_early() -> None:
+    truth = [bench.Crossing(3.0, "in"), bench.Crossing(14.0, "out")]
+    start = 100.0
+    # (capture time, arrival time, direction): the first seen 4 s late (a busy box decoding behind
+    # the file's time), arriving 0.5 s after that; one 6 s after the second: too late to be its; one
+    # 1.5 s before the first's time on the screen: too early to be its.
+    events = [(107.0, 107.5, "in"), (120.0, 120.1, "out"), (101.5, 101.6, "in")]
+    assert bench.match_crossings(truth, events, start) == ([4.5], 2)
+
+
 def camera(
     found: int, truth: int = 3, late: float = 0.5, gate_ms: float | None = None
 ) -> bench.CameraFigures:
