@@ -156,6 +156,12 @@ def test_a_variant_is_marked_and_never_the_first_start_reference(variants: Varia
     # Listed first, it is still not what serves before a sample proves it: the float model is.
     first = reference_first([variant, artifacts[0]], SelectionPolicy(), [get_backend(ORT)])
     assert first is not None and first.artifact == "320n.onnx", first
+    # Nor with benchmarking off, or with no sample to prove it on: the untried variant says what it is.
+    for policy, samples in ((SelectionPolicy(benchmark=False), None), (SelectionPolicy(), None)):
+        decision = decide([variant, artifacts[0]], policy, samples, [get_backend(ORT)])
+        assert decision.artifact == "320n.onnx", decision.explain()
+        untried = next(c for c in decision.candidates if c.artifact == "320n.int8.onnx")
+        assert (untried.verdict, untried.reason) == ("untried", "int8 variant of 320n.onnx")
 
 
 def test_a_variant_with_the_same_detections_is_accepted_and_serves_when_faster(variants: Variants) -> None:

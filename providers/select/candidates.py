@@ -36,6 +36,8 @@ def candidate_report(
     if variant_precision(artifact):
         report.variant_of = artifact.derived_from
         report.precision = variant_precision(artifact)
+        # What an untried variant is; a trial replaces it with its verdict's reason.
+        report.reason = reason or f"{report.precision} variant of {artifact.derived_from}"
     return report
 
 

@@ -98,7 +98,9 @@ def decide(
     sample_of = [next((s for s, x in enumerate(inputs) if x.fits_artifact(a)), None) for _, a in ranked]
     triable = [i for i in range(len(ranked)) if sample_of[i] is not None]
     if not policy.benchmark or not triable:
-        pick = 0
+        # Unproven, a reduced-precision variant never serves: the best ranked model file as published.
+        plain = [i for i, (_b, a) in enumerate(ranked) if not variant_precision(a)] or [0]
+        pick = plain[0]
         if not policy.benchmark:
             note = "benchmark off"
         else:
@@ -110,9 +112,9 @@ def decide(
                     i
                     for name in FULL_PRECISION_REFERENCES
                     for i, (b, _a) in enumerate(ranked)
-                    if b.name == name
+                    if b.name == name and i in plain
                 ),
-                0,
+                plain[0],
             )
             verdict = (
                 "serving on the full-precision reference"
@@ -166,11 +168,16 @@ def decide(
         if not result.ok:
             report.verdict, report.reason = "rejected", result.error
             return False
-        report.precision = result.precision
+        variant = variant_precision(ranked[i][1])
+        report.precision = variant or result.precision
         report.median_ms, report.p90_ms = result.median_ms, result.percentile(90)
         _take_spare_core(report, result, policy)
         report.peak_rss_mb = round(result.peak_rss_mb, 1)
         _name, reference, unusable = reference_for(sample_of[i] or 0)
+        if reference is None and variant:  # a variant serves only proven against the float model
+            report.verdict = "rejected"
+            report.reason = f"{variant} variant: no reference from the float model to prove it against"
+            return False
         if reference is None:
             report.verdict = "passed"
             return True
@@ -179,9 +186,6 @@ def decide(
             return False
         sample = inputs[sample_of[i] or 0]
         rules = judged_by(sample, policy)
-        variant = variant_precision(ranked[i][1])
-        if variant:
-            report.precision = variant
         # Judged on the reports unless the sample declares tensor tolerances (or makes no report); a
         # variant on the reports always (its tensors are not the float model's by construction).
         reported = judge is not None and (rules is policy or bool(variant))
