@@ -14,6 +14,7 @@ clips of a textured static scene with a little camera noise, MJPG-compressed, pl
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import pytest
 
 from agent.config import (
     DetectionPostprocess,
+    HealthWindowConfig,
     ModelRef,
     MotionConfig,
     PipelineConfig,
@@ -35,6 +37,7 @@ from agent.config import (
 )
 from agent.pipeline import Pipeline
 from agent.stage import LoadedModel, Stage
+from agent.supervisor.health import watch
 from providers.onnxruntime_backend import OnnxRuntimeBackend
 from tests import media_fixtures
 from tests.media_fixtures import FACE_BOX, ListSink, astronaut_bgr, cls_artifact
@@ -230,10 +233,13 @@ def test_a_walker_who_stops_in_a_zone_keeps_its_track_and_gets_its_dwell_event(
 
 
 def test_the_background_and_the_counts_outlive_a_stage_swap(
-    clips: dict[str, Path], loaded: LoadedModel, yolo_labels: list[str]
+    clips: dict[str, Path], yolo_path: Path, yolo_labels: list[str]
 ) -> None:
     gate = MotionConfig(keepalive_s=60)
     before = config(clips["static"], yolo_labels, gate, realtime=True, loop=True)
+    # A session of its own: the stages swapped out close it with the last of them.
+    session = OnnxRuntimeBackend().load(cls_artifact(yolo_path))
+    loaded = LoadedModel(name="faces", version="1", sha256="cd" * 32, session=session)
     pipeline = Pipeline(before, loaded, ListSink())
     try:
         pipeline.start()
@@ -257,5 +263,23 @@ def test_the_background_and_the_counts_outlive_a_stage_swap(
             lambda: pipeline.motion.detector is not background, "the new settings' background", timeout=60
         )
         assert pipeline.motion.detector is not None and pipeline.motion.detector.config.threshold == 40
+    finally:
+        pipeline.stop(timeout=30)
+
+
+def test_a_new_version_in_its_health_window_sees_every_frame_then_the_gate_closes_again(
+    clips: dict[str, Path], loaded: LoadedModel, yolo_labels: list[str]
+) -> None:
+    # A static scene would give a new version one frame in keepalive_s: too few to judge it on.
+    still = config(clips["static"], yolo_labels, MotionConfig(keepalive_s=60), realtime=True, loop=True)
+    pipeline = Pipeline(still, loaded, ListSink())
+    try:
+        pipeline.start()
+        wait_until(lambda: pipeline.motion.frames_gated >= 3, "gated frames", timeout=60)
+        window = HealthWindowConfig(window_s=2, min_frames=10)
+        assert watch(pipeline, window, threading.Event()) is None  # ~20 frames at 10 fps: healthy
+        assert pipeline.stage.stats.frames >= 10
+        gated = pipeline.motion.frames_gated
+        wait_until(lambda: pipeline.motion.frames_gated >= gated + 3, "the gate closing again", timeout=60)
     finally:
         pipeline.stop(timeout=30)

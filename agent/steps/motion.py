@@ -1,9 +1,10 @@
 """The motion gate: the first step of a camera's frame, deciding whether it is worth the model.
 
 A frame goes on when something moved in it (agent/processing/motion.py), while any track of the
-pipeline is alive (a person who stops moving is still followed, and a lost track still ends), or when
-`keepalive_s` passed since the last frame that went on (a static scene is still looked at). The others
-end here, counted (`frames_gated`; the next result carries how many were skipped before it).
+pipeline is alive (a person who stops moving is still followed, and a lost track still ends), when
+`keepalive_s` passed since the last frame that went on (a static scene is still looked at), or while
+a new version is in its health window. The others end here, counted (`frames_gated`; the next
+result carries how many were skipped before it).
 
 The background and the counters are the pipeline's (`PipelineMotion`), not this step's: a swapped-in
 stage (a new model version) gets a new step on the same background, which is learnt again only when
@@ -33,6 +34,9 @@ class PipelineMotion:
         self.relearned = 0  # brightness jumps: the background learnt again
         self.last_motion_at: float | None = None  # wall clock of the last frame that moved
         self.last_passed: float | None = None  # the clock (see `_clock`) of the last frame that went on
+        # A new version is on trial (its health window, agent/supervisor/health.py): every frame goes
+        # on, so that it is judged on live frames (min_frames, errors, its speed beside the old one).
+        self.on_trial = False
 
     def detector_for(self, config: MotionConfig) -> MotionDetector:
         """The background for `config`: the same one while the settings stay, a new one when they change."""
@@ -90,7 +94,7 @@ class MotionGateStep(Step):
         now, last = _clock(record), self.motion.last_passed
         # (a clock gone backwards: a file looped, a stream restarted)
         due = last is None or not 0 <= now - last < self.config.keepalive_s
-        if found.areas or due or self.tracks_alive():
+        if found.areas or due or self.motion.on_trial or self.tracks_alive():
             record.frames_gated = self.motion.passed(now)
             return True
         self.motion.gated()

@@ -37,6 +37,7 @@ def watch(pipeline: Pipeline, health: HealthWindowConfig, cancel: threading.Even
     recorded = previous.stats.median_latency_ms() if previous else None
     stage.watch_outputs = health.nan_is_failure
     side = pipeline.compare_with(previous)
+    pipeline.motion.on_trial = True  # the motion gate lets every frame on: judged on live frames
     try:
         window_ends, load = time.monotonic() + health.window_s, CpuLoad()
         problem = None
@@ -47,6 +48,7 @@ def watch(pipeline: Pipeline, health: HealthWindowConfig, cancel: threading.Even
         return problem or _too_slow_twice(cancel, stage, side, recorded, health, load)
     finally:
         pipeline.compare_with(None)
+        pipeline.motion.on_trial = False
         stage.watch_outputs = False
 
 
