@@ -240,6 +240,13 @@ def test_publish_quantize_end_to_end(variants: Variants, tmp_path: Path) -> None
     assert sorted(p.name for p in folder.iterdir()) == [
         "320n.int8.onnx", "320n.onnx", "manifest.json", "manifest.json.sig"
     ]  # fmt: skip
+    # Versions are immutable: refused before any quantizing.
+    again = cli(
+        "registry", "publish", str(variants.float_model), "--name", "faces", "--version", "1",
+        "--registry", f"file://{registry}", "--quantize", "int8", "--calibration", str(variants.photos),
+        expect=1,
+    )  # fmt: skip
+    assert "model 'faces' version '1' already exists" in again and "quantizing" not in again, again
 
 
 def test_publish_quantize_calibrates_on_the_test_data_prepared_as_a_pipeline_does(

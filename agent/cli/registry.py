@@ -233,7 +233,9 @@ def _pipeline(config: Path | None, name: str | None) -> tuple[PipelineConfig | N
     if name is None:
         if config is not None:
             raise EdgeAgentError("-c CONFIG is read for --pipeline's preprocess: add --pipeline NAME")
-        return None, 0.5
+        from agent.config import SelectionConfig
+
+        return None, SelectionConfig.model_fields["match_iou"].default
     if config is None:
         raise EdgeAgentError("--pipeline names a pipeline of a config: add -c CONFIG")
     from agent.config_loader import load_config

@@ -92,6 +92,8 @@ def publish_with_variant(
             f"cannot quantize {model_path.name}: --quantize makes a variant of an ONNX model "
             f"(this is {format or 'of no model format edge-agent knows'})"
         )
+    if not options.force:  # before minutes of quantizing (checked again when it is installed)
+        _refuse_existing(url, name, version, connection)
     variant_name = f"{model_path.stem}.{precision}.onnx"
     with tempfile.TemporaryDirectory(prefix="edge-agent-publish-") as staging_dir:
         staging = FileRegistry(Path(staging_dir))
@@ -132,6 +134,17 @@ def publish_with_variant(
                 return manifest, registry.push(document, files), made
         _install(FileRegistry.from_url(url), document, files, options.force)
         return manifest, None, made
+
+
+def _refuse_existing(url: str, name: str, version: str, connection: RegistryConnection | None) -> None:
+    if urlsplit(url).scheme.lower() == "file":
+        registry = FileRegistry.from_url(url)
+        if (registry.root / name / version / MANIFEST_FILE).exists():
+            raise _exists(name, version, registry.url)
+        return
+    with contextlib.closing(OciRegistry(url, connection)) as oci:
+        if oci.has_version(name, version):
+            raise _exists(name, version, oci.url, oci.reference(name, version))
 
 
 def _install(registry: FileRegistry, document: ManifestDocument, files: dict[str, Path], force: bool) -> None:
