@@ -17,11 +17,13 @@ import pytest
 
 from agent.config import PipelineConfig
 from agent.errors import ModelError
+from agent.pipeline import Pipeline
 from agent.pipeline_tracking import PipelineTracking
 from agent.stage import LoadedModel, Stage
 from agent.steps import FrameRecord, Plan, plan_for
 from providers import ModelArtifact, Session, get_backend
 from tests.media_fixtures import SCRIPTS_DIR, ListSink, yolo_labels, yolo_path
+from tests.waits import wait_until
 
 __all__ = ["yolo_labels", "yolo_path"]  # fixtures used here
 
@@ -145,3 +147,38 @@ def test_regions_need_a_detection_model_on_images(
     # The stage refuses, before it serves (a swapped-in one is built off the pipeline's threads).
     with pytest.raises(ModelError, match=r"motion\.regions needs postprocess type detection"):
         Stage(PipelineConfig.model_validate(config), loaded)
+
+
+def test_a_face_that_stops_moving_is_still_looked_at_in_a_region_around_its_track(
+    tmp_path: Path, session: Session, yolo_labels: list[str]
+) -> None:
+    """A face (55 px: sure in a crop, 14 px and lost in the letterbox) walks for 0.5 s, then stands for
+    1 s. The background takes it in within a few frames (learning_rate 0.5): no motion then, but its
+    track's box still gets a crop, so the face keeps being found and keeps its track."""
+    walk = [(0.0, 600.0, 360.0), (0.5, 650.0, 360.0), (1.5, 650.0, 360.0)]
+    clip = bench().tracking_video.Clip({"face": walk}, 1.5, 1280, 720, 10, face_scale=0.55)
+    path = tmp_path / "stops.avi"
+    truth = bench().tracking_video.render(path, clip, scene=bench().textured_scene())
+    config = bench().config("regions", path, yolo_labels).model_dump(exclude_unset=True)
+    config["motion"] = {"regions": True, "learning_rate": 0.5}
+    config["track"] = {}
+    sink = ListSink()
+    pipeline = Pipeline(
+        PipelineConfig.model_validate(config), LoadedModel("nudenet", "3.4.2", "ab" * 32, session), sink
+    )
+    pipeline.start()
+    try:
+        assert wait_until(lambda: pipeline.finished, "the clip played", timeout=120, state=pipeline.status)
+    finally:
+        pipeline.stop(timeout=30)
+    results = {fields["source"]["frame"]: fields for _, fields in sink.results}
+    assert sorted(results) == list(range(1, clip.frames + 1))  # every frame went on: a track was alive
+    for frame in truth[10:]:  # standing since frame 5, background by frame 10
+        faces = [d for d in results[frame.index + 1]["output"]["detections"] if d["label"].startswith("FACE")]
+        assert any(bench()._iou(frame.faces["face"], d["box"]) >= 0.5 for d in faces), (frame.index, faces)
+        assert [d.get("track_id") for d in faces] == [1], faces
+    shown = pipeline.status().steps
+    assert shown["motion"]["motion"] is False  # the standing face is background now
+    assert shown["preprocess"]["regions"]["crops"] >= len(truth) - 1
+    letterbox = bench().run("letterbox", path, truth, session, yolo_labels)
+    assert letterbox.found == 0, letterbox  # the whole frame would have lost it
