@@ -40,7 +40,12 @@ models_app = typer.Typer(help="Models in the local store.", no_args_is_help=True
 def models_list(
     config: ConfigOption = DEFAULT_CONFIG, state_dir: StateDirOption = None, as_json: JsonOption = False
 ) -> None:
-    """Model versions installed in the local store."""
+    """Model versions installed in the local store.
+
+    A reduced-precision variant (registry publish --quantize) shows its precision and the model
+    file it was made from."""
+    from agent.tools.model_info import variant_fields
+
     with user_errors(as_json):
         installed = _store(config, state_dir).list()
     rows: list[dict[str, Any]] = [
@@ -49,7 +54,14 @@ def models_list(
             "version": m.version,
             "signed_by": m.signed_by,
             "artifacts": [
-                {"file": a.file, "format": a.format, "size": a.size, "sha256": a.sha256, "target": a.target}
+                {
+                    "file": a.file,
+                    "format": a.format,
+                    "size": a.size,
+                    "sha256": a.sha256,
+                    "target": a.target,
+                    **variant_fields(a.precision, a.made_from),
+                }
                 for a in m.manifest.artifacts
             ],
         }

@@ -9,6 +9,7 @@ dimension by its name, an unknown one as "?"), and operator counts (most frequen
 adds the IR version, producer, opset imports, initializers, parameter count and metadata_props;
 TFLite the quantisation of its tensors. For a store version also: the manifest's metadata, every
 artifact, the test sets (their arrays, inputs and `expected:` outputs) and the key that signed it.
+A reduced-precision variant's artifact adds its `precision` and `made_from` (only a variant has them).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from agent.registry.manifest import Artifact, Manifest
 from agent.store import InstalledModel, ModelStore
 from agent.testdata import load_testdata
 from agent.tools.inventory import resolve_model
+from agent.transform import variant_of
 from providers import ModelArtifact
 
 
@@ -36,10 +38,14 @@ def inspect_model(spec: str, store: ModelStore) -> dict[str, Any]:
         size = artifact.path.stat().st_size
         entry = {"file": artifact.label, "format": artifact.format, "size": size, "sha256": artifact.sha256}
         weights = artifact.path.with_suffix(".bin") if artifact.format == "openvino-ir" else None
+        # A variant file says what it is in its own metadata, wherever it was copied.
+        variant = variant_of(artifact.path) if artifact.format == "onnx" else None
+        precision, made_from = variant or (None, None)
+        unset = {"target": None, "model_file": None, "rtol": None, "atol": None}
         return {
             "model": resolved.ref,
             "version": None,
-            "artifacts": [{**entry, "target": None, "model_file": None, "rtol": None, "atol": None}],
+            "artifacts": [{**entry, **unset, **variant_fields(precision, made_from)}],
             "models": [{**entry, **format_details(artifact, weights)}],
             "test_sets": [],
             "labels": _labels(None, resolved.artifacts),
@@ -104,7 +110,17 @@ def _artifact_entry(artifact: Artifact) -> dict[str, Any]:
         "model_file": artifact.model_file,
         "rtol": artifact.rtol,
         "atol": artifact.atol,
+        **variant_fields(artifact.precision, artifact.made_from),
     }
+
+
+def variant_fields(precision: str | None, made_from: str | None) -> dict[str, str]:
+    """A reduced-precision variant's `precision` and `made_from` (registry publish --quantize), as
+    `models list` and `models inspect` show them; {} for any other file, so the output of versions
+    without variants is as it was."""
+    if precision is None or made_from is None:
+        return {}
+    return {"precision": precision, "made_from": made_from}
 
 
 def _ir_graph_of(artifact: Artifact, files: dict[str, Artifact]) -> str | None:
@@ -140,4 +156,4 @@ def _array(name: str, value: np.ndarray) -> dict[str, Any]:
     return {"name": name, "dtype": value.dtype.name, "shape": list(value.shape)}
 
 
-__all__ = ["format_details", "format_shape", "inspect_installed", "inspect_model"]
+__all__ = ["format_details", "format_shape", "inspect_installed", "inspect_model", "variant_fields"]

@@ -85,7 +85,8 @@ def print_inspection(info: dict[str, Any]) -> None:
         if version["metadata"]:
             rows = [[key, cut(value)] for key, value in version["metadata"].items()]
             console.print(plain_table("manifest metadata", ["metadata", "value"], rows))
-        # Test-data columns only where some artifact has them: 80 columns are few.
+        # Test-data columns only where some artifact has them: 80 columns are few (a variant's
+        # precision is said under its own file's heading below).
         optional = [("model_file", "for model"), ("rtol", "rtol"), ("atol", "atol")]
         extra = [(key, name) for key, name in optional if any(a[key] is not None for a in info["artifacts"])]
         columns = ["file", "format", "size", "sha256", "target", *(name for _, name in extra)]
@@ -101,17 +102,27 @@ def print_inspection(info: dict[str, Any]) -> None:
             for a in info["artifacts"]
         ]
         console.print(plain_table("artifacts", columns, rows))
+    variants = {a["file"]: note for a in info["artifacts"] if (note := variant_note(a))}
     for model in info["models"]:
-        _print_model_file(console, model)
+        _print_model_file(console, model, variants.get(model["file"]))
     for test in info["test_sets"]:
         _print_test_set(console, test)
 
 
-def _print_model_file(console: Any, m: dict[str, Any]) -> None:
+def variant_note(artifact: dict[str, Any]) -> str | None:
+    """ "precision: int8, made from 320n.onnx" for a reduced-precision variant, else None."""
+    if artifact.get("precision") is None:
+        return None
+    return f"precision: {artifact['precision']}, made from {artifact['made_from']}"
+
+
+def _print_model_file(console: Any, m: dict[str, Any], variant: str | None = None) -> None:
     from agent.model_formats import format_shape
 
     say(console, "")
     say(console, f"{m['file']}: {m['format']}, {m['size']:,} bytes, sha256 {m['sha256'][:16]}")
+    if variant is not None:
+        say(console, f"  {variant}")
     if "weights_of" in m:
         say(console, f"  the weights of {m['weights_of']}")
         return
@@ -178,13 +189,19 @@ def print_models(rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table("model", "version", "file", "format", "size", "sha256", "signed by")
+    variants = []  # said under the table: its rows fill 80 columns already
     for row in rows:
         for a in row["artifacts"]:
             size, digest = f"{a['size']:,}", a["sha256"][:16]
             table.add_row(
                 row["name"], row["version"], a["file"], a["format"], size, digest, row["signed_by"] or ""
             )
-    Console().print(table)
+            if note := variant_note(a):
+                variants.append(f"{row['name']}@{row['version']} {a['file']} ({note})")
+    console = Console()
+    console.print(table)
+    for line in variants:
+        say(console, f"  {line}")
 
 
 def print_check(ref: str, rows: list[dict[str, Any]]) -> None:
