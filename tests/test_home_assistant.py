@@ -540,8 +540,9 @@ def test_a_real_agent_seen_by_home_assistant_node_red_and_telegraf(
     # The fields docs/results.md documents, with their types, in every result.
     table = (ROOT / "docs" / "results.md").read_text().split("## Fields", 1)[1].split("\n## ", 1)[0]
     documented = dict(re.findall(r"^\| `(\w+)` \| (\w+)", table, re.M))
-    optional = {"tags"}  # only in a pipeline with report.tags (none here)
-    assert len(documented) == 15 and optional <= set(documented), documented
+    # Only in a pipeline with report.tags, or with a motion gate (none here).
+    optional = {"tags", "frames_gated"}
+    assert len(documented) == 16 and optional <= set(documented), documented
     types = {"string": str, "integer": int, "object": dict}
     results = nodered.matching("edge/+/results/+")
     assert {json.loads(p)["pipeline"] for _, p in results} == {"signs", "faces"}
