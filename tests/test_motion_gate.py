@@ -164,24 +164,27 @@ def run(loaded: LoadedModel) -> Iterator[Callable[[PipelineConfig], tuple[ListSi
         pipeline.stop(timeout=30)
 
 
+@pytest.mark.parametrize("method", ["average", "mog2"])
 def test_a_brightness_jump_is_no_motion_and_no_detector_storm(
-    clips: dict[str, Path], yolo_labels: list[str], run: Any
+    clips: dict[str, Path], yolo_labels: list[str], run: Any, method: str
 ) -> None:
-    sink, gate = run(config(clips["jump"], yolo_labels, MotionConfig(keepalive_s=60)))
+    sink, gate = run(config(clips["jump"], yolo_labels, MotionConfig(method=method, keepalive_s=60)))
     assert gate["relearned"] == 1  # the jump, once
     assert gate["last_motion_at"] is None and gate["motion"] is False
     assert sink.count() <= 2, f"the model ran on {sink.count()} of 30 frames"
     assert gate["frames_gated"] == 30 - sink.count()
 
 
+@pytest.mark.parametrize("method", ["average", "mog2"])
 def test_a_clock_overlay_wakes_the_detector_unless_it_is_masked(
-    clips: dict[str, Path], yolo_labels: list[str], run: Any
+    clips: dict[str, Path], yolo_labels: list[str], run: Any, method: str
 ) -> None:
-    sink, gate = run(config(clips["clock"], yolo_labels, MotionConfig(keepalive_s=60)))
+    sink, gate = run(config(clips["clock"], yolo_labels, MotionConfig(method=method, keepalive_s=60)))
     assert sink.count() >= 28 and gate["last_motion_at"] is not None  # every frame but the first moves
     x1, y1, x2, y2 = CLOCK
     mask = {"points": [(x1, y1), (x2, y1), (x2, y2), (x1, y2)]}
-    sink, gate = run(config(clips["clock"], yolo_labels, MotionConfig(keepalive_s=60, masks=[mask])))
+    masked = MotionConfig(method=method, keepalive_s=60, masks=[mask])
+    sink, gate = run(config(clips["clock"], yolo_labels, masked))
     assert sink.count() == 1  # the first frame, which starts the background
     assert gate["last_motion_at"] is None and gate["frames_gated"] == 29
 
