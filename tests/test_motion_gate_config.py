@@ -117,13 +117,21 @@ BAD: dict[str, tuple[str, str, list[str]]] = {
         DETECTION + "    motion:\n      relearn_above: 1.5\n",
         ["8: pipelines[0].motion.relearn_above: Input should be less than or equal to 1 (got 1.5)"],
     ),
+    "an_area_in_pixels_written_as_a_fraction": (
+        FILE,
+        DETECTION + "    motion:\n      min_area: 400\n",
+        [
+            "8: pipelines[0].motion.min_area: min_area 400 is more than the whole frame: with units: "
+            "fraction (the default) areas are 0..1 of the frame's area; write units: pixels for square pixels"
+        ],
+    ),
     "a_misspelt_key": (
         FILE,
         DETECTION + "    motion:\n      keep_alive_s: 5\n",
         [
             "8: pipelines[0].motion.keep_alive_s: unknown key; did you mean 'keepalive_s'? (allowed here: "
             "dilation, enabled, frame_height, full_frame_above, keepalive_s, learning_rate, masks, "
-            "max_regions, method, min_area, regions, relearn_above, threshold)"
+            "max_regions, method, min_area, regions, relearn_above, threshold, units)"
         ],
     ),
 }
@@ -144,6 +152,7 @@ def test_a_good_motion_config_validates(tmp_path: Path) -> None:
             motion:
               method: mog2
               frame_height: 100
+              units: pixels
               min_area: 400
               masks:
                 - units: pixels
@@ -155,11 +164,13 @@ def test_a_good_motion_config_validates(tmp_path: Path) -> None:
     assert validate(tmp_path, HEAD + FILE + body) == (0, [])
 
 
-@pytest.mark.parametrize("motion", ["true", "false", "{}", "{method: mog2, masks: []}"])
+@pytest.mark.parametrize(
+    "motion", ["true", "false", "{}", "{method: mog2, masks: []}", "{units: pixels, min_area: 400}"]
+)
 def test_the_validator_and_the_schema_both_accept_motion_as_a_switch_or_settings(motion: str) -> None:
     assert_both_accept(HEAD + FILE + DETECTION + f"    motion: {motion}\n", f"motion: {motion}")
 
 
-@pytest.mark.parametrize("motion", ["'on'", "1", "{threshold: 0}", "[true]"])
+@pytest.mark.parametrize("motion", ["'on'", "1", "{threshold: 0}", "[true]", "{min_area: 2}"])
 def test_the_validator_and_the_schema_both_refuse_a_bad_motion(motion: str) -> None:
     assert_both_reject(HEAD + FILE + DETECTION + f"    motion: {motion}\n", f"motion: {motion}")

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from agent.config.analytics import (
+    MAX_PIXELS,
     MAX_POINTS,
     Point,
     Units,
@@ -18,7 +19,7 @@ from agent.config.analytics import (
     _units_field,
     polygon_problem,
 )
-from agent.config.base import StrictModel
+from agent.config.base import StrictModel, problems_at
 from agent.config.sources import GST_PREFIX
 
 
@@ -69,9 +70,17 @@ class MotionMaskConfig(StrictModel):
         return points
 
 
+def _area_fraction(schema: dict[str, Any]) -> None:
+    """JSON Schema: with units fraction (the default) min_area is at most 1."""
+    schema["if"] = {"properties": {"units": {"const": "pixels"}}, "required": ["units"]}
+    schema["else"] = {"properties": {"min_area": {"maximum": 1}}}
+
+
 class MotionConfig(StrictModel):
     """The motion gate: a frame goes on to the model when something moved, while any track is alive,
     or once every keepalive_s on a static scene; the other frames are skipped (counted: frames_gated)."""
+
+    model_config = ConfigDict(json_schema_extra=_area_fraction)
 
     enabled: bool = Field(True, description="Gate the frames (`motion: false` is short for false here).")
     method: Literal["average", "mog2"] = Field(
@@ -93,12 +102,16 @@ class MotionConfig(StrictModel):
         description="A pixel moved when it differs from the background by more than this (0..255 grey "
         "levels; average only: mog2 uses it as its variance threshold).",
     )
+    units: Units = Field(
+        "fraction",
+        description="What min_area counts: fraction (the default): 0..1 of the frame's area, so it fits any "
+        "resolution; pixels: square pixels of the source frame. (Each mask has its own units.)",
+    )
     min_area: float = Field(
         0.0005,
         gt=0,
-        le=100_000_000,
-        description="The smallest moving blob that counts: below 1 a fraction of the frame's area, from 1 "
-        "pixels of the source frame.",
+        le=MAX_PIXELS * MAX_PIXELS,
+        description="The smallest blob of moving pixels that counts (after the dilation), in units.",
     )
     dilation: int = Field(
         2, ge=0, le=20, description="Dilations (3x3) of the moving pixels: joins the parts of one object."
@@ -141,3 +154,13 @@ class MotionConfig(StrictModel):
         le=1,
         description="When motion covers more than this fraction of the frame, the whole frame is used.",
     )
+
+    @model_validator(mode="after")
+    def _area_in_units(self) -> MotionConfig:
+        if self.units == "fraction" and self.min_area > 1:
+            need = (
+                f"min_area {self.min_area:g} is more than the whole frame: with units: fraction (the "
+                "default) areas are 0..1 of the frame's area; write units: pixels for square pixels"
+            )
+            raise problems_at("MotionConfig", [(("min_area",), need)])
+        return self

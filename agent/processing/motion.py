@@ -70,7 +70,7 @@ class MotionDetector:
         cols = max(1, round(width * rows / height))
         self._size, self._small = (width, height), (cols, rows)
         self._average, self._mog2 = None, None
-        min_area = config.min_area if config.min_area < 1 else config.min_area / (width * height)
+        min_area = config.min_area if config.units == "fraction" else config.min_area / (width * height)
         self._min_area = min_area * cols * rows
         self._keep, self._kept = None, cols * rows
         if config.masks:
