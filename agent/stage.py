@@ -306,8 +306,9 @@ def _check_regions(feeder: Feeder, postprocess: Postprocessor) -> None:
         )
 
 
-# Pipeline keys a model never sees: a change to only these is taken by a stage on the same session.
-REPORTING_KEYS = ("zones", "lines", "track", "filters", "report", "home_automation", "stall_s")
+# Pipeline keys that need no new session: what is done with the model's outputs, and which frames
+# reach it (the motion gate). A change to only these is taken by a stage on the same session.
+REPORTING_KEYS = ("motion", "zones", "lines", "track", "filters", "report", "home_automation", "stall_s")
 
 
 def changes_only_reporting(old: PipelineConfig, new: PipelineConfig) -> bool:

@@ -125,6 +125,14 @@ BAD: dict[str, tuple[str, str, list[str]]] = {
             "fraction (the default) areas are 0..1 of the frame's area; write units: pixels for square pixels"
         ],
     ),
+    "regions_on_a_classifier": (
+        FILE,
+        "    postprocess: {type: classification, labels: [person, car]}\n    motion: {regions: true}\n",
+        [
+            "7: pipelines[0].motion.regions: motion regions need postprocess type detection (the boxes "
+            "of its crops are merged), not classification"
+        ],
+    ),
     "a_misspelt_key": (
         FILE,
         DETECTION + "    motion:\n      keep_alive_s: 5\n",

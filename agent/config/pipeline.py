@@ -205,6 +205,14 @@ class PipelineConfig(StrictModel):
         if self.motion is not None and self.motion.enabled and not isinstance(self.source, VideoSourceConfig):
             need = f"the motion gate needs pictures: a video source, not {self.source.type}"
             raise problems_at("PipelineConfig", [(("motion",), need)])
+        gate = self.motion_gate
+        if gate is not None and gate.regions and not isinstance(self.postprocess, DetectionPostprocess):
+            # (the stage checks the model itself: agent/stage.py `_check_regions`)
+            need = (
+                "motion regions need postprocess type detection (the boxes of its crops are merged), "
+                f"not {self.postprocess.type}"
+            )
+            raise problems_at("PipelineConfig", [(("motion", "regions"), need)])
         return self
 
     @model_validator(mode="after")
