@@ -6,7 +6,7 @@ names and labels across its zones and lines (agent/config/pipeline.py)."""
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
@@ -114,6 +114,37 @@ def polygon_problem(points: list[Point]) -> str | None:
     return None
 
 
+def checked_polygon(points: list[Point], info: ValidationInfo, what: str = "zone") -> list[Point]:
+    """`points` as a zone, a motion mask or an object mask takes them: inside the frame in fractions,
+    no point twice, a simple polygon; the message names `what` it is."""
+    _fractions_problem(points, info)
+    _repeats(points)
+    problem = polygon_problem(points)
+    if problem:
+        raise ValueError(problem.replace("a zone's", f"a {what}'s").replace("the zone", f"the {what}"))
+    return points
+
+
+def area_fractions_only(*keys: str) -> Callable[[dict[str, Any]], None]:
+    """JSON Schema: with units fraction (the default) these area keys are at most 1."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        schema["if"] = {"properties": {"units": {"const": "pixels"}}, "required": ["units"]}
+        schema["else"] = {"properties": {key: {"maximum": 1} for key in keys}}
+
+    return extra
+
+
+def area_problem(key: str, value: float | None, units: Units) -> str | None:
+    """Why an area `value` of `key` cannot be in `units`: a fraction of the frame above 1."""
+    if units != "fraction" or value is None or value <= 1:
+        return None
+    return (
+        f"{key} {value:g} is more than the whole frame: with units: fraction (the default) areas are 0..1 "
+        "of the frame's area; write units: pixels for square pixels"
+    )
+
+
 class _Drawn(StrictModel):
     """What a zone and a line share: a name, their points' units and a label filter."""
 
@@ -153,12 +184,7 @@ class ZoneConfig(_Drawn):
     @field_validator("points")
     @classmethod
     def _simple_polygon(cls, points: list[Point], info: ValidationInfo) -> list[Point]:
-        _fractions_problem(points, info)
-        _repeats(points)
-        problem = polygon_problem(points)
-        if problem:
-            raise ValueError(problem)
-        return points
+        return checked_polygon(points, info)
 
 
 class LineConfig(_Drawn):

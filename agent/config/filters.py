@@ -9,7 +9,7 @@ The checks here need no frame; the pipeline checks the labels against its postpr
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -21,11 +21,11 @@ from agent.config.analytics import (
     Problems,
     Units,
     _fractions_only,
-    _fractions_problem,
     _labels_field,
-    _repeats,
     _units_field,
-    polygon_problem,
+    area_fractions_only,
+    area_problem,
+    checked_polygon,
 )
 from agent.config.base import StrictModel, problems_at
 
@@ -35,16 +35,10 @@ RULES = ("min_score", "min_area", "max_area", "min_ratio", "max_ratio", "mask")
 MAX_RATIO = 1000.0  # width / height: far beyond any real object's box
 
 
-def _area_fractions(schema: dict[str, Any]) -> None:
-    """JSON Schema: with units fraction (the default) min_area and max_area are at most 1."""
-    schema["if"] = {"properties": {"units": {"const": "pixels"}}, "required": ["units"]}
-    schema["else"] = {"properties": {"min_area": {"maximum": 1}, "max_area": {"maximum": 1}}}
-
-
 class ObjectRule(StrictModel):
     """What an object must be to be kept: each key unset keeps every object."""
 
-    model_config = ConfigDict(json_schema_extra=_area_fractions)
+    model_config = ConfigDict(json_schema_extra=area_fractions_only("min_area", "max_area"))
 
     units: Units = Field(
         "fraction",
@@ -71,14 +65,10 @@ class ObjectRule(StrictModel):
 
     @model_validator(mode="after")
     def _fits(self) -> ObjectRule:
-        if self.units == "fraction":
-            for key in ("min_area", "max_area"):
-                value = getattr(self, key)
-                if value is not None and value > 1:
-                    raise ValueError(
-                        f"{key} {value:g} is more than the whole frame: with units: fraction (the default) "
-                        "areas are 0..1 of the frame's area; write units: pixels for square pixels"
-                    )
+        for key in ("min_area", "max_area"):
+            problem = area_problem(key, getattr(self, key), self.units)
+            if problem:
+                raise ValueError(problem)
         for low, high in (("min_area", "max_area"), ("min_ratio", "max_ratio")):
             problem = _order_problem(self, low, self, high)
             if problem:
@@ -126,12 +116,7 @@ class ObjectMask(StrictModel):
     @field_validator("points")
     @classmethod
     def _simple_polygon(cls, points: list[Point], info: ValidationInfo) -> list[Point]:
-        _fractions_problem(points, info)
-        _repeats(points)
-        problem = polygon_problem(points)
-        if problem:
-            raise ValueError(problem.replace("a zone's", "a mask's").replace("the zone", "the mask"))
-        return points
+        return checked_polygon(points, info, "mask")
 
 
 class FiltersConfig(StrictModel):

@@ -14,10 +14,10 @@ from agent.config.analytics import (
     Point,
     Units,
     _fractions_only,
-    _fractions_problem,
-    _repeats,
     _units_field,
-    polygon_problem,
+    area_fractions_only,
+    area_problem,
+    checked_polygon,
 )
 from agent.config.base import StrictModel, problems_at
 from agent.config.sources import GST_PREFIX
@@ -62,25 +62,14 @@ class MotionMaskConfig(StrictModel):
     @field_validator("points")
     @classmethod
     def _simple_polygon(cls, points: list[Point], info: ValidationInfo) -> list[Point]:
-        _fractions_problem(points, info)
-        _repeats(points)
-        problem = polygon_problem(points)
-        if problem:  # (worded for zones, as filters.py ObjectMask words it for masks)
-            raise ValueError(problem.replace("a zone's", "a mask's").replace("the zone", "the mask"))
-        return points
-
-
-def _area_fraction(schema: dict[str, Any]) -> None:
-    """JSON Schema: with units fraction (the default) min_area is at most 1."""
-    schema["if"] = {"properties": {"units": {"const": "pixels"}}, "required": ["units"]}
-    schema["else"] = {"properties": {"min_area": {"maximum": 1}}}
+        return checked_polygon(points, info, "mask")
 
 
 class MotionConfig(StrictModel):
     """The motion gate: a frame goes on to the model when something moved, while any track is alive,
     or once every keepalive_s on a static scene; the other frames are skipped (counted: frames_gated)."""
 
-    model_config = ConfigDict(json_schema_extra=_area_fraction)
+    model_config = ConfigDict(json_schema_extra=area_fractions_only("min_area"))
 
     enabled: bool = Field(True, description="Gate the frames (`motion: false` is short for false here).")
     method: Literal["average", "mog2"] = Field(
@@ -157,10 +146,7 @@ class MotionConfig(StrictModel):
 
     @model_validator(mode="after")
     def _area_in_units(self) -> MotionConfig:
-        if self.units == "fraction" and self.min_area > 1:
-            need = (
-                f"min_area {self.min_area:g} is more than the whole frame: with units: fraction (the "
-                "default) areas are 0..1 of the frame's area; write units: pixels for square pixels"
-            )
+        need = area_problem("min_area", self.min_area, self.units)
+        if need:
             raise problems_at("MotionConfig", [(("min_area",), need)])
         return self
