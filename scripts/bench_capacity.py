@@ -54,6 +54,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -801,7 +802,12 @@ def table(runs: Sequence[RunFigures]) -> str:
         for serving in sorted({c.serving for c in r.cameras if c.serving}):
             servings.setdefault(serving, []).append(f"{r.scene} K={r.k} {mode_name(r.gate, r.variant)}")
     rows.append("")
-    rows.extend(f"The detector ran on {serving}: {'; '.join(where)}." for serving, where in servings.items())
+    if len(servings) == 1:
+        rows.append(f"The detector ran on {next(iter(servings))} in every run.")
+    else:
+        rows.extend(
+            f"The detector ran on {serving}: {'; '.join(where)}." for serving, where in servings.items()
+        )
     return "\n".join(rows).rstrip()
 
 
@@ -865,16 +871,21 @@ def plot_svg(runs: Sequence[RunFigures]) -> str:
         ("latest event, s", lambda r: r.worst_lateness_s),
     ]
     colours = {(False, ""): "#d62728", (True, ""): "#1f77b4", (True, "int8"): "#2ca02c"}
+    present = {(r.gate, r.variant) for r in walking}
     w, h, pad = 330, 220, 45
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * w}" height="{2 * h + 30}" '
         'font-family="sans-serif" font-size="11">',
         f'<rect width="{2 * w}" height="{2 * h + 30}" fill="white"/>',
-        f'<text x="10" y="{2 * h + 20}" fill="{colours[False, ""]}">gate off</text>',
-        f'<text x="70" y="{2 * h + 20}" fill="{colours[True, ""]}">gate on</text>',
-        f'<text x="130" y="{2 * h + 20}" fill="{colours[True, "int8"]}">gate on, int8 offered</text>',
-        f'<text x="290" y="{2 * h + 20}">x: cameras (K), 1280x720 at 5 fps each</text>',
+        f'<text x="10" y="{2 * h + 20}">x: cameras (K), 1280x720 at 5 fps each;</text>',
     ]
+    legend_x = 230
+    for (gate, variant), colour in colours.items():
+        if (gate, variant) in present:
+            parts.append(
+                f'<text x="{legend_x}" y="{2 * h + 20}" fill="{colour}">{mode_name(gate, variant)}</text>'
+            )
+            legend_x += 150
     for i, (title, value) in enumerate(panels):
         ox, oy = (i % 2) * w, (i // 2) * h
         values = [((r.gate, r.variant), r.k, value(r)) for r in walking]
@@ -894,8 +905,8 @@ def plot_svg(runs: Sequence[RunFigures]) -> str:
         parts.append(
             f'<line x1="{ox + pad}" y1="{oy + 30}" x2="{ox + pad}" y2="{oy + h - 30}" stroke="black"/>'
         )
-        parts.append(f'<text x="{ox + 5}" y="{oy + 34}">{top / 1.1:.3g}</text>')
-        parts.append(f'<text x="{ox + 5}" y="{oy + h - 30}">0</text>')
+        parts.append(f'<text x="{ox + 5}" y="{xy(ks[0], top / 1.1)[1] + 4:.1f}">{top / 1.1:.3g}</text>')
+        parts.append(f'<text x="{ox + 5}" y="{oy + h - 26}">0</text>')
         for k in ks:
             x, _ = xy(k, 0.0)
             parts.append(f'<text x="{x - 4:.1f}" y="{oy + h - 14}">{k}</text>')
@@ -941,16 +952,27 @@ def _read(path: str) -> str:
 def docs_section(report: Mapping[str, Any], runs: Sequence[RunFigures]) -> str:
     """The figures as docs/performance.md's capacity section holds them (between its markers)."""
     box = report["box"]
+
+    def wrapped(text: str) -> str:  # the docs' prose lines stay under 100 characters; tables do not
+        return "\n".join(
+            line
+            if line.startswith("|")
+            else textwrap.fill(line, 100, subsequent_indent="  " * line.startswith("- "))
+            for line in text.splitlines()
+        )
+
     return "\n".join(
         [
             BEGIN,
-            f"Measured {report['date']} with `{report['command']}` on {box['model_name'] or box['cpu']} "
-            f"({box['cores']} cores); load average {box['load_before']} before the run, {box['load_after']} "
-            f"after it ({report['minutes']:.1f} minutes). Video: {report['video']}.",
+            wrapped(
+                f"Measured {report['date']} with `{report['command']}` on {box['model_name'] or box['cpu']} "
+                f"({box['cores']} cores); load average {box['load_before']} before the run, "
+                f"{box['load_after']} after it ({report['minutes']:.1f} minutes). Video: {report['video']}."
+            ),
             "",
-            table(runs),
+            wrapped(table(runs)),
             "",
-            goals_text(report["verdict"]),
+            wrapped(goals_text(report["verdict"])),
             "",
             "![Crossings found, frames a camera, CPU and lateness against K](img/capacity.svg)",
             END,
@@ -1097,7 +1119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "scripts/bench_capacity.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     )
     report: dict[str, Any] = {
-        "date": dt.date.today().isoformat(),
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": command,
         "box": box,
         "minutes": round((time.monotonic() - began) / 60, 2),
