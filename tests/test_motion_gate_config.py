@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from agent.cli import app
 from agent.config import MotionConfig, PipelineConfig
-from agent.config.motion import is_live_video
+from agent.config.sources import is_live_video
 from tests.config_cases import assert_both_accept, assert_both_reject
 
 HEAD = """\

@@ -20,19 +20,6 @@ from agent.config.analytics import (
     checked_polygon,
 )
 from agent.config.base import StrictModel, problems_at
-from agent.config.sources import GST_PREFIX
-
-
-def is_live_video(uri: str) -> bool:
-    """A video uri that is a camera (V4L2 index or device, RTSP/HTTP stream, GStreamer pipeline), not a
-    file or a folder of images: where the gate is on by default."""
-    return (
-        uri.startswith(GST_PREFIX)
-        or " ! " in uri
-        or "://" in uri
-        or uri.isdigit()
-        or uri.startswith("/dev/video")
-    )
 
 
 def motion_switch(value: object) -> object:

@@ -18,7 +18,7 @@ from agent.config.analytics import LineConfig, TrackConfig, ZoneConfig, analytic
 from agent.config.backends import BackendChoiceConfig
 from agent.config.base import TOPIC_SPECIALS, Name, StrictModel, problems_at
 from agent.config.filters import FiltersConfig, filter_label_problems
-from agent.config.motion import MotionConfig, is_live_video, motion_switch, switch_schema
+from agent.config.motion import MotionConfig, motion_switch, switch_schema
 from agent.config.processing import (
     AnyPreprocessConfig,
     AudioPreprocessConfig,
@@ -32,7 +32,7 @@ from agent.config.processing import (
     gives_boxes,
 )
 from agent.config.registry import ModelRef
-from agent.config.sources import SourceConfig, VideoSourceConfig
+from agent.config.sources import SourceConfig, VideoSourceConfig, is_live_video
 
 # A result's tags (report.tags): names a consumer can use as a key anywhere, short values.
 TagName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]

@@ -18,6 +18,12 @@ def is_gst_pipeline(uri: str) -> bool:
     return uri.startswith(GST_PREFIX) or " ! " in uri
 
 
+def is_live_video(uri: str) -> bool:
+    """A video uri that is a camera (V4L2 index or device, RTSP/HTTP stream, GStreamer pipeline), not a
+    file or a folder of images: it delivers at its own pace, and the motion gate is on by default."""
+    return is_gst_pipeline(uri) or "://" in uri or uri.isdigit() or uri.startswith("/dev/video")
+
+
 def _non_blank_uri(value: str) -> str:
     if not value.strip():
         raise ValueError("uri must not be empty")
@@ -69,8 +75,7 @@ class VideoSourceConfig(StrictModel):
     @model_validator(mode="after")
     def _realtime_off_only_for_files(self) -> VideoSourceConfig:
         uri = self.uri
-        live = uri.startswith(GST_PREFIX) or "://" in uri or uri.isdigit() or uri.startswith("/dev/video")
-        if not self.realtime and live:
+        if not self.realtime and is_live_video(uri):
             raise ValueError(
                 f"realtime: false is for video files and image folders; {uri!r} is a live source, "
                 "which delivers at its own pace"
