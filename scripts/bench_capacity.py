@@ -548,7 +548,8 @@ def camera_figures(
     start = play_start(results)
     if start is None:
         problems.append(f"{name}: no result with a position in its file arrived")
-        lateness, extra = [], len(crosses)
+        lateness: list[float] = []
+        extra = len(crosses)
     else:
         lateness, extra = match_crossings(truth, crosses, start)
     source = status.get("source") or {}
@@ -745,8 +746,9 @@ def verdict(runs: Sequence[RunFigures]) -> dict[str, Any]:
         )
         if gate_ms is None and static[True].gate_ms_in_process is not None:
             gate_ms, gate_ms_from = static[True].gate_ms_in_process, "in-process"
-        if static[True].decode_ms_in_process is not None:
-            decode = static[True].decode_ms_in_process * FPS * 60 / 1000
+        decode_ms = static[True].decode_ms_in_process
+        if decode_ms is not None:
+            decode = decode_ms * FPS * 60 / 1000
     if True in static and False in static and static[False].cpu_per_camera_minute > 0:
         ratio = static[True].cpu_per_camera_minute / static[False].cpu_per_camera_minute
     k_off, k_on = largest_all_found(runs, False), largest_all_found(runs, True)
@@ -1049,11 +1051,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.report is not None:
         try:
-            report = json.loads(args.report.read_text())
-            runs = [RunFigures.from_json(run) for run in report["runs"]]
+            saved = json.loads(args.report.read_text())
+            again = [RunFigures.from_json(run) for run in saved["runs"]]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise SystemExit(f"{args.report}: not a report of this benchmark's --json ({exc})") from None
-        return publish({**report, "verdict": verdict(runs)}, runs, None, args.write_docs)
+        return publish({**saved, "verdict": verdict(again)}, again, None, args.write_docs)
     try:
         ks = sorted(
             {int(k) for k in (args.k or ("1" if args.quick else ",".join(map(str, FULL_KS)))).split(",")}

@@ -143,7 +143,9 @@ def camera(
     return bench.CameraFigures("cam", truth, found, 0, [late] * found, 5.0, 5.0, 0, None, gate_ms)
 
 
-def run(k: int, gate: bool, found: int, late: float = 0.5, scene: str = "walkers", cpu: float = 60.0):
+def run(
+    k: int, gate: bool, found: int, late: float = 0.5, scene: str = "walkers", cpu: float = 60.0
+) -> bench.RunFigures:
     # `cpu` CPU seconds over 30 s of play: cpu * 2 / k a camera-minute
     return bench.RunFigures(
         k, gate, scene, 36.0, 30.0, cpu, 300.0, [camera(found, late=late) for _ in range(k)]
