@@ -31,6 +31,11 @@ class TrackingSink(Protocol):
         """A tracking pipeline starts: end what its last run left open; returns the next track id."""
         ...
 
+    def line_counts(self, pipeline: str) -> dict[str, dict[str, int]]:
+        """The pipeline's crossings per line and direction, the same mapping every time: a pipeline
+        rebuilt (a new source, a retry) counts on from where the last one stopped."""
+        ...
+
     def save_snapshot(
         self,
         pipeline: str,
@@ -61,7 +66,8 @@ class PipelineTracking:
     def _start(self, config: PipelineConfig) -> None:
         tracking = config.tracking
         assert tracking is not None
-        self.scene = Scene(tracking, config.zones, config.lines, next_id=self.sink.open_tracks(self.name))
+        next_id, counts = self.sink.open_tracks(self.name), self.sink.line_counts(self.name)
+        self.scene = Scene(tracking, config.zones, config.lines, next_id=next_id, line_counts=counts)
         self._config = config
         self.summary = self.scene.summary()
 

@@ -126,6 +126,7 @@ class ResultWriter:
         self.scene_observer = scene_observer
         self.snapshot_observer = snapshot_observer
         self.snapshot_errors = 0
+        self._line_counts: dict[str, dict[str, dict[str, int]]] = {}  # pipeline -> line -> direction
 
     def configure(self, device_id: str, topic_prefix: str, max_payload_bytes: int) -> None:
         self.device_id = device_id
@@ -154,6 +155,10 @@ class ResultWriter:
         next_id = self.events.recover(pipeline)
         self.on_written()
         return next_id
+
+    def line_counts(self, pipeline: str) -> dict[str, dict[str, int]]:
+        """The pipeline's crossing counts, kept here from the daemon's start across its rebuilds."""
+        return self._line_counts.setdefault(pipeline, {})
 
     def save_snapshot(
         self,

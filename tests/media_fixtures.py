@@ -92,6 +92,7 @@ class ListSink:
         self.results: list[tuple[str, dict[str, Any]]] = []
         self.events: list[tuple[str, dict[str, Any]]] = []  # tracking pipelines' events, in order
         self.snapshots: list[tuple[str, int, np.ndarray]] = []  # (pipeline, track id, the frame)
+        self.crossings: dict[str, dict[str, dict[str, int]]] = {}  # pipeline -> line -> direction: count
         self._lock = threading.Lock()
 
     def submit(self, result: Result) -> None:
@@ -106,6 +107,9 @@ class ListSink:
 
     def open_tracks(self, pipeline: str) -> int:
         return 1
+
+    def line_counts(self, pipeline: str) -> dict[str, dict[str, int]]:
+        return self.crossings.setdefault(pipeline, {})
 
     def save_snapshot(
         self, pipeline: str, wanted: Any, frame: np.ndarray, captured_at: float, config: Any

@@ -100,3 +100,12 @@ def test_device_id_groups_is_reserved() -> None:
     assert caught.value.problems == [
         "agent.yaml:2: device.id: 'groups' is reserved: <prefix>/groups/... carries fleet group topics"
     ]
+
+
+def test_line_counts_are_one_mapping_per_pipeline_kept_across_its_rebuilds(tmp_path: Path) -> None:
+    """The writer outlives a rebuilt pipeline: the counts its scenes add to are the same mapping."""
+    writer, _, _ = _writer(tmp_path)
+    counts = writer.line_counts("door")
+    counts.setdefault("gate", {})["in"] = 3
+    assert writer.line_counts("door") is counts and writer.line_counts("door") == {"gate": {"in": 3}}
+    assert writer.line_counts("shop") == {}

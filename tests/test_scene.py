@@ -84,6 +84,19 @@ def test_crossing_back_counts_the_other_direction_and_touching_the_line_counts_n
     assert scene.summary()["lines"]["gate"] == {"west": 1, "east": 1}
 
 
+def test_a_rebuilt_pipelines_scene_counts_on_from_the_counts_it_is_given() -> None:
+    """A pipeline rebuilt (a new source, a retry) makes a new scene; the daemon keeps the line counts
+    (ResultWriter.line_counts), so `count` and the line's totals go on from the last scene's."""
+    counts: dict[str, dict[str, int]] = {}
+    first = Scene(TrackConfig(min_hits=1), [], [GATE], line_counts=counts)
+    run(first, walk(500, 700, 11))
+    assert counts == {"gate": {"east": 1}}
+    again = Scene(TrackConfig(min_hits=1), [], [GATE], line_counts=counts)
+    events = [e for f in run(again, walk(500, 700, 11), start=20) for e in f if e["type"] == "cross"]
+    assert [(e["direction"], e["count"]) for e in events] == [("east", 2)]
+    assert again.summary()["lines"]["gate"] == {"east": 2, "west": 0}
+
+
 def test_min_frames_is_inertia_both_ways_and_a_flicker_on_the_edge_neither_enters_nor_leaves() -> None:
     zone = LEFT.model_copy(update={"min_frames": 3})
     scene = Scene(TrackConfig(min_hits=1), [zone], [])

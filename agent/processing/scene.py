@@ -118,12 +118,20 @@ class Scene:
     """One pipeline's tracks, zones and lines (the module's docstring)."""
 
     def __init__(
-        self, track: TrackConfig, zones: list[ZoneConfig], lines: list[LineConfig], next_id: int = 1
+        self,
+        track: TrackConfig,
+        zones: list[ZoneConfig],
+        lines: list[LineConfig],
+        next_id: int = 1,
+        line_counts: dict[str, dict[str, int]] | None = None,
     ):
+        """`line_counts`: crossings per line and direction to count on from (kept by whoever outlives
+        this scene: the daemon's, so a rebuilt pipeline's counts go on); the scene adds to it."""
         self.tracker = Tracker(track, next_id)
         self.track = track
         self.objects: dict[int, TrackedObject] = {}
         self._zone_configs, self._line_configs = zones, lines
+        self._line_counts = line_counts if line_counts is not None else {}
         self._zones: list[_Zone] = []
         self._lines: list[_Line] = []
         self._zone_group = ZoneGroup([])
@@ -183,7 +191,8 @@ class Scene:
                 if old is not None and unchanged
                 else LineShape.from_config(line_config, width, height)
             )
-            counts = old.counts if old is not None else {}  # a moved line keeps its counts
+            # A moved line keeps its counts; a new one counts on from a rebuilt pipeline's.
+            counts = old.counts if old is not None else self._line_counts.setdefault(line_config.name, {})
             self._lines.append(_Line(line_config, shape, counts))
             moved_from.append(index if unchanged else -1)
         # Where each object last was off each line: kept for unchanged lines, afresh for the others.
