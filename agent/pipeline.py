@@ -34,6 +34,7 @@ from agent.stage import BackendSwitcher, LoadedModel, Stage
 from agent.stage_swap import StageSwap
 from agent.status import RunStatus, run_status
 from agent.steps import FrameRecord, PipelineMotion, Plan, ResultSink, Thread, plan_for
+from agent.threads import named_thread
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +115,11 @@ class Pipeline:
 
     def start(self) -> None:
         self.tracking.start(self.stage.config)
-        self._thread = threading.Thread(target=self._infer_loop, name=f"pipeline-{self.name}", daemon=True)
+        self._thread = named_thread(self._infer_loop, f"pipeline-{self.name}")
         self._threads = [
-            threading.Thread(target=self._prepare_loop, name=f"pipeline-{self.name}-prepare", daemon=True),
+            named_thread(self._prepare_loop, f"pipeline-{self.name}-prepare"),
             self._thread,
-            threading.Thread(target=self._report_loop, name=f"pipeline-{self.name}-report", daemon=True),
+            named_thread(self._report_loop, f"pipeline-{self.name}-report"),
         ]
         self.stages.open(True)
         for thread in self._threads:

@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 
 from agent.sources.frames import FrameQueue, LatestFrameSlot
 from agent.status import SourceCounters, SourceState, SourceStatus
+from agent.threads import named_thread
 
 
 class SourceBase:
@@ -86,7 +87,8 @@ class ThreadedSource(SourceBase, ABC):
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"source-{self.name}", daemon=True)
+        # (named for the system too: its decoder's threads carry the name, agent/threads.py)
+        self._thread = named_thread(self._run, f"source-{self.name}")
         self._thread.start()
 
     def request_stop(self) -> None:
