@@ -74,6 +74,22 @@ class ModelArtifact:
 
 
 @dataclass(frozen=True)
+class VariantArtifact(ModelArtifact):
+    """A reduced-precision variant of a model file (`registry publish --quantize int8`; the agent
+    reads what it is from the file's own metadata: agent/transform.py): one more candidate, proven
+    on the reports against the float model's reference, never a reference itself. `derived_from`
+    names the float model file it was made from."""
+
+    precision: str = "int8"
+
+
+def computes_in(artifact: ModelArtifact, runtime_precision: str) -> str:
+    """The precision a session on `artifact` reports: a variant's (its quantized ops run in int8,
+    whatever the runtime's own precision for the parts left in float), else the runtime's."""
+    return artifact.precision if isinstance(artifact, VariantArtifact) else runtime_precision
+
+
+@dataclass(frozen=True)
 class ProbeResult:
     """What a backend found on this box: usable or not, and why."""
 

@@ -23,6 +23,7 @@ from providers.base import (
     Session,
     Support,
     TensorSpec,
+    computes_in,
     one_line,
     parse_options,
 )
@@ -155,7 +156,7 @@ class OnnxRuntimeBackend(Backend):
         parsed = parse_options(self.options_model, options, self.name)
         session = self._session(artifact, parsed.model_dump(exclude_none=True), strict=False)
         precision = "fp16" if getattr(parsed, "fp16", False) else "fp32"
-        return OnnxRuntimeSession(session, self.name, precision)
+        return OnnxRuntimeSession(session, self.name, computes_in(artifact, precision))
 
     def _session(
         self, artifact: ModelArtifact, options: Mapping[str, Any], strict: bool

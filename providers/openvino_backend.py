@@ -45,6 +45,7 @@ from providers.base import (
     Session,
     Support,
     TensorSpec,
+    computes_in,
     parse_options,
     sysroot,
 )
@@ -501,7 +502,9 @@ class OpenVinoBackend(Backend):
             if opts.cache_dir is not None:
                 _cache_within_umask(Path(opts.cache_dir))
             names = _onnx_input_names(artifact, model) if artifact.format == "onnx" else None
-            return OpenVinoSession(model, compiled, self.name, self.device, names)
+            session = OpenVinoSession(model, compiled, self.name, self.device, names)
+            session.precision = computes_in(artifact, session.precision)
+            return session
         except BackendError:
             raise
         except Exception as exc:

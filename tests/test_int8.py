@@ -147,6 +147,16 @@ def test_the_checked_variant_keeps_the_head_in_float_and_says_so(variants: Varia
     assert variant_of(variants.float_model) is None
 
 
+def test_a_session_on_a_variant_says_it_computes_in_int8(variants: Variants) -> None:
+    """Status and results show the session's precision: a variant serves int8 whatever the runtime's
+    own precision for its float parts (onnxruntime fp32, OpenVINO f32 or bf16)."""
+    plain, variant = _artifacts(variants, variants.made.path)
+    for name in (ORT, "openvino/CPU"):
+        backend = get_backend(name)
+        assert backend.load(variant).precision == "int8", name
+        assert backend.load(plain).precision != "int8", name
+
+
 def test_a_variant_is_marked_and_never_the_first_start_reference(variants: Variants) -> None:
     artifacts = _artifacts(variants, variants.made.path)
     assert not isinstance(artifacts[0], VariantArtifact)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from providers.base import ModelArtifact
+from providers.base import ModelArtifact, VariantArtifact
 from providers.select.reports import CandidateReport
 
 # Most wanted first; glob patterns over backend names. TensorRT and CUDA on NVIDIA, then the
@@ -137,16 +137,6 @@ def as_samples(samples: Samples) -> list[Sample]:
     if isinstance(samples, Mapping):
         return [Sample(samples)]
     return list(samples)
-
-
-@dataclass(frozen=True)
-class VariantArtifact(ModelArtifact):
-    """A reduced-precision variant of a model file (`registry publish --quantize int8`; the agent
-    reads what it is from the file's own metadata: agent/transform.py): one more candidate, proven
-    on the reports against the float model's reference, never a reference itself. `derived_from`
-    names the float model file it was made from."""
-
-    precision: str = "int8"
 
 
 def variant_precision(artifact: ModelArtifact) -> str:
