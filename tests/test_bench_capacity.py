@@ -157,6 +157,8 @@ def test_the_verdict_and_the_reports_arithmetic() -> None:
     static_on = run(2, True, 0, scene="static", cpu=2.0)  # 2: a tenth
     static_on.cameras = [camera(0, 0, gate_ms=1.0), camera(0, 0, gate_ms=2.0)]
     static_on.decode_ms_in_process = 4.0  # 5 fps: 1.2 s a camera-minute
+    # Read per thread: 0.6 s a camera-minute decoding either way; the pipeline's 1.4 against 19.4.
+    static_off.decode_cpu_s = static_on.decode_cpu_s = 0.6
     runs = [
         static_off,
         static_on,
@@ -175,10 +177,12 @@ def test_the_verdict_and_the_reports_arithmetic() -> None:
         "gate_ms": 1.5,
         "gate_ms_from": "status",
         "gate_ms_ok": True,
-        "cpu_ratio_on_off": 0.1,
+        "cpu_ratio_on_off": 0.072,
         "cpu_ratio_ok": True,
+        "cpu_ratio_whole_daemon": 0.1,
         "cpu_on_s": 2.0,
-        "decode_s": 1.2,
+        "decode_s": 0.6,
+        "decode_from": "threads",
         "largest_k": 16,
         "largest_k_off": 2,
         "largest_k_on": 8,
@@ -194,6 +198,18 @@ def test_the_verdict_and_the_reports_arithmetic() -> None:
     static_on.cameras = [camera(0, 0), camera(0, 0)]
     static_on.gate_ms_in_process = 2.5
     assert bench.verdict(runs)["gate_ms"] == 2.5 and bench.verdict(runs)["gate_ms_from"] == "in-process"
+    text = bench.goals_text(bench.verdict(runs))
+    assert "gate on / off, static scene (the daemon's threads but those decoding the cameras): 0.072" in text
+    assert "decoding included: 0.100: of the gate on's 2.00 CPU s per camera-minute" in text
+    # Where the system names no threads: no pipeline figure, the whole daemon's, decoding timed apart.
+    static_off.decode_cpu_s = static_on.decode_cpu_s = None
+    unread = bench.verdict(runs)
+    assert (unread["cpu_ratio_on_off"], unread["cpu_ratio_ok"], unread["cpu_ratio_whole_daemon"]) == (
+        None,
+        None,
+        0.1,
+    )
+    assert (unread["decode_s"], unread["decode_from"]) == (1.2, "in-process")
 
     # The gate off carrying every K measured leaves the capacity goal undecided.
     carried = [run(k, gate, 3) for k in (1, 2, 4) for gate in (False, True)]
