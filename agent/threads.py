@@ -2,9 +2,9 @@
 
 Python names its threads for itself only: `top -H`, `ps -L` and /proc/<pid>/task/*/comm show every
 thread of the daemon as `python3`. A thread started here names itself as the kernel sees it (Linux
-keeps 15 bytes), and threads it starts in turn inherit that name: FFmpeg's decoding threads carry
-their source's name, so the CPU a camera's decoding costs can be told from the pipeline's
-(scripts/bench_capacity.py reads it so).
+keeps 15 bytes), and threads it starts inherit that name unless they name themselves (FFmpeg calls
+its decoding threads `av:<codec>:...`), so the CPU a camera's decoding costs can be told from the
+pipeline's (scripts/bench_capacity.py reads it so).
 """
 
 from __future__ import annotations

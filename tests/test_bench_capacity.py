@@ -55,18 +55,21 @@ def test_the_truth_says_when_and_which_way_each_walker_crosses_the_door(tmp_path
 
 
 def test_each_camera_has_its_own_walkers_with_quiet_stretches_between() -> None:
-    seconds = bench.FULL_SECONDS
     starts = {}
-    for camera in range(16):
-        walks = bench.camera_walks(camera, seconds)
-        assert len(walks) == 2
-        times = [walk[0][0] for walk in walks.values()]
-        for walk in walks.values():
-            assert walk[-1][0] + 1.5 <= seconds  # gone, and its track ended, before the clip ends
-            assert walk[-1][0] - walk[0][0] == pytest.approx(bench.WALK_S)
-        assert all(b - a - bench.WALK_S >= 6.0 for a, b in itertools.pairwise(times))  # quiet
-        starts[camera] = tuple(times)
-    assert len(set(starts.values())) >= 8  # the cameras' walkers come at other times
+    for camera in range(48):
+        for seconds, count in ((bench.FULL_SECONDS, 1), (2 * bench.EVERY_S + 2, 2)):
+            walks = bench.camera_walks(camera, seconds)
+            assert len(walks) == count
+            times = [walk[0][0] for walk in walks.values()]
+            for walk in walks.values():
+                assert walk[-1][0] + 1.5 <= seconds  # gone, and its track ended, before the clip ends
+                assert walk[-1][0] - walk[0][0] == pytest.approx(bench.WALK_S)
+            assert all(b - a - bench.WALK_S >= 20.0 for a, b in itertools.pairwise(times))  # quiet
+        starts[camera] = times[0]
+    # The cameras' walkers come at other times, spread over the clip: a few on the screen at once.
+    assert len(set(starts.values())) >= 40
+    on_screen = [sum(t <= at < t + bench.WALK_S for t in starts.values()) for at in range(32)]
+    assert max(on_screen) <= 12
 
 
 def arrival(at: float, topic: str, payload: dict[str, Any]) -> bench.Arrival:
