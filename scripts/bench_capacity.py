@@ -229,6 +229,7 @@ class Model:
     warm: Path | None = None
     variant: str = ""  # "int8": a registry version with its int8 variant beside the float model
     backend: str | None = None  # `--backend`: the pipelines' backend fixed (default: the box's choice)
+    size: int | None = None  # `--size`: the detector's input, square (default: its own, 320)
 
 
 def agent_config(
@@ -242,6 +243,7 @@ def agent_config(
             "model": dict(model.ref),
             **({"backend": {"fixed": model.backend}} if model.backend else {}),
             "source": {"type": "video", "uri": str(clip), "loop": loop},
+            **({"preprocess": detector_input(model.size)} if model.size else {}),
             "postprocess": {"type": "detection", "score_threshold": 0.1},  # ByteTrack's second stage too
             "report": {"min_interval_s": 1.0},  # a result a second: the play start, from their positions
             "track": {},
@@ -258,6 +260,13 @@ def agent_config(
         **model.top,
         "pipelines": pipelines,
     }
+
+
+def detector_input(size: int) -> dict[str, Any]:
+    """The preprocess of nudenet's YOLOv8n at `size` x `size` (its metadata's, at another size: its
+    input's height and width are dynamic): RGB, 0..1, letterboxed from the top-left as the wheel pads."""
+    resize = {"width": size, "height": size, "mode": "letterbox", "anchor": "top-left"}
+    return {"resize": resize, "color": "rgb", "scale": 1 / 255}
 
 
 WARM_PARTS = ("cache", "decisions", "store")  # what of a state_dir holds the backend decision
@@ -1039,7 +1048,8 @@ def docs_section(report: Mapping[str, Any], runs: Sequence[RunFigures]) -> str:
             wrapped(
                 f"Measured {report['date']} with `{report['command']}` on {box['model_name'] or box['cpu']} "
                 f"({box['cores']} cores); load average {box['load_before']} before the run, "
-                f"{box['load_after']} after it ({report['minutes']:.1f} minutes). Video: {report['video']}."
+                f"{box['load_after']} after it ({report['minutes']:.1f} minutes). Video: {report['video']}. "
+                f"Detector: {report.get('detector', 'nudenet 320n.onnx (YOLOv8n) at 320x320')}."
             ),
             "",
             wrapped(table(runs)),
@@ -1116,6 +1126,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="Fix the detector's backend (onnxruntime/CPUExecutionProvider...); default: the box's choice.",
     )
     parser.add_argument(
+        "--size",
+        type=int,
+        choices=(320, 416, 480, 640),
+        help="The detector's input, square (default: its own, 320; Ultralytics' default is 640).",
+    )
+    parser.add_argument(
         "--report",
         type=Path,
         help="Measure nothing: show (and with --write-docs, write) a --json file's figures.",
@@ -1169,7 +1185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if variant
                 else Model({"path": str(detector)}, backend=args.backend)
             )
-            models[variant] = warm_up(work, broker.port, made, still[0][0])
+            models[variant] = warm_up(work, broker.port, replace(made, size=args.size), still[0][0])
         plan = [("walkers", k, mode) for k in ks for mode in modes]
         if not args.no_static:
             plan = [("static", STATIC_CAMERAS, mode) for mode in (MODES["off"], MODES["on"])] + plan
@@ -1204,6 +1220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": command,
         "box": box,
         "minutes": round((time.monotonic() - began) / 60, 2),
+        "detector": f"nudenet 320n.onnx (YOLOv8n) at {args.size or 320}x{args.size or 320}",
         "video": f"{WIDTH}x{HEIGHT} at {FPS} fps, "
         + ("H.264 (libx264, a keyframe every 2 s)" if shutil.which("ffmpeg") else "MJPG"),
         "verdict": verdict(runs),
