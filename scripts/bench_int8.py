@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from agent.processing.judge import report_judge  # noqa: E402
 from agent.quantize import Feeds, image_inputs, make_variant, preparation  # noqa: E402
+from agent.transform import with_variants_marked  # noqa: E402
 from providers import ModelArtifact, Session, get_backend  # noqa: E402
 from providers.cpu_load import CpuLoad  # noqa: E402
 
@@ -90,10 +91,15 @@ def main() -> None:
             model, folder / "320n.int8.onnx", photos, [], say=lambda t: print(t, file=sys.stderr)
         )
         quantize_s = time.monotonic() - start
-        artifacts = {
-            "fp32": ModelArtifact(model, "onnx", "a" * 64, name="320n.onnx"),
-            "int8": ModelArtifact(made.path, "onnx", "b" * 64, name="320n.int8.onnx"),
-        }
+        # Marked as the box marks a version's files (the variant's own metadata says what it is), so
+        # each session reads back the precision the status would show.
+        fp32, int8 = with_variants_marked(
+            [
+                ModelArtifact(model, "onnx", "a" * 64, name="320n.onnx"),
+                ModelArtifact(made.path, "onnx", "b" * 64, name="320n.int8.onnx"),
+            ]
+        )
+        artifacts = {"fp32": fp32, "int8": int8}
         sessions: dict[tuple[str, str], Session] = {}
         for label, backend, options in CONFIGS:
             for kind, artifact in artifacts.items():
