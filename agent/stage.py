@@ -21,9 +21,8 @@ import numpy as np
 
 from agent.config import PipelineConfig
 from agent.errors import ModelError
-from agent.processing import Geometry, Postprocessor, build_postprocessor
+from agent.processing import Geometry, build_postprocessor
 from agent.processing.feed import Feeder, build_feeder
-from agent.processing.postprocess import Detection
 from agent.rules import ReportRules
 from agent.status import Chosen, Serving, StageStatus
 from providers import Decision, Session
@@ -147,7 +146,7 @@ class Stage:
         self.postprocess = build_postprocessor(config.postprocess, session.outputs)
         motion = config.motion_gate
         if motion is not None and motion.regions:  # (here, not in the steps: a swap builds those late)
-            _check_regions(self.feeder, self.postprocess)
+            _check_regions(self.feeder)
         self.rules = ReportRules(config.report)
         self.stats = StageStats()
         # While on probation (a health window), outputs are checked for NaN and infinity each frame.
@@ -296,10 +295,9 @@ class Stage:
             self.model.session.close()
 
 
-def _check_regions(feeder: Feeder, postprocess: Postprocessor) -> None:
-    """Motion regions cut a frame into crops and merge their boxes: a detection model on images only."""
-    if not isinstance(postprocess, Detection):
-        raise ModelError("motion.regions needs postprocess type detection: the boxes of its crops are merged")
+def _check_regions(feeder: Feeder) -> None:
+    """Motion regions cut a frame into crops of the model's input: a model on single images only (that
+    the postprocess is a detection's, the config's validation says: agent/config/pipeline.py)."""
     if feeder.input_size is None or feeder.recurrent:
         raise ModelError(
             "motion.regions needs a model on single images (crops of a frame), not one with state"

@@ -14,9 +14,9 @@ from types import ModuleType
 import cv2
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from agent.config import PipelineConfig
-from agent.errors import ModelError
 from agent.pipeline import Pipeline
 from agent.pipeline_tracking import PipelineTracking
 from agent.stage import LoadedModel, Stage
@@ -138,15 +138,12 @@ def test_the_whole_frame_runs_as_before_without_areas_or_with_motion_all_over(
         assert record.output == before.output
 
 
-def test_regions_need_a_detection_model_on_images(
-    session: Session, clip: tuple[Path, list], yolo_labels: list[str]
-) -> None:
+def test_regions_need_a_detection_model(clip: tuple[Path, list], yolo_labels: list[str]) -> None:
     config = bench().config("regions", clip[0], yolo_labels).model_dump()
     config["postprocess"] = {"type": "raw"}
-    loaded = LoadedModel("nudenet", "3.4.2", "ab" * 32, session)
-    # The stage refuses, before it serves (a swapped-in one is built off the pipeline's threads).
-    with pytest.raises(ModelError, match=r"motion\.regions needs postprocess type detection"):
-        Stage(PipelineConfig.model_validate(config), loaded)
+    # The config refuses it, before any model loads (config validate says where: test_motion_gate_config.py).
+    with pytest.raises(ValidationError, match=r"motion regions need postprocess type detection"):
+        PipelineConfig.model_validate(config)
 
 
 def test_a_face_that_stops_moving_is_still_looked_at_in_a_region_around_its_track(
