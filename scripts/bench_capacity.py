@@ -960,13 +960,13 @@ def plot_svg(runs: Sequence[RunFigures]) -> str:
         f'<rect width="{2 * w}" height="{2 * h + 30}" fill="white"/>',
         f'<text x="10" y="{2 * h + 20}">x: cameras (K), 1280x720 at 5 fps each;</text>',
     ]
-    legend_x = 230
+    legend_x = 260  # after the axis note (~240 px at 11 px sans-serif)
     for (gate, variant), colour in colours.items():
         if (gate, variant) in present:
             parts.append(
                 f'<text x="{legend_x}" y="{2 * h + 20}" fill="{colour}">{mode_name(gate, variant)}</text>'
             )
-            legend_x += 150
+            legend_x += 110
     for i, (title, value) in enumerate(panels):
         ox, oy = (i % 2) * w, (i // 2) * h
         values = [((r.gate, r.variant), r.k, value(r)) for r in walking]
