@@ -145,6 +145,27 @@ def area_problem(key: str, value: float | None, units: Units) -> str | None:
     )
 
 
+class MaskConfig(StrictModel):
+    """A polygon of the frame in fractions or pixels, as a zone's: what a motion mask and an object
+    mask are made of."""
+
+    units: Units = _units_field()  # before `points`, whose check reads it
+    points: list[Point] = Field(
+        min_length=3,
+        max_length=MAX_POINTS,
+        json_schema_extra={"uniqueItems": True},
+        description="The polygon's corners [x, y] in order around it (the last joins the first), as a "
+        "zone's: its edges must not cross. x grows to the right, y downwards.",
+    )
+
+    model_config = ConfigDict(json_schema_extra=_fractions_only)
+
+    @field_validator("points")
+    @classmethod
+    def _simple_polygon(cls, points: list[Point], info: ValidationInfo) -> list[Point]:
+        return checked_polygon(points, info, "mask")
+
+
 class _Drawn(StrictModel):
     """What a zone and a line share: a name, their points' units and a label filter."""
 

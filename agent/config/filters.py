@@ -11,21 +11,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Literal
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from agent.config.analytics import (
     MAX_PIXELS,
-    MAX_POINTS,
     Label,
-    Point,
+    MaskConfig,
     Problems,
     Units,
-    _fractions_only,
     _labels_field,
-    _units_field,
     area_fractions_only,
     area_problem,
-    checked_polygon,
 )
 from agent.config.base import StrictModel, problems_at
 
@@ -92,31 +88,16 @@ def _order_problem(
     return f"{first} ({a:g}) is above {second} ({b:g}): no object could be kept"
 
 
-class ObjectMask(StrictModel):
+class ObjectMask(MaskConfig):
     """A polygon where objects are ignored: an object whose anchor point lies inside (or on its edge)
     is dropped."""
 
-    units: Units = _units_field()  # before `points`, whose check reads it
     labels: list[Label] | None = _labels_field()
-    points: list[Point] = Field(
-        min_length=3,
-        max_length=MAX_POINTS,
-        json_schema_extra={"uniqueItems": True},
-        description="The polygon's corners [x, y] in order around it (the last joins the first), as a "
-        "zone's: its edges must not cross. x grows to the right, y downwards.",
-    )
     anchor: Literal["bottom_center", "center"] = Field(
         "bottom_center",
         description="The point of a box that must be inside: bottom_center (where an object stands) or "
         "center.",
     )
-
-    model_config = ConfigDict(json_schema_extra=_fractions_only)
-
-    @field_validator("points")
-    @classmethod
-    def _simple_polygon(cls, points: list[Point], info: ValidationInfo) -> list[Point]:
-        return checked_polygon(points, info, "mask")
 
 
 class FiltersConfig(StrictModel):

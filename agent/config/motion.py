@@ -6,18 +6,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from agent.config.analytics import (
     MAX_PIXELS,
-    MAX_POINTS,
-    Point,
+    MaskConfig,
     Units,
-    _fractions_only,
-    _units_field,
     area_fractions_only,
     area_problem,
-    checked_polygon,
 )
 from agent.config.base import StrictModel, problems_at
 
@@ -32,24 +28,8 @@ def switch_schema(schema: dict[str, Any]) -> None:
     schema["anyOf"].insert(0, {"type": "boolean"})
 
 
-class MotionMaskConfig(StrictModel):
+class MotionMaskConfig(MaskConfig):
     """A polygon whose pixels never count as motion (a clock overlay, a tree in the wind, a road)."""
-
-    units: Units = _units_field()  # before `points`, whose check reads it
-    points: list[Point] = Field(
-        min_length=3,
-        max_length=MAX_POINTS,
-        json_schema_extra={"uniqueItems": True},
-        description="The polygon's corners [x, y] in order around it (the last joins the first); its edges "
-        "must not cross. x grows to the right, y downwards.",
-    )
-
-    model_config = ConfigDict(json_schema_extra=_fractions_only)
-
-    @field_validator("points")
-    @classmethod
-    def _simple_polygon(cls, points: list[Point], info: ValidationInfo) -> list[Point]:
-        return checked_polygon(points, info, "mask")
 
 
 class MotionConfig(StrictModel):
