@@ -4,33 +4,39 @@ for `edge-agent status` and `edge-agent infer`. Plain counting, no numpy: the CL
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 
 class Drops:
-    """The counts of one filter step (not locked: the step locks around it)."""
+    """What a pipeline's filter steps dropped, since the pipeline started: the pipeline's, so a new
+    stage (a new model version, a changed config) counts on. The report thread counts, a status
+    request reads."""
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self.dropped: Counter[str] = Counter()
         self.by_label: dict[str, Counter[str]] = {}
         self.kept = 0
 
     def count(self, kept: int, dropped: list[tuple[str, str]]) -> None:
         """A frame's: how many boxes were kept, and (label, rule) of each one dropped."""
-        self.kept += kept
-        for label, rule in dropped:
-            self.dropped[rule] += 1
-            self.by_label.setdefault(label, Counter())[rule] += 1
+        with self._lock:
+            self.kept += kept
+            for label, rule in dropped:
+                self.dropped[rule] += 1
+                self.by_label.setdefault(label, Counter())[rule] += 1
 
     def to_dict(self) -> dict[str, Any]:
         """{"dropped": {rule: n}, "by_label": {label: {rule: n}}, "kept": n}."""
-        return {
-            "dropped": dict(self.dropped),
-            "by_label": {label: dict(rules) for label, rules in self.by_label.items()},
-            "kept": self.kept,
-        }
+        with self._lock:
+            return {
+                "dropped": dict(self.dropped),
+                "by_label": {label: dict(rules) for label, rules in self.by_label.items()},
+                "kept": self.kept,
+            }
 
 
 def drops_text(shown: Mapping[str, Any]) -> str:

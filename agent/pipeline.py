@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from agent.config import HealthWindowConfig, PipelineConfig
+from agent.filter_counts import Drops
 from agent.pipeline_stats import PipelineStats
 from agent.pipeline_tracking import PipelineTracking
 from agent.side_by_side import SideBySide
@@ -73,6 +74,7 @@ class Pipeline:
         # Tracking is the pipeline's, not a stage's: a changed zone or a new model version keeps tracks.
         self.tracking = PipelineTracking(self.name, sink)
         self.motion = PipelineMotion()  # the motion gate's background too: a new version keeps it
+        self.drops = Drops()  # what the object filters dropped: counted on by a new version
         self.stats = PipelineStats(self.name)
         first = model if isinstance(model, Stage) else Stage(config, model, switcher)
         self.stages = StageSwap(self.name, self._plan_of(first), self._plan_of)
@@ -99,7 +101,7 @@ class Pipeline:
         return self.stage.config
 
     def _plan_of(self, stage: Stage) -> Plan:
-        return plan_for(stage, self.sink, self.tracking, self._source_info, self.motion)
+        return plan_for(stage, self.sink, self.tracking, self._source_info, self.motion, self.drops)
 
     def _source_info(self) -> dict[str, Any]:
         return {

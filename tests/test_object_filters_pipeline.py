@@ -185,3 +185,36 @@ def test_infer_with_the_pipeline_drops_what_its_filters_drop(
         True,
     ]
     assert "filters" not in bare.get("note", "")
+
+
+def test_a_new_stage_counts_on_from_the_pipelines_drops(
+    two_faces_clip: Path, loaded: LoadedModel, yolo_labels: list[str]
+) -> None:
+    """The drops are the pipeline's, as the motion gate's counts are: a new model version or a changed
+    config (a new stage, built by the pipeline between two frames) counts on from them."""
+    from agent.processing import Geometry
+    from agent.steps import FrameRecord
+
+    filters = FiltersConfig.model_validate({"default": {"min_score": 0.5}})
+    pipeline = Pipeline(config(two_faces_clip, yolo_labels, filters), loaded, ListSink())
+    try:
+        (first,) = [s for s in pipeline.stages.plan.steps["report"] if s.name == "filter"]
+        record = FrameRecord(0, 0.0, None, False, None)
+        record.geometry = Geometry(1, 1, 0, 0, W, W, W, W)
+        record.output = {"detections": [{"label": "FACE_FEMALE", "score": 0.2, "box": [0, 0, 9, 9]}]}
+        assert first.run(record)
+        changed = filters.model_copy(update={"masks": []})
+        stage = pipeline.stage.with_config(config(two_faces_clip, yolo_labels, changed))
+        (then,) = [s for s in pipeline._plan_of(stage).steps["report"] if s.name == "filter"]
+        assert then is not first
+        assert (
+            then.status()
+            == first.status()
+            == {
+                "dropped": {"min_score": 1},
+                "by_label": {"FACE_FEMALE": {"min_score": 1}},
+                "kept": 0,
+            }
+        )
+    finally:
+        pipeline.source.stop()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.config import PipelineConfig
+from agent.filter_counts import Drops
 from agent.pipeline_tracking import PipelineTracking
 from agent.processing import Postprocessor
 from agent.processing.feed import Feeder
@@ -64,6 +65,7 @@ class StepParts:
     sink: ResultSink
     tracking: PipelineTracking
     motion: PipelineMotion  # the motion gate's background and counters (kept across stages)
+    drops: Drops  # what the filters dropped (kept across stages)
     source: Callable[[], Mapping[str, Any]]  # the source's uri and counters, for a result
 
 
@@ -76,7 +78,7 @@ def build_steps(config: PipelineConfig, parts: StepParts) -> list[Step]:
         PrepareStep(parts.feeder, gate, parts.tracking),  # (motion regions: crops around the motion)
         InferStep(parts.run_model, parts.serving, parts.fall_back, parts.batches),
         PostprocessStep(parts.postprocess),
-        FilterStep(config.filters) if config.filters is not None else None,
+        FilterStep(config.filters, parts.drops) if config.filters is not None else None,
         TrackStep(config, parts.tracking) if tracks else None,
         ReportRulesStep(config.report, parts.rules),
         TagStep(config.report.tags) if config.report.tags else None,
@@ -100,9 +102,10 @@ def plan_for(
     tracking: PipelineTracking,
     source: Callable[[], Mapping[str, Any]],
     motion: PipelineMotion | None = None,
+    drops: Drops | None = None,
 ) -> Plan:
-    """The steps of `stage` in a pipeline with this sink, scene, source and motion background (None:
-    a new one)."""
+    """The steps of `stage` in a pipeline with this sink, scene, source, motion background and filter
+    counts (None: new ones)."""
     parts = StepParts(
         feeder=stage.feeder,
         run_model=lambda feeds: stage.infer(feeds, offer=stage.offer_sample),
@@ -115,6 +118,7 @@ def plan_for(
         sink=sink,
         tracking=tracking,
         motion=motion or PipelineMotion(),
+        drops=drops or Drops(),
         source=source,
     )
     steps = build_steps(stage.config, parts)

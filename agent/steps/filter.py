@@ -1,11 +1,11 @@
 """Filter: the frame's boxes through the pipeline's object filters and masks (`filters:`,
 agent/processing/object_filter.py), after postprocess and before tracking. What it drops is gone
 from the frame's `output`: tracking, zones, the report rules, the result and Home Assistant see only
-what passed. Its status counts the drops per rule and per label."""
+what passed. Its status counts the drops per rule and per label (the pipeline's counts: a new
+stage counts on)."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from agent.config.filters import FiltersConfig
@@ -20,21 +20,19 @@ class FilterStep(Step):
     name = "filter"
     thread = "report"
 
-    def __init__(self, config: FiltersConfig) -> None:
+    def __init__(self, config: FiltersConfig, drops: Drops | None = None) -> None:
+        """`drops`: the pipeline's counts, kept across its stages (None: this step's own)."""
         super().__init__()
         self.filter = ObjectFilter(config)
-        self._lock = threading.Lock()  # the report thread counts, a status request reads
-        self._drops = Drops()
+        self._drops = drops if drops is not None else Drops()
 
     def run(self, record: FrameRecord) -> bool:
         if record.output is None:
             return True
         width, height = frame_size(record.pixels, record.geometry)
         record.output, dropped = self.filter.apply(record.output, width, height)
-        with self._lock:
-            self._drops.count(len(boxes_of(record.output) or []), dropped)
+        self._drops.count(len(boxes_of(record.output) or []), dropped)
         return True
 
     def status(self) -> dict[str, Any]:
-        with self._lock:
-            return self._drops.to_dict()
+        return self._drops.to_dict()
