@@ -673,3 +673,19 @@ def assert_both_reject(text: str, source: str) -> None:
     with pytest.raises(ConfigError):
         parse_config(text, source=source, environ={})
     assert schema_problems(config_data(text, source, environ={})), f"the schema accepts {source}"
+
+
+def validate_cli(tmp_path: Path, text: str) -> tuple[int, list[str]]:
+    """`edge-agent config validate` on `text` written as agent.yaml: its exit code and its problems,
+    each `LINE: key.path: message` (the file's path cut off); never a traceback."""
+    from typer.testing import CliRunner
+
+    from agent.cli import app
+
+    path = tmp_path / "agent.yaml"
+    path.write_text(text, encoding="utf-8")
+    result = CliRunner().invoke(app, ["config", "validate", str(path)])
+    prefix = f"error: {path}:"
+    lines = [line.removeprefix(prefix) for line in result.output.splitlines() if line.startswith(prefix)]
+    assert "Traceback" not in result.output
+    return result.exit_code, lines

@@ -8,12 +8,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from agent.cli import app
 from agent.config import MotionConfig, PipelineConfig
 from agent.config.sources import is_live_video
-from tests.config_cases import assert_both_accept, assert_both_reject
+from tests.config_cases import assert_both_accept, assert_both_reject, validate_cli
 
 HEAD = """\
 device: {id: box-1}
@@ -27,16 +25,6 @@ DETECTION = "    postprocess: {type: detection, labels: [person, car]}\n"
 AUDIO_PRE = (
     "    preprocess: {type: audio}\n    postprocess: {type: classification, labels: [speech, noise]}\n"
 )
-
-
-def validate(tmp_path: Path, text: str) -> tuple[int, list[str]]:
-    path = tmp_path / "agent.yaml"
-    path.write_text(text, encoding="utf-8")
-    result = CliRunner().invoke(app, ["config", "validate", str(path)])
-    prefix = f"error: {path}:"
-    lines = [line.removeprefix(prefix) for line in result.output.splitlines() if line.startswith(prefix)]
-    assert "Traceback" not in result.output
-    return result.exit_code, lines
 
 
 def pipeline(uri: str, motion: object = None) -> PipelineConfig:
@@ -148,7 +136,7 @@ BAD: dict[str, tuple[str, str, list[str]]] = {
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_a_bad_motion_config_is_reported_at_its_line_and_key(tmp_path: Path, case: str) -> None:
     source, body, expected = BAD[case]
-    code, lines = validate(tmp_path, HEAD + source + body)
+    code, lines = validate_cli(tmp_path, HEAD + source + body)
     assert code != 0
     assert lines == expected
 
@@ -169,7 +157,7 @@ def test_a_good_motion_config_validates(tmp_path: Path) -> None:
         ),
         "    ",
     )
-    assert validate(tmp_path, HEAD + FILE + body) == (0, [])
+    assert validate_cli(tmp_path, HEAD + FILE + body) == (0, [])
 
 
 @pytest.mark.parametrize(

@@ -9,12 +9,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from agent.cli import app
 from agent.config import LineConfig, PipelineConfig, ZoneConfig, polygon_problem
 from agent.config_loader import config_data, parse_config
-from tests.config_cases import assert_both_accept, schema_problems
+from tests.config_cases import assert_both_accept, schema_problems, validate_cli
 
 HEAD = """\
 device: {id: box-1}
@@ -28,15 +26,6 @@ DETECTION = "    postprocess: {type: detection, labels: [person, car, truck]}\n"
 
 def config(body: str, postprocess: str = DETECTION) -> str:
     return HEAD + postprocess + textwrap.indent(textwrap.dedent(body).strip("\n"), "    ") + "\n"
-
-
-def validate(tmp_path: Path, text: str) -> tuple[int, list[str]]:
-    path = tmp_path / "agent.yaml"
-    path.write_text(text, encoding="utf-8")
-    result = CliRunner().invoke(app, ["config", "validate", str(path)])
-    prefix = f"error: {path}:"
-    lines = [line.removeprefix(prefix) for line in result.output.splitlines() if line.startswith(prefix)]
-    return result.exit_code, lines
 
 
 # name: (pipeline keys after `postprocess`, postprocess line, ["line: key: message", ...])
@@ -248,7 +237,7 @@ BEYOND_A_SCHEMA = {
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_a_bad_zone_or_line_is_reported_at_its_line_and_key(tmp_path: Path, case: str) -> None:
     body, postprocess, expected = BAD[case]
-    code, problems = validate(tmp_path, config(body, postprocess))
+    code, problems = validate_cli(tmp_path, config(body, postprocess))
     assert code == 1
     assert problems == expected
 
@@ -288,7 +277,7 @@ lines:
 
 def test_good_zones_and_lines_pass_the_validator_and_the_schema(tmp_path: Path) -> None:
     text = config(GOOD)
-    assert validate(tmp_path, text) == (0, [])
+    assert validate_cli(tmp_path, text) == (0, [])
     assert_both_accept(text, "GOOD")
     pipeline = parse_config(text, environ={}).pipelines[0]
     yard, dock = pipeline.zones
