@@ -61,6 +61,12 @@ def _first_axis_dynamic(specs: list[TensorSpec]) -> bool:
     return bool(specs) and all(spec.shape and spec.fixed_dim(0) is None for spec in specs)
 
 
+def runs_batches(session: Session) -> bool:
+    """Whether `session` runs several inputs at once: every input and output has a dynamic first axis
+    (every backend here resizes such a dimension to the inputs fed)."""
+    return _first_axis_dynamic(session.inputs) and _first_axis_dynamic(session.outputs)
+
+
 @dataclass
 class _Phase:
     way: str  # together | one_by_one
@@ -101,7 +107,7 @@ class BatchRunner:
         self.policy = policy or SelectionPolicy()
         if mode == "off":
             self.stats = BatchStats("off", "batching is off in the config")
-        elif not (_first_axis_dynamic(session.inputs) and _first_axis_dynamic(session.outputs)):
+        elif not runs_batches(session):
             self.stats = BatchStats("off", "not every input and output of the model has a dynamic batch axis")
         else:
             trial = 2 * TRIAL_PHASES * PHASE_FRAMES

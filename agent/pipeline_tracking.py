@@ -99,7 +99,7 @@ class PipelineTracking:
         entries = boxes_of(output)
         if entries is None:
             return []  # a plugin without boxes this frame
-        width, height = _frame_size(pixels, geometry)
+        width, height = frame_size(pixels, geometry)
         shaped = scene.problems
         scene.step(entries, captured_at, width, height)
         if scene.problems and scene.problems is not shaped:  # once per frame size or config
@@ -138,7 +138,7 @@ def keeps_pixels(config: PipelineConfig) -> bool:
     return tracking is not None and tracking.snapshots.enabled
 
 
-def _frame_size(pixels: np.ndarray | None, geometry: Geometry | None) -> tuple[int, int]:
+def frame_size(pixels: np.ndarray | None, geometry: Geometry | None) -> tuple[int, int]:
     """The source image's width and height: the preprocessing's, else the pixels' (0, 0: unknown)."""
     if geometry is not None:
         return geometry.source_width, geometry.source_height

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.batching import runs_batches
 from agent.config import PipelineConfig
 from agent.filter_counts import Drops
 from agent.pipeline_tracking import PipelineTracking
@@ -24,7 +25,7 @@ from agent.rules import ReportRules
 from agent.stage import Stage
 from agent.steps.base import THREADS, FrameRecord, Step, StepStats, Thread
 from agent.steps.filter import FilterStep
-from agent.steps.infer import InferStep, RunModel, runs_batches
+from agent.steps.infer import InferStep, RunModel
 from agent.steps.motion import MotionGateStep, PipelineMotion
 from agent.steps.postprocess import PostprocessStep
 from agent.steps.prepare import PrepareStep

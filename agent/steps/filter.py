@@ -10,7 +10,7 @@ from typing import Any
 
 from agent.config.filters import FiltersConfig
 from agent.filter_counts import Drops
-from agent.pipeline_tracking import _frame_size as frame_size  # the tracking's: geometry, else pixels
+from agent.pipeline_tracking import frame_size  # the tracking's: geometry, else pixels
 from agent.processing.object_filter import ObjectFilter
 from agent.processing.scene import boxes_of
 from agent.steps.base import FrameRecord, Step

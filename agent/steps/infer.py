@@ -16,10 +16,9 @@ from typing import TypeVar
 
 import numpy as np
 
-from agent.batching import _first_axis_dynamic
 from agent.errors import ModelError
 from agent.steps.base import INFERENCE_STEP, CropRun, FrameRecord, Step
-from providers import BackendError, Session
+from providers import BackendError
 
 # Backend failures in a row before the next candidate backend takes over.
 SWITCH_AFTER_ERRORS = 5
@@ -86,9 +85,3 @@ class InferStep(Step):
             raise
         self.backend_failures_in_row = 0
         return outputs
-
-
-def runs_batches(session: Session) -> bool:
-    """Whether `session` runs several inputs at once: every input and output has a dynamic first axis
-    (agent/batching.py's rule; every backend here resizes such a dimension to the inputs fed)."""
-    return _first_axis_dynamic(session.inputs) and _first_axis_dynamic(session.outputs)

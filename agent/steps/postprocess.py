@@ -26,7 +26,7 @@ class PostprocessStep(Step):
             assert record.outputs is not None
             record.output, record.outputs = self.postprocess(record.outputs, record.geometry), None
             return True
-        # (A stage with regions has a detection postprocessor: agent/stage.py checks it.)
+        # (Regions need a detection postprocess: agent/config/pipeline.py refuses them otherwise.)
         assert isinstance(self.postprocess, Detection) and record.geometry is not None
         found = []
         for crop in record.crops:
