@@ -21,7 +21,7 @@ from agent.config.filters import RULES, FiltersConfig, ObjectRule
 from agent.filter_counts import Drops
 from agent.processing.postprocess import Postprocessor
 from agent.processing.preprocess import Geometry
-from agent.processing.scene import _label_of, boxes_of
+from agent.processing.scene import boxes_of, label_of
 from agent.processing.zones import ZoneGroup, ZoneShape, to_pixels
 
 Array = npt.NDArray[np.float64]
@@ -117,7 +117,7 @@ class ObjectFilter:
         entries = boxes_of(output)
         if not entries:
             return dict(output), []
-        labels = [_label_of(entry) for entry in entries]  # the scene's names: counts match its labels
+        labels = [label_of(entry) for entry in entries]  # the scene's names: counts match its labels
         boxes = [entry["box"] for entry in entries]
         scores = [_score(entry) for entry in entries]
         verdicts = self.judge(boxes, scores, labels, width, height)

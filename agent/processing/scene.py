@@ -230,7 +230,7 @@ class Scene:
         count = len(boxes)
         coords = np.array([b["box"] for b in boxes], dtype=np.float64).reshape(count, 4)
         scores = np.array([float(b.get("score", 1.0)) for b in boxes], dtype=np.float64)
-        labels = [_label_of(b) for b in boxes]
+        labels = [label_of(b) for b in boxes]
         codes = np.array([self._label_codes.setdefault(name, len(self._label_codes)) for name in labels])
         result = self.tracker.update(coords, scores, codes.reshape(count), now)
         ids = [int(i) for i in result.ids]
@@ -554,7 +554,7 @@ def boxes_of(output: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     return entries if isinstance(entries, list) else None
 
 
-def _label_of(entry: Mapping[str, Any]) -> str:
+def label_of(entry: Mapping[str, Any]) -> str:
     label = entry.get("label")
     if label is not None:
         return str(label)
