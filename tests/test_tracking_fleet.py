@@ -81,8 +81,9 @@ def test_a_zone_from_the_fleet_applies_without_ending_the_tracks(
         with_zone = {"faces": faces_pipeline(photos, yolo_labels, zones=[AROUND_FACE])}
         publish(mosquitto, f"edge/{DEVICE}/desired", document(f"device:{DEVICE}", 1, with_zone))
         wait_until(
-            lambda: any(e["type"] == "enter" for e in events_of(events)),
-            "the face entering the zone the fleet added",
+            # The enter and the zones update are two messages: wait for both, they may arrive apart.
+            lambda: {"enter", "update"} <= {e["type"] for e in events_of(events)},
+            "the face entering the zone the fleet added, and its update",
             timeout=120,
             state=lambda: agent.log()[-2000:],
         )
