@@ -27,6 +27,7 @@ import numpy as np
 
 from agent.config import HealthWindowConfig, PipelineConfig
 from agent.filter_counts import Drops
+from agent.pipeline_attributes import PipelineAttributes
 from agent.pipeline_stats import PipelineStats
 from agent.pipeline_tracking import PipelineTracking
 from agent.side_by_side import SideBySide
@@ -75,6 +76,7 @@ class Pipeline:
         self.tracking = PipelineTracking(self.name, sink)
         self.motion = PipelineMotion()  # the motion gate's background too: a new version keeps it
         self.drops = Drops()  # what the object filters dropped: counted on by a new version
+        self.readings = PipelineAttributes()  # which object a second model read when: kept by a new stage
         self.stats = PipelineStats(self.name)
         first = model if isinstance(model, Stage) else Stage(config, model, switcher)
         self.stages = StageSwap(self.name, self._plan_of(first), self._plan_of)
@@ -101,7 +103,9 @@ class Pipeline:
         return self.stage.config
 
     def _plan_of(self, stage: Stage) -> Plan:
-        return plan_for(stage, self.sink, self.tracking, self._source_info, self.motion, self.drops)
+        return plan_for(
+            stage, self.sink, self.tracking, self._source_info, self.motion, self.drops, self.readings
+        )
 
     def _source_info(self) -> dict[str, Any]:
         return {

@@ -62,6 +62,15 @@ class BackendSwitcher(Protocol):
         """A better-ranked demoted backend that loads again (its backoff has passed), else None."""
 
 
+class SecondModels(Protocol):
+    """What a stage holds of its second models (agent/attribute_models.py AttributeSet, which builds on
+    this module's LoadedModel): stages sharing them, the last one closes them."""
+
+    def acquire(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
 @dataclass
 class LoadedModel:
     name: str
@@ -133,13 +142,18 @@ class Stage:
         model: LoadedModel,
         switcher: BackendSwitcher | None = None,
         feeder: Feeder | None = None,
+        attributes: SecondModels | None = None,
     ):
         """`feeder`: one built already for this config and session (its warm-up inputs were needed
-        first: the switcher's), else one is built."""
+        first: the switcher's), else one is built. `attributes`: the second models of the config's
+        `attributes:` (agent/attribute_models.py), shared with the stages `with_config` makes."""
         self.config = config
         self.model = model
         self.switcher = switcher
+        self.attributes = attributes
         model.acquire()
+        if attributes is not None:
+            attributes.acquire()
         self._closed = False
         session = model.session
         self.feeder = feeder if feeder is not None else build_feeder(config, session.inputs, session.outputs)
@@ -285,7 +299,7 @@ class Stage:
         """A stage on this one's model and session, not reloaded, for a config that changes nothing
         the model sees (`changes_only_reporting`): new zones, lines, tracking or report rules apply
         between two frames. The session closes with the last stage on it."""
-        return Stage(config, self.model, self.switcher)
+        return Stage(config, self.model, self.switcher, attributes=self.attributes)
 
     def close(self) -> None:
         if self._closed:
@@ -293,6 +307,8 @@ class Stage:
         self._closed = True
         if self.model.release():
             self.model.session.close()
+        if self.attributes is not None:
+            self.attributes.release()
 
 
 def _check_regions(feeder: Feeder) -> None:

@@ -32,6 +32,7 @@ from agent.config.analytics import (
     polygon_problem,
     zones_and_lines,
 )
+from agent.config.attributes import AttributeConfig, AttributeCrop, AttributeWhen
 from agent.config.backends import (
     BackendChoiceConfig,
     SelectionConfig,
@@ -89,6 +90,9 @@ __all__ = [
     "REVEAL_SECRETS",
     "AgentConfig",
     "AnyPreprocessConfig",
+    "AttributeConfig",
+    "AttributeCrop",
+    "AttributeWhen",
     "AudioPreprocessConfig",
     "AudioSourceConfig",
     "BackendChoiceConfig",

@@ -32,7 +32,7 @@ def _units_field() -> Any:
 Label = Annotated[str, Field(min_length=1)]
 
 
-def _labels_field() -> Any:
+def labels_field() -> Any:
     return Field(
         None,
         min_length=1,
@@ -171,7 +171,7 @@ class _Drawn(StrictModel):
 
     name: Name
     units: Units = _units_field()  # before `points`, whose check reads it
-    labels: list[Label] | None = _labels_field()
+    labels: list[Label] | None = labels_field()
 
     model_config = ConfigDict(json_schema_extra=_fractions_only)
 
@@ -338,11 +338,11 @@ def analytics_problems(
             taken += "names of their own"
             problems.append(((key, i, "name"), taken))
         first.setdefault(item.name, f"{key}[{i}]")
-        problems += _label_problems((key, i), item.labels or [], labels, boxes)
+        problems += label_problems((key, i), item.labels or [], labels, boxes)
     return problems
 
 
-def _label_problems(
+def label_problems(
     where: tuple[str, int], wanted: list[str], labels: list[str] | None, boxes: bool
 ) -> Problems:
     if wanted and not boxes:
@@ -386,11 +386,11 @@ def model_label_problems(
         ]
     problems: Problems = []
     for key, i, item in zones_and_lines(zones, lines):
-        problems += _unknown_labels((key, i, "labels"), item.labels or [], model_labels)
-    return problems + _unknown_labels(("home_automation", "watch"), watch, model_labels)
+        problems += unknown_labels((key, i, "labels"), item.labels or [], model_labels)
+    return problems + unknown_labels(("home_automation", "watch"), watch, model_labels)
 
 
-def _unknown_labels(where: tuple[str | int, ...], wanted: list[str], labels: list[str]) -> Problems:
+def unknown_labels(where: tuple[str | int, ...], wanted: list[str], labels: list[str]) -> Problems:
     problems: Problems = []
     for j, label in enumerate(wanted):
         if label not in labels:

@@ -19,9 +19,9 @@ from agent.config.analytics import (
     MaskConfig,
     Problems,
     Units,
-    _labels_field,
     area_fractions_only,
     area_problem,
+    labels_field,
 )
 from agent.config.base import StrictModel, problems_at
 
@@ -92,7 +92,7 @@ class ObjectMask(MaskConfig):
     """A polygon where objects are ignored: an object whose anchor point lies inside (or on its edge)
     is dropped."""
 
-    labels: list[Label] | None = _labels_field()
+    labels: list[Label] | None = labels_field()
     anchor: Literal["bottom_center", "center"] = Field(
         "bottom_center",
         description="The point of a box that must be inside: bottom_center (where an object stands) or "

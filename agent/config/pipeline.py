@@ -15,6 +15,7 @@ from pydantic import (
 )
 
 from agent.config.analytics import LineConfig, TrackConfig, ZoneConfig, analytics_problems
+from agent.config.attributes import AttributeConfig, attribute_problems
 from agent.config.backends import BackendChoiceConfig
 from agent.config.base import TOPIC_SPECIALS, Name, StrictModel, problems_at
 from agent.config.filters import FiltersConfig, filter_label_problems
@@ -165,6 +166,13 @@ class PipelineConfig(StrictModel):
         description="Track objects across frames and publish events (docs/analytics.md); on with its "
         "defaults when zones or lines are given.",
     )
+    attributes: list[AttributeConfig] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Second models on the tracked objects (read a plate, classify, embed), run on their own "
+        "thread after tracking; their answers go on the objects as attributes.<name> (docs/analytics.md). "
+        "Turns tracking on with its defaults.",
+    )
 
     motion: Annotated[MotionConfig | None, BeforeValidator(motion_switch)] = Field(
         None,
@@ -183,8 +191,9 @@ class PipelineConfig(StrictModel):
 
     @property
     def tracking(self) -> TrackConfig | None:
-        """The tracking this pipeline runs: `track`, or its defaults when zones or lines need it."""
-        if self.track is not None or self.zones or self.lines:
+        """The tracking this pipeline runs: `track`, or its defaults when zones, lines or attributes
+        need it."""
+        if self.track is not None or self.zones or self.lines or self.attributes:
             return self.track or TrackConfig()
         return None
 
@@ -271,6 +280,24 @@ class PipelineConfig(StrictModel):
         problems = analytics_problems(
             self.zones, self.lines, labels, boxes=not isinstance(post, RegionsPostprocess)
         )
+        if problems:
+            raise problems_at("PipelineConfig", problems)
+        return self
+
+    @model_validator(mode="after")
+    def _attributes_fit(self) -> PipelineConfig:
+        if not self.attributes:
+            return self
+        post = self.postprocess
+        if not gives_boxes(post) or not isinstance(self.source, VideoSourceConfig):
+            need = "attributes read objects' crops: they need " + (
+                f"boxes (a detection or regions postprocess, not {post.type})"
+                if not gives_boxes(post)
+                else f"pictures (a video source, not {self.source.type})"
+            )
+            raise problems_at("PipelineConfig", [(("attributes",), need)])
+        labels = post.labels if isinstance(post, DetectionPostprocess) else None
+        problems = attribute_problems(self.attributes, labels, boxes=not isinstance(post, RegionsPostprocess))
         if problems:
             raise problems_at("PipelineConfig", problems)
         return self

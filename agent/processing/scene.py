@@ -24,7 +24,7 @@ Per frame (`step`):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -63,6 +63,15 @@ class TrackedObject:
     snapshot: str | None = None
     snapshot_quality: float = 0.0
     snapshot_at: float = -math.inf
+    # What second models read on it (agent/steps/attributes.py): name -> {value, score, at, runs}.
+    attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def brief(self) -> dict[str, Any]:
+        """The object as zone and line events name it: its id and label (and attributes, once read)."""
+        brief: dict[str, Any] = {"id": self.id, "label": self.label}
+        if self.attributes:
+            brief["attributes"] = {name: dict(value) for name, value in self.attributes.items()}
+        return brief
 
     def describe(self) -> dict[str, Any]:
         """The object as its events carry it."""
@@ -80,6 +89,7 @@ class TrackedObject:
             "crossings": list(self.crossings),
             "crossings_total": self.crossings_total,
             "snapshot": self.snapshot,
+            "attributes": {name: dict(value) for name, value in self.attributes.items()},
         }
 
 
@@ -318,6 +328,16 @@ class Scene:
         obj.snapshot, obj.snapshot_quality, obj.snapshot_at = snapshot_id, quality, now
         self._updated.setdefault(track_id, set()).add("snapshot")
 
+    def set_attribute(self, track_id: int, name: str, value: dict[str, Any]) -> bool:
+        """A second model's answer on an object (an `update` with changed ["attributes"] at the frame's
+        end); False when the track has ended meanwhile (the answer came too late for it)."""
+        obj = self.objects.get(track_id)
+        if obj is None:
+            return False
+        obj.attributes[name] = value
+        self._updated.setdefault(track_id, set()).add("attributes")
+        return True
+
     # --- status ----------------------------------------------------------------------------------
 
     def summary(self) -> dict[str, Any]:
@@ -419,7 +439,7 @@ class Scene:
                         obj.zones[name] = now
                         if name not in obj.entered_zones:
                             obj.entered_zones.append(name)
-                        self._emit("enter", now, zone=name, object={"id": track_id, "label": obj.label})
+                        self._emit("enter", now, zone=name, object=obj.brief())
                         self._changed(track_id, "zones")
                     else:
                         zone.pending[track_id] = (frames, since)
@@ -433,9 +453,7 @@ class Scene:
         zone.leaving.pop(obj.id, None)
         zone.dwelt.discard(obj.id)
         stayed = round(now - since, 3)
-        self._emit(
-            "exit", now, zone=name, object={"id": obj.id, "label": obj.label}, stayed_s=stayed, reason=why
-        )
+        self._emit("exit", now, zone=name, object=obj.brief(), stayed_s=stayed, reason=why)
         self._changed(obj.id, "zones")
 
     def _dwell_and_crowding(self, zone: _Zone, now: float) -> None:
@@ -447,9 +465,7 @@ class Scene:
                 if track_id not in zone.dwelt and now - obj.zones[name] >= config.dwell_s:
                     zone.dwelt.add(track_id)
                     stayed = round(now - obj.zones[name], 3)
-                    self._emit(
-                        "dwell", now, zone=name, object={"id": track_id, "label": obj.label}, stayed_s=stayed
-                    )
+                    self._emit("dwell", now, zone=name, object=obj.brief(), stayed_s=stayed)
         if config.max_objects is not None or zone.overcrowded:  # (max_objects removed: it ends)
             crowded = config.max_objects is not None and len(inside) > config.max_objects
             if crowded != zone.overcrowded:
@@ -495,7 +511,7 @@ class Scene:
             now,
             line=name,
             direction=direction,
-            object={"id": obj.id, "label": obj.label},
+            object=obj.brief(),
             count=line.counts[direction],
         )
         self._changed(obj.id, "crossings")
@@ -514,7 +530,7 @@ class Scene:
         candidates = []
         for k, track_id in enumerate(ids):
             obj = self.objects[track_id]
-            quality = obj.score * math.sqrt(float(area[k])) * (0.5 if cut[k] else 1.0)
+            quality = picture_quality(obj.score, float(area[k]), bool(cut[k]))
             if quality <= 0 or now - obj.snapshot_at < interval:
                 continue
             if obj.snapshot is None or quality > obj.snapshot_quality * _SNAPSHOT_GAIN:
@@ -545,6 +561,19 @@ class Scene:
         self._events.append({"type": "end", "at": iso_utc(now), "reason": reason, "object": obj.describe()})
         del self.objects[track_id]
         self.ended += 1
+
+
+def picture_quality(score: float, area: float, cut: bool) -> float:
+    """How good a picture of an object a box is: its score times its size (the square root of its area
+    in pixels), halved when the frame's edge cuts it. Snapshots keep the best; second models read
+    again when a much better one comes (agent/pipeline_attributes.py)."""
+    return score * math.sqrt(max(area, 0.0)) * (0.5 if cut else 1.0)
+
+
+def cut_by_edge(box: Sequence[float], width: int, height: int) -> bool:
+    """Whether the frame's edge cuts this box (x1, y1, x2, y2 in pixels): part of the object is outside."""
+    x1, y1, x2, y2 = box
+    return x1 <= _EDGE_PX or y1 <= _EDGE_PX or x2 >= width - _EDGE_PX or y2 >= height - _EDGE_PX
 
 
 def boxes_of(output: Mapping[str, Any]) -> list[dict[str, Any]] | None:

@@ -5,8 +5,10 @@ module here and one line below. Each step declares its thread (prepare / inferen
 it is a gate, and whether it needs the frame's pixels; agent/pipeline.py runs them in order on their
 threads and counts a failure against the step that failed.
 
-    motion (gate) -> preprocess -> inference -> postprocess -> tracking -> report rules (gate) -> report
-    (prepare ...............)     (inference)  (report ...........................................)
+    motion (gate) -> preprocess -> inference -> postprocess -> filter -> tracking -> attributes
+    (prepare ...............)     (inference)  (report ..........................................
+      -> report rules (gate) -> tag -> report
+      ...............................)
 """
 
 from __future__ import annotations
@@ -15,14 +17,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.attribute_models import AttributeSet
 from agent.batching import runs_batches
 from agent.config import PipelineConfig
 from agent.filter_counts import Drops
+from agent.pipeline_attributes import PipelineAttributes
 from agent.pipeline_tracking import PipelineTracking
 from agent.processing import Postprocessor
 from agent.processing.feed import Feeder
 from agent.rules import ReportRules
 from agent.stage import Stage
+from agent.steps.attributes import AttributesStep
 from agent.steps.base import THREADS, FrameRecord, Step, StepStats, Thread
 from agent.steps.filter import FilterStep
 from agent.steps.infer import InferStep, RunModel
@@ -68,6 +73,8 @@ class StepParts:
     motion: PipelineMotion  # the motion gate's background and counters (kept across stages)
     drops: Drops  # what the filters dropped (kept across stages)
     source: Callable[[], Mapping[str, Any]]  # the source's uri and counters, for a result
+    attribute_models: AttributeSet | None  # the stage's second models (None: no attributes)
+    readings: PipelineAttributes  # which object was read when, and the answers (kept across stages)
 
 
 def build_steps(config: PipelineConfig, parts: StepParts) -> list[Step]:
@@ -81,6 +88,9 @@ def build_steps(config: PipelineConfig, parts: StepParts) -> list[Step]:
         PostprocessStep(parts.postprocess),
         FilterStep(config.filters, parts.drops) if config.filters is not None else None,
         TrackStep(config, parts.tracking) if tracks else None,
+        AttributesStep(config, parts.attribute_models, parts.readings, parts.tracking)
+        if config.attributes and parts.attribute_models is not None
+        else None,
         ReportRulesStep(config.report, parts.rules),
         TagStep(config.report.tags) if config.report.tags else None,
         ReportStep(config, parts.sink, parts.model, parts.source),
@@ -104,9 +114,10 @@ def plan_for(
     source: Callable[[], Mapping[str, Any]],
     motion: PipelineMotion | None = None,
     drops: Drops | None = None,
+    readings: PipelineAttributes | None = None,
 ) -> Plan:
-    """The steps of `stage` in a pipeline with this sink, scene, source, motion background and filter
-    counts (None: new ones)."""
+    """The steps of `stage` in a pipeline with this sink, scene, source, motion background, filter
+    counts and attribute readings (None: new ones)."""
     parts = StepParts(
         feeder=stage.feeder,
         run_model=lambda feeds: stage.infer(feeds, offer=stage.offer_sample),
@@ -121,6 +132,8 @@ def plan_for(
         motion=motion or PipelineMotion(),
         drops=drops or Drops(),
         source=source,
+        attribute_models=stage.attributes if isinstance(stage.attributes, AttributeSet) else None,
+        readings=readings or PipelineAttributes(),
     )
     steps = build_steps(stage.config, parts)
     order = [THREADS.index(step.thread) for step in steps]

@@ -9,8 +9,9 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from agent.attribute_models import AttributeModel, AttributeSet, attribute_pipeline
 from agent.backend_choice import DecisionSwitcher, check_on_testdata, choose_and_load, make_prover
-from agent.config import AgentConfig, PipelineConfig
+from agent.config import AgentConfig, ModelRef, PipelineConfig
 from agent.errors import RegistryError
 from agent.model_hints import embedded_hints, with_model_hints
 from agent.pipeline import Pipeline
@@ -19,8 +20,8 @@ from agent.registry import open_registry
 from agent.session_pool import SessionPool
 from agent.sources import Frame, Slot, Source
 from agent.stage import LoadedModel, Stage
-from agent.store import ModelStore
-from agent.supervisor.state import RegistryLink
+from agent.store import InstalledModel, ModelStore
+from agent.supervisor.state import Cancelled, RegistryLink
 
 log = logging.getLogger(__package__)  # the package's logger, as before it was split
 
@@ -86,28 +87,7 @@ class StageBuilder:
         agent = self._config()
         model = config.model
         progress.phase("pulling", f"pulling {model.name}@{model.version}")
-        if model.path is not None:
-            installed = self.store.import_file(model.path, model.name, model.version)
-        else:
-            assert agent.registry is not None  # the config model requires it for registry models
-            asks_registry = not self.store.is_installed(model.name, model.version)
-            registry = open_registry(agent.registry.url, agent.registry)
-            try:
-                installed = self.store.pull(
-                    registry,
-                    model.name,
-                    model.version,
-                    verify=verify,
-                    progress=progress.download,
-                    digest=model.digest,
-                )
-            except RegistryError as exc:
-                self.registry_link.failed(registry.url, exc, self.store)
-                raise
-            finally:
-                registry.close()
-            if asks_registry:
-                self.registry_link.reached(registry.url)
+        installed = self._install(agent, model, progress, verify)
         progress.check()
         # Preprocessing, state and labels the version ships (manifest), then the file's own metadata.
         config = with_model_hints(config, installed.manifest, embedded_hints(installed.model_artifacts()))
@@ -149,9 +129,107 @@ class StageBuilder:
                 backends=choice.box.backends,
                 prove=prove,
             )
-            stage = Stage(config, loaded, switcher, feeder)
-            stage.warm_up()
+            attributes = None
+            if config.attributes:  # second models: one that cannot serve is left out, said in status
+                attributes = self._attributes(agent, config, progress, peek, verify)
+            try:
+                stage = Stage(config, loaded, switcher, feeder, attributes)
+                stage.warm_up()
+            except Exception:
+                if attributes is not None:
+                    attributes.release()
+                raise
         except Exception:
             session.close()
             raise
         return stage
+
+    def _install(
+        self, agent: AgentConfig, model: ModelRef, progress: BuildProgress, verify: bool
+    ) -> InstalledModel:
+        """The model in the store: imported from its file, or pulled from the registry."""
+        if model.path is not None:
+            return self.store.import_file(model.path, model.name, model.version)
+        assert agent.registry is not None  # the config model requires it for registry models
+        asks_registry = not self.store.is_installed(model.name, model.version)
+        registry = open_registry(agent.registry.url, agent.registry)
+        try:
+            installed = self.store.pull(
+                registry,
+                model.name,
+                model.version,
+                verify=verify,
+                progress=progress.download,
+                digest=model.digest,
+            )
+        except RegistryError as exc:
+            self.registry_link.failed(registry.url, exc, self.store)
+            raise
+        finally:
+            registry.close()
+        if asks_registry:
+            self.registry_link.reached(registry.url)
+        return installed
+
+    def _attributes(
+        self,
+        agent: AgentConfig,
+        config: PipelineConfig,
+        progress: BuildProgress,
+        peek: Callable[[float], Frame | None] | None,
+        verify: bool,
+    ) -> AttributeSet:
+        """The pipeline's second models, each pulled, hinted, proven on this box and loaded as the
+        pipeline's own model is. One that cannot be had is left out and said (status, the log): the
+        primary model serves on without it."""
+        models: list[AttributeModel] = []
+        problems: dict[str, str] = {}
+        for attribute in config.attributes:
+            ref = f"{attribute.model.name}@{attribute.model.version}"
+            progress.step(f"attribute {attribute.name}: pulling {ref}")
+            try:
+                installed = self._install(agent, attribute.model, progress, verify)
+                progress.check()
+                hinted = with_model_hints(
+                    attribute_pipeline(config, attribute),
+                    installed.manifest,
+                    embedded_hints(installed.model_artifacts()),
+                )
+                progress.step(f"attribute {attribute.name}: proving backends for {installed.ref}")
+                session, choice = choose_and_load(
+                    agent,
+                    hinted,
+                    installed.model_artifacts(),
+                    installed.ref,
+                    installed.testdata_artifacts(),
+                    progress=progress.step,
+                    load=self.sessions.load,
+                    peek=peek,
+                )
+                decision = choice.decision
+                loaded = LoadedModel(
+                    installed.name, installed.version, decision.artifact_sha256, session, decision, choice.key
+                )
+                loaded.acquire()
+                try:
+                    if not decision.checked:
+                        check_on_testdata(session, choice, installed.testdata_artifacts())
+                    hinted_attribute = attribute.model_copy(
+                        update={"preprocess": hinted.preprocess, "postprocess": hinted.postprocess}
+                    )
+                    models.append(AttributeModel.of(hinted_attribute, loaded))
+                except Exception:
+                    loaded.release()
+                    session.close()
+                    raise
+                log.info("pipeline %s: attribute %s: %s", config.name, attribute.name, decision.explain())
+            except Cancelled:
+                for model in models:
+                    model.model.release()
+                    model.model.session.close()
+                raise
+            except Exception as exc:  # the primary serves on without this one
+                why = f"{ref} cannot serve: {exc}"
+                log.warning("pipeline %s: attribute %s: %s", config.name, attribute.name, why)
+                problems[attribute.name] = why
+        return AttributeSet(config.name, models, problems)
