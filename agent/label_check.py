@@ -1,6 +1,7 @@
 """`config validate` and `doctor`: each pipeline's labels against its model's own
-(agent/model_labels.py), where the model is at hand on this box (a model file, or a version
-installed in the local store). Reads metadata only: nothing is loaded, run, pulled or written."""
+(agent/model_labels.py), and a ctc postprocess's characters against its model's output width,
+where the model is at hand on this box (a model file, or a version installed in the local store).
+Reads metadata and the graph's outputs only: nothing is loaded, run, pulled or written."""
 
 from __future__ import annotations
 
@@ -8,14 +9,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from agent.config.analytics import Problems
+from agent.config.processing import CtcPostprocess
 from agent.errors import EdgeAgentError
 from agent.model_hints import embedded_hints
 from agent.model_labels import fix_hint, label_problems, located, own_labels, uses_model_labels
 
 if TYPE_CHECKING:
-    from agent.config import AgentConfig, PipelineConfig
+    from agent.config import AgentConfig, ModelRef, PipelineConfig
     from agent.registry.manifest import Manifest
     from providers import ModelArtifact
+
+ModelAtHand = tuple["Manifest | None", "list[ModelArtifact]"]
 
 
 @dataclass
@@ -34,17 +39,17 @@ def check_config(config: AgentConfig, pipelines: Sequence[PipelineConfig] | None
     model's metadata only (nothing is loaded, run, pulled or written)."""
     check = LabelCheck()
     for pipeline in config.pipelines if pipelines is None else pipelines:
+        if isinstance(pipeline.postprocess, CtcPostprocess):  # characters, no labels
+            found = model_at_hand(config, pipeline.model)
+            if not isinstance(found, str):
+                check.problems += located(pipeline, character_problems(pipeline.postprocess, found))
+            continue
         # A pipeline's own postprocess.labels are checked by its validator; against the model
         # only their count, which no note is worth when the model is not at hand.
         relies = uses_model_labels(pipeline)
         if not (relies or getattr(pipeline.postprocess, "labels", None) is not None):
             continue
-        try:
-            found = _model_at_hand(config, pipeline)
-        except EdgeAgentError as exc:  # the store or its trusted keys cannot be read
-            found = exc.message
-        except OSError as exc:
-            found = f"cannot read it: {exc.strerror or exc}"
+        found = model_at_hand(config, pipeline.model)
         labels = None if isinstance(found, str) else own_labels(found[0], embedded_hints(found[1]))
         if relies and isinstance(found, str):
             check.unchecked.append(
@@ -64,15 +69,58 @@ def check_config(config: AgentConfig, pipelines: Sequence[PipelineConfig] | None
     return check
 
 
-def _model_at_hand(
-    config: AgentConfig, pipeline: PipelineConfig
-) -> tuple[Manifest | None, list[ModelArtifact]] | str:
-    """The pipeline's model as far as this box has it (its manifest, its files), else why not."""
+def character_problems(post: CtcPostprocess, model: ModelAtHand, at: tuple[str | int, ...] = ()) -> Problems:
+    """(key path, message) when a ctc postprocess's characters (its own, else the model's, as the
+    hints fill them) and its blank are not the classes of the model's output; the path is `at` +
+    postprocess.characters (or .blank) where the config writes them, else `at` + postprocess. []
+    when they fit, or when the file does not fix the output's width."""
+    from agent.model_formats import format_details
+    from agent.processing.postprocess import ctc_class_problem
+
+    manifest, artifacts = model
+    characters, source = post.characters, ""
+    listed = manifest.metadata.get("characters") if manifest is not None else None
+    if characters is None and manifest is not None and isinstance(listed, list):
+        characters, source = listed, f"{manifest.ref}'s manifest"  # as with_model_hints fills them
+    elif characters is None:
+        characters, source = embedded_hints(artifacts).get("characters"), "the model file's own metadata"
+    readable = [a for a in artifacts if a.format in ("onnx", "tflite")]
+    if characters is None or not readable:  # no list: the build says so; no graph to read here
+        return []
+    try:
+        outputs = format_details(readable[0], None)["outputs"]
+    except EdgeAgentError:  # not a valid model file: the build says so
+        return []
+    output = next((o for o in outputs if o["name"] == (post.output or o["name"])), None)
+    classes = output["shape"][-1] if output is not None and output["shape"] else None
+    if not isinstance(classes, int):
+        return []
+    assert output is not None  # (it has a shape)
+    found = ctc_class_problem(len(characters), post.blank, classes, output["name"])
+    if found is None:
+        return []
+    key, message = found
+    if source and key == "characters":
+        return [((*at, "postprocess"), f"the characters in {source}: {message}")]
+    return [((*at, "postprocess", key), message)]
+
+
+def model_at_hand(config: AgentConfig, model: ModelRef) -> ModelAtHand | str:
+    """A model as far as this box has it (its manifest, its files), else why not (also when the
+    store or its trusted keys cannot be read)."""
+    try:
+        return _model_at_hand(config, model)
+    except EdgeAgentError as exc:
+        return exc.message
+    except OSError as exc:
+        return f"cannot read it: {exc.strerror or exc}"
+
+
+def _model_at_hand(config: AgentConfig, model: ModelRef) -> ModelAtHand | str:
     from agent.registry.file_registry import SUFFIX_FORMATS
     from agent.store import store_for
     from providers import ModelArtifact
 
-    model = pipeline.model
     if model.path is not None:
         if not model.path.is_file():
             return f"model file {model.path} does not exist"

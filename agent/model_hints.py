@@ -15,6 +15,9 @@ The model file's own metadata fills what both leave out (`embedded_hints`):
   the labels, `imgsz` ("[640, 640]") the input size (letterboxed with 114 for detect, segment, pose
   and obb tasks, as Ultralytics does; centre-cropped for classify), which a model exported with an
   open input size needs; pixels are RGB scaled to 0..1 (Ultralytics' own preprocessing).
+- ONNX `metadata_props` as PaddleOCR exports write them: `character` (a text recognizer's
+  dictionary, one per line) becomes a ctc postprocess's `characters`, with the ' ' PaddleOCR appends
+  (its `use_space_char`): the classes are the blank, the lines, ' '.
 - TFLite files with metadata carry their associated files in a zip appended to the flatbuffer:
   a labels file (`labels.txt`, `*label*.txt`, one label per line) becomes the labels.
 """
@@ -38,7 +41,7 @@ from providers import ModelArtifact
 
 log = logging.getLogger(__name__)
 
-HINT_KEYS = ("preprocess", "state", "labels")
+HINT_KEYS = ("preprocess", "state", "labels", "characters")
 _LETTERBOX_TASKS = ("detect", "segment", "pose", "obb")
 
 
@@ -71,8 +74,9 @@ def with_model_hints(
         raw["preprocess"] = {**hints["preprocess"], **raw.get("preprocess", {})}
     if "state" in hints and "state" not in raw:
         raw["state"] = hints["state"]
-    if "labels" in hints and "labels" in type(config.postprocess).model_fields:
-        raw["postprocess"].setdefault("labels", hints["labels"])
+    for key in ("labels", "characters"):  # where the postprocess takes them (characters: ctc)
+        if key in hints and key in type(config.postprocess).model_fields:
+            raw["postprocess"].setdefault(key, hints[key])
     try:
         return PipelineConfig.model_validate(raw)
     except ValidationError as exc:
@@ -99,7 +103,7 @@ def embedded_hints(artifacts: Sequence[ModelArtifact]) -> dict[str, Any]:
     for artifact in artifacts:
         try:
             if artifact.format == "onnx":
-                hints = _ultralytics_hints(artifact)
+                hints = _onnx_hints(artifact)
             elif artifact.format == "tflite":
                 hints = _tflite_hints(artifact)
             else:
@@ -113,8 +117,17 @@ def embedded_hints(artifacts: Sequence[ModelArtifact]) -> dict[str, Any]:
     return {}
 
 
-def _ultralytics_hints(artifact: ModelArtifact) -> dict[str, Any]:
+def _onnx_hints(artifact: ModelArtifact) -> dict[str, Any]:
     props = onnx_metadata_props(artifact.path)
+    return {**_ultralytics_hints(props), **_paddle_hints(props)}
+
+
+def _paddle_hints(props: Mapping[str, str]) -> dict[str, Any]:
+    lines = props.get("character", "").splitlines()
+    return {"characters": [*lines, " "]} if lines else {}
+
+
+def _ultralytics_hints(props: Mapping[str, str]) -> dict[str, Any]:
     hints: dict[str, Any] = {}
     if "names" in props:
         names = ast.literal_eval(props["names"])  # a Python dict literal: {0: 'person', ...}

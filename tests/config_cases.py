@@ -187,7 +187,7 @@ BAD_CONFIGS: dict[str, tuple[str, list[tuple[int, str]]]] = {
             (
                 9,
                 "pipelines[0].postprocess: required key 'type' is missing "
-                "(one of: classification, detection, regions, threshold, plugin, raw)",
+                "(one of: classification, detection, regions, threshold, plugin, ctc, embedding, raw)",
             )
         ],
     ),

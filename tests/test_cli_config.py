@@ -280,7 +280,7 @@ def test_schema_structure() -> None:
     assert defs["OutboxConfig"]["properties"]["max_messages"]["default"] == 100_000
     postprocess = defs["PipelineConfig"]["properties"]["postprocess"]
     assert postprocess["discriminator"]["propertyName"] == "type"
-    kinds = {"classification", "detection", "regions", "threshold", "plugin", "raw"}
+    kinds = {"classification", "detection", "regions", "threshold", "plugin", "ctc", "embedding", "raw"}
     assert set(postprocess["discriminator"]["mapping"]) == kinds
     assert defs["MqttConfig"]["properties"]["topic_prefix"]["pattern"] == "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 

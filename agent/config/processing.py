@@ -12,15 +12,20 @@ from agent.config.base import StrictModel
 class ResizeConfig(StrictModel):
     width: int = Field(ge=1, le=8192)
     height: int = Field(ge=1, le=8192)
-    mode: Literal["stretch", "letterbox", "crop"] = Field(
+    mode: Literal["stretch", "letterbox", "crop", "height"] = Field(
         "stretch",
         description="stretch: to width x height, aspect ratio lost; letterbox: fit inside, aspect kept, "
-        "the rest padded (detectors); crop: fill, aspect kept, the overhang cut off (classifiers).",
+        "the rest padded (detectors); crop: fill, aspect kept, the overhang cut off (classifiers); "
+        "height: scaled to the height, aspect kept, at the left, the rest of the width padded, a wider "
+        "image squeezed to the width (CTC text recognizers: PP-OCR rec 48 x up to 320).",
     )
     anchor: Literal["center", "top-left"] = Field(
-        "center", description="Where the image sits in a letterbox (or which part a crop keeps)."
+        "center",
+        description="Where the image sits in a letterbox (or which part a crop keeps); height: always left.",
     )
-    pad: int = Field(114, ge=0, le=255, description="Letterbox fill value (Ultralytics pads with 114).")
+    pad: int = Field(
+        114, ge=0, le=255, description="Letterbox and height fill value (Ultralytics pads with 114)."
+    )
 
 
 class QuantizationConfig(StrictModel):
@@ -184,6 +189,42 @@ class PluginPostprocess(StrictModel):
     options: dict[str, Any] = Field(default_factory=dict, description="Handed to the plugin's factory.")
 
 
+class CtcPostprocess(StrictModel):
+    """A CTC text recognizer's per-step class probabilities [N, T, C] (or [T, C]) -> its text, greedy:
+    the best class per step, repeats merged, blanks dropped (PP-OCR rec, CRNN)."""
+
+    type: Literal["ctc"]
+    output: str | None = Field(None, description="Model output to read; defaults to the first.")
+    softmax: bool = Field(
+        False, description="Apply softmax per step (PP-OCR rec already outputs probabilities)."
+    )
+    blank: int = Field(0, ge=0, description="The blank class's index (PP-OCR: 0).")
+    characters: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="The characters by class index, the blank left out: C classes = len + 1. Default: "
+        "the model's own (ONNX metadata `character`, PaddleOCR's dictionary, plus its ' ').",
+    )
+
+    @model_validator(mode="after")
+    def _blank_is_a_class(self) -> CtcPostprocess:
+        if self.characters is not None and self.blank > len(self.characters):
+            raise ValueError(
+                f"blank ({self.blank}) must be a class index: 0..{len(self.characters)} "
+                f"for {len(self.characters)} characters"
+            )
+        return self
+
+
+class EmbeddingPostprocess(StrictModel):
+    """An embedding vector [1, D] (or [D]) -> the vector and its length (face, person or image
+    embeddings, to compare by cosine similarity)."""
+
+    type: Literal["embedding"]
+    output: str | None = Field(None, description="Model output to read; defaults to the first.")
+    normalize: bool = Field(True, description="Scale the vector to length 1 (L2).")
+
+
 class RawPostprocess(StrictModel):
     type: Literal["raw"]
     max_values: int = Field(1000, ge=1, le=1_000_000, description="Larger outputs are cut (and flagged).")
@@ -195,6 +236,8 @@ PostprocessConfig = Annotated[
     | RegionsPostprocess
     | ThresholdPostprocess
     | PluginPostprocess
+    | CtcPostprocess
+    | EmbeddingPostprocess
     | RawPostprocess,
     Field(discriminator="type"),
 ]

@@ -10,8 +10,12 @@ reference's go through it and are compared as reports:
   reference's are 0..1 are wrong however the boxes match (a quantized output head);
 - classification: the same top-k classes, in the same order;
 - threshold (speech, anomalies): the same side of `on_score` (a reference score within
-  `SCORE_MARGIN` of it may go either way), so the same events start.
-Other postprocessors (raw tensors, regions, thresholds, plugins) are judged on their tensors.
+  `SCORE_MARGIN` of it may go either way), so the same events start;
+- ctc (text recognizers): the same text, every batch row; the difference is the count of rows that
+  read otherwise;
+- embedding: the same direction, cosine similarity >= `MIN_COSINE` on every row; the difference is
+  1 - the lowest similarity.
+Other postprocessors (raw tensors, regions, plugins) are judged on their tensors.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ from agent.config import (
     PostprocessConfig,
     ThresholdPostprocess,
 )
+from agent.config.processing import CtcPostprocess, EmbeddingPostprocess
 from agent.errors import EdgeAgentError
-from agent.processing.postprocess import Postprocessor, build_postprocessor
+from agent.processing.postprocess import Ctc, Embedding, Postprocessor, build_postprocessor
 from providers import TensorSpec
 
 # (candidate outputs, reference outputs) -> (the largest difference, in the report's units; "" or the
@@ -37,6 +42,7 @@ from providers import TensorSpec
 # frames, say): then the candidate is judged on its tensors.
 Judge = Callable[[Mapping[str, np.ndarray], Mapping[str, np.ndarray]], tuple[float | None, str] | None]
 SCORE_MARGIN = 0.1
+MIN_COSINE = 0.99  # embeddings: a candidate's vectors point where the reference's do
 
 
 def report_judge(
@@ -50,12 +56,21 @@ def report_judge(
     if isinstance(postprocess, ThresholdPostprocess):
         build_postprocessor(postprocess, outputs)  # the output must exist
         return partial(_same_side, postprocess, outputs)
+    if isinstance(postprocess, CtcPostprocess):
+        return partial(_same_text, Ctc(postprocess, outputs))
+    if isinstance(postprocess, EmbeddingPostprocess):
+        return partial(_same_direction, Embedding(postprocess, outputs))
     return None
 
 
 def judged_on(postprocess: PostprocessConfig) -> str:
     """What `report_judge` compares for this postprocess, in the words Decision.judged_on keeps."""
-    kinds = {DetectionPostprocess: "detections", ClassificationPostprocess: "top-k"}
+    kinds = {
+        DetectionPostprocess: "detections",
+        ClassificationPostprocess: "top-k",
+        CtcPostprocess: "text",
+        EmbeddingPostprocess: "embedding",
+    }
     return next((word for kind, word in kinds.items() if isinstance(postprocess, kind)), "")
 
 
@@ -155,6 +170,55 @@ def _same_side(
             f"{state[want['active']]} (score {want['score']}; on_score {config.on_score:g})"
         )
     return diff, ""
+
+
+def _same_text(
+    post: Ctc, outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]
+) -> tuple[float | None, str] | None:
+    try:
+        want = post.rows(reference)
+    except EdgeAgentError:
+        return None
+    try:
+        got = post.rows(outputs)
+    except EdgeAgentError as exc:
+        return None, f"its outputs make no report: {exc}"
+    if len(got) != len(want):
+        return float(len(want)), f"reads {len(got)} rows where the reference reads {len(want)}"
+    other = [(g["text"], w["text"]) for g, w in zip(got, want, strict=True) if g["text"] != w["text"]]
+    if other:
+        text, wanted = other[0]
+        return float(len(other)), (
+            f"reads other text than the reference in {len(other)} of {len(want)} rows "
+            f"({text!r} where the reference reads {wanted!r})"
+        )
+    return 0.0, ""
+
+
+def _same_direction(
+    post: Embedding, outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]
+) -> tuple[float | None, str] | None:
+    try:
+        want = post.vectors(reference)
+    except EdgeAgentError:
+        return None
+    try:
+        got = post.vectors(outputs)
+    except EdgeAgentError as exc:
+        return None, f"its outputs make no report: {exc}"
+    if got.shape != want.shape:
+        return None, f"gives {list(got.shape)} vectors where the reference gives {list(want.shape)}"
+    lengths = np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1)
+    cosine = np.sum(got * want, axis=1) / np.where(lengths > 0, lengths, 1.0)
+    zero = lengths == 0  # a zero vector has no direction: it agrees only with another zero vector
+    cosine[zero] = (np.abs(got[zero]).sum(axis=1) + np.abs(want[zero]).sum(axis=1)) == 0
+    lowest = float(cosine.min())
+    if lowest < MIN_COSINE:
+        return 1.0 - lowest, (
+            f"gives other embeddings than the reference (cosine similarity {lowest:.4f}, "
+            f"at least {MIN_COSINE} needed)"
+        )
+    return 1.0 - lowest, ""
 
 
 def _describe(detection: Mapping[str, Any]) -> str:

@@ -20,6 +20,7 @@ from agent.config import (
     RegionsPostprocess,
     ThresholdPostprocess,
 )
+from agent.config.processing import CtcPostprocess, EmbeddingPostprocess
 from agent.errors import ModelError
 from agent.processing.preprocess import Geometry
 from providers import TensorSpec
@@ -304,6 +305,130 @@ class Threshold(Postprocessor):
         return {"active": self.active, "score": round(score, 4), "event": event}
 
 
+class Ctc(Postprocessor):
+    """A CTC recognizer's per-step class probabilities [N, T, C] (or [T, C]) -> text, greedy: the best
+    class of each step, repeats merged, then blanks dropped ("hh-e-ll-ll-oo" reads "hello"). Classes
+    are the characters in order with the blank at index `blank`: C = len(characters) + 1 (PP-OCR
+    rec: the blank, its 6623 dictionary lines, ' ').
+
+    Result: {"text": str, "score": float}: the text without spaces at either end (a recognizer
+    reads the margin around a crop as spaces), the score the mean of its characters' steps' best
+    probability (0 for no text). `__call__` reads a batch of one; `rows` one result per batch row.
+    """
+
+    def __init__(self, config: CtcPostprocess, outputs: list[TensorSpec]) -> None:
+        self.config = config
+        self.output = _pick_output(config.output, outputs)
+        shape = self.output.shape
+        if len(shape) not in (2, 3):
+            raise ModelError(
+                f"output {self.output.name!r} has shape {list(shape)}; a CTC output is [N, T, C] or [T, C]"
+            )
+        if config.characters is None:
+            raise ModelError(
+                "postprocess.characters is not set and the model names none of its own (ONNX metadata "
+                "`character`): write the character list, the blank left out"
+            )
+        if isinstance(shape[-1], int):
+            _check_classes(len(config.characters), config.blank, shape[-1], self.output.name)
+        chars = config.characters
+        # Class index -> its character; the blank reads "" (it is dropped anyway).
+        self.table = np.array([*chars[: config.blank], "", *chars[config.blank :]], dtype=object)
+
+    def rows(self, outputs: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
+        """One {"text", "score"} per batch row."""
+        probs = np.asarray(outputs[self.output.name], dtype=np.float32)
+        probs = probs[None] if probs.ndim == 2 else probs
+        if probs.ndim != 3:
+            raise ModelError(f"output {self.output.name!r} has shape {list(probs.shape)}, not [N, T, C]")
+        _check_classes(len(self.table) - 1, self.config.blank, probs.shape[2], self.output.name)
+        if not np.isfinite(probs).all():
+            raise ModelError(f"output {self.output.name!r} contains NaN or infinite values")
+        if self.config.softmax:
+            probs = np.exp(probs - probs.max(axis=2, keepdims=True))  # the max subtracted: no overflow
+            probs /= probs.sum(axis=2, keepdims=True)
+        best = probs.argmax(axis=2)  # [N, T]
+        top = np.take_along_axis(probs, best[..., None], axis=2)[..., 0]
+        kept = best != self.config.blank
+        kept[:, 1:] &= best[:, 1:] != best[:, :-1]  # a run of one class is one character
+        results = []
+        for row in range(len(best)):
+            characters, scores = self.table[best[row][kept[row]]], top[row][kept[row]]
+            # Spaces at either end are the margin around the crop, read as spaces: not the text's.
+            inked = np.flatnonzero([not c.isspace() for c in characters])
+            ends = slice(inked[0], inked[-1] + 1) if inked.size else slice(0, 0)
+            score = float(scores[ends].mean()) if inked.size else 0.0
+            results.append({"text": "".join(characters[ends]), "score": round(score, 4)})
+        return results
+
+    def __call__(self, outputs: Mapping[str, np.ndarray], geometry: Geometry | None = None) -> dict[str, Any]:
+        return _one_row(self.rows(outputs), self.output.name)
+
+
+def ctc_class_problem(characters: int, blank: int, classes: int, output: str) -> tuple[str, str] | None:
+    """(the postprocess key, what is wrong) when `characters` and a blank at `blank` are not the
+    `classes` of a CTC output; None when they fit."""
+    if characters + 1 != classes:
+        return "characters", (
+            f"{characters} characters and the blank make {characters + 1} classes, but output {output!r} "
+            f"has {classes}"
+        )
+    if blank >= classes:
+        return "blank", f"{blank} is no class of output {output!r} (0..{classes - 1})"
+    return None
+
+
+def _check_classes(characters: int, blank: int, classes: int, output: str) -> None:
+    found = ctc_class_problem(characters, blank, classes, output)
+    if found is not None:
+        raise ModelError(f"postprocess.{found[0]}: {found[1]}")
+
+
+class Embedding(Postprocessor):
+    """An embedding vector [1, D] (or [D], or [1, D, 1, 1]) -> the vector, L2-normalised unless
+    `normalize` is off, and its length before that.
+
+    Result: {"embedding": [float, ...] (5 decimal places), "norm": float}. `__call__` reads a batch
+    of one; `rows` one result per batch row.
+    """
+
+    def __init__(self, config: EmbeddingPostprocess, outputs: list[TensorSpec]) -> None:
+        self.config = config
+        self.output = _pick_output(config.output, outputs)
+        if not self.output.shape or any(d == 0 for d in self.output.shape):
+            raise ModelError(f"output {self.output.name!r} has shape {list(self.output.shape)}, not a vector")
+
+    def vectors(self, outputs: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The output as [N, D] float64 vectors, as the model gave them (not normalised)."""
+        raw = np.asarray(outputs[self.output.name], dtype=np.float64)
+        vectors = raw.reshape(1, -1) if raw.ndim <= 1 else raw.reshape(raw.shape[0], -1)
+        if vectors.shape[1] == 0:
+            raise ModelError(f"output {self.output.name!r} has shape {list(raw.shape)}, not a vector")
+        if not np.isfinite(vectors).all():
+            raise ModelError(f"output {self.output.name!r} contains NaN or infinite values")
+        return vectors
+
+    def rows(self, outputs: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
+        """One {"embedding", "norm"} per batch row."""
+        vectors = self.vectors(outputs)
+        norms = np.linalg.norm(vectors, axis=1)
+        if self.config.normalize:  # an all-zero vector has no direction: it stays zero
+            vectors = vectors / np.where(norms > 0, norms, 1.0)[:, None]
+        return [
+            {"embedding": np.round(vector, 5).tolist(), "norm": round(float(norm), 6)}
+            for vector, norm in zip(vectors, norms, strict=True)
+        ]
+
+    def __call__(self, outputs: Mapping[str, np.ndarray], geometry: Geometry | None = None) -> dict[str, Any]:
+        return _one_row(self.rows(outputs), self.output.name)
+
+
+def _one_row(rows: list[dict[str, Any]], output: str) -> dict[str, Any]:
+    if len(rows) != 1:
+        raise ModelError(f"output {output!r} has batch size {len(rows)}, expected 1 (read batches by rows)")
+    return rows[0]
+
+
 class Raw(Postprocessor):
     """Every output as {"shape", "dtype", "values" (flattened, at most max_values), "truncated"}."""
 
@@ -380,6 +505,10 @@ def build_postprocessor(config: PostprocessConfig, outputs: list[TensorSpec]) ->
         return Threshold(config, outputs)
     if isinstance(config, PluginPostprocess):
         return load_plugin(config, outputs)
+    if isinstance(config, CtcPostprocess):
+        return Ctc(config, outputs)
+    if isinstance(config, EmbeddingPostprocess):
+        return Embedding(config, outputs)
     return Raw(config)
 
 

@@ -1,4 +1,4 @@
-"""Image preprocessing from YAML: resize (stretch, letterbox, crop), colour order, scale/mean/std,
+"""Image preprocessing from YAML: resize (stretch, letterbox, crop, height), colour order, scale/mean/std,
 layout, dtype (int8/uint8 quantised with the model's scale and zero point).
 
 All steps are whole-array operations (OpenCV and numpy); nothing loops over pixels. `prepare`
@@ -143,6 +143,18 @@ class Preprocessor:
                 self.width,
                 self.height,
             )
+        if mode == "height":  # text lines: the input's height, the aspect kept up to the input's width
+            width = min(max(1, round(source_width * self.height / source_height)), self.width)
+            return Geometry(
+                width / source_width,
+                self.height / source_height,
+                0,
+                0,
+                source_width,
+                source_height,
+                self.width,
+                self.height,
+            )
         fit = min if mode == "letterbox" else max
         scale = fit(self.width / source_width, self.height / source_height)
         width, height = max(1, round(source_width * scale)), max(1, round(source_height * scale))
@@ -166,7 +178,7 @@ class Preprocessor:
         width = round(geometry.scale_x * geometry.source_width)
         height = round(geometry.scale_y * geometry.source_height)
         image = cv2.resize(frame, (width, height), interpolation=cv2.INTER_LINEAR)
-        if (width, height) != (self.width, self.height):  # letterbox or crop: one copy into the input
+        if (width, height) != (self.width, self.height):  # letterbox, crop, height: one copy into the input
             x, y = int(geometry.offset_x), int(geometry.offset_y)
             pad = self.config.resize.pad if self.config.resize is not None else 0
             canvas = np.full((self.height, self.width, image.shape[2]), pad, dtype=image.dtype)
