@@ -35,14 +35,23 @@ class LabelCheck:
 
 def check_config(config: AgentConfig, pipelines: Sequence[PipelineConfig] | None = None) -> LabelCheck:
     """Every pipeline (or those given) that names labels, against its model where the model is at
-    hand: a model file (`model.path`), or a version installed in the local store. Reads the
-    model's metadata only (nothing is loaded, run, pulled or written)."""
+    hand: a model file (`model.path`), or a version installed in the local store; and every ctc
+    postprocess's characters (a pipeline's, an attribute's) against its model's output. Reads the
+    model's metadata and graph only (nothing is loaded, run, pulled or written)."""
     check = LabelCheck()
     for pipeline in config.pipelines if pipelines is None else pipelines:
+        # Text recognizers' characters against their models' outputs: the pipeline's, its attributes'.
+        readers = [((), pipeline.model, pipeline.postprocess)] + [
+            (("attributes", i), attribute.model, attribute.postprocess)
+            for i, attribute in enumerate(pipeline.attributes)
+        ]
+        for at, model, post in readers:
+            if not isinstance(post, CtcPostprocess):
+                continue
+            found = model_at_hand(config, model)
+            if not isinstance(found, str):  # a model not at hand is checked when the agent has it
+                check.problems += located(pipeline, character_problems(post, found, at))
         if isinstance(pipeline.postprocess, CtcPostprocess):  # characters, no labels
-            found = model_at_hand(config, pipeline.model)
-            if not isinstance(found, str):
-                check.problems += located(pipeline, character_problems(pipeline.postprocess, found))
             continue
         # A pipeline's own postprocess.labels are checked by its validator; against the model
         # only their count, which no note is worth when the model is not at hand.

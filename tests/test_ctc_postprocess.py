@@ -177,3 +177,27 @@ def test_a_backend_is_judged_on_the_text_it_reads(rec_session: Session) -> None:
     )
     # A reference that makes no text (NaN) leaves the judging to the tensors.
     assert judge(reference, {REC_OUTPUT: np.full_like(reference[REC_OUTPUT], np.nan)}) is None
+
+
+def test_an_attributes_characters_are_checked_against_its_model_at_their_line(tmp_path: Path) -> None:
+    text = (
+        "device: {id: box-1}\n"
+        "pipelines:\n"
+        "  - name: signs\n"
+        "    model: {path: /opt/det.onnx}\n"
+        "    source: {type: video, uri: /srv/signs.mp4}\n"
+        "    postprocess: {type: detection, labels: [sign]}\n"
+        "    attributes:\n"
+        "      - name: text\n"
+        f"        model: {{path: {rec_model()}}}\n"
+        "        preprocess: {color: bgr, resize: {width: 320, height: 48, mode: height}}\n"
+        "        postprocess:\n"
+        "          type: ctc\n"
+        "          characters: ['0', '1', '2', '3', '4', '5', '6', '7', '8', '9']\n"
+    )
+    code, lines = validate_cli(tmp_path, text)
+    assert code != 0
+    assert lines == [
+        "13: pipelines[0].attributes[0].postprocess.characters: 10 characters and the blank make 11 "
+        f"classes, but output '{REC_OUTPUT}' has 6625"
+    ]
