@@ -15,10 +15,11 @@ from pydantic import ValidationError
 from agent.config import PipelineConfig
 from agent.config.processing import CtcPostprocess
 from agent.errors import ModelError
-from agent.model_hints import with_model_hints
+from agent.model_hints import embedded_hints, with_model_hints
 from agent.processing import Preprocessor
 from agent.processing.judge import judged_on, report_judge
 from agent.processing.postprocess import Ctc, build_postprocessor
+from agent.registry.manifest import Manifest
 from providers import Session, TensorSpec, get_backend
 from tests.config_cases import validate_cli
 from tests.text_lines import REC_OUTPUT, REC_PREPROCESS, cv2_line, rec_artifact, rec_model, rec_postprocess
@@ -106,13 +107,24 @@ def test_the_recognizer_names_its_characters_in_its_own_metadata() -> None:
             "postprocess": {"type": "ctc"},
         }
     )
-    from agent.model_hints import embedded_hints
-
     filled = with_model_hints(pipeline, None, embedded_hints([rec_artifact()]))
     assert isinstance(filled.postprocess, CtcPostprocess) and filled.postprocess.characters is not None
     # PaddleOCR's dictionary (6623 lines) and the ' ' it appends: with the blank, the 6625 classes.
     assert len(filled.postprocess.characters) == 6624 and filled.postprocess.characters[-1] == " "
     Ctc(filled.postprocess, [TensorSpec(REC_OUTPUT, ("n", "t", 6625), "float32")])
+    # A manifest's `characters` come before the file's own (as its labels do).
+    manifest = Manifest.model_validate(
+        {
+            "schema_version": 1,
+            "name": "rec",
+            "version": "1",
+            "created": "2026-11-29T00:00:00Z",
+            "artifacts": [{"file": "m.onnx", "sha256": "ab" * 32, "size": 1, "format": "onnx"}],
+            "metadata": {"characters": CHARACTERS},
+        }
+    )
+    listed = with_model_hints(pipeline, manifest, embedded_hints([rec_artifact()])).postprocess
+    assert isinstance(listed, CtcPostprocess) and listed.characters == CHARACTERS
     # What the pipeline writes wins.
     written = pipeline.model_copy(update={"postprocess": CtcPostprocess(type="ctc", characters=CHARACTERS)})
     assert (
