@@ -164,8 +164,8 @@ BAD: dict[str, tuple[str, str, list[str]]] = {
         """,
         DETECTION,
         [
-            "10: pipelines[0].lines[0].inn: unknown key; did you mean 'in'? (allowed here: anchor, in, "
-            "labels, name, out, points, units)"
+            "10: pipelines[0].lines[0].inn: unknown key; did you mean 'in'? (allowed here: anchor, "
+            "attributes, in, labels, name, out, points, units)"
         ],
     ),
     "unknown_label": (
@@ -307,6 +307,7 @@ def test_a_pipeline_with_zones_and_lines_dumps_and_reads_back_the_same() -> None
         "in": "in",
         "out": "out",
         "labels": None,
+        "attributes": None,
         "anchor": "bottom_center",
     }
 

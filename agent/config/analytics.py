@@ -6,10 +6,11 @@ names and labels across its zones and lines (agent/config/pipeline.py)."""
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator
 
 from agent.config.base import Name, StrictModel
 
@@ -166,12 +167,32 @@ class MaskConfig(StrictModel):
         return checked_polygon(points, info, "mask")
 
 
+def _regex(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
+    return pattern
+
+
+Regex = Annotated[str, Field(min_length=1, max_length=500), AfterValidator(_regex)]
+
+
 class _Drawn(StrictModel):
-    """What a zone and a line share: a name, their points' units and a label filter."""
+    """What a zone and a line share: a name, their points' units, a label filter and an attribute
+    condition."""
 
     name: Name
     units: Units = _units_field()  # before `points`, whose check reads it
     labels: list[Label] | None = labels_field()
+    attributes: dict[Name, Regex] | None = Field(
+        None,
+        min_length=1,
+        max_length=8,
+        description="Only objects whose attributes match: attribute name (of the pipeline's `attributes:`) "
+        "-> regular expression, searched in the attribute's value as text (e.g. {text: '^[A-Z]{2}'}). "
+        "An object not read yet does not count; it may once its value matches.",
+    )
 
     model_config = ConfigDict(json_schema_extra=_fractions_only)
 
@@ -325,11 +346,16 @@ Problems = list[tuple[tuple[str | int, ...], str]]
 
 
 def analytics_problems(
-    zones: list[ZoneConfig], lines: list[LineConfig], labels: list[str] | None, boxes: bool
+    zones: list[ZoneConfig],
+    lines: list[LineConfig],
+    labels: list[str] | None,
+    boxes: bool,
+    attributes: Sequence[str] = (),
 ) -> Problems:
     """(key path below the pipeline, message) for what the zones and lines of one pipeline get wrong
     together or with its postprocess: `labels` the postprocess declares (None: not known), `boxes`
-    whether it gives boxes with labels (detection, plugin) or without (regions: False)."""
+    whether it gives boxes with labels (detection, plugin) or without (regions: False); `attributes`
+    the names of the pipeline's attributes, which conditions may name."""
     problems: Problems = []
     first: dict[str, str] = {}
     for key, i, item in zones_and_lines(zones, lines):
@@ -339,7 +365,18 @@ def analytics_problems(
             problems.append(((key, i, "name"), taken))
         first.setdefault(item.name, f"{key}[{i}]")
         problems += label_problems((key, i), item.labels or [], labels, boxes)
+        for name in item.attributes or {}:
+            if name not in attributes:
+                problems.append(((key, i, "attributes", name), _unread(name, list(attributes))))
     return problems
+
+
+def _unread(name: str, attributes: list[str]) -> str:
+    if not attributes:
+        return f"the pipeline reads no attributes: add an `attributes:` entry named {name!r} to match on"
+    close = difflib.get_close_matches(name, attributes, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{name!r} is not one of the pipeline's attributes ({', '.join(attributes)}){hint}"
 
 
 def label_problems(

@@ -278,7 +278,11 @@ class PipelineConfig(StrictModel):
             raise problems_at("PipelineConfig", [(("track", "snapshots", "enabled"), need)])
         labels = post.labels if isinstance(post, DetectionPostprocess) else None
         problems = analytics_problems(
-            self.zones, self.lines, labels, boxes=not isinstance(post, RegionsPostprocess)
+            self.zones,
+            self.lines,
+            labels,
+            boxes=not isinstance(post, RegionsPostprocess),
+            attributes=[attribute.name for attribute in self.attributes],
         )
         if problems:
             raise problems_at("PipelineConfig", problems)

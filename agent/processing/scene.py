@@ -23,7 +23,9 @@ Per frame (`step`):
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -403,11 +405,27 @@ class Scene:
                 columns.append(np.isin(codes, [self._label_codes[label] for label in shape.labels]))
         return np.stack(columns, axis=1) if columns else np.zeros((len(codes), 0), bool)
 
+    def _matching(
+        self, configs: Sequence[ZoneConfig | LineConfig], ids: list[int]
+    ) -> npt.NDArray[np.bool_] | bool:
+        """(N, K): whether each object's attributes match each zone's or line's `attributes:` condition
+        (True: no conditions, every object passes)."""
+        if not any(config.attributes for config in configs):
+            return True
+        matching = np.ones((len(ids), len(configs)), bool)
+        for j, config in enumerate(configs):
+            if config.attributes:
+                for k, track_id in enumerate(ids):
+                    matching[k, j] = attributes_match(config.attributes, self.objects[track_id].attributes)
+        return matching
+
     def _zone_step(
         self, boxes: npt.NDArray[np.float64], ids: list[int], codes: npt.NDArray[np.int64], now: float
     ) -> None:
         inside_now = self._zone_group.contains(boxes)
-        allowed = self._allowed(self._zone_group.zones, codes)
+        allowed = _both(
+            self._allowed(self._zone_group.zones, codes), self._matching([z.config for z in self._zones], ids)
+        )
         if allowed is not True:
             inside_now &= allowed
         row_of = {track_id: k for k, track_id in enumerate(ids)}
@@ -488,7 +506,9 @@ class Scene:
         nowhere = np.full((len(self._lines), 2), np.nan)
         before = np.stack([self._line_last.get(track_id, nowhere) for track_id in ids])
         crossed, sides = group.crossings(before, points)
-        allowed = self._allowed(group.lines, codes)
+        allowed = _both(
+            self._allowed(group.lines, codes), self._matching([x.config for x in self._lines], ids)
+        )
         if allowed is not True:
             crossed *= allowed
         for k, j in zip(*np.nonzero(crossed), strict=True):
@@ -561,6 +581,30 @@ class Scene:
         self._events.append({"type": "end", "at": iso_utc(now), "reason": reason, "object": obj.describe()})
         del self.objects[track_id]
         self.ended += 1
+
+
+def _both(a: npt.NDArray[np.bool_] | bool, b: npt.NDArray[np.bool_] | bool) -> npt.NDArray[np.bool_] | bool:
+    """Two (N, K) filters together (True: no filter)."""
+    if a is True:
+        return b
+    return a if b is True else np.logical_and(a, b)
+
+
+def attribute_text(value: Any) -> str:
+    """An attribute's value as conditions match it and the state topics show it: text as it is, any
+    other value (a number, a plugin's mapping, an embedding) as JSON."""
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), default=str)
+
+
+def attributes_match(condition: Mapping[str, str], attributes: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether an object's `attributes` (name -> {value, ...}) meet a zone's or line's condition (name ->
+    regular expression, searched in the value as text): every named attribute read and matching. (re
+    caches the compiled patterns.)"""
+    for name, pattern in condition.items():
+        read = attributes.get(name)
+        if read is None or re.search(pattern, attribute_text(read.get("value"))) is None:
+            return False
+    return True
 
 
 def picture_quality(score: float, area: float, cut: bool) -> float:
