@@ -2,8 +2,8 @@
 
 A detector often names its classes itself: in its manifest's metadata (`labels`), or in the model
 file's own metadata (Ultralytics' `names`, a TFLite labels file: agent/model_hints.py). A pipeline
-that writes no `postprocess.labels` uses those, so the labels its zones, lines and object filters
-name (and home_automation.watch) must be among them; one that writes a shorter list leaves classes
+that writes no `postprocess.labels` uses those, so the labels its zones, lines, object filters and
+attributes name (and home_automation.watch) must be among them; one that writes a shorter list leaves classes
 without a name. The pipeline validator cannot see the model: this check runs where it can,
 with the same `file:line: key.path: message` as the config's own errors (agent/config_origin.py):
 `config validate` and `doctor` (a model file, or a version installed in the local store:
@@ -16,7 +16,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from agent.config.analytics import Problems, model_label_problems
+from agent.config.analytics import Problems, model_label_problems, unknown_labels
 from agent.config.filters import filter_model_label_problems
 from agent.config_origin import where
 from agent.errors import ConfigError
@@ -46,14 +46,15 @@ def _names(value: Any) -> list[str] | None:
 
 
 def uses_model_labels(pipeline: PipelineConfig) -> bool:
-    """The pipeline filters on label names (its zones' and lines', its home_automation.watch) that
-    only the model's own labels can give: it writes no postprocess.labels."""
+    """The pipeline filters on label names (its zones' and lines', its attributes', its
+    home_automation.watch) that only the model's own labels can give: it writes no postprocess.labels."""
     post = pipeline.postprocess
     if "labels" not in type(post).model_fields or getattr(post, "labels", None) is not None:
         return False
     drawn = any(item.labels for item in [*pipeline.zones, *pipeline.lines])
     filtered = pipeline.filters is not None and any(pipeline.filters.label_keys())
-    return drawn or filtered or bool(pipeline.home_automation.watch)
+    read = any(attribute.labels for attribute in pipeline.attributes)
+    return drawn or filtered or read or bool(pipeline.home_automation.watch)
 
 
 def label_problems(pipeline: PipelineConfig, labels: list[str]) -> Problems:
@@ -67,7 +68,12 @@ def label_problems(pipeline: PipelineConfig, labels: list[str]) -> Problems:
     problems = model_label_problems(pipeline.zones, pipeline.lines, written, watch, labels)
     if written is not None:  # the pipeline's validator checks the filters' labels against these
         return problems
-    return problems + filter_model_label_problems(pipeline.filters, labels)
+    read = [
+        problem
+        for i, attribute in enumerate(pipeline.attributes)
+        for problem in unknown_labels(("attributes", i, "labels"), attribute.labels or [], labels)
+    ]
+    return problems + filter_model_label_problems(pipeline.filters, labels) + read
 
 
 def located(pipeline: PipelineConfig, problems: Problems) -> list[str]:
