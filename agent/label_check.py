@@ -1,6 +1,7 @@
 """`config validate` and `doctor`: each pipeline's labels against its model's own
-(agent/model_labels.py), and a ctc postprocess's characters against its model's output width,
-where the model is at hand on this box (a model file, or a version installed in the local store).
+(agent/model_labels.py), a ctc postprocess's characters against its model's output width, and
+each attribute's model against what it is fed (agent/attribute_check.py), where the model is at
+hand on this box (a model file, or a version installed in the local store).
 Reads metadata and the graph's outputs only: nothing is loaded, run, pulled or written."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from agent.attribute_check import attribute_model_problems
 from agent.config.analytics import Problems
 from agent.config.processing import CtcPostprocess
 from agent.errors import EdgeAgentError
@@ -51,6 +53,13 @@ def check_config(config: AgentConfig, pipelines: Sequence[PipelineConfig] | None
             found = model_at_hand(config, model)
             if not isinstance(found, str):  # a model not at hand is checked when the agent has it
                 check.problems += located(pipeline, character_problems(post, found, at))
+        # Each second model's graph: it is fed crops (an image input), a classifier's labels fit it.
+        for i, attribute in enumerate(pipeline.attributes):
+            found = model_at_hand(config, attribute.model)
+            if not isinstance(found, str):
+                check.problems += located(
+                    pipeline, attribute_model_problems(attribute, found[1], ("attributes", i))
+                )
         if isinstance(pipeline.postprocess, CtcPostprocess):  # characters, no labels
             continue
         # A pipeline's own postprocess.labels are checked by its validator; against the model
