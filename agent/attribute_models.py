@@ -44,7 +44,9 @@ _ROTATIONS = {90: cv2.ROTATE_90_COUNTERCLOCKWISE, 180: cv2.ROTATE_180, 270: cv2.
 def attribute_pipeline(pipeline: PipelineConfig, attribute: AttributeConfig) -> PipelineConfig:
     """The pipeline config an attribute's model is chosen, proven and hinted under: the pipeline's
     source and backend choice with the attribute's model, preprocess and postprocess, named
-    `<pipeline>.<attribute>` in the log and the backend decisions."""
+    `<pipeline>.<attribute>` in the log and the backend decisions. What is about the primary's boxes
+    (zones, lines, tracking, filters, the motion gate's regions, the report rules, Home Assistant) is
+    left out: the hints revalidate the config, and a ctc or classification output has no boxes."""
     return pipeline.model_copy(
         update={
             "name": f"{pipeline.name}.{attribute.name}",
@@ -53,6 +55,13 @@ def attribute_pipeline(pipeline: PipelineConfig, attribute: AttributeConfig) -> 
             "postprocess": attribute.postprocess,
             "state": [],
             "attributes": [],
+            "zones": [],
+            "lines": [],
+            "track": None,
+            "filters": None,
+            "motion": None,
+            "report": type(pipeline.report)(),
+            "home_automation": type(pipeline.home_automation)(),
         }
     )
 

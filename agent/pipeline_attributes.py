@@ -71,6 +71,7 @@ class PipelineAttributes:
         self._reads: dict[tuple[int, str], _Read] = {}
         self._inbox: list[Reading] = []
         self._lock = threading.Lock()
+        self._delivered = threading.Condition(self._lock)  # an offline run waits on it (`wait_for_answers`)
         self.counts: dict[str, AttributeCounts] = {}
 
     def due(
@@ -145,6 +146,7 @@ class PipelineAttributes:
         """The reader's answers (its thread): the next frame puts them on the objects."""
         with self._lock:
             self._inbox.extend(readings)
+            self._delivered.notify_all()
 
     def take(self) -> list[Reading]:
         """The answers delivered since the last call; their objects may be read again from now on."""
@@ -156,6 +158,16 @@ class PipelineAttributes:
                 read.pending = False
                 read.retry_at = None if reading.error is None else reading.captured_at + RETRY_AFTER_FAILURE_S
         return readings
+
+    def pending(self) -> int:
+        """Readings asked for whose answers were not taken yet."""
+        return sum(read.pending for read in self._reads.values())
+
+    def wait_for_answers(self, timeout: float) -> bool:
+        """Wait at most `timeout` s for answers not taken yet; whether there are some. An offline run
+        (`infer --track`) waits so at the clip's end: its last events carry every answer asked for."""
+        with self._delivered:
+            return self._delivered.wait_for(lambda: bool(self._inbox), timeout)
 
     def forget(self, alive: Iterable[int]) -> None:
         """Let go of the readings of tracks that ended (only those in `alive` are kept)."""

@@ -20,6 +20,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from agent.processing.scene import label_of
 from agent.processing.zones import LineShape, ZoneShape, anchor_points
 
 Colour = tuple[int, int, int]  # B, G, R
@@ -40,15 +41,34 @@ def track_colour(track_id: int) -> Colour:
 
 
 def caption_of(entry: Mapping[str, Any]) -> str:
-    """'person #12 0.87': the label (the class index without labels), the track id when the entry has
-    one, the score when it has one."""
-    label = entry.get("label")
-    parts = [str(label) if label is not None else str(entry.get("index"))]
+    """'person #12 0.87': the label (the class index without labels, 'object' for a region: as zones
+    and events name it, `label_of`), the track id when the entry has one, the score when it has one;
+    then what second models read on the object, when it carries `attributes` ('object #3 0.91 |
+    direction: 180; text: GATE 42': `attributes_text`)."""
+    parts = [label_of(entry)]
     if entry.get("track_id") is not None:
         parts.append(f"#{entry['track_id']}")
     if entry.get("score") is not None:
         parts.append(f"{float(entry['score']):.2f}")
-    return " ".join(parts)
+    read = attributes_text(entry.get("attributes"))
+    return " ".join(parts) + (f" | {read}" if read else "")
+
+
+def attributes_text(attributes: Any) -> str:
+    """An object's attributes in a caption: 'direction: 180; text: GATE 42' (a vector as its length;
+    what OpenCV's font cannot draw as '?'). Each attribute is {value, score, ...} as objects carry it
+    (agent/processing/scene.py), or the bare value."""
+    if not isinstance(attributes, Mapping):
+        return ""
+    shown = []
+    for name, attribute in attributes.items():
+        value = attribute.get("value") if isinstance(attribute, Mapping) else attribute
+        if isinstance(value, list | tuple):
+            text = f"[{len(value)} values]"
+        else:
+            text = "".join(c if " " <= c <= "~" else "?" for c in str(value))
+        shown.append(f"{name}: {text}")
+    return "; ".join(shown)
 
 
 def _sizes(image: np.ndarray) -> tuple[int, float]:

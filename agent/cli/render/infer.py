@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from agent.cli.render import cut, plain_table, say
+from agent.processing.drawing import attributes_text
 
 
 def print_inference(data: dict[str, Any], summary: dict[str, Any] | None) -> None:
@@ -121,6 +122,8 @@ class TrackPrinter:
         }.get(data["kind"], f"{width}x{height} at {data['fps']:g} fps, tracking every frame")
         say(self.console, f"{data['model']} on {data['input']} ({how}): {clip}")
         _print_backend(self.console, data)
+        for line in attribute_lines(data.get("attributes") or {}):
+            say(self.console, line)
 
     def event(self, event: dict[str, Any]) -> None:
         line = event_line(event)
@@ -139,6 +142,8 @@ class TrackPrinter:
             f"{latency['inference']:.2f} ms, postprocess {latency['postprocess']:.2f} ms",
         )
         for line in summary_lines(data["tracking"]):
+            say(console, line)
+        for line in attribute_lines(data.get("attributes") or {}, read=True):
             say(console, line)
         if data.get("note"):
             say(console, f"note: {data['note']}")
@@ -165,6 +170,41 @@ def _who(obj: dict[str, Any]) -> str:
     return f"{obj.get('label', '?')} #{obj.get('id', '?')}"
 
 
+def _read(obj: dict[str, Any]) -> str:
+    """What second models read on the object, after its other words: ` | text: GATE 42`."""
+    text = attributes_text(obj.get("attributes"))
+    return f" | {text}" if text else ""
+
+
+def attribute_lines(attributes: dict[str, Any], read: bool = False) -> list[str]:
+    """A pipeline's second models: where each runs (or why it could not load); `read`: and what it
+    read (crops, answers, readings per track, mean time)."""
+    lines = []
+    for name, shown in attributes.items():
+        if "error" in shown:
+            lines.append(f"attribute {name}: left out: {shown['error']}")
+            continue
+        line = f"attribute {name}: {shown['model']} on {shown['backend']} ({shown['precision']})"
+        if read:
+            per_track = shown.get("reads_per_track")
+            mean = shown.get("mean_ms")
+            line += (
+                f": {shown.get('crops', 0)} crop(s) read, {shown.get('answered', 0)} answer(s) on "
+                f"{shown.get('tracks', 0)} track(s)"
+                + (f", {per_track:g} reading(s) a track" if per_track is not None else "")
+                + (f", {mean:.2f} ms a run" if mean is not None else "")
+            )
+            extra = [f"{k} {shown[k]}" for k in ("unsure", "failed", "late") if shown.get(k)]
+            if extra:
+                line += " (" + ", ".join(extra) + ")"
+            if shown.get("last_error"):
+                line += f"; last error: {shown['last_error']}"
+        elif shown.get("why"):
+            line += f": {shown['why']}"
+        lines.append(line)
+    return lines
+
+
 def _seen_for(obj: dict[str, Any]) -> str:
     try:  # RFC 3339 with Z: Python 3.10's fromisoformat wants +00:00
         first = datetime.fromisoformat(str(obj["first_seen"]).replace("Z", "+00:00"))
@@ -175,10 +215,13 @@ def _seen_for(obj: dict[str, Any]) -> str:
 
 
 def event_line(event: dict[str, Any]) -> str | None:
-    """One event as a line (None for an `update`: its cause has a line of its own)."""
+    """One event as a line (None for an `update` but one with what a second model read: its other
+    causes have lines of their own). An object's line ends with its attributes once read."""
     kind = event.get("type")
     obj = event.get("object") or {}
     at = clock(float(event.get("position_s", 0.0)))
+    if kind == "update" and "attributes" in (event.get("changed") or []):
+        return f"{at}  {'read':<5}  {_who(obj)}{_read(obj)}"
     if kind == "new":
         text = f"{_who(obj)} (score {float(obj.get('score', 0)):.2f})"
     elif kind == "enter":
@@ -197,6 +240,8 @@ def event_line(event: dict[str, Any]) -> str | None:
         text = f"{_who(obj)} ({event.get('reason')}{_seen_for(obj)})"
     else:
         return None
+    if kind != "overcrowded":
+        text += _read(obj)
     return f"{at}  {kind:<5}  {text}"
 
 

@@ -34,6 +34,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from agent.attribute_models import AttributeSet
 from agent.config import PipelineConfig, TrackConfig
 from agent.config.processing import gives_boxes
 from agent.errors import EdgeAgentError, ModelError
@@ -41,8 +42,9 @@ from agent.processing.drawing import draw_scene
 from agent.processing.scene import Event, Scene, boxes_of
 from agent.processing.zones import LineShape, ZoneShape
 from agent.stage import Stage
+from agent.tools.infer.attributes import ClipAttributes, attributes_note, load_attributes
 from agent.tools.infer.camera import camera_frames
-from agent.tools.infer.choice import Loaded, ResolvedModel, artifact_run
+from agent.tools.infer.choice import Loaded, ResolvedModel, artifact_run, settings_for, state_or_scratch
 from agent.tools.infer.draw import write_picture
 from agent.tools.infer.inputs import NAMED, input_kind, read_image, read_video_frame
 from agent.tools.infer.run import (
@@ -90,6 +92,8 @@ class TrackResult:
     note: str = ""
     drawn: str = ""  # what --draw wrote
     kind: str = "video"  # video, camera or image
+    # The pipeline's second models (`attributes:`): per attribute its model, backend and what it read.
+    attributes: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -109,6 +113,8 @@ class TrackResult:
             "events": self.events,
             "tracking": self.summary,
         }
+        if self.attributes is not None:
+            data["attributes"] = self.attributes
         if self.note:
             data["note"] = self.note
         return data
@@ -300,18 +306,28 @@ class _ClipTracker:
         head = next(frames, None)  # the clip's own first frame: its rate and size
         if head is None:
             raise EdgeAgentError(f"{self.request.input_name}: OpenCV decoded no frame of this video")
-        try:
-            result = self._frames(stage, itertools.chain([head], frames), head)
-        except BaseException:
-            if self.writer is not None:
-                self.writer.abort()
-                self.writer = None
-                if self.draw is not None:
-                    self.draw.unlink(missing_ok=True)
-            raise
+        with state_or_scratch(self.request.state_dir) as states:
+            models = None
+            if self.config.attributes:  # second models, loaded where this box runs them
+                settings = settings_for(self.request.agent, states)
+                models = load_attributes(self.config, self.request.store, settings)
+            try:
+                result = self._frames(stage, itertools.chain([head], frames), head, models)
+            except BaseException:
+                if self.writer is not None:
+                    self.writer.abort()
+                    self.writer = None
+                    if self.draw is not None:
+                        self.draw.unlink(missing_ok=True)
+                raise
+            finally:
+                if models is not None:
+                    models.release()  # the reader stops, the sessions close
         return result
 
-    def _frames(self, stage: Stage, frames: Iterator[Frame], first: Frame) -> TrackResult:
+    def _frames(
+        self, stage: Stage, frames: Iterator[Frame], first: Frame, models: AttributeSet | None
+    ) -> TrackResult:
         session = self.loaded.session
         # A camera's rate is what it gives (known at the end); its drawn video is on a grid.
         fps = first.fps or (DRAW_CAMERA_FPS if self.kind == "camera" else 1.0)
@@ -332,6 +348,9 @@ class _ClipTracker:
         )
         tracking = self.config.tracking or TrackConfig()
         scene = Scene(tracking, self.config.zones, self.config.lines)
+        reader = ClipAttributes(self.config, models, scene) if models is not None else None
+        if reader is not None:
+            result.attributes = reader.status()  # (on_start says where each runs)
         shapes: tuple[list[ZoneShape], list[LineShape]] | None = None
         started = time.time()  # the clip's frame 0, for the events' times
         totals = np.zeros(3)
@@ -355,6 +374,10 @@ class _ClipTracker:
             if entries is not None:
                 scene.step(entries, started + position, width, height)
                 self._events(scene.take_events(), result, index, position)
+                if reader is not None:  # answers put on their objects, objects due a reading asked
+                    assert run.output is not None
+                    self._events(reader.frame(index, picture, run.output, started + position), result, index,
+                                 position)  # fmt: skip
             if self.draw is not None:
                 if shapes is None or result.size != [width, height]:
                     result.size = [width, height]
@@ -371,6 +394,11 @@ class _ClipTracker:
         if scene.problems:  # pixel points outside the frame (the daemon logs them)
             result.note = "; ".join(filter(None, [result.note, *scene.problems]))
         result.note = "; ".join(filter(None, [result.note, filters_note(stage)]))
+        if reader is not None:  # the readings still out, on their objects before the tracks end
+            self._events(reader.drain(frames_run - 1, started + position), result, frames_run - 1, position)
+            result.attributes = reader.status()
+            said = attributes_note(result.attributes, reader.unread)
+            result.note = "; ".join(filter(None, [result.note, said]))
         open_at_end = scene.summary()
         scene.end_all(END_OF_CLIP, started + position)
         self._events(scene.take_events(), result, frames_run - 1, position, at_end=True)
@@ -434,7 +462,13 @@ class _ClipTracker:
         zones, lines = shapes
         now = scene.summary() if zones or lines else {"zones": {}, "lines": {}}
         canvas = draw_scene(
-            picture, entries, zones, lines, occupancy=now["zones"], limits=self.limits, counts=now["lines"]
+            picture,
+            with_attributes(entries, scene),
+            zones,
+            lines,
+            occupancy=now["zones"],
+            limits=self.limits,
+            counts=now["lines"],
         )
         if not video:
             self.best = (tracked, index, canvas)
@@ -463,6 +497,15 @@ class _ClipTracker:
         tracked, index, canvas = self.best
         write_picture(self.draw, canvas)
         return f"frame {index}, {tracked} tracked object(s): the most in any frame (the latest of equals)"
+
+
+def with_attributes(entries: list[dict[str, Any]], scene: Scene) -> list[dict[str, Any]]:
+    """The entries, each tracked one with its object's attributes read so far (drawn by its caption)."""
+    drawn = []
+    for entry in entries:
+        obj = scene.objects.get(entry["track_id"]) if entry.get("track_id") is not None else None
+        drawn.append({**entry, "attributes": obj.attributes} if obj is not None and obj.attributes else entry)
+    return drawn
 
 
 def _shapes(config: PipelineConfig, width: int, height: int) -> tuple[list[ZoneShape], list[LineShape]]:
