@@ -182,6 +182,7 @@ class ResultWriter:
                 quality=config.quality,
                 crop=config.crop,
                 captured_at=captured_at,
+                attributes=wanted.attributes,
             )
             data = snapshot.path.read_bytes() if self.snapshot_observer is not None else b""
         except Exception as exc:  # a full disk costs the picture, never the events

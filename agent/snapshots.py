@@ -7,9 +7,11 @@ object. Files live under the store's root (the daemon's <state_dir>/snapshots):
     <root>/<pipeline>/<id>.crop.jpg   the crop (when asked for)
 
 An id is `<track id>-<10 hex digits>`: unique across restarts (track ids start again), and safe in
-file names, MQTT topics and payloads. Each JPEG carries its snapshot's pipeline, label, track id and
-capture time in a comment segment, so a restarted store knows its files again (their order and each
-label's latest) without a second file to keep in step.
+file names, MQTT topics and payloads. Each JPEG carries its snapshot's pipeline, label, track id,
+capture time and the object's attributes read by then (second models: name -> {value, score, at, runs})
+in a comment segment, so a restarted store knows its files again (their order and each label's latest)
+without a second file to keep in step, and whoever gets the picture (the Home Assistant image, a
+download) has what was read on it; the attributes are also in the drawn box's caption.
 
 Retention (the agent's `snapshots:`, SnapshotRetentionConfig): after every save the oldest snapshots
 (by capture time, then id) are removed until at most `max_count` remain and their files (a snapshot
@@ -29,7 +31,8 @@ import os
 import re
 import threading
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,7 @@ _CROP_SUFFIX = ".crop.jpg"
 _SUFFIX = ".jpg"
 _TEMP_MARK = ".jpg.tmp-"  # fsutil.temp_name's names for our files
 _COMMENT_PREFIX = b"edge-agent snapshot "
+_MAX_META_BYTES = 32_768  # a JPEG comment holds 64 KiB at most
 _CROP_MARGIN = 0.05  # of the box's longer side, around the crop: a little context
 
 
@@ -69,6 +73,7 @@ class Snapshot:
     track_id: int
     pipeline: str
     captured_at: float
+    attributes: dict[str, Any] = field(default_factory=dict)  # what second models had read on the object
 
 
 def crop_region(box: list[float], width: int, height: int) -> tuple[int, int, int, int] | None:
@@ -196,6 +201,7 @@ class SnapshotStore:
         meta = _read_comment(parts["main"]) or {}
         captured_at = meta.get("captured_at")
         label = meta.get("label")
+        attributes = meta.get("attributes")
         return Snapshot(
             id=snapshot_id,
             path=parts["main"],
@@ -205,6 +211,7 @@ class SnapshotStore:
             track_id=int(snapshot_id.rsplit("-", 1)[0]),
             pipeline=pipeline,
             captured_at=float(captured_at) if isinstance(captured_at, (int, float)) else mtime,
+            attributes=attributes if isinstance(attributes, dict) else {},
         )
 
     # --- accounting (under the lock, or before the store is shared) ---------------------------------
@@ -280,11 +287,14 @@ class SnapshotStore:
         quality: int,
         crop: bool,
         captured_at: float,
+        attributes: Mapping[str, Any] | None = None,
     ) -> Snapshot:
         """Save object `track_id`'s snapshot from `frame_bgr` (BGR uint8): the frame with its `box`
         ([x1, y1, x2, y2] pixels) and caption drawn, JPEG at `quality`; with `crop`, also the box's
         region and a small margin (`crop_region`) undrawn (none when the box is wholly outside the
-        frame). A JPEG larger than the retention's max_bytes is scaled down to fit. Then the oldest
+        frame). `attributes`: what second models had read on the object (name -> {value, score, at,
+        runs}): in the caption and the JPEG's metadata. A JPEG larger than the retention's max_bytes
+        is scaled down to fit. Then the oldest
         snapshots go until the retention holds (this one too, when it is the oldest of all).
 
         Raises ValueError on a bad argument, and SnapshotError when the files cannot be written
@@ -309,11 +319,16 @@ class SnapshotStore:
             raise ValueError(f"snapshot capture time {captured_at!r} is not a time")
         track_id = int(track_id)
         snapshot_id = f"{track_id}-{uuid.uuid4().hex[:10]}"
-        meta = json.dumps(
-            {"pipeline": pipeline, "label": label, "track_id": track_id, "captured_at": captured_at},
-            ensure_ascii=True,
-        ).encode()
-        entry = {"box": corners, "label": label, "track_id": track_id}
+        read = {str(name): value for name, value in (attributes or {}).items()}
+        about: dict[str, Any] = {"pipeline": pipeline, "label": label, "track_id": track_id}
+        about["captured_at"] = captured_at
+        meta = json.dumps({**about, "attributes": read}, ensure_ascii=True, default=str).encode()
+        if not read or len(meta) > _MAX_META_BYTES:  # (a long embedding: in the caption alone)
+            kept: dict[str, Any] = {}
+            meta = json.dumps(about, ensure_ascii=True).encode()
+        else:
+            kept = read
+        entry = {"box": corners, "label": label, "track_id": track_id, "attributes": read}
         budget = self._retention.max_bytes
         # Bolder than the live image's box: a snapshot is mostly seen as a thumbnail, and JPEG's
         # halved colour resolution washes a thin coloured line out.
@@ -372,6 +387,7 @@ class SnapshotStore:
             track_id=track_id,
             pipeline=pipeline,
             captured_at=captured_at,
+            attributes=kept,
         )
         with self._lock:
             self._add(snapshot)

@@ -28,6 +28,10 @@ have a value from the zone's first exit on):
     zone/<zone>/overcrowded  ON while more than its max_objects are in it (zones with one)
     line/<line>/<direction>  crossings per direction name since the agent started
     line/<line>/<direction>/<label>  of them, those of a label of the line's `labels` filter
+    zone/<zone>/last/<attribute>  a pipeline with attributes (all but embeddings): the value read on
+                             the object that last entered the zone (read as it entered, or later)
+    line/<line>/last/<attribute>  the same for the object that last crossed the line (the last plate
+                             through the gate); none until one has
     snapshot                 track.snapshots: the latest snapshot of any object (JPEG)
     snapshot/<label>         the latest snapshot of a `label` object (JPEG)
 
@@ -304,7 +308,7 @@ class HomeAutomation:
     ) -> None:
         """A tracking frame of `pipeline` with events: its scene's `summary` after it (Scene.summary) and
         its `events`: the counts come from the summary, the stays and per-label crossings from the
-        `exit` and `cross` events."""
+        `exit` and `cross` events, the last values read from `enter`, `cross` and `update` events."""
         if not self.config.state_topics_on:
             return
 
@@ -312,9 +316,9 @@ class HomeAutomation:
             state.take_scene(summary, events)
             return True
 
-        def keep() -> None:  # the latest summary, and the exits and crossings (they add up)
+        def keep() -> None:  # the latest summary, and the events the values follow (they add up)
             before = self._pending_scenes.get(pipeline, (summary, []))[1]
-            adding = [e for e in events if e.get("type") in ("exit", "cross")]
+            adding = [e for e in events if e.get("type") in ("exit", "cross", "enter", "update")]
             self._pending_scenes[pipeline] = (summary, [*before, *adding][-_MAX_PENDING_EVENTS:])
 
         with self._lock:

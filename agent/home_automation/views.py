@@ -2,7 +2,8 @@
 its state topics (label, counts, ON/OFF per watched label of a classification or detection pipeline;
 motion ON/OFF of a pipeline with a motion gate;
 a tracking pipeline's objects, zone occupancy (per label too), stays, dwell, overcrowding, line
-crossings (per label too) and snapshots; the frame rate and the serving backend of every pipeline),
+crossings (per label too), the last value read on an object through each zone and line (a pipeline
+with attributes) and snapshots; the frame rate and the serving backend of every pipeline),
 and the box's own (`DEVICE`)."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from agent.config import ClassificationPostprocess, DetectionPostprocess, PipelineConfig
 from agent.config.base import TOPIC_SPECIALS
+from agent.processing.scene import attribute_text
 from agent.status import PipelineStatus
 
 ON, OFF = b"ON", b"OFF"
@@ -22,6 +24,7 @@ QOS = 1
 # name starts with "_" (agent/config/base.py NAME_PATTERN), so it never clashes with one.
 DEVICE = "_device"
 STAYS_KEPT = 20  # a zone's mean stay is over its last this many stays (exits)
+MAX_STATE_CHARS = 255  # Home Assistant keeps a sensor's state to this many characters
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class ZoneView:
     dwell: bool  # dwell_s is set: state/<pipeline>/zone/<name>/dwelling
     crowd: bool  # max_objects is set: state/<pipeline>/zone/<name>/overcrowded
     labels: tuple[str, ...] = ()  # its label filter's (those that can be topic levels): count/<label>
+    attributes: tuple[str, ...] = ()  # the pipeline's attributes shown: zone/<name>/last/<attribute>
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,13 @@ class LineView:
     name: str
     directions: tuple[str, str]  # its `in` and `out` names: state/<pipeline>/line/<name>/<direction>
     labels: tuple[str, ...] = ()  # its label filter's: line/<name>/<direction>/<label>
+    attributes: tuple[str, ...] = ()  # line/<name>/last/<attribute>
+
+
+def _shown_attributes(config: PipelineConfig) -> tuple[str, ...]:
+    """The attributes whose last value a zone's and a line's sensor shows: all but embeddings (a vector
+    of hundreds of numbers is no sensor state)."""
+    return tuple(a.name for a in config.attributes if a.postprocess.type != "embedding")
 
 
 def _level_labels(labels: Sequence[str] | None) -> tuple[str, ...]:
@@ -61,12 +72,21 @@ class TrackingView:
         track = config.tracking
         if track is None:
             return None
+        shown = _shown_attributes(config)
         zones = tuple(
-            ZoneView(z.name, z.dwell_s is not None, z.max_objects is not None, _level_labels(z.labels))
+            ZoneView(z.name, z.dwell_s is not None, z.max_objects is not None, _level_labels(z.labels), shown)
             for z in config.zones
         )
         lines = tuple(
-            LineView(line.name, (line.in_, line.out), _level_labels(line.labels)) for line in config.lines
+            LineView(
+                line.name,
+                (line.in_, line.out),
+                _level_labels(line.labels),
+                # A direction named "last" has its per-label counts on line/<name>/last/<label>: an
+                # attribute named like one of those labels would share its topic, and goes without.
+                tuple(a for a in shown if "last" not in (line.in_, line.out) or a not in (line.labels or ())),
+            )
+            for line in config.lines
         )
         return cls(zones, lines, track.snapshots.enabled)
 
@@ -149,7 +169,8 @@ def tracking_entities(p: str, tracking: TrackingView) -> list[Entity]:
     """A tracking pipeline's: objects tracked now; per zone its count (and per label of its filter),
     its last stay and mean stay (seconds), dwelling and overcrowded where configured; per line and
     direction (and label of its filter) its crossings since the agent started (total_increasing: Home
-    Assistant reads the drop to 0 at a restart as a reset); its latest snapshot where snapshots are on."""
+    Assistant reads the drop to 0 at a restart as a reset); per zone and line and attribute the value
+    read on the object that last entered or crossed it; its latest snapshot where snapshots are on."""
     measurement = (("state_class", "measurement"),)
     stay = (
         ("device_class", "duration"),
@@ -175,6 +196,7 @@ def tracking_entities(p: str, tracking: TrackingView) -> list[Entity]:
             out.append(
                 Entity(("zone", z, "overcrowded"), "binary_sensor", f"{p} zone {z} overcrowded", crowd)
             )
+        out += _last_values(p, "zone", z, zone.attributes)
     for line in tracking.lines:
         total = (("state_class", "total_increasing"), ("icon", "mdi:counter"))
         for direction in line.directions:
@@ -183,9 +205,19 @@ def tracking_entities(p: str, tracking: TrackingView) -> list[Entity]:
             for label in line.labels:
                 name = f"{p} line {line.name} {direction} {label}"
                 out.append(Entity((*key, label), "sensor", name, total))
+        out += _last_values(p, "line", line.name, line.attributes)
     if tracking.snapshots:
         out.append(Entity(("snapshot",), "image", f"{p} snapshot", (("content_type", "image/jpeg"),)))
     return out
+
+
+def _last_values(p: str, kind: str, name: str, attributes: Sequence[str]) -> list[Entity]:
+    """A zone's or line's sensors of the last value read (e.g. the last plate through the gate)."""
+    icon = (("icon", "mdi:text-recognition"),)
+    return [
+        Entity((kind, name, "last", attribute), "sensor", f"{p} {kind} {name} last {attribute}", icon)
+        for attribute in attributes
+    ]
 
 
 def label_level_ok(label: str) -> bool:
@@ -253,6 +285,9 @@ class PipelineState:
         # (line, direction) -> the scene's crossings that way when last told (a `cross` event's `count`,
         # the summary's): the per-label counts start again with the scene's (a pipeline restart).
         self.crossed: dict[tuple[str, str], int] = {}
+        # ("zone" | "line", name) -> the object that last entered or crossed it: a reading that comes
+        # later is its value too (read after it passed), one of an object before it is not.
+        self.last_through: dict[tuple[str, str], object] = {}  # (a track id)
 
     def update(self, output: Mapping[str, Any], now: float) -> list[dict[str, Any]]:
         """Take a published result's `output`; returns its detections (for the image)."""
@@ -322,6 +357,7 @@ class PipelineState:
         lines = {line.name: line for line in tracking.lines}
         for event in events:
             kind = event.get("type")
+            self._take_attributes(tracking, event)
             if kind == "exit" and event.get("zone") in zones and event.get("stayed_s") is not None:
                 name = str(event["zone"])
                 stays = self.stays.setdefault(name, deque(maxlen=STAYS_KEPT))
@@ -340,6 +376,32 @@ class PipelineState:
                 if label in line.labels:
                     key = ("line", line.name, direction, str(label))
                     self.values[key] = str(int(self.values.get(key, b"0")) + 1).encode()
+
+    def _take_attributes(self, tracking: TrackingView, event: Mapping[str, Any]) -> None:
+        """The last value read through each zone and line: what the object carries as it enters a zone or
+        crosses a line, and what is read on it later while it is still the last one through."""
+        obj = event.get("object")
+        if not isinstance(obj, Mapping):
+            return
+        kind, track_id = event.get("type"), obj.get("id")
+        if kind in ("enter", "cross"):
+            place = ("zone", str(event.get("zone"))) if kind == "enter" else ("line", str(event.get("line")))
+            self.last_through[place] = track_id
+            places = [place]
+        elif kind == "update" and "attributes" in (event.get("changed") or ()):
+            places = [place for place, last in self.last_through.items() if last == track_id]
+        else:
+            return
+        shown = {("zone", zone.name): zone.attributes for zone in tracking.zones}
+        shown.update({("line", line.name): line.attributes for line in tracking.lines})
+        read = obj.get("attributes")
+        read = read if isinstance(read, Mapping) else {}
+        for where, name in places:
+            for attribute in shown.get((where, name), ()):
+                value = read.get(attribute)
+                if isinstance(value, Mapping) and "value" in value:
+                    text = attribute_text(value["value"])[:MAX_STATE_CHARS]
+                    self.values[(where, name, "last", attribute)] = text.encode()
 
     def _crossings_again(self, line: LineView, direction: str, count: int) -> None:
         """The scene's crossings of `line` that way started again (a pipeline restart): its per-label
@@ -402,6 +464,7 @@ class PipelineState:
         self.stays.update({name: stays for name, stays in old.stays.items() if name in zones})
         lines = {(line.name, d) for line in new.lines for d in line.directions}
         self.crossed.update({key: count for key, count in old.crossed.items() if key in lines})
+        self.last_through.update(old.last_through)
 
     def expire(self, now: float) -> None:
         """Turn OFF what has been missing for off_delay_s (called every tick)."""

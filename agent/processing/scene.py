@@ -124,6 +124,8 @@ class SnapshotWanted:
     box: list[float]
     quality: float
     replaces: str | None = None  # the object's snapshot so far: an object keeps only its best
+    # What second models had read on it by then (name -> {value, score, at, runs}): its caption.
+    attributes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class Scene:
@@ -559,7 +561,12 @@ class Scene:
                     (
                         gain,
                         SnapshotWanted(
-                            track_id, obj.label, [float(v) for v in boxes[k]], quality, obj.snapshot
+                            track_id,
+                            obj.label,
+                            [float(v) for v in boxes[k]],
+                            quality,
+                            obj.snapshot,
+                            {name: dict(value) for name, value in obj.attributes.items()},
                         ),
                     )
                 )
