@@ -153,6 +153,7 @@ class _Counts:
     crops: int = 0
     runs: int = 0  # model runs (a batch is one)
     failures: int = 0
+    failed_crops: int = 0
     total_ms: float = 0.0
     last_error: str | None = None
     logged_at: float = -math.inf  # time.monotonic() of the last failure logged
@@ -229,6 +230,23 @@ class AttributeSet:
             }
         return shown
 
+    def unhealthy(self, max_error_rate: float, min_reads: int) -> str | None:
+        """Why these second models fail a health window (None: fine): one that could not load, or one
+        failing on more than `max_error_rate` of its crops (once it was given `min_reads`)."""
+        for name, why in self.problems.items():
+            return f"attribute {name}: {why}"
+        for model in self.models:
+            counts = self._counts.get(model.config.name)
+            if counts is None:
+                continue
+            tried = counts.crops + counts.failed_crops
+            if tried >= min_reads and counts.failed_crops / tried > max_error_rate:
+                return (
+                    f"attribute {model.config.name}: {counts.failed_crops} of {tried} crops failed (over "
+                    f"max_error_rate {max_error_rate:g}); last: {counts.last_error}"
+                )
+        return None
+
     def _read_loop(self) -> None:
         while True:
             job = self._jobs.get()
@@ -266,6 +284,7 @@ class AttributeSet:
                 outputs = model.read(crops)
             except Exception as exc:  # a second model's failure costs only its own answers
                 counts.failures += 1
+                counts.failed_crops += len(crops)
                 now = time.monotonic()
                 if now - counts.logged_at >= _LOG_FAILURES_EVERY_S:
                     counts.logged_at = now

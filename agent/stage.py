@@ -70,6 +70,10 @@ class SecondModels(Protocol):
 
     def release(self) -> None: ...
 
+    def unhealthy(self, max_error_rate: float, min_reads: int) -> str | None:
+        """Why they fail a health window (None: fine)."""
+        ...
+
 
 @dataclass
 class LoadedModel:
@@ -170,6 +174,12 @@ class Stage:
     @property
     def ref(self) -> str:
         return f"{self.model.name}@{self.model.version}"
+
+    @property
+    def chain(self) -> str:
+        """The stage's models for people: `ref`, and its second models' (`det@4 (text: rec@2)`)."""
+        second = [f"{a.name}: {a.model.name}@{a.model.version}" for a in self.config.attributes]
+        return f"{self.ref} ({', '.join(second)})" if second else self.ref
 
     def decision(self) -> Decision | None:
         """The decision this stage follows now: its switcher's latest (after a proof on a frame),
@@ -301,6 +311,11 @@ class Stage:
         between two frames. The session closes with the last stage on it."""
         return Stage(config, self.model, self.switcher, attributes=self.attributes)
 
+    def with_attributes(self, config: PipelineConfig, attributes: SecondModels) -> Stage:
+        """A stage on this one's model and session with new second models (`changes_only_attributes`):
+        the primary model serves on untouched; a rollback goes back to this stage and its own."""
+        return Stage(config, self.model, self.switcher, attributes=attributes)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -323,6 +338,14 @@ def _check_regions(feeder: Feeder) -> None:
 # Pipeline keys that need no new session: what is done with the model's outputs, and which frames
 # reach it (the motion gate). A change to only these is taken by a stage on the same session.
 REPORTING_KEYS = ("motion", "zones", "lines", "track", "filters", "report", "home_automation", "stall_s")
+
+
+def changes_only_attributes(old: PipelineConfig, new: PipelineConfig) -> bool:
+    """Whether `new` differs from `old` in its second models (`attributes:`) and at most what
+    `changes_only_reporting` allows: the primary model's session can serve on."""
+    return old.attributes != new.attributes and changes_only_reporting(
+        old.model_copy(update={"attributes": new.attributes}), new
+    )
 
 
 def changes_only_reporting(old: PipelineConfig, new: PipelineConfig) -> bool:

@@ -88,5 +88,9 @@ class StageSwap:
         if unproven is not None:
             unproven.close()
         log.info(
-            "pipeline %s: now on %s (%s), was %s", self.pipeline, stage.ref, stage.running_on()[0], old.ref
+            "pipeline %s: now on %s on %s, was %s",
+            self.pipeline,
+            stage.chain,
+            stage.running_on()[0],
+            old.chain,
         )

@@ -190,6 +190,11 @@ class PipelineConfig(StrictModel):
         return self.motion if self.motion.enabled else None
 
     @property
+    def models(self) -> list[ModelRef]:
+        """Every model the pipeline runs: its own, then its attributes' (second models)."""
+        return [self.model, *(attribute.model for attribute in self.attributes)]
+
+    @property
     def tracking(self) -> TrackConfig | None:
         """The tracking this pipeline runs: `track`, or its defaults when zones, lines or attributes
         need it."""

@@ -46,7 +46,7 @@ from agent.registry import open_registry
 from agent.retry import backoff_delay
 from agent.session_pool import SessionPool
 from agent.sources import BrokerLink, Slot, Source, is_live, open_source
-from agent.stage import Stage, changes_only_reporting
+from agent.stage import Stage, changes_only_attributes, changes_only_reporting
 from agent.status import PipelineStatus
 from agent.store import ModelStore
 from agent.supervisor.building import StageBuilder, peek_for
@@ -214,6 +214,19 @@ class Supervisor:
                 # reload (a TensorRT engine build takes minutes); the stage takes the new config.
                 stage = running.stage.with_config(desired.config)
                 change.phase("building", "the same model with new reporting settings")
+            elif (
+                keeps_source
+                and running is not None
+                and changes_only_attributes(running.stage.config, desired.config)
+            ):
+                # Only second models changed: they are pulled and proven; the primary model serves on,
+                # its session shared (a rollback of a second model never touches it).
+                peek = peek_for(running, None)
+                attributes = self.builder.attributes_for(
+                    desired.config, change, peek, verify=slot.attempts > 1
+                )
+                stage = running.stage.with_attributes(desired.config, attributes)
+                change.phase("building", "the same model with new second models")
             else:
                 peek = peek_for(running if keeps_source else None, source)
                 stage = self.builder.build(
@@ -267,7 +280,7 @@ class Supervisor:
     ) -> bool:
         """Watch the new stage on live frames for the window (agent/supervisor/health.py); False
         (rolled back) when it fails."""
-        watching = f"watching {pipeline.stage.ref} for {health.window_s:.0f} s"
+        watching = f"watching {pipeline.stage.chain} for {health.window_s:.0f} s"
         change.phase("health-check", watching, extra_s=window_length_s(health))
         problem = watch(pipeline, health, change.cancel)
         if problem is None:
@@ -275,7 +288,7 @@ class Supervisor:
         with self._lock:
             if change.cancel.is_set():
                 raise Cancelled()
-        self._roll_back(slot, change, pipeline, f"{pipeline.stage.ref} failed its health window: {problem}")
+        self._roll_back(slot, change, pipeline, f"{pipeline.stage.chain} failed its health window: {problem}")
         return False
 
     def _roll_back(self, slot: PipelineSlot, change: Change, pipeline: Pipeline, why: str) -> None:
@@ -315,7 +328,7 @@ class Supervisor:
             else:
                 slot.set_phase("running")
         self.memory.good(slot.name, change.desired)
-        backend, ref = pipeline.stage.running_on()[0], pipeline.stage.ref
+        backend, ref = pipeline.stage.running_on()[0], pipeline.stage.chain
         if first:
             log.info("pipeline %s started: %s on %s", slot.name, ref, backend)
         else:
@@ -507,16 +520,17 @@ class Supervisor:
 
     def models_in_use(self) -> set[tuple[str, str]]:
         """Versions the store must keep: what is wanted, what runs, and what a rollback would need."""
-        refs = {(p.model.name, p.model.version) for p in self.config.pipelines}
+        refs = {(m.name, m.version) for p in self.config.pipelines for m in p.models}
         with self._lock:
             for slot in self._slots.values():
                 for d in (slot.desired, slot.running):
                     if d is not None:
-                        refs.add((d.config.model.name, d.config.model.version))
+                        refs |= {(m.name, m.version) for m in d.config.models}
                 if slot.pipeline is not None:
                     for stage in (slot.pipeline.stage, slot.pipeline.stages.previous):
                         if stage is not None:
                             refs.add((stage.model.name, stage.model.version))
+                            refs |= {(m.name, m.version) for m in stage.config.models[1:]}
         return refs
 
     def _prune_store(self) -> None:

@@ -144,6 +144,17 @@ class StageBuilder:
             raise
         return stage
 
+    def attributes_for(
+        self,
+        config: PipelineConfig,
+        progress: BuildProgress,
+        peek: Callable[[float], Frame | None] | None,
+        verify: bool = False,
+    ) -> AttributeSet:
+        """Only the second models of `config` (a change to its attributes alone: the primary serves on)."""
+        progress.phase("pulling", f"pulling the second models of {config.name}")
+        return self._attributes(self._config(), config, progress, peek, verify)
+
     def _install(
         self, agent: AgentConfig, model: ModelRef, progress: BuildProgress, verify: bool
     ) -> InstalledModel:

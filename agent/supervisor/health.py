@@ -34,6 +34,10 @@ def watch(pipeline: Pipeline, health: HealthWindowConfig, cancel: threading.Even
     Its speed is judged beside the previous version's, measured in the same seconds on the same
     frames (agent/side_by_side.py), and a slowdown must persist to count. Cancelled when `cancel`."""
     stage, previous = pipeline.stage, pipeline.stages.previous
+
+    def judged(final: bool) -> str | None:
+        return unhealthy(stage, health, final) or second_models_unhealthy(stage, previous, health)
+
     recorded = previous.stats.median_latency_ms() if previous else None
     stage.watch_outputs = health.nan_is_failure
     side = pipeline.compare_with(previous)
@@ -43,7 +47,9 @@ def watch(pipeline: Pipeline, health: HealthWindowConfig, cancel: threading.Even
         problem = None
         while problem is None and time.monotonic() < window_ends:
             _wait(cancel, window_ends)
-            problem = unhealthy(stage, health, final=False)
+            problem = unhealthy(stage, health, final=False) or second_models_unhealthy(
+                stage, previous, health
+            )
         problem = problem or unhealthy(stage, health, final=True)
         return problem or _too_slow_twice(cancel, stage, side, recorded, health, load)
     finally:
@@ -156,6 +162,17 @@ def unhealthy(stage: Stage, health: HealthWindowConfig, final: bool) -> str | No
     if median is not None and health.max_latency_ms is not None and median > health.max_latency_ms:
         return f"median inference {median:.1f} ms over max_latency_ms {health.max_latency_ms:g}"
     return None
+
+
+def second_models_unhealthy(stage: Stage, previous: Stage | None, health: HealthWindowConfig) -> str | None:
+    """Why the second models a change brought fail its window (None: fine, or none came): one that
+    cannot load, or one failing on its crops. A new pipeline serves without a second model that cannot
+    load (its status says why); a change rolls back to the second models that served before, the
+    primary model untouched (its session is the previous stage's: Stage.with_attributes)."""
+    attributes = stage.attributes
+    if attributes is None or previous is None or previous.attributes is attributes:
+        return None
+    return attributes.unhealthy(health.max_error_rate, health.min_frames)
 
 
 def too_slow(health: HealthWindowConfig, comparison: Comparison | None) -> str | None:
