@@ -2,7 +2,8 @@
 time, its kind and a summary: a result's pipeline and top output, a tracking event's zone or line
 (and direction) first, then what happened to which object, a status's state, a state topic's value.
 A message's `seq` is written `[seq 48]` at the line's end and an object's id `person #4`, as drawn
-frames and `infer --track` write it: the two numbers are never both `#`. Plain text, or rich's
+frames and `infer --track` write it: the two numbers are never both `#`; what second models read on
+the object follows its id in brackets, `plate #3 [text=KX42 BRT 0.97]`. Plain text, or rich's
 colours on a terminal. Whatever a payload holds, a line comes out (a message not in the documented
 shape is shown cut short, never an error)."""
 
@@ -16,6 +17,7 @@ from agent.tools.watch import Seen
 
 _STYLES = {"result": "green", "event": "bold magenta", "status": "cyan", "state": "yellow"}
 _SHOWN = 3  # detections, pipelines named in one line
+_VALUE_CHARS = 40  # an attribute's value in a line (a plugin's mapping is cut)
 
 
 def line(seen: Seen) -> str:
@@ -56,7 +58,8 @@ def summary(seen: Seen) -> str:
 
 def tracking_event(event: dict[str, Any]) -> str:
     """A tracking event in a few words, where first: `line door in: cross person #4 (count 3)`,
-    `zone counter: dwell person #4 (inside 7.5 s)`, `new person #4 (score 0.81)`."""
+    `zone counter: dwell person #4 (inside 7.5 s)`, `new person #4 (score 0.81)`, and the object's
+    attributes once read: `line gate in: cross plate #3 [text=KX42 BRT 0.97] (count 1)`."""
     given = event.get("object")
     obj: dict[str, Any] = given if isinstance(given, dict) else {}
     kind = str(event.get("type", "?"))
@@ -66,9 +69,25 @@ def tracking_event(event: dict[str, Any]) -> str:
         where = f"zone {event['zone']}"
     else:
         where = ""
-    who = f"{obj.get('label', '?')} #{obj.get('id', '?')}" if obj else ""
+    who = f"{obj.get('label', '?')} #{obj.get('id', '?')}{attributes_of(obj)}" if obj else ""
     what = " ".join(part for part in (kind, _state_of(event), who, _detail(kind, event, obj)) if part)
     return f"{where}: {what}" if where else what
+
+
+def attributes_of(obj: dict[str, Any]) -> str:
+    """` [text=KX42 BRT 0.97, direction=180 0.88]`: each attribute's value and score (an embedding as
+    its length); empty when none was read."""
+    given = obj.get("attributes")
+    if not isinstance(given, dict) or not given:
+        return ""
+    shown = []
+    for name, read in given.items():
+        read = read if isinstance(read, dict) else {"value": read}
+        value = read.get("value")
+        text = f"<{len(value)} values>" if isinstance(value, list) else cut(value, _VALUE_CHARS)
+        score = _score(read.get("score"))
+        shown.append(f"{name}={text}" + (f" {score}" if score else ""))
+    return f" [{', '.join(shown)}]"
 
 
 def _state_of(event: dict[str, Any]) -> str:
