@@ -36,6 +36,11 @@ class AttributeCrop(StrictModel):
         description="Read an object only once its box is clear of the frame's edge: a sign coming into the "
         "picture is read whole, not its first letters.",
     )
+    align: bool = Field(
+        True,
+        description="Where the object comes with a polygon (a regions postprocess with polygons: true), cut "
+        "the polygon turned level (text at an angle, as PP-OCR crops it) instead of the box.",
+    )
     rotate_by: str | None = Field(
         None,
         description="An earlier attribute (a classifier) whose answer is an angle in degrees (0, 90, 180, "

@@ -160,6 +160,11 @@ class RegionsPostprocess(StrictModel):
         "their regions and want 1.5; 0 keeps the boxes as found.",
     )
     max_regions: int = Field(100, ge=1, le=10_000)
+    polygons: bool = Field(
+        False,
+        description="Also give each region's rotated rectangle (`polygon`: 4 corners in source pixels, grown "
+        "as its box): text at an angle, which an attribute with crop.align reads turned level.",
+    )
 
 
 class ThresholdPostprocess(StrictModel):

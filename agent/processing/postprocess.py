@@ -262,20 +262,42 @@ class Regions(Postprocessor):
             if score < self.config.min_score:
                 continue
             grow = w * h * self.config.unclip_ratio / (2 * (w + h))
-            found.append((score, area, [x - grow, y - grow, x + w + grow, y + h + grow]))
+            corners = self._polygon(labels == i, (left, top)) if self.config.polygons else None
+            found.append((score, area, [x - grow, y - grow, x + w + grow, y + h + grow], corners))
         found = sorted(found, key=lambda r: -r[0])[: self.config.max_regions]
-        boxes = np.array([box for _, _, box in found], dtype=np.float64).reshape(-1, 4)
-        if geometry is not None:  # map pixels -> model-input pixels -> source pixels
-            boxes[:, 0::2] *= geometry.input_width / width
-            boxes[:, 1::2] *= geometry.input_height / height
-            boxes = geometry.to_source(boxes)
+        boxes = self._to_source(
+            np.array([r[2] for r in found], dtype=np.float64).reshape(-1, 4), geometry, width, height
+        )
         rounded = [[round(float(v), 1) for v in box] for box in boxes]
         order = sorted(range(len(found)), key=lambda i: (rounded[i][1], rounded[i][0]))  # reading order
-        return {
-            "regions": [
-                {"score": round(found[i][0], 4), "area": found[i][1], "box": rounded[i]} for i in order
-            ]
-        }
+        regions = [{"score": round(found[i][0], 4), "area": found[i][1], "box": rounded[i]} for i in order]
+        if self.config.polygons:
+            for region, i in zip(regions, order, strict=True):
+                corners = found[i][3]
+                assert corners is not None
+                # Each corner as a box of no size: the same mapping (and clipping) as the boxes.
+                mapped = self._to_source(np.tile(corners, (1, 2)), geometry, width, height)[:, :2]
+                region["polygon"] = [[round(float(x), 1), round(float(y), 1)] for x, y in mapped]
+        return {"regions": regions}
+
+    def _polygon(self, member: np.ndarray, offset: tuple[int, int]) -> np.ndarray:
+        """A region's rotated rectangle (4 corners, map pixels), grown as its box is (unclip_ratio)."""
+        ys, xs = np.nonzero(member)
+        (cx, cy), (w, h), angle = cv2.minAreaRect(np.column_stack([xs, ys]).astype(np.float32))
+        w, h = w + 1, h + 1  # pixel centres -> pixel edges
+        grow = w * h * self.config.unclip_ratio / (2 * (w + h))
+        rect = ((cx + offset[0] + 0.5, cy + offset[1] + 0.5), (w + 2 * grow, h + 2 * grow), angle)
+        return np.asarray(cv2.boxPoints(rect), dtype=np.float64)
+
+    @staticmethod
+    def _to_source(boxes: np.ndarray, geometry: Geometry | None, width: int, height: int) -> np.ndarray:
+        """Boxes in map pixels -> model-input pixels -> source pixels."""
+        if geometry is None:
+            return boxes
+        boxes = boxes.copy()
+        boxes[:, 0::2] *= geometry.input_width / width
+        boxes[:, 1::2] *= geometry.input_height / height
+        return geometry.to_source(boxes)
 
 
 class Threshold(Postprocessor):

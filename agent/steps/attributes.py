@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
+
 from agent.attribute_models import AttributeSet, Job, Reading
 from agent.clock import iso_utc
 from agent.config import PipelineConfig
@@ -110,6 +112,7 @@ class AttributesStep(Step):
                 continue
             obj = scene.objects.get(track_id)
             known = {n: a.get("value") for n, a in obj.attributes.items()} if obj is not None else {}
+            polygon = entry.get("polygon")  # (regions with polygons: the text line at its angle)
             job = Job(
                 track_id,
                 pixels[top:bottom, left:right].copy(),
@@ -117,6 +120,7 @@ class AttributesStep(Step):
                 indexes,
                 known,
                 record.captured_at,
+                None if polygon is None else np.asarray(polygon, np.float64) - (left, top),
             )
             names = [self.models.models[i].config.name for i in indexes]
             for name in names:
