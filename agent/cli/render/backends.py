@@ -74,6 +74,22 @@ def print_explanation(records: list[dict[str, Any]]) -> None:
         title = f"[bold]{record['pipeline'] or record['model']}[/bold]" + (
             f" ({record['model']})" if record["pipeline"] else ""
         )
+        if record.get("attribute"):  # a second model of the pipeline (its `attributes:`)
+            attribute = f"attribute [bold]{record['attribute']}[/bold]"
+            title = f"[bold]{record['pipeline']}[/bold] {attribute} ({record['model']})"
+        if "error" in record:
+            left = "left out, the pipeline serves without it" if record.get("live") else "not to be had here"
+            console.print(f"{title}: {left}")
+            console.print(f"  {record['error']}", markup=False)
+            continue
+        if "decision" not in record and "refused" not in record:  # the daemon's word, no record of its choice
+            serving = record.get("serving") or {}
+            console.print(
+                f"{title}: serving now on {serving.get('backend')}, precision {serving.get('precision')}"
+            )
+            if serving.get("why"):
+                console.print(f"  {serving['why']}", markup=False)
+            continue
         if "refused" in record:
             console.print(f"{title}: no backend serves it")
             console.print(f"  {record['refused']}", markup=False)
