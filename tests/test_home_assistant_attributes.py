@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import cv2
+import numpy as np
 import pytest
 
 from agent.config import AgentConfig, SnapshotRetentionConfig
@@ -241,3 +242,24 @@ def test_a_real_broker_gets_the_last_value_through_each_zone_and_line_and_snapsh
         ]  # fmt: skip
     finally:
         late.close()
+
+
+def test_a_snapshots_caption_names_what_was_read(tmp_path: Path) -> None:
+    """The same object's snapshot with and without a reading: the pictures differ only in the caption
+    strip above its box, which the reading makes longer (`plate #7 | text: KX42 BRT`)."""
+    store = SnapshotStore(tmp_path / "snapshots", SnapshotRetentionConfig())
+    frame = cv2.resize(astronaut_bgr(), (640, 480))
+    box = [200.0, 200.0, 300.0, 260.0]
+    answer = {"text": {"value": "KX42 BRT", "score": 0.97, "at": "2026-11-29T07:00:00.000Z", "runs": 1}}
+    pictures = []
+    for attributes in (None, answer):
+        saved = store.save(PIPELINE, 7, "plate", frame, box, quality=95, crop=False, captured_at=1.0,
+                           attributes=attributes)  # fmt: skip
+        pictures.append(cv2.imread(str(saved.path)).astype(int))
+        assert saved.attributes == (attributes or {})
+    changed = np.argwhere(np.abs(pictures[0] - pictures[1]).max(axis=2) > 48)
+    assert len(changed) > 100  # the reading's words
+    (top, left), (bottom, right) = changed.min(axis=0), changed.max(axis=0)
+    # Above the box's top edge (JPEG's 8x8 blocks blur a little either side), from its left edge on
+    # and past its right one: the longer words.
+    assert top >= 160 and bottom <= 200 + 8 and left >= 200 - 8 and right > 300, (top, bottom, left, right)
