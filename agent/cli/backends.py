@@ -35,7 +35,8 @@ def explain(
 ) -> None:
     """Why a pipeline (or model) runs on its backend: every candidate, its verdict and numbers. From
     the running daemon when there is one; else where the next start would run it (the cached
-    decision, or what a first start serves and the candidates it proves next)."""
+    decision, or what a first start serves and the candidates it proves next). A pipeline with
+    attributes: each second model too, after the pipeline's own."""
     from agent.tools.explain import explain as explain_records
 
     with user_errors(as_json):

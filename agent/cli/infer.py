@@ -66,7 +66,9 @@ def infer(
             "--track",
             help="Video or camera: run every frame, follow the boxes (track ids) and print the events as "
             "they happen (new, enter, exit, cross, dwell, end) and a summary; zones, lines and track "
-            "settings from --pipeline, else the tracker's defaults and no zones. An image: its one frame.",
+            "settings from --pipeline, else the tracker's defaults and no zones. A --pipeline with "
+            "attributes: its second models read the objects, and the events carry what they read. An "
+            "image: its one frame.",
         ),
     ] = False,
     seconds: Annotated[
@@ -83,9 +85,9 @@ def infer(
             "--draw",
             help="Write the image (or video frame) with the boxes and labels drawn, and the --pipeline's "
             "zones and lines. With --track: OUT.mp4 (H.264), OUT.webm (VP8) or OUT.avi (MJPEG), the whole "
-            "clip with boxes, track ids, anchor points, zones by state and count, lines with counts (same "
-            "fps and size); OUT.jpg or OUT.png, the frame with the most tracked objects (the latest of "
-            "equals).",
+            "clip with boxes, track ids, attributes read, anchor points, zones by state and count, lines "
+            "with counts (same fps and size); OUT.jpg or OUT.png, the frame with the most tracked objects "
+            "(the latest of equals).",
         ),
     ] = None,
     raw: Annotated[

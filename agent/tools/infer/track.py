@@ -13,12 +13,17 @@ INPUT may also be a camera or stream (rtsp://, http(s)://, /dev/videoN, gst:...)
 `seconds` (10 by default), each at its capture time; or one image: one frame, which is all there is,
 so a track is confirmed and a zone entered on it (min_hits, min_frames 1, min_seconds 0).
 
---draw writes the picture (agent/processing/drawing.py `draw_scene`): the boxes (each track in its
-own colour, `label #id score`) with the anchor points the zones and lines count by, the zones coloured
-by state with their live counts, the lines with their counts per direction. A video name (.mp4: H.264,
-.webm: VP8, .avi: MJPEG; agent/tools/infer/video.py) gets every frame at the clip's fps and size (a
-camera's frames at their capture times on a DRAW_CAMERA_FPS grid); an image name the frame with the
-most tracked objects (the latest of equals; the last frame when nothing was tracked).
+A pipeline with `attributes:` has its second models read the tracked objects as the daemon's step does
+(agent/tools/infer/attributes.py): each answer is an object's `update`, later events carry it, and the
+readings still out at the clip's end are waited for before its last tracks end.
+
+--draw writes the picture (agent/processing/drawing.py `draw_scene`): the boxes (each track in its own
+colour, `label #id score`, then what its attributes read) with the anchor points the zones and lines
+count by, the zones coloured by state with their live counts, the lines with their counts per
+direction. A video name (.mp4: H.264, .webm: VP8, .avi: MJPEG; agent/tools/infer/video.py) gets every
+frame at the clip's fps and size (a camera's frames at their capture times on a DRAW_CAMERA_FPS grid);
+an image name the frame with the most tracked objects (the latest of equals; the last frame when
+nothing was tracked).
 """
 
 from __future__ import annotations
