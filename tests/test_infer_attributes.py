@@ -187,3 +187,15 @@ def test_a_second_model_that_cannot_load_is_left_out_and_said(two_signs: Path, t
     # The detector's events came anyway, and the recognizer read on (the crop not turned back).
     assert [e["type"] for e in data["events"]].count("new") == 2
     assert data["attributes"]["text"]["answered"] == 2
+
+
+def test_one_frame_without_track_says_the_attributes_need_it(two_signs: Path, tmp_path: Path) -> None:
+    config = write_config(tmp_path, signs_pipeline(two_signs))
+    args = ["infer", str(rapidocr_models_dir() / DET), str(two_signs), "--frame", "5", "--pipeline", "signs"]
+    result = CliRunner().invoke(app, [*args, "-c", str(config), "--json"], env=ENV)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert len(data["output"]["regions"]) == 2
+    assert (
+        "the pipeline's attributes (direction, text) read tracked objects: --track runs them" in data["note"]
+    )

@@ -205,6 +205,10 @@ def infer(request: InferRequest, *, frame: int | None = None, raw: bool = False)
     result.frame = (frame or 0) if kind == "video" else None
     if request.camera is not None:
         result.input, result.kind = request.input_name, "camera"
+    if config.attributes:  # second models read tracked objects: one frame's boxes are not that
+        names = ", ".join(attribute.name for attribute in config.attributes)
+        said = f"the pipeline's attributes ({names}) read tracked objects: --track runs them"
+        result.note = "; ".join(filter(None, [result.note, said]))
     return result
 
 
