@@ -25,6 +25,8 @@ command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || need_apt+=(iproute2)  # 
 /usr/bin/python3 -c "import gi; gi.require_version('GstRtspServer', '1.0')" >/dev/null 2>&1 ||
     need_apt+=(python3-gi gir1.2-gst-rtsp-server-1.0)
 command -v espeak-ng >/dev/null 2>&1 || need_apt+=(espeak-ng)  # speech for the audio/VAD tests
+# The sign clip's fonts (tests/sign_clip.py: DejaVu sans, serif and mono faces).
+[ -e /usr/share/fonts/truetype/dejavu/DejaVuSerif.ttf ] || need_apt+=(fonts-dejavu-core)
 command -v arecord >/dev/null 2>&1 || need_apt+=(alsa-utils)  # live audio capture (alsa: sources)
 command -v gst-launch-1.0 >/dev/null 2>&1 || need_apt+=(gstreamer1.0-tools)  # GStreamer camera pipelines
 command -v ffmpeg >/dev/null 2>&1 || need_apt+=(ffmpeg)  # HTTP MJPEG camera tests serve with ffmpeg -listen

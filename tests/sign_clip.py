@@ -5,7 +5,7 @@ cls -> rec on each tracked text region) and its peer reading by rapidocr's own e
 640x360 at 10 fps, 12 s (120 frames). Each sign is one line of dark text (4-10 letters and digits)
 on a light plate, in one of two lanes (the top one and the bottom one, far enough apart that their
 boxes never overlap), moving horizontally at its own steady speed. Fonts: Pillow's bundled Aileron
-(no system font needed) and four of OpenCV's Hershey fonts; text 20-48 px high. Some signs are
+and five DejaVu faces (sans, sans bold, serif, serif bold, mono); capitals 20-48 px high. Some signs are
 upside down (the plate rotated 180 degrees); most cross the vertical line down the middle of the
 frame (`LINE_X`), left to right (`east`) or right to left (`west`); some stay in one half; some
 enter or leave through the frame's edge, the others appear and vanish inside it (fully visible all
@@ -45,10 +45,11 @@ LANES = {"top": 95, "bottom": 265}  # each lane's centre row: plates at most ~90
 
 # The PP-OCRv4 text detector's settings for this clip, as a pipeline's YAML says them (BGR,
 # (x/255 - 0.5)/0.5; H and W multiples of 32, ../shared/MODELS.md). Measured on every frame whose
-# signs are all wholly inside it (110 of 120): exactly one region per sign, each covering the text's
-# ink, also at 640x352 stretched, 960x544 and with unclip 1.5. The letterbox keeps the text's
-# aspect; unclip 2.0 leaves a margin of >= 0.2 text heights above and below the ink and >= 0.1 at
-# the sides (1.5 left 0.09 and, at the sides, sometimes none), which a recognizer's crop wants.
+# signs are all wholly inside it (109 of 120): exactly one region per sign, each covering the text's
+# ink; so too at 640x352 stretched and 960x544 letterboxed, and with unclip 1.5. The letterbox keeps
+# the text's aspect; unclip 2.0 leaves >= 0.13 text heights above and below the ink and >= 0.06 at
+# the sides (1.5 left 0.03, and at the sides sometimes cut the ink), the margin a recognizer's crop
+# wants. A sign partly out of the picture gives a region for its visible part, or none for a sliver.
 DETECTOR_PIPELINE: dict[str, Any] = {
     "preprocess": {
         "resize": {"width": 640, "height": 384, "mode": "letterbox", "pad": 255},
@@ -69,14 +70,19 @@ MIDDLE_LINE: dict[str, Any] = {
     "anchor": "center",
 }
 
-# Fonts: Pillow's bundled Aileron and OpenCV's Hershey fonts (vector fonts drawn by cv2.putText).
-HERSHEY = {
-    "hershey-simplex": cv2.FONT_HERSHEY_SIMPLEX,
-    "hershey-duplex": cv2.FONT_HERSHEY_DUPLEX,
-    "hershey-complex": cv2.FONT_HERSHEY_COMPLEX,
-    "hershey-triplex": cv2.FONT_HERSHEY_TRIPLEX,
+# Fonts, all drawn by Pillow: its bundled Aileron (Pillow >= 10.1) and five DejaVu faces from
+# Debian's fonts-dejavu-core (scripts/setup.sh installs it). Not OpenCV's putText: OpenCV 5 draws
+# every FONT_HERSHEY_* but SIMPLEX with one built-in sans face, and 4.x with stroke fonts, so the clip
+# would depend on the OpenCV version.
+DEJAVU = Path("/usr/share/fonts/truetype/dejavu")
+FONT_FILES = {
+    "dejavu-sans": "DejaVuSans.ttf",
+    "dejavu-sans-bold": "DejaVuSans-Bold.ttf",
+    "dejavu-serif": "DejaVuSerif.ttf",
+    "dejavu-serif-bold": "DejaVuSerif-Bold.ttf",
+    "dejavu-sans-mono": "DejaVuSansMono.ttf",
 }
-FONTS = ("aileron", *HERSHEY)
+FONTS = ("aileron", *FONT_FILES)
 
 
 @dataclass(frozen=True)
@@ -102,20 +108,20 @@ class SignSpec:
 # alike), and no spaces: PP-OCR's recognizer reads a space or not depending on its width (it read the
 # fonts' own spaces in "KX42 BRT" as "KX42BRT"), and its detector splits a line at a wider gap.
 SIGNS: tuple[SignSpec, ...] = (
-    SignSpec("KX42BRT", "hershey-simplex", 30, False, "top", 0, 12, 140, 470),
+    SignSpec("KX42BRT", "dejavu-sans-bold", 30, False, "top", 0, 12, 140, 470),
     SignSpec("EXIT", "aileron", 40, False, "bottom", 7, 19, "right", 200),
-    SignSpec("GATE3", "hershey-duplex", 26, False, "top", 15, 27, 480, 150),
-    SignSpec("DOCK9", "hershey-triplex", 36, True, "bottom", 22, 34, 120, 250),
+    SignSpec("GATE3", "dejavu-serif", 26, False, "top", 15, 27, 480, 150),
+    SignSpec("DOCK9", "dejavu-sans-mono", 36, True, "bottom", 22, 34, 120, 250),
     SignSpec("HW62KPD", "aileron", 24, False, "top", 30, 42, "left", 440),
-    SignSpec("LANE4", "hershey-complex", 44, True, "bottom", 37, 49, 500, 170),
-    SignSpec("STOP", "hershey-simplex", 48, False, "top", 45, 57, 125, 260),
-    SignSpec("CARGO", "hershey-simplex", 34, False, "bottom", 52, 64, 150, 490),
+    SignSpec("LANE4", "dejavu-serif-bold", 44, True, "bottom", 37, 49, 500, 170),
+    SignSpec("STOP", "dejavu-sans", 48, False, "top", 45, 57, 125, 260),
+    SignSpec("CARGO", "dejavu-sans-bold", 34, False, "bottom", 52, 64, 150, 490),
     SignSpec("PARKING", "aileron", 32, True, "top", 60, 72, 170, 470),
-    SignSpec("MR73XYV", "hershey-triplex", 22, False, "bottom", 67, 79, 410, 540),
-    SignSpec("BAY8", "hershey-triplex", 30, True, "top", 75, 87, 540, 400),
-    SignSpec("YARD6", "hershey-duplex", 38, False, "bottom", 82, 94, 460, 170),
+    SignSpec("MR73XYV", "dejavu-sans-mono", 22, False, "bottom", 67, 79, 410, 540),
+    SignSpec("BAY8", "dejavu-sans", 30, True, "top", 75, 87, 540, 400),
+    SignSpec("YARD6", "dejavu-serif", 38, False, "bottom", 82, 94, 460, 170),
     SignSpec("WT29HNL", "aileron", 20, False, "top", 90, 102, 480, 160),
-    SignSpec("TRUCK24", "hershey-complex", 28, False, "bottom", 97, 109, 170, "right"),
+    SignSpec("TRUCK24", "dejavu-serif-bold", 28, False, "bottom", 97, 109, 170, "right"),
 )
 
 INK = (28, 28, 32)  # BGR: near-black text
@@ -262,25 +268,25 @@ def _ink_box(gray: np.ndarray) -> tuple[int, int, int, int]:
 def _text_image(text: str, font: str, height: int) -> np.ndarray:
     """The text in black on white, cropped to its ink (grey, uint8), its capitals `height` px high."""
     # The size whose "H" is `height` px of ink: a font's nominal size says little about its ink.
-    size = height * 100 / _drawn(font, "H", 100).shape[0]
+    size = round(height * 100 / _drawn(font, "H", 100).shape[0])
     return _drawn(font, text, size)
 
 
-def _drawn(font: str, text: str, size: float) -> np.ndarray:
-    """`text` in `font` at a nominal `size` (Pillow's pixels; OpenCV's scale x 100), black on white,
-    cropped to its ink."""
+def _drawn(font: str, text: str, size: int) -> np.ndarray:
+    """`text` in `font` at `size` (Pillow's), black on white, cropped to its ink."""
     if font == "aileron":
-        face = ImageFont.load_default(size=round(size))
-        left, top, right, bottom = face.getbbox(text)
-        canvas = Image.new("L", (right - left + 20, bottom - top + 20), 255)
-        ImageDraw.Draw(canvas).text((10 - left, 10 - top), text, font=face, fill=0)
-        gray = np.asarray(canvas)
+        face = ImageFont.load_default(size=size)
     else:
-        code, scale = HERSHEY[font], size / 100
-        thickness = max(1, round(scale * 1.5))  # strokes ~1/13 of the capitals' height
-        (w, h), base = cv2.getTextSize(text, code, scale, thickness)
-        gray = np.full((h + base + 20, w + 20), 255, np.uint8)
-        cv2.putText(gray, text, (10, 10 + h), code, scale, 0, thickness, cv2.LINE_AA)
+        path = DEJAVU / FONT_FILES[font]
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{path} is missing: apt-get install fonts-dejavu-core (scripts/setup.sh)"
+            )
+        face = ImageFont.truetype(str(path), size)
+    left, top, right, bottom = face.getbbox(text)
+    canvas = Image.new("L", (right - left + 20, bottom - top + 20), 255)
+    ImageDraw.Draw(canvas).text((10 - left, 10 - top), text, font=face, fill=0)
+    gray = np.asarray(canvas)
     x1, y1, x2, y2 = _ink_box(gray)
     return gray[y1:y2, x1:x2]
 
