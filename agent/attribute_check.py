@@ -32,7 +32,7 @@ def attribute_model_problems(
         return []
     inputs, outputs = graph
     problems: Problems = []
-    problem = _not_an_image(attribute, inputs)
+    problem = not_an_image(attribute, inputs)
     if problem is not None:
         problems.append(((*at, "model"), problem))
     post = attribute.postprocess
@@ -47,7 +47,7 @@ def attribute_model_problems(
     return problems
 
 
-def _not_an_image(attribute: AttributeConfig, inputs: list[TensorSpec]) -> str | None:
+def not_an_image(attribute: AttributeConfig, inputs: list[TensorSpec]) -> str | None:
     """Why the input the crops would be fed to is no picture (N,C,H,W or N,H,W,C); None when it is
     one, or when the preprocess must first say which input (the build asks for preprocess.input)."""
     wanted = attribute.preprocess.input

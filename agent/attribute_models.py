@@ -26,6 +26,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from agent.attribute_check import not_an_image
 from agent.batching import runs_batches
 from agent.config import AttributeConfig, PipelineConfig
 from agent.errors import ModelError
@@ -96,6 +97,9 @@ class AttributeModel:
         """`config` (with the model's hints) on `model`'s session; a ModelError when they do not fit
         (an input that is no image, labels or characters that do not fit the output)."""
         session = model.session
+        no_image = not_an_image(config, session.inputs)
+        if no_image is not None:
+            raise ModelError(f"attribute {config.name!r}: {no_image}")
         try:
             preprocess = Preprocessor(config.preprocess, session.inputs)
         except ModelError as exc:

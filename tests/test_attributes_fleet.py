@@ -106,7 +106,7 @@ def test_a_second_models_version_swaps_in_and_a_bad_one_rolls_back_without_touch
             "version 3 of the second model rolled back",
         )
         note = str(pipeline_in(state, "signs"))
-        assert "attribute direction" in note and "image" in note, note
+        assert "attribute direction" in note and "is an image" in note, note
         wait_until(
             lambda: second_model(state_dir).get("model") == "pp-ocr-cls@2",
             "version 2 of the second model serving again",

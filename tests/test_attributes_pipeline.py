@@ -140,8 +140,11 @@ def test_each_sign_is_read_once_and_its_direction_rides_on_its_events(
     shown = status.steps["attributes"]["direction"]
     assert shown["answered"] == 2 and shown["tracks"] == 2 and shown["reads_per_track"] == 1.0
     assert shown["failures"] == 0 and shown["backend"].startswith("onnxruntime")
-    # The detector's results went on all along, and the objects in them carry no answer of their own.
-    assert status.counts.inferences >= FRAMES - 2
+    # Each frame's result names what was read on its tracked boxes by then.
+    read_boxes = [d for _, r in sink.results for d in r["output"]["regions"] if "attributes" in d]
+    assert read_boxes and {d["attributes"]["direction"]["value"] for d in read_boxes} == {"0", "180"}
+    # The detector ran on all along (a busy box drops some of the clip's frames at the source).
+    assert status.counts.inferences >= FRAMES // 2
 
 
 def test_a_failing_second_model_costs_only_its_answers(two_signs: Path, started: list[Pipeline]) -> None:
@@ -153,4 +156,4 @@ def test_a_failing_second_model_costs_only_its_answers(two_signs: Path, started:
     shown = status.steps["attributes"]["direction"]
     assert shown["failures"] >= 1 and "the NPU went away" in shown["last_error"]
     assert shown["answered"] == 0 and shown["failed"] >= 2
-    assert broken.calls >= 2 and status.counts.inferences >= FRAMES - 2 and status.counts.errors == 0
+    assert broken.calls >= 2 and status.counts.inferences >= FRAMES // 2 and status.counts.errors == 0

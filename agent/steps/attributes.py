@@ -1,10 +1,12 @@
 """Attributes: second models on the tracked objects (the pipeline's `attributes:`).
 
 On each frame, after tracking: the answers the reader thread delivered since the last frame go on their
-objects (each an `update` with changed ["attributes"]: agent/processing/scene.py `set_attribute`), then
-the objects due a reading (agent/pipeline_attributes.py `due`) are cut from this frame's pixels and
-handed to the stage's reader (agent/attribute_models.py), at most `max_per_frame` per attribute. The
-reader runs on its own thread: this step never waits for a second model.
+objects (each an `update` with changed ["attributes"]: agent/processing/scene.py `set_attribute`), the
+frame's tracked boxes carry their objects' answers so far (`attributes`, embeddings left to the
+events: a vector in every frame's result would be a firehose), then the objects due a reading
+(agent/pipeline_attributes.py `due`) are cut from this frame's pixels and handed to the stage's
+reader (agent/attribute_models.py), at most `max_per_frame` per attribute. The reader runs on its own
+thread: this step never waits for a second model.
 """
 
 from __future__ import annotations
@@ -53,10 +55,18 @@ class AttributesStep(Step):
             record.events += scene.take_events()
             record.scene = self.tracking.summary
         self.readings.forget(scene.objects)
-        if record.pixels is None or record.output is None:
+        entries = boxes_of(record.output) if record.output is not None else None
+        if not entries:
             return True
-        entries = boxes_of(record.output)
-        if entries:
+        for entry in entries:  # the frame's result names what was read on each tracked box so far
+            obj = scene.objects.get(entry.get("track_id"))  # type: ignore[arg-type]
+            if obj is not None and obj.attributes:
+                entry["attributes"] = {
+                    name: {"value": a["value"], "score": a["score"]}
+                    for name, a in obj.attributes.items()
+                    if not isinstance(a["value"], list)  # an embedding: in the events, not in every frame
+                }
+        if record.pixels is not None:
             self._ask(record, entries)
         return True
 

@@ -165,12 +165,15 @@ def unhealthy(stage: Stage, health: HealthWindowConfig, final: bool) -> str | No
 
 
 def second_models_unhealthy(stage: Stage, previous: Stage | None, health: HealthWindowConfig) -> str | None:
-    """Why the second models a change brought fail its window (None: fine, or none came): one that
-    cannot load, or one failing on its crops. A new pipeline serves without a second model that cannot
-    load (its status says why); a change rolls back to the second models that served before, the
-    primary model untouched (its session is the previous stage's: Stage.with_attributes)."""
+    """Why the second models a change of them alone brought fail its window (None: fine, or not such a
+    change): one that cannot load, or one failing on its crops. Such a change rolls back to the second
+    models that served before, the primary model untouched (its session is the previous stage's:
+    Stage.with_attributes). Elsewhere the primary serves without a second model that cannot load (its
+    status says why): a new pipeline, or a new version of the primary model, is not held back by it."""
     attributes = stage.attributes
     if attributes is None or previous is None or previous.attributes is attributes:
+        return None
+    if previous.model is not stage.model:  # the primary changed too: judged on its own counters
         return None
     return attributes.unhealthy(health.max_error_rate, health.min_frames)
 
