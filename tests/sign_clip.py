@@ -45,11 +45,12 @@ LANES = {"top": 95, "bottom": 265}  # each lane's centre row: plates at most ~90
 
 # The PP-OCRv4 text detector's settings for this clip, as a pipeline's YAML says them (BGR,
 # (x/255 - 0.5)/0.5; H and W multiples of 32, ../shared/MODELS.md). Measured on every frame whose
-# signs are all wholly inside it (109 of 120): exactly one region per sign, each covering the text's
-# ink; so too at 640x352 stretched and 960x544 letterboxed, and with unclip 1.5. The letterbox keeps
-# the text's aspect; unclip 2.0 leaves >= 0.13 text heights above and below the ink and >= 0.06 at
-# the sides (1.5 left 0.03, and at the sides sometimes cut the ink), the margin a recognizer's crop
-# wants. A sign partly out of the picture gives a region for its visible part, or none for a sliver.
+# signs are all wholly inside it (105 of 120): exactly one region per sign, each covering the text's
+# ink; so too at 640x352 stretched and with unclip 1.5 (at 960x544 with 1.5, two boxes cut the ink's
+# end). The letterbox keeps the text's aspect; unclip 2.0 leaves >= 0.13 text heights above and
+# below the ink and >= 0.08 at the sides (1.5: 0.03, and at the sides sometimes none), the margin a
+# recognizer's crop wants. A sign partly out of the picture gives a region for its visible part, or
+# none for a sliver.
 DETECTOR_PIPELINE: dict[str, Any] = {
     "preprocess": {
         "resize": {"width": 640, "height": 384, "mode": "letterbox", "pad": 255},
@@ -102,26 +103,33 @@ class SignSpec:
     end: float | str
 
 
-# The clip's signs: seven a lane, 13 frames each, the bottom lane 7 frames behind the top one (two
-# signs on screen most of the time, one at others); all gone by frame 110, so the last tracks end
-# within the clip. Plate-like codes and short words, upper case (no 0/O or 1/I a font could draw
-# alike), and no spaces: PP-OCR's recognizer reads a space or not depending on its width (it read the
-# fonts' own spaces in "KX42 BRT" as "KX42BRT"), and its detector splits a line at a wider gap.
+# The clip's signs: seven a lane, 12 frames each with 2 empty ones between, the bottom lane 6 frames
+# behind the top one (two signs on screen most of the time, one at others); all gone by frame 101,
+# so every track ends (the tracker's max_lost_s, 1 s) well within the clip. The top lane's signs move
+# right and the bottom lane's left, each appearing on the side its predecessor came from: a tracker
+# that still predicts the one before (for max_lost_s, at its speed) never finds the next one there
+# (its box overlaps that prediction by IoU <= 0.12, under the tracker's min_iou 0.2), so each sign
+# is one track. Ten cross the middle line (the top lane's `east`, the bottom lane's `west`); four do
+# not (STOP and BAY8 stay left, STOP coming to 15 px short of it; CARGO and TRUCK24 stay right).
+# Four are upside down; five enter through an edge (the top lane's from the left, the bottom's from
+# the right). Plate-like codes and short words, upper case (no 0/O or 1/I a font could draw alike),
+# and no spaces: PP-OCR's recognizer reads a space or not depending on its width (it read the fonts'
+# own spaces in "KX42 BRT" as "KX42BRT"), and its detector splits a line at a wider gap.
 SIGNS: tuple[SignSpec, ...] = (
-    SignSpec("KX42BRT", "dejavu-sans-bold", 30, False, "top", 0, 12, 140, 470),
-    SignSpec("EXIT", "aileron", 40, False, "bottom", 7, 19, "right", 200),
-    SignSpec("GATE3", "dejavu-serif", 26, False, "top", 15, 27, 480, 150),
-    SignSpec("DOCK9", "dejavu-sans-mono", 36, True, "bottom", 22, 34, 120, 250),
-    SignSpec("HW62KPD", "aileron", 24, False, "top", 30, 42, "left", 440),
-    SignSpec("LANE4", "dejavu-serif-bold", 44, True, "bottom", 37, 49, 500, 170),
-    SignSpec("STOP", "dejavu-sans", 48, False, "top", 45, 57, 125, 260),
-    SignSpec("CARGO", "dejavu-sans-bold", 34, False, "bottom", 52, 64, 150, 490),
-    SignSpec("PARKING", "aileron", 32, True, "top", 60, 72, 170, 470),
-    SignSpec("MR73XYV", "dejavu-sans-mono", 22, False, "bottom", 67, 79, 410, 540),
-    SignSpec("BAY8", "dejavu-sans", 30, True, "top", 75, 87, 540, 400),
-    SignSpec("YARD6", "dejavu-serif", 38, False, "bottom", 82, 94, 460, 170),
-    SignSpec("WT29HNL", "aileron", 20, False, "top", 90, 102, 480, 160),
-    SignSpec("TRUCK24", "dejavu-serif-bold", 28, False, "bottom", 97, 109, 170, "right"),
+    SignSpec("KX42BRT", "dejavu-sans-bold", 30, False, "top", 0, 11, 140, 470),
+    SignSpec("EXIT", "aileron", 40, False, "bottom", 6, 17, "right", 200),
+    SignSpec("GATE3", "dejavu-serif", 26, False, "top", 14, 25, 130, 460),
+    SignSpec("DOCK9", "dejavu-sans-mono", 38, True, "bottom", 20, 31, 500, 170),
+    SignSpec("HW62KPD", "aileron", 24, False, "top", 28, 39, "left", 440),
+    SignSpec("LANE4", "dejavu-serif-bold", 45, True, "bottom", 34, 45, 490, 170),
+    SignSpec("STOP", "dejavu-sans", 46, False, "top", 42, 53, 120, 305),
+    SignSpec("CARGO", "dejavu-sans-bold", 36, False, "bottom", 48, 59, 520, 380),
+    SignSpec("PARKING", "aileron", 32, True, "top", 56, 67, "left", 525),
+    SignSpec("MR73XYV", "dejavu-sans-mono", 22, False, "bottom", 62, 73, "right", 200),
+    SignSpec("BAY8", "dejavu-sans", 31, True, "top", 70, 81, 90, 250),
+    SignSpec("YARD6", "dejavu-serif", 40, False, "bottom", 76, 87, 500, 170),
+    SignSpec("WT29HNL", "aileron", 20, False, "top", 84, 95, "left", 470),
+    SignSpec("TRUCK24", "dejavu-serif-bold", 29, False, "bottom", 90, 101, 510, 370),
 )
 
 INK = (28, 28, 32)  # BGR: near-black text
