@@ -1,8 +1,10 @@
 """A stage's second models (its pipeline's `attributes:`), loaded and proven like its own model
 (agent/supervisor/building.py), and the thread that reads objects' crops with them.
 
-The reader runs beside the pipeline's threads: the report thread hands it crops (`submit`, never
-blocking: a full queue refuses them, and they are tried at a later frame) and goes on; the answers are
+The reader runs beside the pipeline's threads, at a lower CPU priority (a second model takes the
+detector's gaps, not its time: scripts/bench_attributes.py measured 0.91 of the detector's frame rate
+at the same priority, 1.00 below it): the report thread hands it crops (`submit`, never blocking: a
+full queue refuses them, and they are tried at a later frame) and goes on; the answers are
 delivered to the pipeline's `PipelineAttributes` (agent/pipeline_attributes.py), which the next frame's
 attributes step puts on the objects. So the detector never waits for a second model, and an answer that
 comes late attaches to its track, not to a stale frame.
@@ -14,8 +16,10 @@ fresh answer (or the object's last one, when the classifier did not run this tim
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 import queue
 import threading
 import time
@@ -39,6 +43,7 @@ log = logging.getLogger(__name__)
 
 _LOG_FAILURES_EVERY_S = 60.0  # a model failing on every crop is said once a minute, not per crop
 _QUEUE_JOBS = 32  # objects waiting for the reader at most: more are tried again at later frames
+_READER_NICENESS = 10  # the reader thread's nice value above the process's (`_yield_to_the_detector`)
 _ROTATIONS = {90: cv2.ROTATE_90_COUNTERCLOCKWISE, 180: cv2.ROTATE_180, 270: cv2.ROTATE_90_CLOCKWISE}
 
 
@@ -253,6 +258,7 @@ class AttributeSet:
         return None
 
     def _read_loop(self) -> None:
+        _yield_to_the_detector()
         while True:
             job = self._jobs.get()
             if job is None:
@@ -360,6 +366,14 @@ def level_crop(image: np.ndarray, polygon: np.ndarray, padding: float) -> np.nda
         image, cv2.getPerspectiveTransform(grown, level), (out_w, out_h), borderMode=cv2.BORDER_REPLICATE
     )
     return np.ascontiguousarray(np.rot90(crop)) if out_h >= 1.5 * out_w else crop
+
+
+def _yield_to_the_detector() -> None:
+    """Lower this thread's CPU priority (Linux: per thread): on a box whose cores the detector keeps busy,
+    a second model runs in the detector's gaps instead of taking its time. The model's own worker
+    threads (a runtime's pool) keep theirs."""
+    with contextlib.suppress(OSError, AttributeError):  # not Linux, or not allowed: the default priority
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _READER_NICENESS)
 
 
 def _drain(jobs: queue.Queue[Job | None]) -> None:

@@ -6,6 +6,7 @@ pipeline runs on and its status says why."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import cv2
 import numpy as np
 import pytest
 
-from agent.attribute_models import AttributeModel, AttributeSet
+from agent.attribute_models import AttributeModel, AttributeSet, Job
 from agent.config import (
     AttributeConfig,
     LineConfig,
@@ -104,12 +105,14 @@ def started() -> Iterator[list[Pipeline]]:
 def run_clip(config: PipelineConfig, models: AttributeSet, started: list[Pipeline]) -> tuple[ListSink, Any]:
     detector = LoadedModel("pp-ocr-det", "4", "", session("ch_PP-OCRv4_det_infer.onnx"))
     sink = ListSink()
-    pipeline = Pipeline(config, Stage(config, detector, attributes=models), sink)
+    stage = Stage(config, detector, attributes=models)
+    pipeline = Pipeline(config, stage, sink)
     started.append(pipeline)
     pipeline.start()
     wait_until(lambda: pipeline.finished, "the clip's end", timeout=120)
     status = pipeline.status()
     pipeline.stop(timeout=30)
+    stage.close()  # (its owner closes a stage: the supervisor, in the daemon) and so its second models
     return sink, status
 
 
@@ -157,3 +160,29 @@ def test_a_failing_second_model_costs_only_its_answers(two_signs: Path, started:
     assert shown["failures"] >= 1 and "the NPU went away" in shown["last_error"]
     assert shown["answered"] == 0 and shown["failed"] >= 2
     assert broken.calls >= 2 and status.counts.inferences >= FRAMES // 2 and status.counts.errors == 0
+
+
+def thread_nice(name: str) -> int | None:
+    """The nice value of this process's thread called `name` (from /proc, where names keep their first
+    15 bytes; None: no such thread)."""
+    for task in Path("/proc/self/task").iterdir():
+        if (task / "comm").read_text().strip() == name[:15]:
+            # Field 19 of stat is the nice value; the command name (field 2) may hold spaces: after ')'.
+            return int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
+    return None
+
+
+def test_the_reader_thread_runs_below_the_detectors_priority() -> None:
+    models = second_model(session(CLS_MODEL_FILE))
+    delivered: list[Any] = []
+    crop = cv2.rotate(plate("GATE 42"), cv2.ROTATE_180)
+    job = Job(7, crop, (0.0, 0.0, float(crop.shape[1]), float(crop.shape[0])), [0], {}, 0.0)
+    try:
+        assert models.submit(job, delivered.extend)
+        wait_until(lambda: delivered, "the reading", timeout=30)
+        assert delivered[0].value == "180"
+        process_nice = os.getpriority(os.PRIO_PROCESS, 0)
+        assert thread_nice("attributes-signs") == min(process_nice + 10, 19)
+    finally:
+        models.release()
+    assert thread_nice("attributes-signs") is None  # the last stage gone: the reader stopped
