@@ -10,7 +10,7 @@ chain tests/test_attributes_signs.py proves). The two runs alternate, `--rounds`
 same box: the verdict is the median of each round's ratio (on / off), never two numbers from other
 times. Also printed: how often the recognizer ran per track, and the pipeline's CPU time per frame.
 
-    python scripts/bench_attributes.py [--rounds 3] [--backend onnxruntime|openvino] [--json]
+    python scripts/bench_attributes.py [--rounds 3] [--backend onnxruntime|openvino] [--one-thread] [--json]
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ def artifact(file: str) -> ModelArtifact:
     return ModelArtifact(rapidocr_models_dir() / file, "onnx", "0" * 64, name=file)
 
 
-def load(file: str, backend: str) -> Session:
+def load(file: str, backend: str, options: dict[str, Any] | None = None) -> Session:
     if backend == "openvino":
-        return OpenVinoBackend("CPU").load(artifact(file))
-    return OnnxRuntimeBackend().load(artifact(file))
+        return OpenVinoBackend("CPU").load(artifact(file), options)
+    return OnnxRuntimeBackend().load(artifact(file), options)
 
 
 def attributes() -> list[AttributeConfig]:
@@ -85,14 +85,18 @@ def config(clip: Path, with_attributes: bool) -> PipelineConfig:
     )
 
 
-def run(clip: Path, with_attributes: bool, backend: str) -> dict[str, Any]:
-    """One pass of the clip; the detector's frames per second and what the second models did."""
+def run(clip: Path, with_attributes: bool, backend: str, one_thread: bool = False) -> dict[str, Any]:
+    """One pass of the clip; the detector's frames per second and what the second models did.
+    `one_thread`: the second models' runtimes on one thread (their work then all runs on the reader
+    thread, at its lower priority, not in a runtime's pool of its own)."""
     pipeline_config = config(clip, with_attributes)
     models = None
     if with_attributes:
         loaded = []
         for attribute, file in zip(pipeline_config.attributes, (CLS_MODEL_FILE, REC), strict=True):
-            model = LoadedModel(attribute.model.name, attribute.model.version, "", load(file, backend))
+            one = {"threads": 1} if backend == "openvino" else {"intra_op_threads": 1}
+            session = load(file, backend, one if one_thread else None)
+            model = LoadedModel(attribute.model.name, attribute.model.version, "", session)
             model.acquire()
             loaded.append(AttributeModel.of(attribute, model))
         models = AttributeSet("signs", loaded)
@@ -129,16 +133,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--backend", choices=("onnxruntime", "openvino"), default="onnxruntime")
+    parser.add_argument(
+        "--one-thread", action="store_true", help="the second models' runtimes on one thread each"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         clip = render(Path(tmp) / "signs.mkv").path
-        run(clip, True, args.backend)  # not counted: the first pass warms the file cache and the libraries
+        run(
+            clip, True, args.backend, args.one_thread
+        )  # not counted: the first pass warms the file cache and the libraries
         rounds = []
         for i in range(args.rounds):
             # Each round both ways, the order swapped every round: neither side always goes first.
             first, second = (False, True) if i % 2 == 0 else (True, False)
-            passes = {first: run(clip, first, args.backend), second: run(clip, second, args.backend)}
+            passes = {side: run(clip, side, args.backend, args.one_thread) for side in (first, second)}
             off, on = passes[False], passes[True]
             rounds.append({"off": off, "on": on, "ratio": on["fps"] / off["fps"]})
             if not args.json:
