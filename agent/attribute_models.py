@@ -112,6 +112,15 @@ class AttributeModel:
         postprocess = build_postprocessor(config.postprocess, session.outputs)
         return cls(config, model, preprocess, postprocess, runs_batches(session))
 
+    @classmethod
+    def hinted(cls, config: AttributeConfig, hinted: PipelineConfig, model: LoadedModel) -> AttributeModel:
+        """`of`, with what the model's hints filled into the attribute's processing (`hinted`: its
+        `attribute_pipeline` through with_model_hints: labels, characters, input size)."""
+        return cls.of(
+            config.model_copy(update={"preprocess": hinted.preprocess, "postprocess": hinted.postprocess}),
+            model,
+        )
+
     @property
     def ref(self) -> str:
         return f"{self.model.name}@{self.model.version}"

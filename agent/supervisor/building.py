@@ -225,10 +225,7 @@ class StageBuilder:
                 try:
                     if not decision.checked:
                         check_on_testdata(session, choice, installed.testdata_artifacts())
-                    hinted_attribute = attribute.model_copy(
-                        update={"preprocess": hinted.preprocess, "postprocess": hinted.postprocess}
-                    )
-                    models.append(AttributeModel.of(hinted_attribute, loaded))
+                    models.append(AttributeModel.hinted(attribute, hinted, loaded))
                 except Exception:
                     loaded.release()
                     session.close()

@@ -71,11 +71,7 @@ def _load(
     )
     serving.acquire()
     try:
-        # The hints fill in what the attribute's own processing left open (labels, characters, size).
-        completed = attribute.model_copy(
-            update={"preprocess": hinted.preprocess, "postprocess": hinted.postprocess}
-        )
-        return AttributeModel.of(completed, serving)
+        return AttributeModel.hinted(attribute, hinted, serving)
     except BaseException:
         serving.release()
         loaded.session.close()
