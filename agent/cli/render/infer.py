@@ -8,7 +8,6 @@ from datetime import datetime
 from typing import Any
 
 from agent.cli.render import cut, plain_table, say
-from agent.processing.drawing import attributes_text
 
 
 def print_inference(data: dict[str, Any], summary: dict[str, Any] | None) -> None:
@@ -172,6 +171,8 @@ def _who(obj: dict[str, Any]) -> str:
 
 def _read(obj: dict[str, Any]) -> str:
     """What second models read on the object, after its other words: ` | text: GATE 42`."""
+    from agent.processing.drawing import attributes_text  # (OpenCV: not for every command's start)
+
     text = attributes_text(obj.get("attributes"))
     return f" | {text}" if text else ""
 
