@@ -31,6 +31,9 @@ command -v arecord >/dev/null 2>&1 || need_apt+=(alsa-utils)  # live audio captu
 command -v gst-launch-1.0 >/dev/null 2>&1 || need_apt+=(gstreamer1.0-tools)  # GStreamer camera pipelines
 command -v ffmpeg >/dev/null 2>&1 || need_apt+=(ffmpeg)  # HTTP MJPEG camera tests serve with ffmpeg -listen
 command -v docker-registry >/dev/null 2>&1 || need_apt+=(docker-registry)  # CNCF distribution, OCI tests
+# The web pages' tests drive a real headless Chromium through Debian's chromedriver (tests/browser.py).
+[ -x /usr/bin/chromium ] || need_apt+=(chromium)
+[ -x /usr/bin/chromedriver ] || need_apt+=(chromium-driver)
 gst_plugins=/usr/lib/$(uname -m)-linux-gnu/gstreamer-1.0
 [ -e "$gst_plugins/libgstx264.so" ] || need_apt+=(gstreamer1.0-plugins-ugly)        # x264enc
 [ -e "$gst_plugins/libgstpng.so" ] || need_apt+=(gstreamer1.0-plugins-good)         # pngdec, rtph264pay
