@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from agent.attribute_models import AttributeModel, AttributeSet, attribute_pipeline
-from agent.backend_choice import DecisionSwitcher, check_on_testdata, choose_and_load, make_prover
+from agent.backend_choice import Choice, DecisionSwitcher, check_on_testdata, choose_and_load, make_prover
 from agent.config import AgentConfig, ModelRef, PipelineConfig
 from agent.errors import RegistryError
 from agent.model_hints import embedded_hints, with_model_hints
@@ -22,6 +22,7 @@ from agent.sources import Frame, Slot, Source
 from agent.stage import LoadedModel, Stage
 from agent.store import InstalledModel, ModelStore
 from agent.supervisor.state import Cancelled, RegistryLink
+from providers import Session
 
 log = logging.getLogger(__package__)  # the package's logger, as before it was split
 
@@ -90,19 +91,10 @@ class StageBuilder:
         installed = self._install(agent, model, progress, verify)
         progress.check()
         # Preprocessing, state and labels the version ships (manifest), then the file's own metadata.
-        config = with_model_hints(config, installed.manifest, embedded_hints(installed.model_artifacts()))
+        config = hinted(config, installed)
         progress.phase("validating", f"proving backends for {installed.ref}")
-        session, choice = choose_and_load(
-            agent,
-            config,
-            installed.model_artifacts(),
-            installed.ref,
-            installed.testdata_artifacts(),
-            progress=progress.step,
-            load=self.sessions.load,
-            peek=peek,
-            prove_later=first and agent.backends.prove_in_background,
-        )
+        prove_later = first and agent.backends.prove_in_background
+        session, choice = self._choose(agent, config, installed, progress, peek, prove_later)
         decision, testdata = choice.decision, installed.testdata_artifacts()
         try:
             if not decision.checked:  # no trials ran: the version's own test data proves the choice
@@ -155,6 +147,28 @@ class StageBuilder:
         progress.phase("pulling", f"pulling the second models of {config.name}")
         return self._attributes(self._config(), config, progress, peek, verify)
 
+    def _choose(
+        self,
+        agent: AgentConfig,
+        config: PipelineConfig,
+        installed: InstalledModel,
+        progress: BuildProgress,
+        peek: Callable[[float], Frame | None] | None,
+        prove_later: bool = False,
+    ) -> tuple[Session, Choice]:
+        """The backend choice for an installed model under `config`, proven and loaded."""
+        return choose_and_load(
+            agent,
+            config,
+            installed.model_artifacts(),
+            installed.ref,
+            installed.testdata_artifacts(),
+            progress=progress.step,
+            load=self.sessions.load,
+            peek=peek,
+            prove_later=prove_later,
+        )
+
     def _install(
         self, agent: AgentConfig, model: ModelRef, progress: BuildProgress, verify: bool
     ) -> InstalledModel:
@@ -201,22 +215,9 @@ class StageBuilder:
             try:
                 installed = self._install(agent, attribute.model, progress, verify)
                 progress.check()
-                hinted = with_model_hints(
-                    attribute_pipeline(config, attribute),
-                    installed.manifest,
-                    embedded_hints(installed.model_artifacts()),
-                )
+                attribute_config = hinted(attribute_pipeline(config, attribute), installed)
                 progress.step(f"attribute {attribute.name}: proving backends for {installed.ref}")
-                session, choice = choose_and_load(
-                    agent,
-                    hinted,
-                    installed.model_artifacts(),
-                    installed.ref,
-                    installed.testdata_artifacts(),
-                    progress=progress.step,
-                    load=self.sessions.load,
-                    peek=peek,
-                )
+                session, choice = self._choose(agent, attribute_config, installed, progress, peek)
                 decision = choice.decision
                 loaded = LoadedModel(
                     installed.name, installed.version, decision.artifact_sha256, session, decision, choice.key
@@ -225,7 +226,7 @@ class StageBuilder:
                 try:
                     if not decision.checked:
                         check_on_testdata(session, choice, installed.testdata_artifacts())
-                    models.append(AttributeModel.hinted(attribute, hinted, loaded))
+                    models.append(AttributeModel.hinted(attribute, attribute_config, loaded))
                 except Exception:
                     loaded.release()
                     session.close()
@@ -241,3 +242,9 @@ class StageBuilder:
                 log.warning("pipeline %s: attribute %s: %s", config.name, attribute.name, why)
                 problems[attribute.name] = why
         return AttributeSet(config.name, models, problems)
+
+
+def hinted(config: PipelineConfig, installed: InstalledModel) -> PipelineConfig:
+    """`config` completed by the preprocessing, state and labels the version ships (its manifest), then
+    by the model file's own metadata."""
+    return with_model_hints(config, installed.manifest, embedded_hints(installed.model_artifacts()))
