@@ -16,8 +16,13 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from agent.config import AgentConfig
+from agent.config import AgentConfig, SnapshotRetentionConfig
+from agent.events import EventWriter, TrackJournal
 from agent.home_automation import HomeAutomation
+from agent.mqtt import MqttConnection, Outbox
+from agent.mqtt.router import Router as AgentRouter
+from agent.results import ResultWriter
+from agent.snapshots import SnapshotStore
 from tests.agent_process import AgentProcess
 from tests.ha_schema import check_device_discovery
 from tests.mosquitto import Mosquitto
@@ -227,3 +232,57 @@ def valid_discovery(ha: Recorder, topic: str, agent: AgentProcess) -> dict[str, 
     discovery: dict[str, Any] = json.loads(ha.on(topic)[-1])
     assert check_device_discovery(topic, discovery) == []
     return discovery
+
+
+@dataclass
+class HomeRig:
+    """The daemon's Home Assistant wiring without its pipelines: a real connection to `mosquitto`, the
+    outbox, HomeAutomation and the ResultWriter that feeds it (events journal, snapshots), as
+    agent/daemon.py wires them; a test steps a Scene and hands the writer its results and snapshots."""
+
+    config: AgentConfig
+    outbox: Outbox
+    conn: MqttConnection
+    home: HomeAutomation
+    snapshots: SnapshotStore
+    writer: ResultWriter
+
+    def close(self) -> None:
+        self.conn.stop()
+        self.outbox.close()
+
+
+def home_rig(tmp_path: Path, mosquitto: Mosquitto, device: str, pipelines: list[dict[str, Any]]) -> HomeRig:
+    """A HomeRig for `device` with `pipelines` (the first one is `Holder`'s running pipeline); not
+    connected yet (`rig.conn.start()`)."""
+    config = AgentConfig.model_validate(
+        {
+            "device": {"id": device},
+            "state_dir": str(tmp_path / "state"),
+            "mqtt": {"host": mosquitto.host, "port": mosquitto.port, "reconnect_min_s": 0.1},
+            "home_assistant": {"enabled": True},
+            "pipelines": pipelines,
+        }
+    )
+    (tmp_path / "state").mkdir()
+    outbox = Outbox(tmp_path / "outbox.db")
+    conn = MqttConnection(
+        config.mqtt, device, outbox, lambda: b'{"status": "online"}', lambda: b'{"status": "offline"}'
+    )
+    running = [Holder(config.pipelines[0].name)]
+    home = HomeAutomation(config, conn, wanted=lambda: config.pipelines, running=lambda: running)
+    home.start(AgentRouter(conn))
+    snapshots = SnapshotStore(tmp_path / "state" / "snapshots", SnapshotRetentionConfig())
+    writer = ResultWriter(
+        device,
+        "edge",
+        config.mqtt.max_payload_bytes,
+        outbox,
+        conn.notify_new_message,
+        events=EventWriter(device, "edge", outbox, TrackJournal(tmp_path / "state" / "tracks")),
+        snapshots=snapshots,
+        observer=home.observe,  # as the daemon wires them
+        scene_observer=home.observe_scene,
+        snapshot_observer=home.observe_snapshot,
+    )
+    return HomeRig(config, outbox, conn, home, snapshots, writer)

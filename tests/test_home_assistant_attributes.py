@@ -20,21 +20,17 @@ import cv2
 import numpy as np
 import pytest
 
-from agent.config import AgentConfig, SnapshotRetentionConfig
-from agent.events import EventWriter, TrackJournal
+from agent.config import SnapshotRetentionConfig
 from agent.home_automation import (
-    HomeAutomation,
     PipelineView,
     discovery_components,
     discovery_payload,
     identity_of,
 )
-from agent.mqtt import MqttConnection, Outbox
-from agent.mqtt.router import Router as AgentRouter
 from agent.processing.scene import Scene
-from agent.results import Result, ResultWriter
+from agent.results import Result
 from agent.snapshots import SnapshotStore
-from tests.ha_fixtures import CONFIG_TOPIC, Holder, Recorder, config_of
+from tests.ha_fixtures import CONFIG_TOPIC, Recorder, config_of, home_rig
 from tests.ha_schema import check_device_discovery, unique_ids
 from tests.media_fixtures import astronaut_bgr
 from tests.mosquitto import Mosquitto
@@ -134,35 +130,8 @@ def frames() -> Iterator[tuple[list[dict[str, Any]], str | None]]:
 def test_a_real_broker_gets_the_last_value_through_each_zone_and_line_and_snapshots_carry_them(
     tmp_path: Path, mosquitto: Mosquitto
 ) -> None:
-    config = AgentConfig.model_validate(
-        {
-            "device": {"id": DEVICE_ID},
-            "state_dir": str(tmp_path / "state"),
-            "mqtt": {"host": mosquitto.host, "port": mosquitto.port, "reconnect_min_s": 0.1},
-            "home_assistant": {"enabled": True},
-            "pipelines": [gate_cam()],
-        }
-    )
-    (tmp_path / "state").mkdir()
-    outbox = Outbox(tmp_path / "outbox.db")
-    conn = MqttConnection(
-        config.mqtt, DEVICE_ID, outbox, lambda: b'{"status": "online"}', lambda: b'{"status": "offline"}'
-    )
-    home = HomeAutomation(config, conn, wanted=lambda: config.pipelines, running=lambda: [Holder(PIPELINE)])
-    home.start(AgentRouter(conn))
-    snapshots = SnapshotStore(tmp_path / "state" / "snapshots", SnapshotRetentionConfig())
-    writer = ResultWriter(
-        DEVICE_ID,
-        "edge",
-        config.mqtt.max_payload_bytes,
-        outbox,
-        conn.notify_new_message,
-        events=EventWriter(DEVICE_ID, "edge", outbox, TrackJournal(tmp_path / "state" / "tracks")),
-        snapshots=snapshots,
-        observer=home.observe,
-        scene_observer=home.observe_scene,
-        snapshot_observer=home.observe_snapshot,
-    )
+    rig = home_rig(tmp_path, mosquitto, DEVICE_ID, [gate_cam()])
+    config, conn, home, writer, snapshots = rig.config, rig.conn, rig.home, rig.writer, rig.snapshots
     ha = Recorder(mosquitto, "homeassistant/#", f"{STATE}/#")
     pipeline = config.pipelines[0]
     tracking = pipeline.tracking
@@ -230,8 +199,7 @@ def test_a_real_broker_gets_the_last_value_through_each_zone_and_line_and_snapsh
         assert kept.attributes["text"]["score"] == pytest.approx(0.97)
     finally:
         ha.close()
-        conn.stop()
-        outbox.close()
+        rig.close()
     # Retained: a Home Assistant that starts now gets the last plate through the gate.
     late = Recorder(mosquitto, f"{STATE}/+/+/last/#")
     try:

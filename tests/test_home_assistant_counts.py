@@ -27,20 +27,15 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.config import AgentConfig
-from agent.events import EventWriter
 from agent.home_automation import (
-    HomeAutomation,
     PipelineView,
     discovery_components,
     discovery_payload,
     identity_of,
 )
-from agent.mqtt import MqttConnection, Outbox
-from agent.mqtt.router import Router as AgentRouter
 from agent.processing.scene import Scene
-from agent.results import Result, ResultWriter
-from tests.ha_fixtures import CONFIG_TOPIC, Holder, Recorder, config_of, doc_block, home_for
+from agent.results import Result
+from tests.ha_fixtures import CONFIG_TOPIC, Holder, Recorder, config_of, doc_block, home_for, home_rig
 from tests.ha_schema import check_device_discovery, unique_ids
 from tests.mosquitto import Mosquitto
 from tests.waits import wait_until
@@ -185,26 +180,8 @@ def story() -> Iterator[tuple[float, list[dict[str, Any]]]]:
 def test_a_real_broker_gets_the_counts_per_label_and_the_wait_times_and_the_automation_works(
     tmp_path: Path, mosquitto: Mosquitto
 ) -> None:
-    config = AgentConfig.model_validate(
-        {
-            "device": {"id": DEVICE_ID},
-            "state_dir": str(tmp_path / "state"),
-            "mqtt": {"host": mosquitto.host, "port": mosquitto.port, "reconnect_min_s": 0.1},
-            "home_assistant": {"enabled": True},
-            "pipelines": [shop()],
-        }
-    )
-    (tmp_path / "state").mkdir()
-    outbox = Outbox(tmp_path / "outbox.db")
-    conn = MqttConnection(
-        config.mqtt, DEVICE_ID, outbox, lambda: b'{"status": "online"}', lambda: b'{"status": "offline"}'
-    )
-    home = HomeAutomation(config, conn, wanted=lambda: config.pipelines, running=lambda: [Holder(PIPELINE)])
-    home.start(AgentRouter(conn))
-    writer = ResultWriter(
-        DEVICE_ID, "edge", config.mqtt.max_payload_bytes, outbox, conn.notify_new_message,
-        events=EventWriter(DEVICE_ID, "edge", outbox, None), scene_observer=home.observe_scene,
-    )  # fmt: skip
+    rig = home_rig(tmp_path, mosquitto, DEVICE_ID, [shop()])
+    config, conn, home, writer = rig.config, rig.conn, rig.home, rig.writer
     config_topic = f"homeassistant/device/{DEVICE_ID}/config"
     ha = Recorder(mosquitto, "homeassistant/#", f"{STATE}/#")
     events: list[dict[str, Any]] = []
@@ -276,8 +253,7 @@ def test_a_real_broker_gets_the_counts_per_label_and_the_wait_times_and_the_auto
         received = [(t, p) for t, p, _ in list(ha.messages) if t.startswith(STATE + "/")]
     finally:
         ha.close()
-        conn.stop()
-        outbox.close()
+        rig.close()
 
     # docs/integrations.md's automation: every entity it names is one of the shop's sensors.
     automation = yaml.safe_load(doc_block("yaml", "trigger: numeric_state"))

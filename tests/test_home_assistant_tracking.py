@@ -33,8 +33,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from agent.config import AgentConfig, PipelineConfig, SnapshotRetentionConfig
-from agent.events import EventWriter, TrackJournal
+from agent.config import PipelineConfig
 from agent.home_automation import (
     MEMORY_FILE,
     HomeAutomation,
@@ -43,12 +42,10 @@ from agent.home_automation import (
     discovery_payload,
     identity_of,
 )
-from agent.mqtt import MqttConnection, Outbox, events_topic
-from agent.mqtt.router import Router as AgentRouter
+from agent.mqtt import events_topic
 from agent.processing.drawing import encode_jpeg
 from agent.processing.scene import Scene
-from agent.results import Result, ResultWriter
-from agent.snapshots import SnapshotStore
+from agent.results import Result
 from tests.ha_fixtures import (
     CONFIG_TOPIC,
     Holder,
@@ -57,6 +54,7 @@ from tests.ha_fixtures import (
     Router,
     config_of,
     doc_block,
+    home_rig,
     msg_get,
     run_flow,
 )
@@ -489,35 +487,8 @@ def test_a_real_broker_gets_the_state_the_snapshots_and_the_events_and_the_docs_
         **tracker(PIPELINE, zones=[loading_bay(), OFFICE], lines=[GATE]),
         "report": {"results": False},
     }
-    config = AgentConfig.model_validate(
-        {
-            "device": {"id": DEVICE_ID},
-            "state_dir": str(tmp_path / "state"),
-            "mqtt": {"host": mosquitto.host, "port": mosquitto.port, "reconnect_min_s": 0.1},
-            "home_assistant": {"enabled": True},
-            "pipelines": [pipeline],
-        }
-    )
-    (tmp_path / "state").mkdir()
-    outbox = Outbox(tmp_path / "outbox.db")
-    conn = MqttConnection(
-        config.mqtt, DEVICE_ID, outbox, lambda: b'{"status": "online"}', lambda: b'{"status": "offline"}'
-    )
-    home = HomeAutomation(config, conn, wanted=lambda: config.pipelines, running=lambda: [Holder(PIPELINE)])
-    home.start(AgentRouter(conn))
-    snapshots = SnapshotStore(tmp_path / "state" / "snapshots", SnapshotRetentionConfig())
-    writer = ResultWriter(
-        DEVICE_ID,
-        "edge",
-        config.mqtt.max_payload_bytes,
-        outbox,
-        conn.notify_new_message,
-        events=EventWriter(DEVICE_ID, "edge", outbox, TrackJournal(tmp_path / "state" / "tracks")),
-        snapshots=snapshots,
-        observer=home.observe,  # as the daemon wires them
-        scene_observer=home.observe_scene,
-        snapshot_observer=home.observe_snapshot,
-    )
+    rig = home_rig(tmp_path, mosquitto, DEVICE_ID, [pipeline])
+    config, conn, home, writer, snapshots = rig.config, rig.conn, rig.home, rig.writer, rig.snapshots
     ha = Recorder(mosquitto, "homeassistant/#", f"{E2E_STATE}/#")
     nodered = Recorder(mosquitto, "edge/+/events/+")
     try:
@@ -604,8 +575,7 @@ def test_a_real_broker_gets_the_state_the_snapshots_and_the_events_and_the_docs_
     finally:
         ha.close()
         nodered.close()
-        conn.stop()
-        outbox.close()
+        rig.close()
 
     # docs/integrations.md: the Home Assistant automation, over these events.
     automation = yaml.safe_load(doc_block("yaml", "trigger: mqtt"))
