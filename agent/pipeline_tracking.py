@@ -10,10 +10,12 @@ whose config has no tracking ends the open tracks (`tracking turned off`).
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
+from agent.clips import ClipRecorder
 from agent.config import PipelineConfig, SnapshotsConfig
 from agent.processing import Geometry
 from agent.processing.scene import Event, Scene, SnapshotWanted, boxes_of
@@ -57,6 +59,7 @@ class PipelineTracking:
         self.scene: Scene | None = None
         self._config: PipelineConfig | None = None  # the config the scene was last set from
         self.summary: dict[str, Any] | None = None  # for status (the report thread writes it)
+        self.clips: ClipRecorder | None = None  # its event clips (agent/clips.py), made by the clips step
 
     def start(self, config: PipelineConfig) -> None:
         """Before the first frame, when the config tracks: the last run's open tracks end first."""
@@ -114,6 +117,19 @@ class PipelineTracking:
             self.summary = scene.summary()
         return events
 
+    def clip_recorder(self, config: PipelineConfig) -> ClipRecorder | None:
+        """The pipeline's clip recorder, made at its first frame with clips on (None: the sink keeps no
+        clips: the infer tool's). Its config follows the stage's."""
+        if self.clips is None:
+            # The daemon's sink keeps them beside the snapshots (<state_dir>/clips); other sinks have none.
+            root: Path | None = getattr(self.sink, "clips_root", None)
+            if root is None:
+                return None
+            self.clips = ClipRecorder(self.name, root / self.name, config.clips)
+        elif self.clips.config is not config.clips:
+            self.clips.use(config.clips)
+        return self.clips
+
     def tracks_alive(self) -> bool:
         """Whether any track is open, tentative or lost ones too (the motion gate keeps the model running
         meanwhile); cheap, from any thread."""
@@ -123,11 +139,18 @@ class PipelineTracking:
     def stop(self, now: float) -> None:
         """The pipeline stopped (its report thread is done): end the open tracks (`stopped`)."""
         scene, self.scene = self.scene, None
+        clips, self.clips = self.clips, None
         if scene is None:
+            if clips is not None:
+                clips.stop()
             return
         scene.end_all("stopped", now)
+        events = scene.take_events()
+        if clips is not None:  # the open clip ends with them
+            clips.tag(events)
+            clips.stop()
         try:
-            self.sink.write_events(self.name, scene.take_events())
+            self.sink.write_events(self.name, events)
         except Exception as exc:  # the outbox is gone: the journal ends them at the next start
             log.warning("pipeline %s: cannot write the end of its open tracks: %s", self.name, exc)
 

@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -127,6 +128,11 @@ class ResultWriter:
         self.snapshot_observer = snapshot_observer
         self.snapshot_errors = 0
         self._line_counts: dict[str, dict[str, dict[str, int]]] = {}  # pipeline -> line -> direction
+
+    @property
+    def clips_root(self) -> Path | None:
+        """Where event clips go (agent/clips.py): beside the snapshots, <state_dir>/clips (None: none)."""
+        return None if self.snapshots is None else self.snapshots.root.parent / "clips"
 
     def configure(self, device_id: str, topic_prefix: str, max_payload_bytes: int) -> None:
         self.device_id = device_id

@@ -46,6 +46,7 @@ from agent.config.base import (
     check_name,
     read_password,
 )
+from agent.config.clips import ClipsConfig
 from agent.config.filters import FiltersConfig, ObjectMask, ObjectRule
 from agent.config.fleet import CommandsConfig, FleetConfig, HealthWindowConfig
 from agent.config.motion import MotionConfig, MotionMaskConfig
@@ -97,6 +98,7 @@ __all__ = [
     "AudioSourceConfig",
     "BackendChoiceConfig",
     "ClassificationPostprocess",
+    "ClipsConfig",
     "CommandsConfig",
     "DetectionPostprocess",
     "DeviceConfig",

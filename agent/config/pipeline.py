@@ -18,6 +18,7 @@ from agent.config.analytics import LineConfig, TrackConfig, ZoneConfig, analytic
 from agent.config.attributes import AttributeConfig, attribute_problems
 from agent.config.backends import BackendChoiceConfig
 from agent.config.base import TOPIC_SPECIALS, Name, StrictModel, problems_at
+from agent.config.clips import ClipsConfig
 from agent.config.filters import FiltersConfig, filter_label_problems
 from agent.config.motion import MotionConfig, motion_switch, switch_schema
 from agent.config.processing import (
@@ -174,6 +175,11 @@ class PipelineConfig(StrictModel):
         "Turns tracking on with its defaults.",
     )
 
+    clips: ClipsConfig = Field(
+        default_factory=ClipsConfig,
+        description="MP4 clips of the tracked objects' events, with a pre-roll (docs/analytics.md "
+        '"Clips"); needs tracking on a video source.',
+    )
     motion: Annotated[MotionConfig | None, BeforeValidator(motion_switch)] = Field(
         None,
         json_schema_extra=switch_schema,
@@ -291,6 +297,18 @@ class PipelineConfig(StrictModel):
         )
         if problems:
             raise problems_at("PipelineConfig", problems)
+        return self
+
+    @model_validator(mode="after")
+    def _clips_fit(self) -> PipelineConfig:
+        if not self.clips.enabled:
+            return self
+        if not isinstance(self.source, VideoSourceConfig):
+            need = f"clips need pictures: a video source, not {self.source.type}"
+            raise problems_at("PipelineConfig", [(("clips", "enabled"), need)])
+        if self.tracking is None:
+            need = "clips follow tracked objects: turn tracking on (track: {}, or zones or lines)"
+            raise problems_at("PipelineConfig", [(("clips", "enabled"), need)])
         return self
 
     @model_validator(mode="after")

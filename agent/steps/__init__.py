@@ -5,8 +5,8 @@ module here and one line below. Each step declares its thread (prepare / inferen
 it is a gate, and whether it needs the frame's pixels; agent/pipeline.py runs them in order on their
 threads and counts a failure against the step that failed.
 
-    motion (gate) -> preprocess -> inference -> postprocess -> filter -> tracking -> attributes
-    (prepare ...............)     (inference)  (report ..........................................
+    motion (gate) -> preprocess -> inference -> postprocess -> filter -> tracking -> attributes -> clips
+    (prepare ...............)     (inference)  (report ...................................................
       -> report rules (gate) -> tag -> report
       ...............................)
 """
@@ -29,6 +29,7 @@ from agent.rules import ReportRules
 from agent.stage import Stage
 from agent.steps.attributes import AttributesStep
 from agent.steps.base import THREADS, FrameRecord, Step, StepStats, Thread
+from agent.steps.clips import ClipsStep
 from agent.steps.filter import FilterStep
 from agent.steps.infer import InferStep, RunModel
 from agent.steps.motion import MotionGateStep, PipelineMotion
@@ -91,6 +92,7 @@ def build_steps(config: PipelineConfig, parts: StepParts) -> list[Step]:
         AttributesStep(config, parts.attribute_models, parts.readings, parts.tracking)
         if config.attributes and parts.attribute_models is not None
         else None,
+        ClipsStep(config, parts.tracking) if config.clips.enabled and tracks else None,
         ReportRulesStep(config.report, parts.rules),
         TagStep(config.report.tags) if config.report.tags else None,
         ReportStep(config, parts.sink, parts.model, parts.source),
