@@ -27,6 +27,7 @@ import numpy as np
 
 from agent.config import HealthWindowConfig, PipelineConfig
 from agent.filter_counts import Drops
+from agent.live_view import LiveView
 from agent.pipeline_attributes import PipelineAttributes
 from agent.pipeline_stats import PipelineStats
 from agent.pipeline_tracking import PipelineTracking
@@ -77,6 +78,7 @@ class Pipeline:
         self.motion = PipelineMotion()  # the motion gate's background too: a new version keeps it
         self.drops = Drops()  # what the object filters dropped: counted on by a new version
         self.readings = PipelineAttributes()  # which object a second model read when: kept by a new stage
+        self.live_view = LiveView(self.name)  # its latest drawn frame while watched (agent/live_view.py)
         self.stats = PipelineStats(self.name)
         first = model if isinstance(model, Stage) else Stage(config, model, switcher)
         self.stages = StageSwap(self.name, self._plan_of(first), self._plan_of)
@@ -104,7 +106,14 @@ class Pipeline:
 
     def _plan_of(self, stage: Stage) -> Plan:
         return plan_for(
-            stage, self.sink, self.tracking, self._source_info, self.motion, self.drops, self.readings
+            stage,
+            self.sink,
+            self.tracking,
+            self._source_info,
+            self.motion,
+            self.drops,
+            self.readings,
+            self.live_view,
         )
 
     def _source_info(self) -> dict[str, Any]:
@@ -156,6 +165,7 @@ class Pipeline:
             thread.join(max(0.0, deadline - time.monotonic()))
         if not any(t.is_alive() for t in self._threads):
             self.tracking.stop(time.time())
+        self.live_view.close(max(0.0, deadline - time.monotonic()))
 
     def busy_for_s(self) -> float:
         """How long the pipeline has been in one model run or one result (0 when idle): a stuck driver,

@@ -57,10 +57,10 @@ def test_the_builder_lists_each_pipelines_steps_in_order_by_thread(
     assert names(plain) == {
         "prepare": ["preprocess"],
         "inference": ["inference"],
-        "report": ["postprocess", "report rules", "report"],
+        "report": ["postprocess", "live_view", "report rules", "report"],
     }
     tagged = Stage(config(tmp_path, report={"tags": {"site": "shop-3"}}), loaded)
-    assert names(tagged)["report"] == ["postprocess", "report rules", "tags", "report"]
+    assert names(tagged)["report"] == ["postprocess", "live_view", "report rules", "tags", "report"]
     # (Not closed: the last stage on a model closes its session, which the module's tests share.)
 
 
@@ -85,6 +85,7 @@ def test_tags_ride_on_every_published_result_and_only_there(tmp_path: Path, load
         "preprocess": 4,
         "inference": 4,
         "postprocess": 4,
+        "live_view": 4,
         "report rules": 4,
         "tags": 4,
         "report": 4,

@@ -401,6 +401,21 @@ def draw_scene(
     return draw_boxes(canvas, entries, anchors=anchors, labels=labels)
 
 
+# Where the motion gate saw movement: a thin grey-white outline, quieter than any box.
+MOTION_COLOUR: Colour = (200, 200, 200)
+
+
+def draw_motion_areas(image: np.ndarray, areas: Sequence[Sequence[int]]) -> np.ndarray:
+    """A copy of `image` with each motion area (x1, y1, x2, y2 in its pixels: `FrameRecord.motion_areas`)
+    outlined thinly in MOTION_COLOUR; draw it first, the boxes and zones go over it."""
+    _check_image(image)
+    out = image.copy()
+    thickness = max(1, _sizes(out)[0] // 2)
+    for x1, y1, x2, y2 in areas:
+        cv2.rectangle(out, (int(x1), int(y1)), (int(x2) - 1, int(y2) - 1), MOTION_COLOUR, thickness)
+    return out
+
+
 GRID_STEP = 0.1  # `draw_grid`: a line every tenth of the width and of the height
 
 

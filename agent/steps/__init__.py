@@ -7,7 +7,7 @@ threads and counts a failure against the step that failed.
 
     motion (gate) -> preprocess -> inference -> postprocess -> filter -> tracking -> attributes -> clips
     (prepare ...............)     (inference)  (report ...................................................
-      -> report rules (gate) -> tag -> report
+      -> live view -> report rules (gate) -> tag -> report
       ...............................)
 """
 
@@ -21,6 +21,7 @@ from agent.attribute_models import AttributeSet
 from agent.batching import runs_batches
 from agent.config import PipelineConfig
 from agent.filter_counts import Drops
+from agent.live_view import LiveView
 from agent.pipeline_attributes import PipelineAttributes
 from agent.pipeline_tracking import PipelineTracking
 from agent.processing import Postprocessor
@@ -32,6 +33,7 @@ from agent.steps.base import THREADS, FrameRecord, Step, StepStats, Thread
 from agent.steps.clips import ClipsStep
 from agent.steps.filter import FilterStep
 from agent.steps.infer import InferStep, RunModel
+from agent.steps.live import LiveViewStep
 from agent.steps.motion import MotionGateStep, PipelineMotion
 from agent.steps.postprocess import PostprocessStep
 from agent.steps.prepare import PrepareStep
@@ -76,6 +78,7 @@ class StepParts:
     source: Callable[[], Mapping[str, Any]]  # the source's uri and counters, for a result
     attribute_models: AttributeSet | None  # the stage's second models (None: no attributes)
     readings: PipelineAttributes  # which object was read when, and the answers (kept across stages)
+    live_view: LiveView  # the pipeline's latest drawn frame for its viewers (kept across stages)
 
 
 def build_steps(config: PipelineConfig, parts: StepParts) -> list[Step]:
@@ -93,6 +96,7 @@ def build_steps(config: PipelineConfig, parts: StepParts) -> list[Step]:
         if config.attributes and parts.attribute_models is not None
         else None,
         ClipsStep(config, parts.tracking) if config.clips.enabled and tracks else None,
+        LiveViewStep(config, parts.live_view, parts.tracking),  # (before the rules: held back is seen)
         ReportRulesStep(config.report, parts.rules),
         TagStep(config.report.tags) if config.report.tags else None,
         ReportStep(config, parts.sink, parts.model, parts.source),
@@ -117,9 +121,10 @@ def plan_for(
     motion: PipelineMotion | None = None,
     drops: Drops | None = None,
     readings: PipelineAttributes | None = None,
+    live_view: LiveView | None = None,
 ) -> Plan:
     """The steps of `stage` in a pipeline with this sink, scene, source, motion background, filter
-    counts and attribute readings (None: new ones)."""
+    counts, attribute readings and live view (None: new ones)."""
     parts = StepParts(
         feeder=stage.feeder,
         run_model=lambda feeds: stage.infer(feeds, offer=stage.offer_sample),
@@ -136,6 +141,7 @@ def plan_for(
         source=source,
         attribute_models=stage.attributes if isinstance(stage.attributes, AttributeSet) else None,
         readings=readings or PipelineAttributes(),
+        live_view=live_view or LiveView(stage.config.name),
     )
     steps = build_steps(stage.config, parts)
     order = [THREADS.index(step.thread) for step in steps]
