@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 import pytest
 
-from agent.clips import clip_path
+from agent.clips import ClipRecorder, clip_path
 from agent.config import (
     ClipsConfig,
     DetectionPostprocess,
@@ -233,3 +233,23 @@ def test_clips_where_they_cannot_work_are_refused_at_their_line(
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     assert f"{path}:{line}: pipelines[0].clips.enabled: {message}" in str(caught.value)
+
+
+def test_without_ffmpeg_the_pipeline_runs_on_without_clips_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))  # no ffmpeg to be found
+    recorder = ClipRecorder("faces", tmp_path / "clips" / "faces", ClipsConfig(enabled=True))
+    try:
+        events: list[dict[str, Any]] = [{"type": "new", "at": "x", "object": {"id": 1}}]
+        recorder.frame(np.zeros((36, 64, 3), np.uint8), 1000.0, events)
+        assert "clip" not in events[0]
+        status = recorder.status()
+        why = "no ffmpeg on PATH: clips need ffmpeg with libx264 (install ffmpeg)"
+        assert status["encoder"] == f"unavailable: {why}"
+        assert status["recording"] is None
+        assert "pipeline faces: no event clips: no ffmpeg on PATH" in caplog.text
+    finally:
+        recorder.stop()
