@@ -53,6 +53,7 @@ from agent.status import PipelineStatus, statuses_json
 from agent.store import store_for
 from agent.supervisor import Supervisor
 from agent.telemetry import TelemetrySampler
+from agent.web.server import WebServer
 from providers.select import SelectionPolicy
 
 log = logging.getLogger(__name__)
@@ -276,6 +277,8 @@ class Agent:
             {"status": self.status, "explain": lambda: {"pipelines": self.supervisor.serving_records()}},
         )
         self.final_states: dict[str, PipelineStatus] = {}
+        # The optional web page (docs/web.md): its own thread, reading only `status`.
+        self.web = WebServer(config.web, self.status, config.device.id) if config.web.enabled else None
         self.watchdog = Watchdog(lambda: self.supervisor.stall() or self.mqtt.stall())
         # The main loop's work, ticked in this order every half second.
         self.ticks: tuple[Tickable, ...] = (
@@ -324,6 +327,12 @@ class Agent:
         # before its handler is registered is dropped.
         self.mqtt.start()
         self.control.start()  # `edge-agent status`
+        if self.web is not None:
+            try:
+                self.web.start()
+            except EdgeAgentError as exc:  # the page is optional: the pipelines run without it
+                log.error("the web page is off: %s", exc)
+                self.web = None
         notify("READY=1", f"STATUS={self._summary()}")
         log.info("edge-agent %s running as %s", __version__, self.config.device.id)
         if self.loaded.text is not None and not self.loaded.running_last_good:
@@ -347,6 +356,8 @@ class Agent:
     def shutdown(self) -> None:
         notify("STOPPING=1", "STATUS=stopping")
         log.info("stopping: finishing in-flight frames")
+        if self.web is not None:
+            self.web.stop()
         self.final_states = self.pipeline_states()  # what `run` reports on exit
         self.supervisor.stop(_STOP_PIPELINES_S)
         timeout = self.config.mqtt.outbox.flush_timeout_s

@@ -15,6 +15,7 @@ from agent.config.fleet import FleetConfig
 from agent.config.mqtt import MqttConfig
 from agent.config.pipeline import PipelineConfig
 from agent.config.registry import RegistryConfig
+from agent.config.web import WebConfig
 from agent.logfmt import LogFormat, LogLevel
 from agent.state_dir import DEFAULT_STATE_DIR
 
@@ -154,6 +155,9 @@ class AgentConfig(StrictModel):
     snapshots: SnapshotRetentionConfig = Field(
         default_factory=SnapshotRetentionConfig,
         description="How many tracked objects' snapshots the state dir keeps (docs/analytics.md).",
+    )
+    web: WebConfig = Field(
+        default_factory=WebConfig, description="The optional local web page (docs/web.md); off by default."
     )
     pipelines: list[PipelineConfig] = Field(default_factory=list)
 

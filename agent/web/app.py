@@ -1,0 +1,251 @@
+"""The page's routes (Starlette): the box page, its refreshed part, /api/status, login and logout,
+and the static files that ship in the package. Security: docs/web.md."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import anyio.to_thread
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from agent.config.web import WebConfig, is_loopback
+from agent.web import pages
+from agent.web.auth import COOKIE, LoginLimiter, Session, Sessions, check_login, csrf_ok
+from agent.web.files import UnsafeName, safe_child
+
+log = logging.getLogger(__name__)
+
+StatusFn = Callable[[], dict[str, Any]]
+STATUS_MAX_AGE_S = 1.0  # many open pages share one status: the daemon builds it at most once a second
+_MAX_FORM_BYTES = 4096  # a login form is a few dozen bytes
+_STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
+_HEADERS = {
+    # Only this origin's own files; no framing (clickjacking); no MIME sniffing; no referrer.
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+class CachedStatus:
+    def __init__(self, status: StatusFn, clock: Callable[[], float] = time.monotonic) -> None:
+        self._status, self._clock = status, clock
+        self._at, self._value = -STATUS_MAX_AGE_S, b""
+
+    def json_bytes(self) -> bytes:
+        now = self._clock()
+        if now - self._at >= STATUS_MAX_AGE_S or not self._value:
+            self._value = json.dumps(self._status(), default=str).encode()
+            self._at = now
+        return self._value
+
+    def get(self) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads(self.json_bytes())
+        return value
+
+
+class WebApp:
+    """The app and what it keeps: sessions, the login limiter, the cached status."""
+
+    def __init__(self, config: WebConfig, status: StatusFn, device: str) -> None:
+        self.config = config
+        self.device = device
+        self.status = CachedStatus(status)
+        self.sessions = Sessions(config.session_ttl_s)
+        self.limiter = LoginLimiter()
+        self.static_root = Path(str(resources.files("agent.web").joinpath("static")))
+        self.app = Starlette(
+            routes=[
+                Route("/", self.box),
+                Route("/box/status", self.box_status),
+                Route("/api/status", self.api_status),
+                Route("/login", self.login_form, methods=["GET"]),
+                Route("/login", self.login, methods=["POST"]),
+                Route("/logout", self.logout, methods=["POST"]),
+                Route("/static/{name}", self.static),
+            ]
+        )
+        self.app.add_exception_handler(404, self._not_found)
+
+    @property
+    def open(self) -> bool:
+        """No users: no login (the config allows that on loopback only)."""
+        return not self.config.users
+
+    # --- who asks ---------------------------------------------------------------------------------
+
+    def _host_ok(self, request: Request) -> bool:
+        """Without logins, only a loopback Host: a web site that rebinds its DNS name to 127.0.0.1
+        must not read the page through a visitor's browser."""
+        if not self.open:
+            return True
+        host = urlsplit("//" + request.headers.get("host", "")).hostname or ""
+        return is_loopback(host)
+
+    def session(self, request: Request) -> Session | None:
+        return self.sessions.get(request.cookies.get(COOKIE))
+
+    def _with_cookie(self, response: Response, session: Session) -> Response:
+        response.set_cookie(
+            COOKIE,
+            session.id,
+            max_age=int(self.config.session_ttl_s),
+            path="/",
+            httponly=True,
+            secure=self.config.tls is not None,
+            samesite="strict",
+        )
+        return response
+
+    async def _guarded(
+        self, request: Request, answer: Callable[[Session], Awaitable[Response]], api: bool = False
+    ) -> Response:
+        """`answer` for a request with a live session; without one: a new session where no login is
+        needed, else the login page (401 for the API and the refreshed part)."""
+        if not self._host_ok(request):
+            return secure(Response("this page answers to localhost only", 403, media_type="text/plain"))
+        session = self.session(request)
+        # With users, only a logged-in session: the login form's (no user yet) opens nothing.
+        if session is not None and (self.open or session.user is not None):
+            return secure(await answer(session))
+        if self.open:
+            session = self.sessions.new(None)
+            return secure(self._with_cookie(await answer(session), session))
+        if api:
+            return secure(JSONResponse({"error": "log in first: POST /login"}, 401))
+        return secure(RedirectResponse("/login", 303))
+
+    def _frame(self, title: str, body: str, session: Session | None, script: str = "") -> str:
+        account = (
+            "" if session is None or session.user is None else pages.logout_form(session.user, session.csrf)
+        )
+        return pages.page(title, body, self.device, account, script)
+
+    # --- pages ------------------------------------------------------------------------------------
+
+    async def box(self, request: Request) -> Response:
+        async def answer(session: Session) -> Response:
+            status = await anyio.to_thread.run_sync(self.status.get)
+            body = pages.box_body(status)
+            return HTMLResponse(self._frame(f"{self.device}: edge-agent", body, session, "box.js"))
+
+        return await self._guarded(request, answer)
+
+    async def box_status(self, request: Request) -> Response:
+        async def answer(session: Session) -> Response:
+            return HTMLResponse(pages.status_part(await anyio.to_thread.run_sync(self.status.get)))
+
+        return await self._guarded(request, answer, api=True)
+
+    async def api_status(self, request: Request) -> Response:
+        async def answer(session: Session) -> Response:
+            data = await anyio.to_thread.run_sync(self.status.json_bytes)
+            return Response(data, media_type="application/json")
+
+        return await self._guarded(request, answer, api=True)
+
+    async def static(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        try:
+            path = safe_child(self.static_root, name)
+        except UnsafeName:
+            return secure(Response("not found", 404, media_type="text/plain"))
+        if path.suffix not in _STATIC_TYPES or not path.is_file():
+            return secure(Response("not found", 404, media_type="text/plain"))
+        response = Response(path.read_bytes(), media_type=_STATIC_TYPES[path.suffix])
+        secure(response).headers["Cache-Control"] = "max-age=300"
+        return response
+
+    async def _not_found(self, request: Request, exc: Exception) -> Response:
+        return secure(Response("not found", 404, media_type="text/plain"))
+
+    # --- login ------------------------------------------------------------------------------------
+
+    def _login_page(self, session: Session, message: str = "", code: int = 200) -> Response:
+        body = pages.login_body(session.csrf, message)
+        return self._with_cookie(HTMLResponse(self._frame("log in", body, None), code), session)
+
+    async def login_form(self, request: Request) -> Response:
+        if not self._host_ok(request):
+            return secure(Response("this page answers to localhost only", 403, media_type="text/plain"))
+        if self.open:
+            return secure(RedirectResponse("/", 303))
+        # A session without a user carries the login form's CSRF token.
+        return secure(self._login_page(self.session(request) or self.sessions.new(None)))
+
+    async def login(self, request: Request) -> Response:
+        if self.open or not self._host_ok(request):
+            return secure(RedirectResponse("/", 303))
+        form = await _small_form(request)
+        pending = self.session(request)
+        if form is None or not csrf_ok(pending, form.get("csrf")):
+            return secure(Response("missing or wrong CSRF token", 403, media_type="text/plain"))
+        assert pending is not None  # csrf_ok
+        user, password = form.get("user", ""), form.get("password", "")
+        client = request.client.host if request.client else "?"
+        keys = (f"addr:{client}", f"user:{user}")
+        wait = self.limiter.wait_s(*keys)
+        if wait > 0:
+            log.warning(
+                "web: login for %r from %s refused: too many failures (%.0f s to wait)", user, client, wait
+            )
+            response = self._login_page(pending, f"Too many failed logins: try again in {wait:.0f} s.", 429)
+            response.headers["Retry-After"] = str(int(wait) + 1)
+            return secure(response)
+        ok = await anyio.to_thread.run_sync(check_login, self.config.users, user, password)
+        if not ok:
+            self.limiter.failed(*keys)
+            log.warning("web: failed login for %r from %s", user, client)
+            return secure(self._login_page(pending, "Wrong user or password.", 401))
+        self.limiter.succeeded(*keys)
+        self.sessions.end(pending.id)  # a new id at login: a planted cookie is worth nothing
+        session = self.sessions.new(user)
+        log.info("web: %s logged in from %s", user, client)
+        return secure(self._with_cookie(RedirectResponse("/", 303), session))
+
+    async def logout(self, request: Request) -> Response:
+        form = await _small_form(request)
+        session = self.session(request)
+        if form is None or not csrf_ok(session, form.get("csrf")):
+            return secure(Response("missing or wrong CSRF token", 403, media_type="text/plain"))
+        assert session is not None
+        self.sessions.end(session.id)
+        response = RedirectResponse("/login" if not self.open else "/", 303)
+        response.delete_cookie(COOKIE, path="/")
+        return secure(response)
+
+
+def secure(response: Response) -> Response:
+    for name, value in _HEADERS.items():
+        response.headers.setdefault(name, value)
+    return response
+
+
+async def _small_form(request: Request) -> dict[str, str] | None:
+    """The urlencoded form of a POST, or None when it is too big or not one; a header CSRF token
+    (X-CSRF-Token, for scripts) stands in for the form's."""
+    length = request.headers.get("content-length", "")
+    if not length.isdigit() or int(length) > _MAX_FORM_BYTES:  # none: chunked, of any length
+        return None
+    form: dict[str, str] = {}
+    if request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+        # Parsed here (a few bytes): Starlette's own form parser needs python-multipart.
+        body = (await request.body()).decode("utf-8", errors="replace")
+        pairs = parse_qsl(body, keep_blank_values=True, max_num_fields=8)
+        form = dict(pairs)
+    header = request.headers.get("x-csrf-token")
+    if header is not None:
+        form["csrf"] = header
+    return form

@@ -1,0 +1,100 @@
+"""The page's HTML, rendered on the server from the daemon's typed status (agent/status.py): the
+same fields `edge-agent status` shows. Every value goes through `html.escape`."""
+
+from __future__ import annotations
+
+import html
+from functools import cache
+from importlib import resources
+from string import Template
+from typing import Any
+
+from agent.status import PipelineStatus, statuses_of
+from agent.text import clip
+
+
+@cache
+def _template(name: str) -> Template:
+    return Template(
+        resources.files("agent.web").joinpath("templates").joinpath(name).read_text(encoding="utf-8")
+    )
+
+
+def _e(value: object) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def page(title: str, body: str, device: str = "", account: str = "", script: str = "") -> str:
+    """The frame around every page; `body` and `account` are HTML already escaped."""
+    tag = f'<script src="/static/{_e(script)}"></script>' if script else ""
+    return _template("page.html").substitute(
+        title=_e(title), device=_e(device), account=account, body=body, script=tag
+    )
+
+
+def logout_form(user: str, csrf: str) -> str:
+    return (
+        f'<form method="post" action="/logout"><span>{_e(user)}</span> '
+        f'<input type="hidden" name="csrf" value="{_e(csrf)}"><button type="submit">Log out</button></form>'
+    )
+
+
+def login_body(csrf: str, message: str = "") -> str:
+    return _template("login.html").substitute(csrf=_e(csrf), message=_e(message))
+
+
+def box_body(status: dict[str, Any]) -> str:
+    return f'<h1>This box</h1>\n<div id="status">{status_part(status)}</div>'
+
+
+def status_part(status: dict[str, Any]) -> str:
+    """What the box page refreshes: the daemon, the broker, the outbox and a row per pipeline."""
+    mqtt, outbox, config = status.get("mqtt") or {}, status.get("outbox") or {}, status.get("config") or {}
+    broker = "connected" if mqtt.get("connected") else "not connected"
+    broker_error = f", last error: {mqtt['last_error']}" if mqtt.get("last_error") else ""
+    lines = [
+        f"<p>edge-agent {_e(status.get('agent_version', '?'))} on {_e(status.get('device', '?'))} "
+        f"(pid {_e(status.get('pid', '?'))}), started {_e(status.get('started_at', '?'))}, "
+        f"config {_e(config.get('file') or '-')}</p>",
+        f'<p>broker: <span class="{"running" if mqtt.get("connected") else "error"}">{broker}</span> '
+        f"({_e(mqtt.get('connects', 0))} connects){_e(broker_error)}</p>",
+        f"<p>outbox: {_e(outbox.get('pending', 0))} queued, {_e(outbox.get('dropped', 0))} dropped "
+        f"(when_full: {_e(outbox.get('when_full', '?'))})</p>",
+    ]
+    heads = ("pipeline", "state", "model", "backend", "fps", "ms p50/p95", "results", "drops", "errors")
+    rows = [_row(name, p) for name, p in statuses_of(status.get("pipelines")).items()]
+    table = (
+        '<table id="pipelines"><thead><tr>'
+        + "".join(f"<th>{h}</th>" for h in heads)
+        + "</tr></thead><tbody>"
+        + ("".join(rows) or f'<tr><td colspan="{len(heads)}">no pipelines</td></tr>')
+        + "</tbody></table>"
+    )
+    return "\n".join([*lines, table])
+
+
+def _row(name: str, p: PipelineStatus) -> str:
+    run, serving = p.run, p.serving
+    latency = None if run is None else run.counts.latency.capture_to_result
+    dropped = (0 if run is None else run.source.frames_dropped) + (p.results_dropped or 0)
+    state = p.state if p.phase in ("running", p.state) else f"{p.state} ({p.phase})"
+    cells = [
+        f'<td class="{_e(p.state)}">{_e(state)}</td>',
+        f"<td>{_e(p.running_model or p.change.desired_model or '-')}</td>",
+        f"<td>{_e('-' if serving is None else serving.backend or '-')}</td>",
+        f'<td class="n">{"-" if run is None or run.counts.fps is None else f"{run.counts.fps:.1f}"}</td>',
+        f'<td class="n">{"-" if not latency else f"{latency.p50:.0f} / {latency.p95:.0f}"}</td>',
+        f'<td class="n">{0 if run is None else run.counts.results}</td>',
+        f'<td class="n">{dropped}</td>',
+        f'<td class="n">{0 if run is None else run.counts.errors}</td>',
+    ]
+    notes = [f'<div class="problem">{_e(problem)}</div>' for problem in p.problems()]
+    error = p.last_error
+    if error is not None:
+        notes.append(f'<div class="problem">last error ({_e(error.at)}): {_e(clip(error.text, 300))}</div>')
+    if serving is not None and serving.backend_why:
+        notes.append(f'<div class="why">backend: {_e(clip(serving.backend_why, 300))}</div>')
+    row = f'<tr data-pipeline="{_e(name)}"><td>{_e(name)}</td>{"".join(cells)}</tr>'
+    if notes:
+        row += f'<tr><td></td><td colspan="8">{"".join(notes)}</td></tr>'
+    return row

@@ -1,0 +1,120 @@
+"""The page's server: uvicorn on a thread of its own with its own event loop, started and stopped
+by the daemon. Bounded: few connections, small headers, idle connections closed; it reads only the
+daemon's status (cached, agent/web/app.py), so no client can slow a pipeline."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agent.config.web import WebConfig
+from agent.errors import EdgeAgentError
+
+log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 32  # more at once get 503: a crowd of clients costs a bounded amount
+KEEP_ALIVE_S = 5.0  # an idle connection is closed after this
+MAX_HEADER_BYTES = 16 * 1024
+START_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 5.0
+
+
+class WebServer:
+    def __init__(self, config: WebConfig, status: Callable[[], dict[str, Any]], device: str) -> None:
+        self.config = config
+        self._status = status
+        self._device = device
+        self._server: Any = None  # uvicorn.Server
+        self._thread: threading.Thread | None = None
+        self.port: int | None = None  # the port it listens on (config.port, or the one chosen for 0)
+
+    def start(self) -> None:
+        """Listen and serve; EdgeAgentError (saying what to do) when the stack is missing, the
+        address is taken or the certificate cannot be loaded."""
+        try:
+            import uvicorn
+
+            from agent.web.app import WebApp
+        except ImportError as exc:
+            raise EdgeAgentError(
+                f"web.enabled is true but the page's stack is not installed ({exc.name})",
+                hint="pip install 'edge-agent[web]', or set web.enabled: false",
+            ) from None
+        config = self.config
+        tls = config.tls
+        settings = uvicorn.Config(
+            WebApp(config, self._status, self._device).app,
+            loop="asyncio",
+            http="h11",
+            ws="none",
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            limit_concurrency=MAX_CONNECTIONS,
+            timeout_keep_alive=int(KEEP_ALIVE_S),
+            timeout_graceful_shutdown=int(STOP_TIMEOUT_S),
+            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+            ssl_certfile=None if tls is None else str(tls.cert_file),
+            ssl_keyfile=None if tls is None else str(tls.key_file),
+        )
+        where = f"web: {config.listen}:{config.port}"
+        try:
+            settings.load()  # reads the certificate and key now, not on the thread
+        except (OSError, ssl.SSLError) as exc:
+            raise EdgeAgentError(f"{where}: cannot load the TLS certificate or key: {exc}") from None
+        sock = _listen(config.listen, config.port, where)
+        self.port = sock.getsockname()[1]
+        self._server = uvicorn.Server(settings)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="web", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._server.started and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)  # uvicorn's startup is a few ms; there is no event to wait on
+        if not self._server.started:
+            self.stop()
+            raise EdgeAgentError(f"{where}: the server did not start")
+        scheme = "https" if tls else "http"
+        log.info("web page on %s://%s:%d/", scheme, _bracketed(config.listen), self.port)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(STOP_TIMEOUT_S + 1)
+            if self._thread.is_alive():
+                log.warning("web: the server thread did not stop within %.0f s", STOP_TIMEOUT_S + 1)
+        self._server = self._thread = None
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _listen(host: str, port: int, where: str) -> socket.socket:
+    """The listening socket, bound here so that a taken port is an error at start, not on the thread."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise EdgeAgentError(f"{where}: cannot listen: {exc}", hint="check web.listen") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(64)
+    except OSError as exc:
+        sock.close()
+        raise EdgeAgentError(
+            f"{where}: cannot listen: {exc}", hint="is another program on that port?"
+        ) from None
+    sock.set_inheritable(True)
+    return sock

@@ -1,0 +1,66 @@
+"""The web page in a real daemon (`edge-agent run`, a real mosquitto, a real model on a rendered
+video): the box page and /api/status show what `edge-agent status` shows, over real HTTP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.agent_process import StartAgent, read_status
+from tests.daemon_fixtures import DEVICE, pipeline, write_config
+from tests.mosquitto import Mosquitto
+from tests.waits import free_port, wait_until
+
+
+def api_status(base: str) -> dict[str, Any]:
+    try:
+        answer = httpx.get(f"{base}/api/status", timeout=5)
+    except httpx.TransportError:
+        return {}
+    data: dict[str, Any] = answer.json() if answer.status_code == 200 else {}
+    return data
+
+
+def test_the_box_page_shows_a_running_daemons_status(
+    tmp_path: Path,
+    mosquitto: Mosquitto,
+    registry_dir: Path,
+    video: tuple[Path, list[dict[str, Any]]],
+    start_agent: StartAgent,
+) -> None:
+    config = write_config(
+        tmp_path, mosquitto.port, registry_dir, [pipeline("signs", str(video[0]), loop=True)]
+    )
+    port = free_port()
+    data = yaml.safe_load(config.read_text())
+    data["web"] = {"enabled": True, "port": port}
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    base = f"http://127.0.0.1:{port}"
+
+    agent = start_agent(config)
+
+    def running() -> bool:
+        return api_status(base).get("pipelines", {}).get("signs", {}).get("state") == "running"
+
+    wait_until(lambda: running() or agent.poll() is not None, "the page says the pipeline runs", timeout=120,
+               state=lambda: "; agent log:\n" + agent.log()[-3000:])  # fmt: skip
+    assert agent.poll() is None, agent.log()[-3000:]
+    status = api_status(base)
+    assert status["device"] == DEVICE
+    assert status["pipelines"].keys() == read_status(tmp_path / "state")["pipelines"].keys()
+    page = httpx.get(f"{base}/", timeout=5)
+    assert page.status_code == 200
+    assert 'data-pipeline="signs"' in page.text and ">running<" in page.text
+    assert "broker: <span" in page.text and "connected" in page.text
+    part = httpx.get(f"{base}/box/status", timeout=5, cookies=page.cookies)
+    assert part.status_code == 200 and 'data-pipeline="signs"' in part.text
+    assert httpx.get(f"{base}/static/box.js", timeout=5).status_code == 200
+
+    log = agent.stop()
+    assert f"web page on http://127.0.0.1:{port}/" in log
+    with pytest.raises(httpx.TransportError):  # stopped with the daemon
+        httpx.get(f"{base}/", timeout=2)
