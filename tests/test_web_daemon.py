@@ -64,3 +64,15 @@ def test_the_box_page_shows_a_running_daemons_status(
     assert f"web page on http://127.0.0.1:{port}/" in log
     with pytest.raises(httpx.TransportError):  # stopped with the daemon
         httpx.get(f"{base}/", timeout=2)
+
+
+def test_a_daemon_told_to_serve_on_0000_without_tls_or_users_does_not_start(
+    tmp_path: Path, start_agent: StartAgent
+) -> None:
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        f"device: {{id: box}}\nstate_dir: {tmp_path / 'state'}\nweb:\n  enabled: true\n  listen: 0.0.0.0\n"
+    )
+    log = start_agent(config).finish(timeout=60, exit_codes=(1,))
+    assert f"{config}:3: web: listen '0.0.0.0' is off the loopback" in log
+    assert "without tls and users" in log
