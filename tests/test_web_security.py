@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import ssl
 import subprocess
 import sys
@@ -20,8 +21,9 @@ from agent.errors import ConfigError
 from agent.web.auth import FREE_FAILURES, LoginLimiter, Sessions
 from agent.web.files import UnsafeName, safe_child
 from agent.web.passwords import hash_password, verify_password
-from agent.web.server import WebServer
+from agent.web.server import MAX_CONNECTIONS, WebServer
 from tests.pki import Pki
+from tests.waits import wait_until
 
 PASSWORD = "correct horse battery staple"
 STATUS = {"device": "web-box", "agent_version": "test", "mqtt": {"connected": True}, "pipelines": {}}
@@ -180,6 +182,41 @@ def test_passwords_are_salted_scrypt_hashes() -> None:
     assert verify_password(PASSWORD, made)
     assert not verify_password(PASSWORD + "!", made)
     assert hash_password(PASSWORD) != made  # salted
+
+
+def test_slow_clients_are_cut_off_and_cannot_hold_the_page(
+    without_users: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("agent.web.server.HEADER_TIMEOUT_S", 0.5)
+    port = int(without_users.rsplit(":", 1)[1])
+    # More than the connection bound: some say nothing, some send headers a byte at a time.
+    slow = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(MAX_CONNECTIONS + 8)]
+    try:
+        for sock in slow[::2]:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+
+        def closed(sock: socket.socket) -> bool:
+            sock.setblocking(False)
+            try:
+                return sock.recv(1024) == b""
+            except BlockingIOError:
+                return False
+            except ConnectionResetError:
+                return True
+
+        still_open = list(slow)
+
+        def all_closed() -> bool:
+            still_open[:] = [sock for sock in still_open if not closed(sock)]
+            return not still_open
+
+        wait_until(all_closed, "the server to close the slow connections", timeout=10,
+                   state=lambda: f"; {len(still_open)} still open")  # fmt: skip
+        with client(without_users) as browser:
+            assert browser.get("/api/status").status_code == 200
+    finally:
+        for sock in slow:
+            sock.close()
 
 
 # --- without users: loopback only ------------------------------------------------------------------

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+import anyio
 import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 StatusFn = Callable[[], dict[str, Any]]
 STATUS_MAX_AGE_S = 1.0  # many open pages share one status: the daemon builds it at most once a second
 _MAX_FORM_BYTES = 4096  # a login form is a few dozen bytes
+_BODY_TIMEOUT_S = 10.0  # for those bytes to arrive
 _STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
 _HEADERS = {
     # Only this origin's own files; no framing (clickjacking); no MIME sniffing; no referrer.
@@ -242,7 +244,11 @@ async def _small_form(request: Request) -> dict[str, str] | None:
     form: dict[str, str] = {}
     if request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
         # Parsed here (a few bytes): Starlette's own form parser needs python-multipart.
-        body = (await request.body()).decode("utf-8", errors="replace")
+        try:
+            with anyio.fail_after(_BODY_TIMEOUT_S):
+                body = (await request.body()).decode("utf-8", errors="replace")
+        except TimeoutError:
+            return None
         pairs = parse_qsl(body, keep_blank_values=True, max_num_fields=8)
         form = dict(pairs)
     header = request.headers.get("x-csrf-token")

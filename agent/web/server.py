@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 32  # more at once get 503: a crowd of clients costs a bounded amount
 KEEP_ALIVE_S = 5.0  # an idle connection is closed after this
+HEADER_TIMEOUT_S = 10.0  # a request's line and headers must arrive within this (slowloris)
 MAX_HEADER_BYTES = 16 * 1024
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 5.0
@@ -50,7 +51,7 @@ class WebServer:
         settings = uvicorn.Config(
             WebApp(config, self._status, self._device).app,
             loop="asyncio",
-            http="h11",
+            http=_bounded_h11(),
             ws="none",
             lifespan="off",
             log_config=None,
@@ -92,6 +93,32 @@ class WebServer:
             if self._thread.is_alive():
                 log.warning("web: the server thread did not stop within %.0f s", STOP_TIMEOUT_S + 1)
         self._server = self._thread = None
+
+
+def _bounded_h11() -> type:
+    """uvicorn's h11 protocol with a deadline for each request's line and headers: uvicorn closes a
+    connection idle between requests (timeout_keep_alive) but waits forever for a first request
+    or one sent a byte at a time, so a few slow clients could hold every connection."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class BoundedH11Protocol(H11Protocol):
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm_header_deadline()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm_header_deadline()
+
+        def _arm_header_deadline(self) -> None:
+            waiting_for = self.cycle  # a new request replaces it; none by the deadline: too slow
+            self.loop.call_later(HEADER_TIMEOUT_S, self._too_slow, waiting_for)
+
+        def _too_slow(self, waiting_for: object) -> None:
+            if self.cycle is waiting_for and not self.transport.is_closing():
+                self.transport.close()
+
+    return BoundedH11Protocol
 
 
 def _bracketed(host: str) -> str:
