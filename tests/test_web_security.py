@@ -34,8 +34,9 @@ def password_hash() -> str:
     return hash_password(PASSWORD)
 
 
-def serve(**settings: Any) -> Iterator[str]:
-    server = WebServer(WebConfig(enabled=True, port=0, **settings), lambda: STATUS, "web-box")
+def serve(pages: tuple[Any, ...] = (), **settings: Any) -> Iterator[str]:
+    config = WebConfig(enabled=True, port=0, **settings)
+    server = WebServer(config, lambda: STATUS, "web-box", pages)
     server.start()
     try:
         scheme = "https" if settings.get("tls") else "http"
@@ -217,6 +218,30 @@ def test_slow_clients_are_cut_off_and_cannot_hold_the_page(
     finally:
         for sock in slow:
             sock.close()
+
+
+async def echo(request: Any, session: Any) -> Any:
+    from starlette.responses import JSONResponse
+
+    from agent.web.app import form_of
+
+    return JSONResponse({"user": session.user, "form": form_of(request)})
+
+
+def test_a_page_added_by_another_part_is_behind_the_session_and_csrf_checks(password_hash: str) -> None:
+    users = [WebUser(name="admin", password_hash=password_hash)]
+    for base in serve(pages=(lambda app: app.add_page("/echo", echo, method="POST"),), users=users):
+        with client(base) as browser:
+            assert browser.post("/echo", data={"zone": "door"}).status_code == 303  # to /login
+            assert log_in(browser).status_code == 303
+            assert browser.post("/echo", data={"zone": "door"}).status_code == 403
+            token = browser.get("/").text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+            answer = browser.post("/echo", data={"zone": "door"}, headers={"X-CSRF-Token": token})
+            assert answer.json() == {"user": "admin", "form": {"zone": "door", "csrf": token}}
+            assert browser.post("/echo", data={"zone": "door", "csrf": token}).status_code == 200
+    for base in serve(pages=(lambda app: app.add_page("/echo", echo, method="POST"),)):
+        with client(base) as browser:  # no login needed here, but still a token
+            assert browser.post("/echo", data={"zone": "door"}).status_code == 403
 
 
 # --- without users: loopback only ------------------------------------------------------------------

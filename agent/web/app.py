@@ -27,6 +27,8 @@ from agent.web.files import UnsafeName, safe_child
 log = logging.getLogger(__name__)
 
 StatusFn = Callable[[], dict[str, Any]]
+# A page's handler: the request and its session (the user, the CSRF token for its forms).
+Answer = Callable[[Request, "Session"], Awaitable[Response]]
 STATUS_MAX_AGE_S = 1.0  # many open pages share one status: the daemon builds it at most once a second
 _MAX_FORM_BYTES = 4096  # a login form is a few dozen bytes
 _BODY_TIMEOUT_S = 10.0  # for those bytes to arrive
@@ -59,7 +61,9 @@ class CachedStatus:
 
 
 class WebApp:
-    """The app and what it keeps: sessions, the login limiter, the cached status."""
+    """The app and what it keeps: sessions, the login limiter, the cached status. Pages are added
+    with `add_page` (docs/web.md, Adding a page), which puts every one behind the same session
+    check and every POST behind the CSRF check."""
 
     def __init__(self, config: WebConfig, status: StatusFn, device: str) -> None:
         self.config = config
@@ -70,16 +74,34 @@ class WebApp:
         self.static_root = Path(str(resources.files("agent.web").joinpath("static")))
         self.app = Starlette(
             routes=[
-                Route("/", self.box),
-                Route("/box/status", self.box_status),
-                Route("/api/status", self.api_status),
                 Route("/login", self.login_form, methods=["GET"]),
                 Route("/login", self.login, methods=["POST"]),
-                Route("/logout", self.logout, methods=["POST"]),
                 Route("/static/{name}", self.static),
             ]
         )
         self.app.add_exception_handler(404, self._not_found)
+        self.add_page("/", self.box)
+        self.add_page("/box/status", self.box_status, api=True)
+        self.add_page("/api/status", self.api_status, api=True)
+        self.add_page("/logout", self.logout, method="POST")
+
+    def add_page(self, path: str, answer: Answer, method: str = "GET", api: bool = False) -> None:
+        """Serve `answer` at `path` (a Starlette path: `/clips/{name}`) to a live session only: without
+        one, the login page (`api`: 401 JSON). A POST answers 403 unless it carries its session's
+        CSRF token (form field `csrf` or header `X-CSRF-Token`); `form_of(request)` is its form then."""
+
+        async def endpoint(request: Request) -> Response:
+            async def checked(session: Session) -> Response:
+                if method == "POST":
+                    form = await _small_form(request)
+                    if form is None or not csrf_ok(session, form.get("csrf")):
+                        return Response("missing or wrong CSRF token", 403, media_type="text/plain")
+                    request.state.form = form
+                return await answer(request, session)
+
+            return await self._guarded(request, checked, api)
+
+        self.app.router.routes.append(Route(path, endpoint, methods=[method]))
 
     @property
     def open(self) -> bool:
@@ -122,6 +144,8 @@ class WebApp:
         # With users, only a logged-in session: the login form's (no user yet) opens nothing.
         if session is not None and (self.open or session.user is not None):
             return secure(await answer(session))
+        if self.open and api:  # a script's request: no session kept for it (nor a form to post)
+            return secure(await answer(Session("", None, "", 0.0)))
         if self.open:
             session = self.sessions.new(None)
             return secure(self._with_cookie(await answer(session), session))
@@ -129,34 +153,27 @@ class WebApp:
             return secure(JSONResponse({"error": "log in first: POST /login"}, 401))
         return secure(RedirectResponse("/login", 303))
 
-    def _frame(self, title: str, body: str, session: Session | None, script: str = "") -> str:
+    def frame(self, title: str, body: str, session: Session | None, script: str = "") -> str:
+        """A whole page around `body` (HTML, escaped already) with the header and, for a logged-in
+        user, the logout form; `script`: one of static/ to load (no inline script: the CSP)."""
         account = (
             "" if session is None or session.user is None else pages.logout_form(session.user, session.csrf)
         )
-        return pages.page(title, body, self.device, account, script)
+        return pages.page(title, body, self.device, account, script, "" if session is None else session.csrf)
 
     # --- pages ------------------------------------------------------------------------------------
 
-    async def box(self, request: Request) -> Response:
-        async def answer(session: Session) -> Response:
-            status = await anyio.to_thread.run_sync(self.status.get)
-            body = pages.box_body(status)
-            return HTMLResponse(self._frame(f"{self.device}: edge-agent", body, session, "box.js"))
+    async def box(self, request: Request, session: Session) -> Response:
+        status = await anyio.to_thread.run_sync(self.status.get)
+        body = pages.box_body(status)
+        return HTMLResponse(self.frame(f"{self.device}: edge-agent", body, session, "box.js"))
 
-        return await self._guarded(request, answer)
+    async def box_status(self, request: Request, session: Session) -> Response:
+        return HTMLResponse(pages.status_part(await anyio.to_thread.run_sync(self.status.get)))
 
-    async def box_status(self, request: Request) -> Response:
-        async def answer(session: Session) -> Response:
-            return HTMLResponse(pages.status_part(await anyio.to_thread.run_sync(self.status.get)))
-
-        return await self._guarded(request, answer, api=True)
-
-    async def api_status(self, request: Request) -> Response:
-        async def answer(session: Session) -> Response:
-            data = await anyio.to_thread.run_sync(self.status.json_bytes)
-            return Response(data, media_type="application/json")
-
-        return await self._guarded(request, answer, api=True)
+    async def api_status(self, request: Request, session: Session) -> Response:
+        data = await anyio.to_thread.run_sync(self.status.json_bytes)
+        return Response(data, media_type="application/json")
 
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]
@@ -177,7 +194,7 @@ class WebApp:
 
     def _login_page(self, session: Session, message: str = "", code: int = 200) -> Response:
         body = pages.login_body(session.csrf, message)
-        return self._with_cookie(HTMLResponse(self._frame("log in", body, None), code), session)
+        return self._with_cookie(HTMLResponse(self.frame("log in", body, None), code), session)
 
     async def login_form(self, request: Request) -> Response:
         if not self._host_ok(request):
@@ -217,16 +234,17 @@ class WebApp:
         log.info("web: %s logged in from %s", user, client)
         return secure(self._with_cookie(RedirectResponse("/", 303), session))
 
-    async def logout(self, request: Request) -> Response:
-        form = await _small_form(request)
-        session = self.session(request)
-        if form is None or not csrf_ok(session, form.get("csrf")):
-            return secure(Response("missing or wrong CSRF token", 403, media_type="text/plain"))
-        assert session is not None
+    async def logout(self, request: Request, session: Session) -> Response:
         self.sessions.end(session.id)
         response = RedirectResponse("/login" if not self.open else "/", 303)
         response.delete_cookie(COOKIE, path="/")
-        return secure(response)
+        return response
+
+
+def form_of(request: Request) -> dict[str, str]:
+    """A POST page's form (`add_page` read and checked it)."""
+    form: dict[str, str] = request.state.form
+    return form
 
 
 def secure(response: Response) -> Response:

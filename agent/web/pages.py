@@ -24,11 +24,12 @@ def _e(value: object) -> str:
     return html.escape("" if value is None else str(value))
 
 
-def page(title: str, body: str, device: str = "", account: str = "", script: str = "") -> str:
-    """The frame around every page; `body` and `account` are HTML already escaped."""
+def page(title: str, body: str, device: str = "", account: str = "", script: str = "", csrf: str = "") -> str:
+    """The frame around every page; `body` and `account` are HTML already escaped. `csrf`: the
+    session's token, in a meta tag for scripts that POST (header X-CSRF-Token)."""
     tag = f'<script src="/static/{_e(script)}"></script>' if script else ""
     return _template("page.html").substitute(
-        title=_e(title), device=_e(device), account=account, body=body, script=tag
+        title=_e(title), device=_e(device), account=account, body=body, script=tag, csrf=_e(csrf)
     )
 
 

@@ -9,7 +9,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agent.config.web import WebConfig
@@ -26,8 +26,17 @@ STOP_TIMEOUT_S = 5.0
 
 
 class WebServer:
-    def __init__(self, config: WebConfig, status: Callable[[], dict[str, Any]], device: str) -> None:
+    def __init__(
+        self,
+        config: WebConfig,
+        status: Callable[[], dict[str, Any]],
+        device: str,
+        pages: Sequence[Callable[[Any], None]] = (),
+    ) -> None:
+        """`pages`: each is called with the WebApp (agent/web/app.py) once it is built, to add its
+        pages with `add_page` (typed Any here: the app's module needs the `web` extra)."""
         self.config = config
+        self._pages = pages
         self._status = status
         self._device = device
         self._server: Any = None  # uvicorn.Server
@@ -48,8 +57,11 @@ class WebServer:
             ) from None
         config = self.config
         tls = config.tls
+        web_app = WebApp(config, self._status, self._device)
+        for add in self._pages:
+            add(web_app)
         settings = uvicorn.Config(
-            WebApp(config, self._status, self._device).app,
+            web_app.app,
             loop="asyncio",
             http=_bounded_h11(),
             ws="none",
