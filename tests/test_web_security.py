@@ -257,6 +257,19 @@ def test_on_loopback_without_users_no_login_is_needed(without_users: str) -> Non
         assert browser.get("/api/status", headers={"Host": "attacker.example"}).status_code == 403
 
 
+def test_it_listens_on_the_ipv6_loopback(password_hash: str) -> None:
+    users = [WebUser(name="admin", password_hash=password_hash)]
+    for login_needed in (False, True):
+        config = WebConfig(enabled=True, listen="::1", port=0, users=users if login_needed else [])
+        server = WebServer(config, lambda: STATUS, "web-box")
+        server.start()
+        try:
+            with client(f"http://[::1]:{server.port}") as browser:
+                assert browser.get("/api/status").status_code == (401 if login_needed else 200)
+        finally:
+            server.stop()
+
+
 # --- off the loopback: the config refuses -----------------------------------------------------------
 
 
