@@ -3,17 +3,25 @@ video): the box page and /api/status show what `edge-agent status` shows, over r
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import yaml
+from selenium.webdriver.remote.webdriver import WebDriver
 
+from tests import browser as browser_fixtures
 from tests.agent_process import StartAgent, read_status
+from tests.browser import console_errors, screenshot, wait_element, wait_js
 from tests.daemon_fixtures import DEVICE, pipeline, write_config
 from tests.mosquitto import Mosquitto
 from tests.waits import free_port, wait_until
+
+browser = browser_fixtures.browser
+# EDGE_AGENT_UPDATE_SCREENSHOTS=1: the test's screenshot replaces the one docs/web.md shows.
+SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "img" / "web-box.png"
 
 
 def api_status(base: str) -> dict[str, Any]:
@@ -31,6 +39,7 @@ def test_the_box_page_shows_a_running_daemons_status(
     registry_dir: Path,
     video: tuple[Path, list[dict[str, Any]]],
     start_agent: StartAgent,
+    browser: WebDriver,
 ) -> None:
     config = write_config(
         tmp_path, mosquitto.port, registry_dir, [pipeline("signs", str(video[0]), loop=True)]
@@ -59,6 +68,20 @@ def test_the_box_page_shows_a_running_daemons_status(
     part = httpx.get(f"{base}/box/status", timeout=5, cookies=page.cookies)
     assert part.status_code == 200 and 'data-pipeline="signs"' in part.text
     assert httpx.get(f"{base}/static/box.js", timeout=5).status_code == 200
+
+    # In Chromium: the page refreshes its counts by itself, without a reload, within the CSP.
+    browser.get(f"{base}/")
+    cell = 'tr[data-pipeline="signs"] td:nth-child(7)'  # results
+    first = int(wait_element(browser, cell).text)
+    browser.execute_script("window.notReloaded = true;")
+    wait_js(browser, f"return Number(document.querySelector('{cell}').textContent) > {first}",
+            "the results count to go up on the page", timeout=30)  # fmt: skip
+    assert browser.execute_script("return window.notReloaded === true;")
+    assert console_errors(browser) == []
+    shot = screenshot(browser, tmp_path / "web-box.png")
+    if os.environ.get("EDGE_AGENT_UPDATE_SCREENSHOTS") == "1":
+        SCREENSHOT.parent.mkdir(exist_ok=True)
+        SCREENSHOT.write_bytes(shot.read_bytes())
 
     log = agent.stop()
     assert f"web page on http://127.0.0.1:{port}/" in log

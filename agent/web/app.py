@@ -32,7 +32,11 @@ Answer = Callable[[Request, "Session"], Awaitable[Response]]
 STATUS_MAX_AGE_S = 1.0  # many open pages share one status: the daemon builds it at most once a second
 _MAX_FORM_BYTES = 4096  # a login form is a few dozen bytes
 _BODY_TIMEOUT_S = 10.0  # for those bytes to arrive
-_STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
+_STATIC_TYPES = {
+    ".css": "text/css; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".svg": "image/svg+xml",
+}
 _HEADERS = {
     # Only this origin's own files; no framing (clickjacking); no MIME sniffing; no referrer.
     "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'",

@@ -97,5 +97,5 @@ def _row(name: str, p: PipelineStatus) -> str:
         notes.append(f'<div class="why">backend: {_e(clip(serving.backend_why, 300))}</div>')
     row = f'<tr data-pipeline="{_e(name)}"><td>{_e(name)}</td>{"".join(cells)}</tr>'
     if notes:
-        row += f'<tr><td></td><td colspan="8">{"".join(notes)}</td></tr>'
+        row += f'<tr><td></td><td class="notes" colspan="8">{"".join(notes)}</td></tr>'
     return row
