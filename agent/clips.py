@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -74,6 +75,11 @@ def encoder_problem() -> str | None:
     ffmpeg = shutil.which("ffmpeg")
     if ffmpeg is None:
         return "no ffmpeg on PATH: clips need ffmpeg with libx264 (install ffmpeg)"
+    return _libx264_problem(ffmpeg)
+
+
+@functools.lru_cache(maxsize=4)
+def _libx264_problem(ffmpeg: str) -> str | None:
     try:
         done = subprocess.run(
             [ffmpeg, "-hide_banner", "-encoders"], capture_output=True, text=True, timeout=30, check=False
@@ -107,14 +113,12 @@ class _Clip:
 
 
 class ClipRecorder:
-    """One pipeline's clips. `frame` and `close` are called by its report thread (and `stop` after it);
-    the rest runs on the recorder's own thread."""
+    """One pipeline's clips. `frame` and `tag` are called by its report thread, `stop` after it; the rest
+    runs on the recorder's own thread."""
 
     def __init__(self, pipeline: str, root: Path, config: ClipsConfig) -> None:
         self.pipeline, self.root, self.config = pipeline, root, config
         self.problem = encoder_problem()
-        if self.problem is not None:
-            log.warning("pipeline %s: no event clips: %s", pipeline, self.problem)
         # The report thread's view: the tracks the open clip covers, and when it closes.
         self._open: str | None = None
         self._opened_at = 0.0
@@ -136,8 +140,14 @@ class ClipRecorder:
         self.failed = 0
         self.removed = 0
         self.last_error: str | None = None
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._kept = self._scan()
+        self._kept: dict[str, tuple[Path, int]] = {}
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._kept = self._scan()
+        except OSError as exc:  # no clips, and the pipeline runs on
+            self.problem = self.problem or f"cannot use {root} for clips: {exc.strerror or exc}"
+        if self.problem is not None:
+            log.warning("pipeline %s: no event clips: %s", pipeline, self.problem)
         self._enforce()  # (a smaller bound than the last run's)
         self._thread = named_thread(self._run, f"clips:{pipeline}")
         self._thread.start()
@@ -207,12 +217,13 @@ class ClipRecorder:
             self._cond.notify()
 
     def status(self) -> dict[str, Any]:
+        kept = list(self._kept.values())  # (the recorder's thread changes it meanwhile)
         return {
             "encoder": "libx264" if self.problem is None else f"unavailable: {self.problem}",
             "recording": self._open,
             "clips": self.clips,
-            "kept": len(self._kept),
-            "bytes": sum(size for _, size in self._kept.values()),
+            "kept": len(kept),
+            "bytes": sum(size for _, size in kept),
             "frames_dropped": self.dropped,
             "failed": self.failed,
             "removed": self.removed,
@@ -238,7 +249,7 @@ class ClipRecorder:
                     self._on_open(item[1], item[2])
                 elif item[0] == "close":
                     self._on_close(item[1])
-            except Exception as exc:  # a clip lost, never the recorder
+            except Exception as exc:  # a clip lost (an ffmpeg that cannot start), never the recorder
                 self._fail(f"{item[0]}: {exc}")
 
     def _fps(self) -> float:
@@ -292,9 +303,13 @@ class ClipRecorder:
         due = round((at - clip.t0) * clip.fps) + 1 - clip.written
         due = min(due, int(_MAX_REPEAT_S * clip.fps))
         assert clip.process.stdin is not None
-        for _ in range(due):
-            clip.process.stdin.write(data)
-            clip.written += 1
+        try:
+            for _ in range(due):
+                clip.process.stdin.write(data)
+                clip.written += 1
+        except BrokenPipeError:  # ffmpeg is gone: the clip fails with what it said
+            self._on_close(clip.id)
+            return
         clip.last = data
 
     def _on_close(self, clip_id: str) -> None:

@@ -85,6 +85,9 @@ class PipelineTracking:
         """Track one frame's boxes (the output's entries get their `track_id`) and take its snapshots
         from its `pixels` (None: not kept); the frame's events (none without tracking). `config` is
         the frame's stage's."""
+        if self.clips is not None and not config.clips.enabled:  # a stage without clips: the open one ends
+            clips, self.clips = self.clips, None
+            clips.stop()
         tracking = config.tracking
         if tracking is None:
             if self.scene is None:

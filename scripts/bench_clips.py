@@ -4,14 +4,16 @@ stated"), for docs/performance.md "Clips".
 
 A rendered camera (1280x720 at 15 fps by default, played at its own pace as a camera would deliver it:
 `realtime: true`) where a real face (the astronaut's, which the real YOLOv8n finds) walks across the
-frame for 4 s of every 10 s goes through a real pipeline (agent/pipeline.py) with tracking, once with
-clips off and once on (pre_s 3, post_s 3: the pre-roll is kept all the time, a clip is encoded while the
-face is tracked and 3 s after). The CPU the process and its finished children (ffmpeg) used per frame
-is compared; the two runs alternate, `--rounds` times, the order swapped every round, so both see the
-same box: the verdict is the median of each round's ratio (on / off). Also printed: the clips written
-and the clip frames dropped.
+frame for `--walk-s` (4) of every 10 s goes through a real pipeline (agent/pipeline.py) with tracking,
+once with clips off and once on (pre_s 3, post_s 3: the pre-roll is kept all the time; a clip is
+encoded while the face is tracked and 3 s after, so at 4 s of every 10 a clip is open most of the
+time: the worst case; `--walk-s 0`: nobody comes, the pre-roll's cost alone). The CPU the process
+and its finished children (ffmpeg) used per frame is compared; the two runs alternate, `--rounds`
+times, the order swapped every round, so both see the same box: the verdict is the median of each
+round's ratio (on / off). Also printed: the clips written and the clip frames dropped.
 
-    python scripts/bench_clips.py [--rounds 3] [--seconds 20] [--width 1280 --height 720 --fps 15] [--json]
+    python scripts/bench_clips.py [--rounds 3] [--seconds 20] [--width 1280 --height 720 --fps 15]
+                                  [--walk-s 4] [--json]
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from agent.stage import LoadedModel  # noqa: E402
 from providers.onnxruntime_backend import OnnxRuntimeBackend  # noqa: E402
 from tests.media_fixtures import FACE_BOX, ListSink, astronaut_bgr, cls_artifact  # noqa: E402
 
-PERIOD_S, WALK_S = 10.0, 4.0  # the face crosses for WALK_S of every PERIOD_S
+PERIOD_S = 10.0  # the face crosses for --walk-s of every PERIOD_S
 
 
 def yolo() -> tuple[Path, list[str]]:
@@ -61,7 +63,7 @@ class ClipSink(ListSink):
         self.clips_root = clips_root
 
 
-def render(path: Path, seconds: float, width: int, height: int, fps: float) -> Path:
+def render(path: Path, seconds: float, width: int, height: int, fps: float, walk_s: float) -> Path:
     x1, y1, x2, y2 = FACE_BOX.astype(int)
     side = height // 3
     face = cv2.resize(astronaut_bgr()[max(0, y1 - 25) : y2 + 25, max(0, x1 - 25) : x2 + 25], (side, side))
@@ -72,8 +74,8 @@ def render(path: Path, seconds: float, width: int, height: int, fps: float) -> P
     for i in range(int(seconds * fps)):
         frame = background.copy()
         t = (i / fps) % PERIOD_S
-        if t < WALK_S:
-            x = int((width - side) * t / WALK_S)
+        if t < walk_s:
+            x = int((width - side) * t / walk_s)
             frame[height // 3 : height // 3 + side, x : x + side] = face
         writer.write(frame)
     writer.release()
@@ -129,12 +131,18 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=1280)
     parser.add_argument("--height", type=int, default=720)
     parser.add_argument("--fps", type=float, default=15.0)
+    parser.add_argument(
+        "--walk-s",
+        type=float,
+        default=4.0,
+        help="seconds of every 10 the face walks (0: the pre-roll alone)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     path, labels = yolo()
     model = LoadedModel("faces", "1", "", OnnxRuntimeBackend().load(cls_artifact(path)))
     with tempfile.TemporaryDirectory() as tmp:
-        video = render(Path(tmp) / "door.avi", args.seconds, args.width, args.height, args.fps)
+        video = render(Path(tmp) / "door.avi", args.seconds, args.width, args.height, args.fps, args.walk_s)
         rounds = []
         for i in range(args.rounds):
             # Each round both ways, the order swapped every round: neither side always goes first.
@@ -157,6 +165,7 @@ def main() -> None:
     extra = statistics.median(r["on"]["cpu_ms_per_frame"] - r["off"]["cpu_ms_per_frame"] for r in rounds)
     report = {
         "camera": f"{args.width}x{args.height} at {args.fps:g} fps",
+        "walk_s": args.walk_s,
         "rounds": rounds,
         "median_ratio": ratio,
         "median_extra_ms_per_frame": extra,

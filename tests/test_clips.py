@@ -33,6 +33,7 @@ from agent.config import (
 from agent.config_loader import load_config
 from agent.errors import ConfigError
 from agent.pipeline import Pipeline
+from agent.pipeline_tracking import PipelineTracking
 from agent.stage import LoadedModel
 from providers.onnxruntime_backend import OnnxRuntimeBackend
 from tests.config_cases import write
@@ -253,3 +254,37 @@ def test_without_ffmpeg_the_pipeline_runs_on_without_clips_and_says_why(
         assert "pipeline faces: no event clips: no ffmpeg on PATH" in caplog.text
     finally:
         recorder.stop()
+
+
+def test_an_encoder_that_dies_costs_its_clip_and_the_next_clip_is_written(
+    visit: Path, loaded: LoadedModel, yolo_labels: list[str], tmp_path: Path
+) -> None:
+    sink = ClipSink(tmp_path / "clips")
+    # post_s 0.2: each time round the video the clip closes before the face comes again
+    clips = ClipsConfig(enabled=True, pre_s=PRE_S, post_s=0.2, fps=10)
+    pipeline = Pipeline(config(visit, yolo_labels, clips, realtime=False, loop=True), loaded, sink)
+    pipeline.start()
+    try:
+        recorder = lambda: pipeline.tracking.clips  # noqa: E731
+        encoding = lambda: (r := recorder()) is not None and r.encoder_pid is not None  # noqa: E731
+        wait_until(encoding, "a clip's encoder", timeout=60)
+        rec = recorder()
+        assert rec is not None and rec.encoder_pid is not None
+        os.kill(rec.encoder_pid, signal.SIGKILL)
+        failed_then_written = lambda: rec.failed >= 1 and rec.clips >= 1  # noqa: E731
+        wait_until(failed_then_written, "a failed clip, then a written one", timeout=60)
+        assert "ffmpeg failed" in (rec.last_error or "")
+        written = sorted(p.name for p in (tmp_path / "clips" / "faces").iterdir())
+        assert len(written) == rec.clips and all(name.endswith(".mp4") for name in written)
+    finally:
+        pipeline.stop(timeout=30)
+
+
+def test_a_stage_without_clips_ends_the_recorder(visit: Path, yolo_labels: list[str], tmp_path: Path) -> None:
+    sink = ClipSink(tmp_path / "clips")
+    tracking = PipelineTracking("faces", sink)
+    with_clips = config(visit, yolo_labels, ClipsConfig(enabled=True))
+    recorder = tracking.clip_recorder(with_clips)
+    assert recorder is not None and tracking.clip_recorder(with_clips) is recorder  # one per pipeline
+    tracking.frame(config(visit, yolo_labels, ClipsConfig()), {"detections": []}, 1000.0, None, None)
+    assert tracking.clips is None and not recorder._thread.is_alive()
