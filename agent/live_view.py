@@ -12,6 +12,8 @@ tracking. The web server reaches it through the supervisor:
             if shown is not None:
                 seq, jpeg, captured_at = shown
                 send(jpeg)
+            elif pipeline.live_view.closed:  # the pipeline stopped, or was rebuilt (a new source):
+                break  # look it up again (a rebuilt one has a new LiveView)
 
 With nobody watching, the pipeline's live-view step (agent/steps/live.py) returns at once: no copy, no
 drawing, no encoding. While watched, at most `max_fps` frames a second have their pixels copied and
@@ -67,7 +69,7 @@ class Viewer:
 
     def latest(self, after_seq: int = 0, timeout: float = 5.0) -> tuple[int, bytes, float] | None:
         """The newest JPEG once one newer than `after_seq` exists: (seq, jpeg, captured_at); None
-        after `timeout` s without one."""
+        after `timeout` s without one, or at once when the view is closed (`LiveView.closed`)."""
         return self._view.latest(after_seq, timeout)
 
     def close(self) -> None:
@@ -104,6 +106,7 @@ class LiveView:
         self.encodes = 0  # JPEGs made
         self.dropped = 0  # frames replaced in the slot (or left there by the last viewer) unencoded
         self.failures = 0
+        self.closed = False  # the pipeline stopped: nothing newer will come
 
     @property
     def watched(self) -> bool:
@@ -131,7 +134,7 @@ class LiveView:
         """Register a viewer (frames are made from the next one on); use it as a context manager."""
         with self._changed:
             self._viewers += 1
-            if self._thread is None or not self._thread.is_alive():
+            if not self.closed and (self._thread is None or not self._thread.is_alive()):
                 self._thread = named_thread(self._encode_loop, f"live-view-{self.name}")
                 self._thread.start()
         return Viewer(self)
@@ -155,6 +158,8 @@ class LiveView:
         with self._changed:
             while self._jpeg is None or self._jpeg[0] <= after_seq:
                 left = deadline - time.monotonic()
+                if self.closed:
+                    return None
                 if left <= 0:
                     return None
                 self._changed.wait(left)
@@ -184,6 +189,7 @@ class LiveView:
     def close(self, timeout: float = 5.0) -> None:
         """The pipeline stopped: viewers get nothing newer; the encoder thread ends."""
         with self._changed:
+            self.closed = True
             self._viewers = 0
             self._drop_pending()
             self._changed.notify_all()

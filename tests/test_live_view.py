@@ -118,7 +118,7 @@ def test_a_viewer_that_never_reads_and_a_slow_encoder_cost_the_pipeline_no_frame
         pipeline = Pipeline(fast(crossing_clip, yolo_labels), loaded, sink)  # type: ignore[arg-type]
         started.append(pipeline)
         view = pipeline.live_view
-        view.max_fps = 1000  # every frame taken: more than the encoder keeps up with
+        view.max_fps = 1e9  # every frame taken: more than the encoder keeps up with
         viewer = view.watch() if watched else None
         began = time.monotonic()
         pipeline.start()
@@ -138,7 +138,7 @@ def test_a_viewer_that_never_reads_and_a_slow_encoder_cost_the_pipeline_no_frame
     assert watched_s < 2 * alone_s + 2, (alone_s, watched_s)
 
 
-def test_motion_areas_are_outlined_under_the_boxes_and_a_viewer_without_news_gets_none() -> None:
+def test_motion_areas_are_outlined_under_the_boxes_and_a_viewer_without_news_gets_none_in_time() -> None:
     pixels = np.full((120, 160, 3), 40, np.uint8)
     frame = LiveFrame(pixels, 1.0, [{"box": [20, 20, 60, 60], "label": "face", "track_id": 3}],
                       motion_areas=[(80, 30, 150, 100)])  # fmt: skip
@@ -154,4 +154,8 @@ def test_motion_areas_are_outlined_under_the_boxes_and_a_viewer_without_news_get
         assert got is not None and got[0] == 1 and got[2] == 1.0
         assert viewer.latest(after_seq=1, timeout=0.05) is None
     assert not view.watched and not view.due()
-    view.close()
+    view.close()  # (the pipeline stopped): a viewer waits no more, and no encoder starts
+    with view.watch() as viewer:
+        began = time.monotonic()
+        assert viewer.latest(after_seq=1, timeout=10) is None and time.monotonic() - began < 5
+        assert view._thread is not None and not view._thread.is_alive()
