@@ -179,7 +179,10 @@ def test_passwords_are_salted_scrypt_hashes() -> None:
     )  # fmt: skip
     made = done.stdout.strip()
     assert made.startswith("scrypt$") and PASSWORD not in made
-    assert WebUser(name="admin", password_hash=made).password_hash == made
+    user = WebUser(name="admin", password_hash=made)
+    assert user.password_hash.get_secret_value() == made and made not in user.model_dump_json()
+    with pytest.raises(ValueError, match="not a password hash"):
+        WebUser(name="admin", password_hash=PASSWORD)
     assert verify_password(PASSWORD, made)
     assert not verify_password(PASSWORD + "!", made)
     assert hash_password(PASSWORD) != made  # salted

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from agent.config.base import Name, StrictModel
+from agent.config.base import Name, Secret, StrictModel
 
 # `python -m agent.web.passwords` writes these (agent/web/passwords.py): scrypt, its cost, salt, hash.
 PASSWORD_HASH_PATTERN = r"^scrypt\$n=\d+,r=\d+,p=\d+\$[A-Za-z0-9+/]+=*\$[A-Za-z0-9+/]+=*$"
@@ -33,11 +34,22 @@ class WebTlsConfig(StrictModel):
 
 class WebUser(StrictModel):
     name: Name = Field(description="Login name.")
-    password_hash: str = Field(
-        pattern=PASSWORD_HASH_PATTERN,
+    password_hash: Secret = Field(
         description="scrypt hash of the password: `python -m agent.web.passwords` reads the password on "
-        "stdin and prints it. Never the password itself.",
+        "stdin and prints it. Never the password itself; shown as '**********' in logs and dumps (a "
+        "hash can be attacked offline).",
+        json_schema_extra={"pattern": PASSWORD_HASH_PATTERN},
     )
+
+    @field_validator("password_hash")
+    @classmethod
+    def _a_hash(cls, value: Secret) -> Secret:
+        if not re.fullmatch(PASSWORD_HASH_PATTERN, value.get_secret_value()):
+            raise ValueError(
+                "is not a password hash: give what `python -m agent.web.passwords` prints "
+                "(scrypt$n=...,r=...,p=...$<salt>$<hash>), never the password itself"
+            )
+        return value
 
 
 class WebConfig(StrictModel):

@@ -98,6 +98,6 @@ class LoginLimiter:
 
 def check_login(users: list[WebUser], name: str, password: str) -> bool:
     """`name` is a configured user and `password` is theirs; as slow for an unknown name."""
-    stored = next((u.password_hash for u in users if u.name == name), None)
+    stored = next((u.password_hash.get_secret_value() for u in users if u.name == name), None)
     ok = verify_password(password, stored or dummy_hash())
     return ok and stored is not None
