@@ -296,7 +296,9 @@ class Pipeline:
         side = self.side_by_side
         if side is not None and side.new is stage and record.pixels is not None and side.wants():
             self._beside = (side, record.pixels, record.gap)  # run once the frame went on
-        if not plan.keeps_pixels:  # up to three frames wait for the report: their memory goes back now
+        # Up to three frames wait for the report: their memory goes back now, unless a step needs them
+        # (or someone watches the live view: only then, so an unwatched pipeline keeps no more frames).
+        if not plan.keeps_pixels and not self.live_view.watched:
             record.pixels = None
         return True
 

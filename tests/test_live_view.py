@@ -49,6 +49,8 @@ def test_unwatched_the_step_runs_on_every_frame_and_copies_and_encodes_nothing(
     view = pipeline.live_view
     assert (view.taken, view.encodes) == (0, 0)
     assert view._thread is None  # no encoder thread either
+    # Nor are the frames' pixels kept past the model for it (they are while someone watches).
+    assert not pipeline.stages.plan.keeps_pixels
 
 
 def test_a_viewer_gets_drawn_jpegs_at_most_max_fps_and_leaving_stops_them(

@@ -3,10 +3,11 @@ and encoded off this thread, to its viewers.
 
 Runs after tracking and attributes (the boxes carry their track ids and the scene its counts) and
 before the report rules, so a frame the rules hold back is still seen. Unwatched, `run` is one
-attribute read: the pixels are not touched. The step always declares `needs_pixels` (whether anyone
-will watch is not known when the plan is made): that keeps each frame's pixels alive until its report
-instead of dropping them after the model, a memory cost of up to three frames and no CPU
-(docs/performance.md).
+attribute read: the pixels are not touched. The step does not declare `needs_pixels` (whether anyone
+will watch is not known when the plan is made): instead the pipeline keeps a frame's pixels past the
+model while its live view is watched (agent/pipeline.py `_infer`), so an unwatched pipeline holds no
+more frames than without the live view; the first frames after a viewer came may come without
+pixels, and are let pass.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ class LiveViewStep(Step):
     name = "live_view"
     thread = "report"
     failure_ends_frame = False  # a picture for a viewer is never worth a result
-    needs_pixels = True
 
     def __init__(self, config: PipelineConfig, view: LiveView, tracking: PipelineTracking) -> None:
         super().__init__()
@@ -38,7 +38,7 @@ class LiveViewStep(Step):
             return True
         pixels = record.pixels
         if pixels is None or pixels.ndim != 3 or pixels.shape[2] != 3:
-            return True  # (audio, or no pixels: nothing to show)
+            return True  # (audio, or let go after the model before anyone watched: nothing to show)
         height, width = pixels.shape[:2]
         zones, lines = self._shapes_for(width, height)
         summary = self.tracking.summary if self.tracking.scene is not None else None
