@@ -273,6 +273,22 @@ def test_it_listens_on_the_ipv6_loopback(password_hash: str) -> None:
             server.stop()
 
 
+def test_a_page_that_cannot_start_says_why(tmp_path: Path, without_users: str) -> None:
+    from agent.config.web import WebTlsConfig
+    from agent.errors import EdgeAgentError
+
+    taken = int(without_users.rsplit(":", 1)[1])
+    with pytest.raises(EdgeAgentError, match=f"web: 127.0.0.1:{taken}: cannot listen"):
+        WebServer(WebConfig(enabled=True, port=taken), lambda: STATUS, "web-box").start()
+    (tmp_path / "bad.pem").write_text("not a certificate")
+    tls = WebTlsConfig(cert_file=tmp_path / "bad.pem", key_file=tmp_path / "bad.pem")
+    with pytest.raises(EdgeAgentError, match="cannot load the TLS certificate or key"):
+        WebServer(WebConfig(enabled=True, port=0, tls=tls), lambda: STATUS, "web-box").start()
+    # The page that runs is untouched by both.
+    with client(without_users) as browser:
+        assert browser.get("/api/status").status_code == 200
+
+
 # --- off the loopback: the config refuses -----------------------------------------------------------
 
 
