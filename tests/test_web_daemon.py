@@ -4,6 +4,7 @@ video): the box page and /api/status show what `edge-agent status` shows, over r
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +100,30 @@ def test_a_daemon_told_to_serve_on_0000_without_tls_or_users_does_not_start(
     log = start_agent(config).finish(timeout=60, exit_codes=(1,))
     assert f"{config}:3: web: listen '0.0.0.0' is off the loopback" in log
     assert "without tls and users" in log
+
+
+def test_a_page_that_cannot_start_leaves_the_pipelines_running(
+    tmp_path: Path,
+    mosquitto: Mosquitto,
+    registry_dir: Path,
+    video: tuple[Path, list[dict[str, Any]]],
+    start_agent: StartAgent,
+) -> None:
+    config = write_config(
+        tmp_path, mosquitto.port, registry_dir, [pipeline("signs", str(video[0]), loop=True)]
+    )
+    with socket.socket() as taken:  # another program holds the page's port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        data = yaml.safe_load(config.read_text())
+        data["web"] = {"enabled": True, "port": taken.getsockname()[1]}
+        config.write_text(yaml.safe_dump(data, sort_keys=False))
+        agent = start_agent(config)
+        log = agent.run_until(
+            lambda: (
+                read_status(tmp_path / "state").get("pipelines", {}).get("signs", {}).get("state")
+                == "running"
+            ),
+            "the pipeline to run without its page",
+        )
+    assert "ERROR" in log and "the web page is off: web: 127.0.0.1:" in log and "cannot listen" in log
