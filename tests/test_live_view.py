@@ -14,17 +14,27 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from agent.config import VideoSourceConfig
+from agent.config import PipelineConfig, VideoSourceConfig
 from agent.live_view import LiveFrame, LiveView, draw_live_frame
 from agent.pipeline import Pipeline
 from agent.processing.drawing import MOTION_COLOUR, track_colour
-from agent.stage import LoadedModel
+from agent.stage import LoadedModel, Stage
+from agent.steps.live import LiveViewStep
 from tests.media_fixtures import ListSink
-from tests.test_pipeline_tracking import FRAMES, H, W, config, crossing_clip, loaded, started  # noqa: F401
+from tests.test_pipeline_tracking import (  # noqa: F401  (fixtures)
+    FRAMES,
+    RIGHT,
+    H,
+    W,
+    config,
+    crossing_clip,
+    loaded,
+    started,
+)
 from tests.waits import wait_until
 
 
-def fast(clip: Path, labels: list[str]) -> object:
+def fast(clip: Path, labels: list[str]) -> PipelineConfig:
     """The clip's 40 frames, every one to the model as fast as it takes them."""
     return config(clip, labels, source=VideoSourceConfig(type="video", uri=str(clip), realtime=False))
 
@@ -41,7 +51,7 @@ def test_unwatched_the_step_runs_on_every_frame_and_copies_and_encodes_nothing(
     yolo_labels: list[str],
     started: list[Pipeline],  # noqa: F811
 ) -> None:
-    pipeline = Pipeline(fast(crossing_clip, yolo_labels), loaded, ListSink())  # type: ignore[arg-type]
+    pipeline = Pipeline(fast(crossing_clip, yolo_labels), loaded, ListSink())
     started.append(pipeline)
     pipeline.start()
     wait_until(lambda: pipeline.finished, "the clip's end", timeout=60)
@@ -117,7 +127,7 @@ def test_a_viewer_that_never_reads_and_a_slow_encoder_cost_the_pipeline_no_frame
 ) -> None:
     def run(watched: bool) -> tuple[int, float, LiveView]:
         sink = ListSink()
-        pipeline = Pipeline(fast(crossing_clip, yolo_labels), loaded, sink)  # type: ignore[arg-type]
+        pipeline = Pipeline(fast(crossing_clip, yolo_labels), loaded, sink)
         started.append(pipeline)
         view = pipeline.live_view
         view.max_fps = 1e9  # every frame taken: more than the encoder keeps up with
@@ -161,3 +171,17 @@ def test_motion_areas_are_outlined_under_the_boxes_and_a_viewer_without_news_get
         began = time.monotonic()
         assert viewer.latest(after_seq=1, timeout=10) is None and time.monotonic() - began < 5
         assert view._thread is not None and not view._thread.is_alive()
+
+
+def test_a_swapped_in_stage_draws_for_the_same_live_view(
+    crossing_clip: Path,  # noqa: F811
+    loaded: LoadedModel,  # noqa: F811
+    yolo_labels: list[str],
+    started: list[Pipeline],  # noqa: F811
+) -> None:
+    pipeline = Pipeline(config(crossing_clip, yolo_labels), loaded, ListSink())
+    started.append(pipeline)
+    swapped = pipeline._plan_of(Stage(config(crossing_clip, yolo_labels, zones=[RIGHT]), loaded))
+    steps = [s for s in swapped.steps["report"] if isinstance(s, LiveViewStep)]
+    assert len(steps) == 1 and steps[0].view is pipeline.live_view  # viewers keep watching across it
+    assert [z.name for z in steps[0].config.zones] == ["right"]  # ... the new stage's zones drawn
