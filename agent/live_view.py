@@ -68,8 +68,9 @@ class Viewer:
         self._open = True
 
     def latest(self, after_seq: int = 0, timeout: float = 5.0) -> tuple[int, bytes, float] | None:
-        """The newest JPEG once one newer than `after_seq` exists: (seq, jpeg, captured_at); None
-        after `timeout` s without one, or at once when the view is closed (`LiveView.closed`)."""
+        """The newest JPEG once one newer than `after_seq` exists: (seq, jpeg, captured_at: the frame's
+        wall-clock capture time, epoch seconds); None after `timeout` s without one, or at once when
+        the view is closed (`LiveView.closed`)."""
         return self._view.latest(after_seq, timeout)
 
     def close(self) -> None:
@@ -145,6 +146,7 @@ class LiveView:
             if self._viewers == 0:
                 self._drop_pending()  # nobody will see it
                 self._last_taken = None
+                self._jpeg = None  # the next viewer waits for a fresh picture, not one from back then
             self._changed.notify_all()
 
     def _drop_pending(self) -> None:

@@ -166,6 +166,8 @@ def test_motion_areas_are_outlined_under_the_boxes_and_a_viewer_without_news_get
         assert got is not None and got[0] == 1 and got[2] == 1.0
         assert viewer.latest(after_seq=1, timeout=0.05) is None
     assert not view.watched and not view.due()
+    with view.watch() as again:  # a later viewer is not shown the picture of back then
+        assert again.latest(after_seq=0, timeout=0.05) is None
     view.close()  # (the pipeline stopped): a viewer waits no more, and no encoder starts
     with view.watch() as viewer:
         began = time.monotonic()
