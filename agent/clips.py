@@ -203,13 +203,18 @@ class ClipRecorder:
             for event in events:
                 event["clip"] = self._open
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Close the open clip (finished with what it has) and end the recorder's thread."""
+    def stop(self, timeout: float = 5.0) -> None:
+        """Close the open clip (finished with what it has) and end the recorder's thread. An encoder that
+        has stopped reading is killed after `timeout` (its clip is lost, counted): a stop never hangs."""
         if self._open is not None:
             self._put(("close", self._open))
             self._open = None
         self._put(("stop",))
         self._thread.join(timeout)
+        clip = self._clip
+        if self._thread.is_alive() and clip is not None:
+            clip.process.kill()  # (the write it blocks on fails: the clip is closed as failed)
+            self._thread.join(timeout)
 
     def _put(self, item: tuple[Any, ...]) -> None:
         with self._cond:  # opens and closes are never dropped: they are few

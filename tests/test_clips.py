@@ -200,6 +200,11 @@ def test_an_encoder_that_stops_reading_drops_clip_frames_and_never_stalls_the_pi
         frames = 2 * (BEFORE + CROSSING + AFTER)  # twice round the video, the encoder stopped all along
         wait_until(lambda: sink.count() >= done + frames, "results with the encoder stopped", timeout=120)
         assert rec.dropped > 0 and pipeline.status().steps["clips"]["frames_dropped"] == rec.dropped
+        rec.stop(timeout=0.5)  # (the pipeline's stop does this with 5 s to finish the clip)
+        assert not rec._thread.is_alive() and rec.failed == 1  # the stuck encoder killed, its clip lost
+        with pytest.raises(ProcessLookupError):
+            os.kill(stopped, 0)
+        stopped = None
     finally:
         if stopped is not None:
             os.kill(stopped, signal.SIGCONT)
