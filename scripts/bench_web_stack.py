@@ -1,9 +1,10 @@
-"""The web page's stack chosen by footprint: import time and resident memory a minimal server adds.
+"""The web page's stack chosen by footprint: the import time, resident memory and idle CPU of a
+minimal server.
 
 Each stack runs in a fresh interpreter: it notes its resident memory (VmRSS) before the import,
 imports the server, starts it on loopback on a thread of its own (as the daemon would), answers one
-request, and notes the memory again. The median over --runs is printed per stack, next to a bare
-interpreter that only starts a thread (the baseline the differences are taken against).
+request, notes the memory again, then the CPU it uses over IDLE_S with no client. The median over
+--runs is printed per stack, next to a bare interpreter that only starts a thread (the baseline).
 
     python scripts/bench_web_stack.py [--runs 5] [--path aiohttp=/tmp/aiohttp-site ...]
 
@@ -96,15 +97,19 @@ get(port)
 }
 
 _EPILOGUE = """
-print(json.dumps({'import_s': import_s, 'rss_before_kib': before, 'rss_after_kib': rss()}))
+after = rss()
+c0 = time.process_time(); time.sleep(IDLE_S); idle = (time.process_time() - c0) / IDLE_S
+print(json.dumps({'import_s': import_s, 'rss_before_kib': before, 'rss_after_kib': after,
+                  'idle_cpu_ms_per_s': idle * 1000}))
 """
+IDLE_S = 3.0  # how long each server is watched doing nothing
 
 
 def measure(stack: str, path: str | None) -> dict[str, float]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if path:
         env["PYTHONPATH"] = path
-    program = _PRELUDE + _STACKS[stack] + _EPILOGUE
+    program = f"IDLE_S = {IDLE_S}\n" + _PRELUDE + _STACKS[stack] + _EPILOGUE
     out = subprocess.run(
         [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=60, check=True
     )
@@ -118,12 +123,14 @@ def main() -> None:
     parser.add_argument("--path", action="append", default=[], help="STACK=DIR first on sys.path")
     args = parser.parse_args()
     paths = dict(item.split("=", 1) for item in args.path)
-    print(f"{'stack':<20} {'import ms':>10} {'RSS added MiB':>14}  (median of {args.runs} runs)")
+    heads = f"{'stack':<20} {'import ms':>10} {'RSS added MiB':>14} {'idle CPU ms/s':>14}"
+    print(f"{heads}  (median of {args.runs} runs)")
     for stack in _STACKS:
         runs = [measure(stack, paths.get(stack)) for _ in range(args.runs)]
         import_ms = statistics.median(r["import_s"] for r in runs) * 1000
         added = statistics.median(r["rss_after_kib"] - r["rss_before_kib"] for r in runs) / 1024
-        print(f"{stack:<20} {import_ms:>10.1f} {added:>14.1f}")
+        idle = statistics.median(r["idle_cpu_ms_per_s"] for r in runs)
+        print(f"{stack:<20} {import_ms:>10.1f} {added:>14.1f} {idle:>14.2f}")
 
 
 if __name__ == "__main__":

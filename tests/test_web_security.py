@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import ssl
@@ -245,6 +246,22 @@ def test_a_page_added_by_another_part_is_behind_the_session_and_csrf_checks(pass
     for base in serve(pages=(lambda app: app.add_page("/echo", echo, method="POST"),)):
         with client(base) as browser:  # no login needed here, but still a token
             assert browser.post("/echo", data={"zone": "door"}).status_code == 403
+
+
+def test_with_no_client_the_server_schedules_no_wakeups() -> None:
+    # uvicorn's own server wakes 10 times a second (about 2 ms of CPU a second, doing nothing).
+    server = WebServer(WebConfig(enabled=True, port=0), lambda: STATUS, "web-box")
+    server.start()
+    try:
+        loop = server.event_loop
+        assert loop is not None
+
+        async def timers() -> list[asyncio.TimerHandle]:
+            return [t for t in loop._scheduled if not t.cancelled()]  # type: ignore[attr-defined]
+
+        assert asyncio.run_coroutine_threadsafe(timers(), loop).result(5) == []
+    finally:
+        server.stop()
 
 
 # --- without users: loopback only ------------------------------------------------------------------

@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from email.utils import formatdate
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -252,8 +253,10 @@ def form_of(request: Request) -> dict[str, str]:
 
 
 def secure(response: Response) -> Response:
+    """The security headers (and the Date: the server's own is off, agent/web/server.py)."""
     for name, value in _HEADERS.items():
         response.headers.setdefault(name, value)
+    response.headers.setdefault("Date", formatdate(usegmt=True))
     return response
 
 

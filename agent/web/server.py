@@ -4,11 +4,11 @@ daemon's status (cached, agent/web/app.py), so no client can slow a pipeline."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import ssl
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -69,6 +69,7 @@ class WebServer:
             log_config=None,
             access_log=False,
             server_header=False,
+            date_header=False,  # app.py `secure` dates each answer: no 10 wakeups a second for it
             limit_concurrency=MAX_CONNECTIONS,
             timeout_keep_alive=int(KEEP_ALIVE_S),
             timeout_graceful_shutdown=int(STOP_TIMEOUT_S),
@@ -83,28 +84,68 @@ class WebServer:
             raise EdgeAgentError(f"{where}: cannot load the TLS certificate or key: {exc}") from None
         sock = _listen(config.listen, config.port, where)
         self.port = sock.getsockname()[1]
-        self._server = uvicorn.Server(settings)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="web", daemon=True
-        )
+        self._server = _quiet_server()(settings)
+        self._thread = threading.Thread(target=self._run, args=(sock,), name="web", daemon=True)
         self._thread.start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self._server.started and self._thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.01)  # uvicorn's startup is a few ms; there is no event to wait on
+        self._server.ready.wait(START_TIMEOUT_S)  # set once listening, or when the thread ends
         if not self._server.started:
             self.stop()
             raise EdgeAgentError(f"{where}: the server did not start")
         scheme = "https" if tls else "http"
         log.info("web page on %s://%s:%d/", scheme, _bracketed(config.listen), self.port)
 
+    @property
+    def event_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The server thread's event loop while it serves (None before and after)."""
+        return None if self._server is None else self._server.loop
+
+    def _run(self, sock: socket.socket) -> None:
+        try:
+            self._server.run(sockets=[sock])
+        finally:
+            self._server.ready.set()
+
     def stop(self) -> None:
         if self._server is not None:
-            self._server.should_exit = True
+            self._server.wake_to_exit()
         if self._thread is not None:
             self._thread.join(STOP_TIMEOUT_S + 1)
             if self._thread.is_alive():
                 log.warning("web: the server thread did not stop within %.0f s", STOP_TIMEOUT_S + 1)
         self._server = self._thread = None
+
+
+def _quiet_server() -> Any:
+    """uvicorn's Server without its housekeeping tick: uvicorn wakes 10 times a second (to date its
+    answers and to look at should_exit), about 2 ms of CPU a second with no client at all
+    (scripts/bench_web_stack.py). This one sleeps until `wake_to_exit`."""
+    import uvicorn
+
+    class QuietServer(uvicorn.Server):
+        def __init__(self, config: Any) -> None:
+            super().__init__(config)
+            self.ready = threading.Event()  # listening (or failed: see `started`)
+            self._wake = asyncio.Event()
+            self.loop: asyncio.AbstractEventLoop | None = None
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            self.ready.set()
+
+        async def main_loop(self) -> None:
+            self.loop = asyncio.get_running_loop()
+            await self.on_tick(0)  # what uvicorn does once a second, done once
+            while not self.should_exit:
+                await self._wake.wait()
+
+        def wake_to_exit(self) -> None:
+            """From any thread: stop (uvicorn's graceful shutdown follows)."""
+            self.should_exit = True
+            loop = self.loop
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(self._wake.set)
+
+    return QuietServer
 
 
 def _bounded_h11() -> type:
