@@ -126,7 +126,12 @@ def main() -> None:
     heads = f"{'stack':<20} {'import ms':>10} {'RSS added MiB':>14} {'idle CPU ms/s':>14}"
     print(f"{heads}  (median of {args.runs} runs)")
     for stack in _STACKS:
-        runs = [measure(stack, paths.get(stack)) for _ in range(args.runs)]
+        try:
+            runs = [measure(stack, paths.get(stack)) for _ in range(args.runs)]
+        except subprocess.CalledProcessError as exc:
+            why = (exc.stderr or "").strip().splitlines()[-1:] or ["failed"]
+            print(f"{stack:<20} {why[0]} (not installed? --path {stack}=DIR)")
+            continue
         import_ms = statistics.median(r["import_s"] for r in runs) * 1000
         added = statistics.median(r["rss_after_kib"] - r["rss_before_kib"] for r in runs) / 1024
         idle = statistics.median(r["idle_cpu_ms_per_s"] for r in runs)
