@@ -21,7 +21,7 @@ DEMO = REPO / "configs" / "demo.yaml"
 
 TOP_KEYS = (
     "backends, device, fleet, home_assistant, log_format, log_level, mqtt, pipelines, registry, "
-    "snapshots, state_dir, state_topics, store, telemetry"
+    "snapshots, state_dir, state_topics, store, telemetry, web"
 )
 SOURCE_KEYS = "fps, loop, realtime, reopen_max_s, reopen_min_s, type, uri"
 NAME_RULE = (

@@ -256,6 +256,7 @@ def test_schema_is_json_with_the_top_level_sections() -> None:
         "state_dir",
         "log_level",
         "log_format",
+        "web",
     }
     assert sections == set(schema["properties"])
     assert schema["required"] == ["device"]
