@@ -26,7 +26,9 @@ from skimage import data as skimage_data
 
 from agent.config import PreprocessConfig, ResizeConfig
 from agent.results import Result
+from agent.stage import LoadedModel
 from providers import BackendError, ModelArtifact, Session, TensorSpec
+from providers.onnxruntime_backend import OnnxRuntimeBackend
 
 SCRIPTS_DIR = Path(__file__).resolve().parent.parent / "scripts"
 # The PP-OCR direction classifier's own preprocessing: BGR, 48x192, (img/255 - 0.5) / 0.5.
@@ -238,6 +240,14 @@ def yolo_labels(yolo_path: Path) -> list[str]:
     metadata = {p.key: p.value for p in onnx.load(str(yolo_path), load_external_data=False).metadata_props}
     names: dict[int, str] = ast.literal_eval(metadata["names"])
     return [names[i] for i in range(len(names))]
+
+
+@pytest.fixture(scope="module")
+def yolo_loaded(yolo_path: Path) -> LoadedModel:
+    """The YOLOv8n face detector on onnxruntime's CPU, as a stage holds it (the pipeline tests hand it to
+    their pipelines instead of pulling and proving a model)."""
+    session = OnnxRuntimeBackend().load(cls_artifact(yolo_path))
+    return LoadedModel(name="faces", version="1", sha256="cd" * 32, session=session)
 
 
 def mediapipe_model(relative: str) -> Path:

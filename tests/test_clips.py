@@ -35,9 +35,8 @@ from agent.errors import ConfigError
 from agent.pipeline import Pipeline
 from agent.pipeline_tracking import PipelineTracking
 from agent.stage import LoadedModel
-from providers.onnxruntime_backend import OnnxRuntimeBackend
 from tests.config_cases import write
-from tests.media_fixtures import ListSink, cls_artifact
+from tests.media_fixtures import ListSink
 from tests.test_pipeline_tracking import FACE, face_crop
 from tests.waits import wait_until
 
@@ -70,12 +69,6 @@ def visit(tmp_path_factory: pytest.TempPathFactory) -> Path:
         writer.write(frame)
     writer.release()
     return path
-
-
-@pytest.fixture(scope="module")
-def loaded(yolo_path: Path) -> LoadedModel:
-    session = OnnxRuntimeBackend().load(cls_artifact(yolo_path))
-    return LoadedModel(name="faces", version="1", sha256="cd" * 32, session=session)
 
 
 def config(
@@ -119,7 +112,7 @@ class Run:
 
 @pytest.fixture(scope="module")
 def run(
-    visit: Path, loaded: LoadedModel, yolo_labels: list[str], tmp_path_factory: pytest.TempPathFactory
+    visit: Path, yolo_loaded: LoadedModel, yolo_labels: list[str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Run]:
     """The face's visit through a pipeline with clips (pre_s 1, post_s 1, at most 2 clips), whose clip
     directory holds three older clips and a temp file a crash left."""
@@ -132,7 +125,7 @@ def run(
     (root / "20200104T000000Z-00000004.mp4.tmp-abcd1234").write_bytes(b"half written")
     sink = ClipSink(clips_root)
     clips = ClipsConfig(enabled=True, pre_s=PRE_S, post_s=POST_S, max_clips=2)
-    pipeline = Pipeline(config(visit, yolo_labels, clips), loaded, sink)
+    pipeline = Pipeline(config(visit, yolo_labels, clips), yolo_loaded, sink)
     pipeline.start()
     try:
         wait_until(lambda: pipeline.finished, "the video's end", timeout=120)
@@ -181,11 +174,11 @@ def test_clip_names_outside_the_id_form_are_refused(tmp_path: Path) -> None:
 
 
 def test_an_encoder_that_stops_reading_drops_clip_frames_and_never_stalls_the_pipeline(
-    visit: Path, loaded: LoadedModel, yolo_labels: list[str], tmp_path: Path
+    visit: Path, yolo_loaded: LoadedModel, yolo_labels: list[str], tmp_path: Path
 ) -> None:
     sink = ClipSink(tmp_path / "clips")
     clips = ClipsConfig(enabled=True, pre_s=PRE_S, post_s=POST_S, fps=10)
-    pipeline = Pipeline(config(visit, yolo_labels, clips, realtime=False, loop=True), loaded, sink)
+    pipeline = Pipeline(config(visit, yolo_labels, clips, realtime=False, loop=True), yolo_loaded, sink)
     pipeline.start()
     stopped: int | None = None
     try:
@@ -262,12 +255,12 @@ def test_without_ffmpeg_the_pipeline_runs_on_without_clips_and_says_why(
 
 
 def test_an_encoder_that_dies_costs_its_clip_and_the_next_clip_is_written(
-    visit: Path, loaded: LoadedModel, yolo_labels: list[str], tmp_path: Path
+    visit: Path, yolo_loaded: LoadedModel, yolo_labels: list[str], tmp_path: Path
 ) -> None:
     sink = ClipSink(tmp_path / "clips")
     # post_s 0.2: each time round the video the clip closes before the face comes again
     clips = ClipsConfig(enabled=True, pre_s=PRE_S, post_s=0.2, fps=10)
-    pipeline = Pipeline(config(visit, yolo_labels, clips, realtime=False, loop=True), loaded, sink)
+    pipeline = Pipeline(config(visit, yolo_labels, clips, realtime=False, loop=True), yolo_loaded, sink)
     pipeline.start()
     try:
         recorder = lambda: pipeline.tracking.clips  # noqa: E731

@@ -28,7 +28,6 @@ from tests.test_pipeline_tracking import (  # noqa: F401  (fixtures)
     W,
     config,
     crossing_clip,
-    loaded,
     started,
 )
 from tests.waits import wait_until
@@ -47,11 +46,11 @@ def step_runs(pipeline: Pipeline) -> int:
 
 def test_unwatched_the_step_runs_on_every_frame_and_copies_and_encodes_nothing(
     crossing_clip: Path,  # noqa: F811
-    loaded: LoadedModel,  # noqa: F811
+    yolo_loaded: LoadedModel,
     yolo_labels: list[str],
     started: list[Pipeline],  # noqa: F811
 ) -> None:
-    pipeline = Pipeline(fast(crossing_clip, yolo_labels), loaded, ListSink())
+    pipeline = Pipeline(fast(crossing_clip, yolo_labels), yolo_loaded, ListSink())
     started.append(pipeline)
     pipeline.start()
     wait_until(lambda: pipeline.finished, "the clip's end", timeout=60)
@@ -65,12 +64,12 @@ def test_unwatched_the_step_runs_on_every_frame_and_copies_and_encodes_nothing(
 
 def test_a_viewer_gets_drawn_jpegs_at_most_max_fps_and_leaving_stops_them(
     crossing_clip: Path,  # noqa: F811
-    loaded: LoadedModel,  # noqa: F811
+    yolo_loaded: LoadedModel,
     yolo_labels: list[str],
     started: list[Pipeline],  # noqa: F811
 ) -> None:
     sink = ListSink()
-    pipeline = Pipeline(config(crossing_clip, yolo_labels, loop=True), loaded, sink)  # 10 fps, looped
+    pipeline = Pipeline(config(crossing_clip, yolo_labels, loop=True), yolo_loaded, sink)  # 10 fps, looped
     started.append(pipeline)
     view = pipeline.live_view
     assert view.max_fps == 2
@@ -121,13 +120,13 @@ def test_a_viewer_gets_drawn_jpegs_at_most_max_fps_and_leaving_stops_them(
 
 def test_a_viewer_that_never_reads_and_a_slow_encoder_cost_the_pipeline_no_frame(
     crossing_clip: Path,  # noqa: F811
-    loaded: LoadedModel,  # noqa: F811
+    yolo_loaded: LoadedModel,
     yolo_labels: list[str],
     started: list[Pipeline],  # noqa: F811
 ) -> None:
     def run(watched: bool) -> tuple[int, float, LiveView]:
         sink = ListSink()
-        pipeline = Pipeline(fast(crossing_clip, yolo_labels), loaded, sink)
+        pipeline = Pipeline(fast(crossing_clip, yolo_labels), yolo_loaded, sink)
         started.append(pipeline)
         view = pipeline.live_view
         view.max_fps = 1e9  # every frame taken: more than the encoder keeps up with
@@ -177,13 +176,13 @@ def test_motion_areas_are_outlined_under_the_boxes_and_a_viewer_without_news_get
 
 def test_a_swapped_in_stage_draws_for_the_same_live_view(
     crossing_clip: Path,  # noqa: F811
-    loaded: LoadedModel,  # noqa: F811
+    yolo_loaded: LoadedModel,
     yolo_labels: list[str],
     started: list[Pipeline],  # noqa: F811
 ) -> None:
-    pipeline = Pipeline(config(crossing_clip, yolo_labels), loaded, ListSink())
+    pipeline = Pipeline(config(crossing_clip, yolo_labels), yolo_loaded, ListSink())
     started.append(pipeline)
-    swapped = pipeline._plan_of(Stage(config(crossing_clip, yolo_labels, zones=[RIGHT]), loaded))
+    swapped = pipeline._plan_of(Stage(config(crossing_clip, yolo_labels, zones=[RIGHT]), yolo_loaded))
     steps = [s for s in swapped.steps["report"] if isinstance(s, LiveViewStep)]
     assert len(steps) == 1 and steps[0].view is pipeline.live_view  # viewers keep watching across it
     assert [z.name for z in steps[0].config.zones] == ["right"]  # ... the new stage's zones drawn

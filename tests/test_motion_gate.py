@@ -118,12 +118,6 @@ def walker_frames(scene: np.ndarray) -> list[np.ndarray]:
     return frames
 
 
-@pytest.fixture(scope="module")
-def loaded(yolo_path: Path) -> LoadedModel:
-    session = OnnxRuntimeBackend().load(cls_artifact(yolo_path))
-    return LoadedModel(name="faces", version="1", sha256="cd" * 32, session=session)
-
-
 def config(
     clip: Path,
     labels: list[str],
@@ -146,13 +140,13 @@ def config(
 
 
 @pytest.fixture
-def run(loaded: LoadedModel) -> Iterator[Callable[[PipelineConfig], tuple[ListSink, dict[str, Any]]]]:
+def run(yolo_loaded: LoadedModel) -> Iterator[Callable[[PipelineConfig], tuple[ListSink, dict[str, Any]]]]:
     """Play a config's clip to its end: the results and the gate's status."""
     started: list[Pipeline] = []
 
     def play(config: PipelineConfig) -> tuple[ListSink, dict[str, Any]]:
         sink = ListSink()
-        pipeline = Pipeline(config, loaded, sink)
+        pipeline = Pipeline(config, yolo_loaded, sink)
         started.append(pipeline)
         pipeline.start()
         wait_until(lambda: pipeline.finished, "the clip's end", timeout=120)
@@ -271,11 +265,11 @@ def test_the_background_and_the_counts_outlive_a_stage_swap(
 
 
 def test_a_new_version_in_its_health_window_sees_every_frame_then_the_gate_closes_again(
-    clips: dict[str, Path], loaded: LoadedModel, yolo_labels: list[str]
+    clips: dict[str, Path], yolo_loaded: LoadedModel, yolo_labels: list[str]
 ) -> None:
     # A static scene would give a new version one frame in keepalive_s: too few to judge it on.
     still = config(clips["static"], yolo_labels, MotionConfig(keepalive_s=60), realtime=True, loop=True)
-    pipeline = Pipeline(still, loaded, ListSink())
+    pipeline = Pipeline(still, yolo_loaded, ListSink())
     try:
         pipeline.start()
         wait_until(lambda: pipeline.motion.frames_gated >= 3, "gated frames", timeout=60)

@@ -31,8 +31,7 @@ from agent.config import (
 from agent.pipeline import Pipeline
 from agent.stage import LoadedModel
 from agent.status import ChangeStatus, Origin, pipeline_status, statuses_json
-from providers.onnxruntime_backend import OnnxRuntimeBackend
-from tests.media_fixtures import FACE_BOX, ListSink, astronaut_bgr, cls_artifact
+from tests.media_fixtures import FACE_BOX, ListSink, astronaut_bgr
 from tests.waits import wait_until
 
 W, H, FRAMES = 320, 240, 6
@@ -61,12 +60,6 @@ def two_faces_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
         writer.write(frame)
     writer.release()
     return path
-
-
-@pytest.fixture(scope="module")
-def loaded(yolo_path: Path) -> LoadedModel:
-    session = OnnxRuntimeBackend().load(cls_artifact(yolo_path))
-    return LoadedModel(name="faces", version="1", sha256="cd" * 32, session=session)
 
 
 def config(clip: Path, labels: list[str], filters: FiltersConfig | None) -> PipelineConfig:
@@ -113,18 +106,18 @@ def is_big(box: list[float]) -> bool:
 
 
 def test_min_area_drops_the_small_face_keeps_the_big_one_and_status_counts_it(
-    two_faces_clip: Path, loaded: LoadedModel, yolo_labels: list[str], started: list[Pipeline]
+    two_faces_clip: Path, yolo_loaded: LoadedModel, yolo_labels: list[str], started: list[Pipeline]
 ) -> None:
     # Without filters the detector finds and tracks both faces: the small one is a real detection.
     plain = ListSink()
-    run_clip(Pipeline(config(two_faces_clip, yolo_labels, None), loaded, plain), started)
+    run_clip(Pipeline(config(two_faces_clip, yolo_labels, None), yolo_loaded, plain), started)
     assert len(plain.results) == FRAMES
     assert all(sorted(is_big(d["box"]) for d in found) == [False, True] for found in faces(plain))
     assert sorted(is_big(box) for box in new_tracks(plain)) == [False, True]
 
     sink = ListSink()
     filters = FiltersConfig.model_validate({"default": {"min_area": MIN_AREA}})
-    pipeline = Pipeline(config(two_faces_clip, yolo_labels, filters), loaded, sink)
+    pipeline = Pipeline(config(two_faces_clip, yolo_labels, filters), yolo_loaded, sink)
     run_clip(pipeline, started)
     assert len(sink.results) == FRAMES
     assert all([is_big(d["box"]) for d in found] == [True] for found in faces(sink))
@@ -188,7 +181,7 @@ def test_infer_with_the_pipeline_drops_what_its_filters_drop(
 
 
 def test_a_new_stage_counts_on_from_the_pipelines_drops(
-    two_faces_clip: Path, loaded: LoadedModel, yolo_labels: list[str]
+    two_faces_clip: Path, yolo_loaded: LoadedModel, yolo_labels: list[str]
 ) -> None:
     """The drops are the pipeline's, as the motion gate's counts are: a new model version or a changed
     config (a new stage, built by the pipeline between two frames) counts on from them."""
@@ -196,7 +189,7 @@ def test_a_new_stage_counts_on_from_the_pipelines_drops(
     from agent.steps import FrameRecord
 
     filters = FiltersConfig.model_validate({"default": {"min_score": 0.5}})
-    pipeline = Pipeline(config(two_faces_clip, yolo_labels, filters), loaded, ListSink())
+    pipeline = Pipeline(config(two_faces_clip, yolo_labels, filters), yolo_loaded, ListSink())
     try:
         (first,) = [s for s in pipeline.stages.plan.steps["report"] if s.name == "filter"]
         record = FrameRecord(0, 0.0, None, False, None)

@@ -59,12 +59,6 @@ def crossing_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def loaded(yolo_path: Path) -> LoadedModel:
-    session = OnnxRuntimeBackend().load(cls_artifact(yolo_path))
-    return LoadedModel(name="faces", version="1", sha256="cd" * 32, session=session)
-
-
 # A vertical line in the middle, drawn top to bottom: moving right (east) is `in`.
 MIDDLE = LineConfig(name="middle", points=[(0.5, 0.0), (0.5, 1.0)], **{"in": "east"}, out="west")
 RIGHT = ZoneConfig(name="right", points=[(0.6, 0.0), (1.0, 0.0), (1.0, 1.0), (0.6, 1.0)], anchor="center")
@@ -99,10 +93,10 @@ def kinds(sink: ListSink) -> list[tuple[str, str]]:
 
 
 def test_a_face_crossing_the_line_is_one_track_with_one_crossing_and_results_carry_its_id(
-    crossing_clip: Path, loaded: LoadedModel, yolo_labels: list[str], started: list[Pipeline]
+    crossing_clip: Path, yolo_loaded: LoadedModel, yolo_labels: list[str], started: list[Pipeline]
 ) -> None:
     sink = ListSink()
-    pipeline = Pipeline(config(crossing_clip, yolo_labels), loaded, sink)
+    pipeline = Pipeline(config(crossing_clip, yolo_labels), yolo_loaded, sink)
     started.append(pipeline)
     pipeline.start()
     wait_until(lambda: pipeline.finished, "the clip's end", timeout=120)
@@ -117,15 +111,15 @@ def test_a_face_crossing_the_line_is_one_track_with_one_crossing_and_results_car
 
 
 def test_a_stage_swap_that_adds_a_zone_keeps_the_track_and_results_can_be_off(
-    crossing_clip: Path, loaded: LoadedModel, yolo_labels: list[str], started: list[Pipeline]
+    crossing_clip: Path, yolo_loaded: LoadedModel, yolo_labels: list[str], started: list[Pipeline]
 ) -> None:
     sink = ListSink()
     quiet = ReportConfig(results=False)
-    pipeline = Pipeline(config(crossing_clip, yolo_labels, loop=True, report=quiet), loaded, sink)
+    pipeline = Pipeline(config(crossing_clip, yolo_labels, loop=True, report=quiet), yolo_loaded, sink)
     started.append(pipeline)
     pipeline.start()
     wait_until(lambda: any(e["type"] == "new" for _, e in sink.events), "the face's track", timeout=120)
-    with_zone = Stage(config(crossing_clip, yolo_labels, loop=True, report=quiet, zones=[RIGHT]), loaded)
+    with_zone = Stage(config(crossing_clip, yolo_labels, loop=True, report=quiet, zones=[RIGHT]), yolo_loaded)
     assert pipeline.stages.swap_in(with_zone, timeout=60)
     wait_until(
         lambda: any(e["type"] == "enter" for _, e in sink.events),
