@@ -41,6 +41,18 @@ def read_status(state_dir: Path) -> dict[str, Any]:
     return {}
 
 
+def cli_step_status(config: Path, pipeline: str, step: str) -> dict[str, Any] | None:
+    """What `edge-agent status -c CONFIG --json` shows of one step of a pipeline (`steps.<step>`: the
+    motion gate's, the attributes'...), as an operator reads it; None while the command fails (the
+    daemon not up yet) or the step shows nothing."""
+    command = [EDGE_AGENT, "status", "-c", str(config), "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0:
+        return None
+    shown: dict[str, Any] | None = json.loads(done.stdout)["pipelines"][pipeline].get("steps", {}).get(step)
+    return shown
+
+
 def pipeline_state(state_dir: Path, pipeline: str) -> str | None:
     """A pipeline's state in status.json ("starting", "running", "finished", ...); None before."""
     state = read_status(state_dir).get("pipelines", {}).get(pipeline, {}).get("state")

@@ -8,7 +8,6 @@ flow; `edge-agent status --json` says why each attribute is missing under
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import numpy as np
 import yaml
 
 from agent.registry import FileRegistry, PublishOptions
-from tests.agent_process import EDGE_AGENT, StartAgent
+from tests.agent_process import StartAgent, cli_step_status
 from tests.mosquitto import Mosquitto, Received, Subscriber
 from tests.store_fixtures import CLS_MODEL_FILE, rapidocr_models_dir
 from tests.waits import wait_until
@@ -86,19 +85,7 @@ def payloads(messages: list[Received], kind: str) -> list[dict[str, Any]]:
 
 
 def attributes_shown(config: Path) -> dict[str, Any] | None:
-    done = subprocess.run(
-        [EDGE_AGENT, "status", "-c", str(config), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    if done.returncode != 0:
-        return None
-    shown: dict[str, Any] | None = (
-        json.loads(done.stdout)["pipelines"][PIPELINE].get("steps", {}).get("attributes")
-    )
-    return shown
+    return cli_step_status(config, PIPELINE, "attributes")
 
 
 def test_the_detector_serves_on_when_its_second_models_cannot_load(

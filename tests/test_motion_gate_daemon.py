@@ -19,7 +19,7 @@ import yaml
 
 from agent.cli.render.status import motion_line
 from tests import media_fixtures
-from tests.agent_process import EDGE_AGENT, StartAgent
+from tests.agent_process import EDGE_AGENT, StartAgent, cli_step_status
 from tests.face_clip import faces_pipeline, write_clip
 from tests.ha_schema import check_device_discovery
 from tests.mosquitto import Mosquitto, Received, Subscriber
@@ -105,19 +105,7 @@ def test_a_running_agent_shows_its_motion_on_status_state_topic_and_home_assista
         assert any(r["frames_gated"] > 0 for r in results), "a result after the still scene counts its skips"
 
         def gate() -> dict[str, Any] | None:
-            done = subprocess.run(
-                [EDGE_AGENT, "status", "-c", str(config), "--json"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
-            if done.returncode != 0:
-                return None
-            shown: dict[str, Any] | None = (
-                json.loads(done.stdout)["pipelines"]["faces"].get("steps", {}).get("motion")
-            )
-            return shown
+            return cli_step_status(config, "faces", "motion")
 
         wait_until(
             lambda: (gate() or {}).get("frames_gated", 0) > 0, "frames gated in status --json", timeout=60
