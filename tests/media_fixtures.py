@@ -25,6 +25,7 @@ import pytest
 from skimage import data as skimage_data
 
 from agent.config import PreprocessConfig, ResizeConfig
+from agent.pipeline import Pipeline
 from agent.results import Result
 from agent.stage import LoadedModel
 from providers import BackendError, ModelArtifact, Session, TensorSpec
@@ -240,6 +241,15 @@ def yolo_labels(yolo_path: Path) -> list[str]:
     metadata = {p.key: p.value for p in onnx.load(str(yolo_path), load_external_data=False).metadata_props}
     names: dict[int, str] = ast.literal_eval(metadata["names"])
     return [names[i] for i in range(len(names))]
+
+
+@pytest.fixture
+def started() -> Iterator[list[Pipeline]]:
+    """The pipelines a test started (it appends them): each stopped after the test, passed or not."""
+    pipelines: list[Pipeline] = []
+    yield pipelines
+    for pipeline in pipelines:
+        pipeline.stop(timeout=30)
 
 
 @pytest.fixture(scope="module")

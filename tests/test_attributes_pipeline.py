@@ -7,7 +7,6 @@ pipeline runs on and its status says why."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,14 +91,6 @@ def config(clip: Path, **changes: Any) -> PipelineConfig:
 
 def session(file: str) -> Any:
     return OnnxRuntimeBackend().load(cls_artifact(rapidocr_models_dir() / file))
-
-
-@pytest.fixture
-def started() -> Iterator[list[Pipeline]]:
-    pipelines: list[Pipeline] = []
-    yield pipelines
-    for pipeline in pipelines:
-        pipeline.stop(timeout=30)
 
 
 def run_clip(config: PipelineConfig, models: AttributeSet, started: list[Pipeline]) -> tuple[ListSink, Any]:

@@ -28,7 +28,6 @@ from tests.test_pipeline_tracking import (  # noqa: F401  (fixtures)
     W,
     config,
     crossing_clip,
-    started,
 )
 from tests.waits import wait_until
 
@@ -48,7 +47,7 @@ def test_unwatched_the_step_runs_on_every_frame_and_copies_and_encodes_nothing(
     crossing_clip: Path,  # noqa: F811
     yolo_loaded: LoadedModel,
     yolo_labels: list[str],
-    started: list[Pipeline],  # noqa: F811
+    started: list[Pipeline],
 ) -> None:
     pipeline = Pipeline(fast(crossing_clip, yolo_labels), yolo_loaded, ListSink())
     started.append(pipeline)
@@ -66,7 +65,7 @@ def test_a_viewer_gets_drawn_jpegs_at_most_max_fps_and_leaving_stops_them(
     crossing_clip: Path,  # noqa: F811
     yolo_loaded: LoadedModel,
     yolo_labels: list[str],
-    started: list[Pipeline],  # noqa: F811
+    started: list[Pipeline],
 ) -> None:
     sink = ListSink()
     pipeline = Pipeline(config(crossing_clip, yolo_labels, loop=True), yolo_loaded, sink)  # 10 fps, looped
@@ -122,7 +121,7 @@ def test_a_viewer_that_never_reads_and_a_slow_encoder_cost_the_pipeline_no_frame
     crossing_clip: Path,  # noqa: F811
     yolo_loaded: LoadedModel,
     yolo_labels: list[str],
-    started: list[Pipeline],  # noqa: F811
+    started: list[Pipeline],
 ) -> None:
     def run(watched: bool) -> tuple[int, float, LiveView]:
         sink = ListSink()
@@ -178,7 +177,7 @@ def test_a_swapped_in_stage_draws_for_the_same_live_view(
     crossing_clip: Path,  # noqa: F811
     yolo_loaded: LoadedModel,
     yolo_labels: list[str],
-    started: list[Pipeline],  # noqa: F811
+    started: list[Pipeline],
 ) -> None:
     pipeline = Pipeline(config(crossing_clip, yolo_labels), yolo_loaded, ListSink())
     started.append(pipeline)

@@ -7,7 +7,6 @@ one is gone from the results and from tracking, the pipeline's status counts the
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,14 +74,6 @@ def config(clip: Path, labels: list[str], filters: FiltersConfig | None) -> Pipe
         track=TrackConfig(high_score=0.5, new_track_score=0.5),
         filters=filters,
     )
-
-
-@pytest.fixture
-def started() -> Iterator[list[Pipeline]]:
-    pipelines: list[Pipeline] = []
-    yield pipelines
-    for pipeline in pipelines:
-        pipeline.stop(timeout=30)
 
 
 def run_clip(pipeline: Pipeline, started: list[Pipeline]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +58,6 @@ def _config(uri: Path, fps: float | None, loop: bool = False) -> PipelineConfig:
             type="classification", softmax=False, top_k=2, labels=CLS_LABELS
         ),
     )
-
-
-@pytest.fixture
-def started() -> Iterator[list[Pipeline]]:
-    pipelines: list[Pipeline] = []
-    yield pipelines
-    for pipeline in pipelines:
-        pipeline.stop(timeout=30)
 
 
 def test_pipeline_end_to_end_matches_ground_truth(

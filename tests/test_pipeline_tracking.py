@@ -4,7 +4,6 @@ per-frame results can be off while events go, and a stop ends the open tracks sa
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,14 +77,6 @@ def config(clip: Path, labels: list[str], loop: bool = False, **changes: Any) ->
         **changes,
     }
     return PipelineConfig(**fields)
-
-
-@pytest.fixture
-def started() -> Iterator[list[Pipeline]]:
-    pipelines: list[Pipeline] = []
-    yield pipelines
-    for pipeline in pipelines:
-        pipeline.stop(timeout=30)
 
 
 def kinds(sink: ListSink) -> list[tuple[str, str]]:
