@@ -40,6 +40,7 @@ from tests.media_fixtures import ListSink  # noqa: E402
 from tests.sign_clip import DETECTOR_PIPELINE, MIDDLE_LINE, render  # noqa: E402
 from tests.store_fixtures import CLS_MODEL_FILE, rapidocr_models_dir  # noqa: E402
 
+TARGET = 0.9  # issue 36: the detector's frame rate with the attributes on, at least this share of it off
 DET, REC = "ch_PP-OCRv4_det_infer.onnx", "ch_PP-OCRv4_rec_infer.onnx"
 PIXELS = {"color": "bgr", "scale": 1 / 255, "mean": [0.5], "std": [0.5]}
 
@@ -160,15 +161,17 @@ def main() -> None:
     ratio = statistics.median(r["ratio"] for r in rounds)
     report = {
         "backend": args.backend,
+        "one_thread": args.one_thread,
         "rounds": rounds,
         "median_ratio": ratio,
-        "target": 0.9,
-        "met": ratio >= 0.9,
+        "target": TARGET,
+        "met": ratio >= TARGET,
     }
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(f"median ratio (on / off) {ratio:.2f}: {'meets' if ratio >= 0.9 else 'misses'} the 0.9 target")
+        verdict = "meets" if ratio >= TARGET else "misses"
+        print(f"median ratio (on / off) {ratio:.2f}: {verdict} the {TARGET:g} target")
 
 
 if __name__ == "__main__":
