@@ -54,6 +54,7 @@ from agent.store import store_for
 from agent.supervisor import Supervisor
 from agent.telemetry import TelemetrySampler
 from agent.web.server import WebServer
+from agent.web.site import Site, pages_of
 from providers.select import SelectionPolicy
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,8 @@ class Agent:
         self.loaded = loaded or LoadedConfig(config, None, None)
         self.started_at = time.time()
         self.reload_requested = threading.Event()  # set by SIGHUP; the main loop reloads
+        self._reloads = threading.Condition()  # notified after each reload (reload_and_wait)
+        self._reload_count = 0
         self.log_level_from_cli = log_level_from_cli
         self._log_level = config.log_level
         self.last_good = LastGoodConfig(config.state_dir)
@@ -278,7 +281,11 @@ class Agent:
         )
         self.final_states: dict[str, PipelineStatus] = {}
         # The optional web page (docs/web.md): its own thread, reading only `status`.
-        self.web = WebServer(config.web, self.status, config.device.id) if config.web.enabled else None
+        self.web = (
+            WebServer(config.web, self.status, config.device.id, pages=pages_of(self._site()))
+            if config.web.enabled
+            else None
+        )
         self.watchdog = Watchdog(lambda: self.supervisor.stall() or self.mqtt.stall())
         # The main loop's work, ticked in this order every half second.
         self.ticks: tuple[Tickable, ...] = (
@@ -418,6 +425,34 @@ class Agent:
 
     # --- reload (SIGHUP) -----------------------------------------------------------------
 
+    def reload_and_wait(self, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Ask the main loop for a reload, as SIGHUP does, and wait for its outcome (reload's); from
+        another thread (the web page's editor). {"result": "pending"} when it took longer."""
+        with self._reloads:
+            before = self._reload_count
+            self.reload_requested.set()
+            if not self._reloads.wait_for(lambda: self._reload_count > before, timeout_s):
+                return {"result": "pending", "problems": [f"the reload did not finish in {timeout_s:.0f} s"]}
+            outcome: dict[str, Any] = self._config_report["last_reload"]
+            return outcome
+
+    def _site(self) -> Site:
+        """What the web pages read of the daemon (agent/web/site.py)."""
+        return Site(
+            supervisor=self.supervisor,
+            state_dir=self.config.state_dir,
+            config_file=self.loaded.path,
+            reload=self.reload_and_wait,
+            explain=lambda: {"pipelines": self.supervisor.serving_records()},
+            layer_of=self._document_layer_of,
+        )
+
+    def _document_layer_of(self, pipeline: str) -> str | None:
+        for desired in self.reconciler.desired():
+            if desired.config.name == pipeline:
+                return None if desired.layer == "yaml" else desired.layer
+        return None
+
     def reload(self) -> dict[str, Any]:
         """Re-read the config file and apply what changed (agent/reload.py); returns the outcome,
         also kept for the status. Never raises: a bad file leaves everything running as it was."""
@@ -465,6 +500,9 @@ class Agent:
                 restart_needed=plan.restart_needed,
             )  # fmt: skip
         self._config_report["last_reload"] = outcome
+        with self._reloads:
+            self._reload_count += 1
+            self._reloads.notify_all()
         notify("READY=1", f"STATUS={self._summary()}")
         self.write_status_file()
         self.mqtt.publish_status_now()

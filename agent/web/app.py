@@ -77,6 +77,7 @@ class WebApp:
         self.sessions = Sessions(config.session_ttl_s)
         self.limiter = LoginLimiter()
         self.static_root = Path(str(resources.files("agent.web").joinpath("static")))
+        self.links: list[tuple[str, str]] = []  # the header's links to pages: (title, path)
         self.app = Starlette(
             routes=[
                 Route("/login", self.login_form, methods=["GET"]),
@@ -85,15 +86,20 @@ class WebApp:
             ]
         )
         self.app.add_exception_handler(404, self._not_found)
-        self.add_page("/", self.box)
+        self.add_page("/", self.box, link="Box")
         self.add_page("/box/status", self.box_status, api=True)
         self.add_page("/api/status", self.api_status, api=True)
         self.add_page("/logout", self.logout, method="POST")
 
-    def add_page(self, path: str, answer: Answer, method: str = "GET", api: bool = False) -> None:
+    def add_page(
+        self, path: str, answer: Answer, method: str = "GET", api: bool = False, link: str = ""
+    ) -> None:
         """Serve `answer` at `path` (a Starlette path: `/clips/{name}`) to a live session only: without
         one, the login page (`api`: 401 JSON). A POST answers 403 unless it carries its session's
-        CSRF token (form field `csrf` or header `X-CSRF-Token`); `form_of(request)` is its form then."""
+        CSRF token (form field `csrf` or header `X-CSRF-Token`); `form_of(request)` is its form then.
+        `link`: the page's title in the header's links (pages added in order)."""
+        if link:
+            self.links.append((link, path))
 
         async def endpoint(request: Request) -> Response:
             async def checked(session: Session) -> Response:
@@ -164,7 +170,9 @@ class WebApp:
         account = (
             "" if session is None or session.user is None else pages.logout_form(session.user, session.csrf)
         )
-        return pages.page(title, body, self.device, account, script, "" if session is None else session.csrf)
+        links = [] if session is None else self.links
+        csrf = "" if session is None else session.csrf
+        return pages.page(title, body, self.device, account, script, csrf, links)
 
     # --- pages ------------------------------------------------------------------------------------
 

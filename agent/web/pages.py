@@ -4,6 +4,7 @@ same fields `edge-agent status` shows. Every value goes through `html.escape`.""
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 from string import Template
@@ -24,13 +25,24 @@ def _e(value: object) -> str:
     return html.escape("" if value is None else str(value))
 
 
-def page(title: str, body: str, device: str = "", account: str = "", script: str = "", csrf: str = "") -> str:
+def page(
+    title: str,
+    body: str,
+    device: str = "",
+    account: str = "",
+    script: str = "",
+    csrf: str = "",
+    links: Sequence[tuple[str, str]] = (),
+) -> str:
     """The frame around every page; `body` and `account` are HTML already escaped. `csrf`: the
-    session's token, in a meta tag for scripts that POST (header X-CSRF-Token)."""
+    session's token, in a meta tag for scripts that POST (header X-CSRF-Token). `links`: the
+    header's (title, path) links to the pages."""
     tag = f'<script src="/static/{_e(script)}"></script>' if script else ""
+    nav = " ".join(f'<a href="{_e(path)}">{_e(name)}</a>' for name, path in links)
     return _template("page.html").substitute(
-        title=_e(title), device=_e(device), account=account, body=body, script=tag, csrf=_e(csrf)
-    )
+        title=_e(title), device=_e(device), account=account, body=body, script=tag, csrf=_e(csrf),
+        nav=f"<nav>{nav}</nav>" if nav else "",
+    )  # fmt: skip
 
 
 def logout_form(user: str, csrf: str) -> str:
