@@ -33,6 +33,8 @@ from agent.config import AgentConfig
 from agent.control import ControlServer, socket_path
 from agent.daemon_ticks import Contained, Every, OutageSummary, StateChanges, Tickable, Watchdog
 from agent.errors import ConfigError, EdgeAgentError
+from agent.event_index import FILE_NAME as EVENT_INDEX_FILE
+from agent.event_index import EventIndex
 from agent.events import EventWriter, TrackJournal
 from agent.fleet.commands import CommandServer, RecentLogs
 from agent.fleet.device_commands import device_handlers
@@ -222,8 +224,14 @@ class Agent:
             prepare_payload=stamp_published_at,
         )
         # Tracking pipelines: their open tracks (ended at the next start after a kill) and snapshots.
+        # The events page's index of recent events (agent/event_index.py): fed by the event writer.
+        self.event_index = EventIndex(state_dir / EVENT_INDEX_FILE)
         events = EventWriter(
-            config.device.id, config.mqtt.topic_prefix, self.outbox, TrackJournal(state_dir / "tracks")
+            config.device.id,
+            config.mqtt.topic_prefix,
+            self.outbox,
+            TrackJournal(state_dir / "tracks"),
+            self.event_index,
         )
         self.snapshots = SnapshotStore(state_dir / "snapshots", config.snapshots)
         # State topics and Home Assistant discovery (docs/integrations.md): fed by the result writer,
@@ -378,6 +386,7 @@ class Agent:
         self.control.stop()
         self.mqtt.stop(publish_offline=True)
         self.supervisor.close()
+        self.event_index.close()
         self.outbox.close()
         log.info("stopped")
         logging.getLogger().removeHandler(self.recent_logs)
@@ -445,6 +454,7 @@ class Agent:
             reload=self.reload_and_wait,
             explain=lambda: {"pipelines": self.supervisor.serving_records()},
             layer_of=self._document_layer_of,
+            events=self.event_index,
         )
 
     def _document_layer_of(self, pipeline: str) -> str | None:

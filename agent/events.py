@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.clock import iso_utc
+from agent.event_index import EventIndex
 from agent.fsutil import atomic_write_bytes
 from agent.mqtt import Outbox, events_topic
 from agent.mqtt.outbox import OutboxFull
@@ -102,11 +103,17 @@ class EventWriter:
     """Writes a pipeline's events to the outbox as messages, keeping the journal in step."""
 
     def __init__(
-        self, device_id: str, topic_prefix: str, outbox: Outbox, journal: TrackJournal | None
+        self,
+        device_id: str,
+        topic_prefix: str,
+        outbox: Outbox,
+        journal: TrackJournal | None,
+        index: EventIndex | None = None,
     ) -> None:
         self.configure(device_id, topic_prefix)
         self.outbox = outbox
         self.journal = journal
+        self.index = index  # the events page's (agent/event_index.py): fed after the outbox, never raises
 
     def configure(self, device_id: str, topic_prefix: str) -> None:
         self.device_id = device_id
@@ -124,6 +131,7 @@ class EventWriter:
             self.journal.change(pipeline, opened=described)  # before the `new`: the module's docstring
         topic = events_topic(self.topic_prefix, self.device_id, pipeline)
         stored = 0
+        published: list[dict[str, Any]] = []  # as the outbox holds them (seq None: no room), to index
         for event in events:
             base = {"id": str(uuid.uuid4()), "device": self.device_id, "pipeline": pipeline}
 
@@ -132,11 +140,16 @@ class EventWriter:
                     {**base, "seq": seq, **event}, separators=(",", ":"), allow_nan=False
                 ).encode()
 
+            seq: int | None = None
             try:
-                self.outbox.put_numbered(topic, payload, qos=1, stream=f"events/{pipeline}")
+                _, seq = self.outbox.put_numbered(topic, payload, qos=1, stream=f"events/{pipeline}")
             except OutboxFull:  # when_full: drop-newest; counted per stream by the outbox
-                continue
-            stored += 1
+                pass
+            else:
+                stored += 1
+            published.append({**base, "seq": seq, **event})
+        if self.index is not None:
+            self.index.add(published)
         closed = [int(e["object"]["id"]) for e in events if e.get("type") == "end"]
         if self.journal is not None and closed:
             self.journal.change(pipeline, closed=closed)

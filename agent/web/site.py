@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from agent.event_index import EventIndex
     from agent.supervisor import Supervisor
 
 AddPages = Callable[[Any], None]  # called with the WebApp
@@ -32,6 +33,7 @@ class Site:
     # The fleet document layer a pipeline comes from (its desired state: not the file's to edit);
     # None for a pipeline of the config file, or one the box does not run.
     layer_of: Callable[[str], str | None]
+    events: EventIndex | None = None  # the recent events (agent/event_index.py), for the events page
 
 
 def pages_of(site: Site) -> Sequence[AddPages]:
