@@ -38,4 +38,8 @@ class Site:
 
 def pages_of(site: Site) -> Sequence[AddPages]:
     """Every page beside the box page, in the order of the header's links."""
-    return ()
+    from agent.web.live import live_pages
+
+    return [
+        live_pages(site.supervisor),
+    ]
