@@ -16,6 +16,7 @@ from typing import Any
 import cv2
 import pytest
 
+from agent.clips import ClipRecorder
 from agent.config import (
     LineConfig,
     SnapshotRetentionConfig,
@@ -69,14 +70,22 @@ def open_box(root: Path, **index_settings: Any) -> Box:
     return Box(root, outbox, index, snapshots, writer)
 
 
-def walk(box_: Box, pipeline: str = "door", start: float | None = None, clip: str | None = None) -> float:
+def walk(
+    box_: Box,
+    pipeline: str = "door",
+    start: float | None = None,
+    clip: str | None = None,
+    recorder: ClipRecorder | None = None,
+) -> float:
     """A person walking east through the zone `left` (dwelling there) and over the gate, and a car
     standing still by it whose plate is read; both end at the last frame. Returns the last frame's
-    time. Every frame goes as the pipeline's tracking does it: snapshots taken from the frame, then
-    the frame's events to the writer (`clip`: put on each event, as the clips step does)."""
+    time. Every frame goes as the pipeline's tracking does it: snapshots taken from the frame, the
+    clip recorder handed the frame (it puts its clip's id on the events), then the events to the
+    writer. `clip`: an id put on every event instead (no recorder)."""
     track = TrackConfig(min_hits=1, snapshots=SnapshotsConfig(enabled=True, interval_s=0.2))
     scene = Scene(track, [LEFT], [GATE])
     frame = cv2.resize(astronaut_bgr(), (W, H))
+    small = cv2.resize(frame, (160, 160))  # the clip's (its size does not matter here)
     t0 = time.time() - 10 if start is None else start
     tag = {} if clip is None else {"clip": clip}
     now = t0
@@ -92,9 +101,15 @@ def walk(box_: Box, pipeline: str = "door", start: float | None = None, clip: st
             saved = box_.writer.save_snapshot(pipeline, wanted, frame, now, track.snapshots)
             assert saved is not None
             scene.snapshot_taken(wanted.track_id, saved, wanted.quality, now)
-        box_.writer.write_events(pipeline, [{**e, **tag} for e in scene.take_events()])
+        events = [{**e, **tag} for e in scene.take_events()]
+        if recorder is not None:
+            recorder.frame(small, now, events)
+        box_.writer.write_events(pipeline, events)
     scene.end_all("stopped", now)
-    box_.writer.write_events(pipeline, [{**e, **tag} for e in scene.take_events()])
+    ends = [{**e, **tag} for e in scene.take_events()]
+    if recorder is not None:
+        recorder.tag(ends)
+    box_.writer.write_events(pipeline, ends)
     return now
 
 
