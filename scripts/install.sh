@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs edge-agent as a systemd service, as root, in one command (docs/install.md):
 #
-#   sudo scripts/install.sh [--with openvino|tflite|tflite-legacy|gpu]... [--from DIR_OR_WHEEL]
+#   sudo scripts/install.sh [--with openvino|tflite|tflite-legacy|gpu|web]... [--from DIR_OR_WHEEL]
 #   sudo scripts/install.sh --uninstall [--purge]
 #
 # It makes the system user edge-agent (home = the state dir, no login shell) in the groups that
@@ -43,6 +43,8 @@ usage: install.sh [options]            install or upgrade (as root)
                           gpu            onnxruntime-gpu instead of onnxruntime (CUDA, TensorRT);
                                          the two cannot be installed together
                           openvino       OpenVINO is in every install; this checks for the NPU
+                          web            the optional local web page's stack (Starlette, uvicorn:
+                                         the `web` extra; turned on by web.enabled, docs/web.md)
   --gpu-wheel SPEC      the onnxruntime-gpu to install with --with gpu: a wheel file or URL (a
                         Jetson's, built for its JetPack) or a requirement; default onnxruntime-gpu
   --from DIR_OR_WHEEL   the agent to install: a checkout or an edge_agent-*.whl
@@ -112,8 +114,8 @@ while [ $# -gt 0 ]; do
         --root) ROOT=$value; ROOT_GIVEN=1 ;;
         --with)
             case $value in
-                openvino | tflite | tflite-legacy | gpu) WITH+=("$value") ;;
-                *) die "--with $value: one of openvino, tflite, tflite-legacy, gpu" ;;
+                openvino | tflite | tflite-legacy | gpu | web) WITH+=("$value") ;;
+                *) die "--with $value: one of openvino, tflite, tflite-legacy, gpu, web" ;;
             esac
             ;;
         --from) FROM=$value ;;
@@ -479,7 +481,9 @@ say "installed $(basename "$WHEEL")"
 extras=()
 has tflite && extras+=(tflite)
 has tflite-legacy && extras+=(tflite-legacy)
-mapfile -t REQS < <("$VPY" - "${extras[@]+"${extras[@]}"}" <<'PY'
+has web && extras+=(web)
+# -I: the installed agent's metadata, never an edge_agent.egg-info in the directory this runs from.
+mapfile -t REQS < <("$VPY" -I - "${extras[@]+"${extras[@]}"}" <<'PY'
 import sys
 from importlib.metadata import distribution
 

@@ -1,6 +1,6 @@
 """`edge-agent`: run, validate, publish and inspect. A thin layer over `agent/` and the operator's
 tools (agent/tools/): one module per noun (run, config, registry, models, backends, infer, source,
-status, watch, doctor, fleet), the options they share in options.py, and what people read (tables, text)
+status, watch, doctor, fleet, web), the options they share in options.py, and what people read (tables, text)
 in render/; `--json` prints machine-readable output for scripts.
 
 Every command maps the agent's typed errors to a one-line message (plus hint) and exit 1.
@@ -18,6 +18,7 @@ from agent.cli.config import config_app
 from agent.cli.fleet import fleet_app
 from agent.cli.models import models_app
 from agent.cli.registry import registry_app
+from agent.cli.web import web_app
 
 app = typer.Typer(
     help="edge-agent: run ML pipelines on edge boxes and report over MQTT.",
@@ -52,6 +53,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(registry_app, name="registry")
 app.add_typer(models_app, name="models")
 app.add_typer(fleet_app, name="fleet")
+app.add_typer(web_app, name="web")
 app.command("status")(status.status)
 app.command()(watch.watch)
 app.command()(run.run)
