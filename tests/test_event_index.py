@@ -36,7 +36,7 @@ W = H = 1000
 FPS = 10.0
 # The left half's lower part (pixels) with a dwell, and a gate at x = 600 (`in` is moving east).
 LEFT = ZoneConfig(
-    name="left", units="pixels", points=[(0, 500), (500, 500), (500, 1000), (0, 1000)], dwell_s=0.3
+    name="counter", units="pixels", points=[(0, 500), (500, 500), (500, 1000), (0, 1000)], dwell_s=0.3
 )
 GATE = LineConfig(name="gate", units="pixels", points=[(600, 0), (600, 1000)], **{"in": "east"}, out="west")
 
@@ -77,7 +77,7 @@ def walk(
     clip: str | None = None,
     recorder: ClipRecorder | None = None,
 ) -> float:
-    """A person walking east through the zone `left` (dwelling there) and over the gate, and a car
+    """A person walking east through the zone `counter` (dwelling there) and over the gate, and a car
     standing still by it whose plate is read; both end at the last frame. Returns the last frame's
     time. Every frame goes as the pipeline's tracking does it: snapshots taken from the frame, the
     clip recorder handed the frame (it puts its clip's id on the events), then the events to the
@@ -92,7 +92,8 @@ def walk(
     for i, x in enumerate(range(100, 820, 20)):
         now = t0 + i / FPS
         # The person's score grows: a later picture is better, and replaces the snapshot before it.
-        scene.step([box(x, 800, "person", 0.6 + 0.01 * i), box(300, 300, "car", 0.9)], now, W, H)
+        person, car = box(x, 800, "person", 0.6 + 0.01 * i, 150), box(250, 450, "car", 0.9, 120)
+        scene.step([person, car], now, W, H)
         if i == 3:
             car = next(o.id for o in scene.objects.values() if o.label == "car")
             value = {"value": "KX42 <BRT>", "score": 0.97, "at": "2026-11-29T06:00:00.000Z", "runs": 1}
@@ -126,9 +127,9 @@ def test_real_events_are_indexed_with_what_the_page_shows(tmp_path: Path) -> Non
     assert [r.event for r in reversed(rows)] == published
     assert {r.type for r in rows} == kinds - {"update"}
     by_type = {r.type: r for r in rows}
-    assert (by_type["enter"].zone, by_type["enter"].label) == ("left", "person")
+    assert (by_type["enter"].zone, by_type["enter"].label) == ("counter", "person")
     assert (by_type["cross"].line, by_type["cross"].direction) == ("gate", "east")  # its `in` name
-    assert by_type["exit"].zone == "left" and by_type["dwell"].zone == "left"
+    assert by_type["exit"].zone == "counter" and by_type["dwell"].zone == "counter"
     assert all(r.clip == "20261129T071846Z-1a2b3c4d" for r in rows)
     assert all(r.pipeline == "door" and r.track is not None for r in rows)
     assert rows[0].at == messages[-1]["at"] and abs(rows[0].t - t_end) < 0.01
@@ -154,7 +155,7 @@ def test_queries_filter_and_page_newest_first(tmp_path: Path) -> None:
     everything = index.query(limit=500)
     assert [r.id for r in everything] == sorted((r.id for r in everything), reverse=True)
     assert {r.pipeline for r in index.query(pipeline="yard", limit=500)} == {"yard"}
-    assert {r.type for r in index.query(zone="left", limit=500)} == {"enter", "dwell", "exit"}
+    assert {r.type for r in index.query(zone="counter", limit=500)} == {"enter", "dwell", "exit"}
     assert {(r.type, r.line) for r in index.query(line="gate", limit=500)} == {("cross", "gate")}
     assert {r.label for r in index.query(label="car", limit=500)} == {"car"}
     assert {r.type for r in index.query(type="cross", pipeline="door")} == {"cross"}
@@ -173,7 +174,7 @@ def test_queries_filter_and_page_newest_first(tmp_path: Path) -> None:
     assert index.newest(pipeline="door") == index.query(pipeline="door", limit=1)[0].id
     assert index.choices() == {
         "pipeline": ["door", "yard"],
-        "zone": ["left"],
+        "zone": ["counter"],
         "line": ["gate"],
         "label": ["car", "person"],
         "type": sorted({r.type for r in everything}),

@@ -5,6 +5,7 @@ agent/clips.py's recorder from the walk's frames. Filters, escaping, HTTP Range,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from selenium.webdriver.remote.webdriver import WebDriver
 from starlette.testclient import TestClient
 
 from agent.clips import ClipRecorder
@@ -21,8 +23,11 @@ from agent.config.clips import ClipsConfig
 from agent.config.web import WebConfig, WebUser
 from agent.event_index import EventIndex
 from agent.web.app import WebApp
-from agent.web.events import EventsPages
+from agent.web.events import EventsPages, events_pages
 from agent.web.passwords import hash_password
+from agent.web.server import WebServer
+from tests import browser as browser_fixtures
+from tests.browser import console_errors, screenshot, video_plays, wait_element, wait_js
 from tests.test_event_index import Box, open_box, walk
 
 # tests/test_web_security.py's spellings of a name that leads out of its directory.
@@ -118,7 +123,7 @@ def test_the_page_lists_events_newest_first_with_their_snapshot_and_clip(
 def test_filters_narrow_the_list_and_offer_what_the_index_holds(site: Site, client: TestClient) -> None:
     index = site.box.index
     for query, expected in [
-        ("zone=left", index.query(zone="left")),
+        ("zone=counter", index.query(zone="counter")),
         ("line=gate", index.query(line="gate")),
         ("label=car", index.query(label="car")),
         ("type=cross&pipeline=door", index.query(type="cross", pipeline="door")),
@@ -126,12 +131,12 @@ def test_filters_narrow_the_list_and_offer_what_the_index_holds(site: Site, clie
         page = client.get(f"/events?{query}")
         assert shown(page.text) == [r.id for r in expected] and expected, query
     # The choices come from the index; the chosen one stays selected (the filter is kept).
-    page = client.get("/events?zone=left")
-    assert '<option value="left" selected>left</option>' in page.text
+    page = client.get("/events?zone=counter")
+    assert '<option value="counter" selected>counter</option>' in page.text
     assert (
         '<option value="gate">gate</option>' in page.text and '<option value="car">car</option>' in page.text
     )
-    assert 'data-query="zone=left"' in page.text
+    assert 'data-query="zone=counter"' in page.text
     # Time: from/to in UTC as a datetime-local input gives them.
     newest = index.query(limit=1)[0]
     after = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(newest.t + 60))
@@ -142,20 +147,31 @@ def test_filters_narrow_the_list_and_offer_what_the_index_holds(site: Site, clie
     assert "from: &#x27;yesterday&#x27; is not a time" in bad.text and "is not an event number" in bad.text
 
 
-def test_older_events_are_a_page_further(site: Site, client: TestClient) -> None:
+@contextlib.contextmanager
+def own_index(site: Site, name: str) -> Iterator[tuple[EventIndex, TestClient]]:
+    """A page on an index of its own (the walk's stays as it is for the other tests)."""
+    index = EventIndex(site.state_dir / f"{name}.db")
+    try:
+        with TestClient(app_of(site, index).app, base_url="http://127.0.0.1") as test_client:
+            yield index, test_client
+    finally:
+        index.close()
+
+
+def test_older_events_are_a_page_further(site: Site) -> None:
     start = time.time() - 3600
-    for i in range(60):  # more than a page of them
-        site.box.index.add(
-            [{"pipeline": "lot", "seq": i, "type": "cross", "at": _iso(start + i), "line": "bar"}]
-        )
-    first = client.get("/events?pipeline=lot")
-    ids = shown(first.text)
-    assert len(ids) == 50 and 'data-live="1"' in first.text
-    older = re.search(r'href="(/events\?pipeline=lot&amp;before=\d+)">Older events', first.text)
-    assert older is not None
-    second = client.get(older.group(1).replace("&amp;", "&"))
-    assert shown(second.text) == [r.id for r in site.box.index.query(pipeline="lot", before=ids[-1])]
-    assert len(shown(second.text)) == 10 and 'data-live="0"' in second.text  # an older page is not refreshed
+    with own_index(site, "paging") as (index, client):
+        for i in range(60):  # more than a page of them
+            index.add([{"pipeline": "lot", "seq": i, "type": "cross", "at": _iso(start + i), "line": "bar"}])
+        first = client.get("/events?pipeline=lot")
+        ids = shown(first.text)
+        assert ids == [r.id for r in index.query(limit=50)] and 'data-live="1"' in first.text
+        older = re.search(r'href="(/events\?pipeline=lot&amp;before=\d+)">Older events', first.text)
+        assert older is not None
+        second = client.get(older.group(1).replace("&amp;", "&"))
+        assert shown(second.text) == [r.id for r in index.query(before=ids[-1])]
+        assert len(shown(second.text)) == 10
+        assert 'data-live="0"' in second.text  # an older page is not refreshed
 
 
 def test_a_hostile_label_zone_and_attribute_are_escaped(site: Site) -> None:
@@ -249,17 +265,17 @@ def test_a_clip_being_recorded_says_so(site: Site, client: TestClient) -> None:
         index.close()
 
 
-def test_the_list_refreshes_only_when_it_changed(site: Site, client: TestClient) -> None:
-    page = client.get("/events?pipeline=door")
-    version = re.search(r'data-version="([0-9a-f]+)"', page.text)
-    assert version is not None
-    assert client.get(f"/events/list?pipeline=door&known={version.group(1)}").status_code == 204
-    site.box.index.add(
-        [{"pipeline": "door", "seq": 999, "type": "cross", "at": _iso(time.time()), "line": "gate"}]
-    )
-    fresh = client.get(f"/events/list?pipeline=door&known={version.group(1)}")
-    assert fresh.status_code == 200 and fresh.headers["x-events-version"] != version.group(1)
-    assert shown(fresh.text)[0] == site.box.index.newest(pipeline="door")
+def test_the_list_refreshes_only_when_it_changed(site: Site) -> None:
+    with own_index(site, "refresh") as (index, client):
+        index.add([{"pipeline": "door", "seq": 1, "type": "cross", "at": _iso(time.time()), "line": "gate"}])
+        page = client.get("/events?pipeline=door")
+        version = re.search(r'data-version="([0-9a-f]+)"', page.text)
+        assert version is not None
+        assert client.get(f"/events/list?pipeline=door&known={version.group(1)}").status_code == 204
+        index.add([{"pipeline": "door", "seq": 2, "type": "cross", "at": _iso(time.time()), "line": "gate"}])
+        fresh = client.get(f"/events/list?pipeline=door&known={version.group(1)}")
+        assert fresh.status_code == 200 and fresh.headers["x-events-version"] != version.group(1)
+        assert shown(fresh.text) == [r.id for r in index.query()] and len(shown(fresh.text)) == 2
 
 
 def test_with_users_nothing_is_served_without_a_login(site: Site) -> None:
@@ -291,3 +307,36 @@ def test_no_index_or_an_unreadable_one_is_said_on_the_page(site: Site, tmp_path:
 
 def _iso(at: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(at))
+
+
+# --- in Chromium ----------------------------------------------------------------------------------
+
+browser = browser_fixtures.browser
+# EDGE_AGENT_UPDATE_SCREENSHOTS=1: the test's screenshot replaces the one docs/web.md shows.
+SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "img" / "web-events.png"
+
+
+def test_in_chromium_an_event_shows_its_snapshot_and_its_clip_plays(
+    site: Site, browser: WebDriver, tmp_path: Path
+) -> None:
+    server = WebServer(WebConfig(enabled=True, port=0), lambda: site.status, "box-1",
+                       pages=[events_pages(site.box.index, site.state_dir)])  # fmt: skip
+    server.start()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        browser.get(f"{base}/events?pipeline=door")
+        cross = site.box.index.query(type="cross", pipeline="door", limit=1)[0]
+        thumb = f'tr[data-event="{cross.id}"] img.thumb'
+        wait_element(browser, thumb)
+        loaded = f"const i = document.querySelector('{thumb}'); return i.complete && i.naturalWidth > 0"
+        wait_js(browser, loaded, "the cross event's snapshot to load")
+        assert console_errors(browser) == []
+        shot = screenshot(browser, tmp_path / "web-events.png")
+        if os.environ.get("EDGE_AGENT_UPDATE_SCREENSHOTS") == "1":
+            SCREENSHOT.write_bytes(shot.read_bytes())
+        wait_element(browser, f'tr[data-event="{cross.id}"] a.clip').click()
+        state = video_plays(browser, wait_element(browser, "video#clip"))
+        assert state["duration"] > 0 and state["currentTime"] > 0
+        assert console_errors(browser) == []
+    finally:
+        server.stop()
