@@ -34,6 +34,8 @@ have a value from the zone's first exit on):
                              through the gate); none until one has
     snapshot                 track.snapshots: the latest snapshot of any object (JPEG)
     snapshot/<label>         the latest snapshot of a `label` object (JPEG)
+    clip                     clips.enabled: the id of the clip the latest event names (agent/clips.py)
+    clip_url                 and the web page on: its path there, /clips/<pipeline>/<id> (the MP4)
 
 and the box's own under `<prefix>/<device>/state/_device/`:
 
@@ -381,7 +383,7 @@ class HomeAutomation:
         if config.state_topics_on:
             for pipeline in self._wanted():
                 if pipeline.enabled:
-                    views[pipeline.name] = PipelineView.of(pipeline)
+                    views[pipeline.name] = PipelineView.of(pipeline, config.web.enabled)
         pipelines = list(self._running_of())
         running = {p.name for p in pipelines}
         # The motion gates' verdicts, read every tick (a pipeline's `motion`, agent/pipeline.py).

@@ -66,9 +66,12 @@ class TrackingView:
     zones: tuple[ZoneView, ...]
     lines: tuple[LineView, ...]
     snapshots: bool
+    clips: bool = False  # clips.enabled: state/<pipeline>/clip, the latest event's clip id
+    clip_urls: bool = False  # and the web page is on: state/<pipeline>/clip_url, its path there
 
     @classmethod
-    def of(cls, config: PipelineConfig) -> TrackingView | None:
+    def of(cls, config: PipelineConfig, web: bool = False) -> TrackingView | None:
+        """`web`: the agent's web page is enabled (it serves the clips: /clips/<pipeline>/<id>)."""
         track = config.tracking
         if track is None:
             return None
@@ -88,7 +91,8 @@ class TrackingView:
             )
             for line in config.lines
         )
-        return cls(zones, lines, track.snapshots.enabled)
+        clips = config.clips.enabled
+        return cls(zones, lines, track.snapshots.enabled, clips, clips and web)
 
 
 @dataclass(frozen=True)
@@ -106,8 +110,9 @@ class PipelineView:
     motion: bool = False  # the pipeline runs a motion gate: state/<pipeline>/motion ON/OFF
 
     @classmethod
-    def of(cls, config: PipelineConfig) -> PipelineView:
-        """Pipelines without labels ("other") have only the frame rate and backend topics."""
+    def of(cls, config: PipelineConfig, web: bool = False) -> PipelineView:
+        """Pipelines without labels ("other") have only the frame rate and backend topics. `web`: the
+        agent's web page is enabled."""
         post = config.postprocess
         if isinstance(post, ClassificationPostprocess):
             kind = "classification"
@@ -123,7 +128,7 @@ class PipelineView:
             home.off_delay_s,
             home.image and kind == "detection",
             home.image_interval_s,
-            TrackingView.of(config),
+            TrackingView.of(config, web),
             config.report.results,
             config.motion_gate is not None,
         )
@@ -208,6 +213,10 @@ def tracking_entities(p: str, tracking: TrackingView) -> list[Entity]:
         out += _last_values(p, "line", line.name, line.attributes)
     if tracking.snapshots:
         out.append(Entity(("snapshot",), "image", f"{p} snapshot", (("content_type", "image/jpeg"),)))
+    if tracking.clips:
+        out.append(Entity(("clip",), "sensor", f"{p} last clip", (("icon", "mdi:filmstrip"),)))
+    if tracking.clip_urls:
+        out.append(Entity(("clip_url",), "sensor", f"{p} last clip path", (("icon", "mdi:link-variant"),)))
     return out
 
 
@@ -358,6 +367,11 @@ class PipelineState:
         for event in events:
             kind = event.get("type")
             self._take_attributes(tracking, event)
+            clip = event.get("clip")
+            if tracking.clips and isinstance(clip, str):  # (an id: agent/clips.py, safe in a path)
+                self.values[("clip",)] = clip.encode()
+                if tracking.clip_urls:  # the web page's (agent/web/events.py)
+                    self.values[("clip_url",)] = f"/clips/{self.view.name}/{clip}".encode()
             if kind == "exit" and event.get("zone") in zones and event.get("stayed_s") is not None:
                 name = str(event["zone"])
                 stays = self.stays.setdefault(name, deque(maxlen=STAYS_KEPT))
