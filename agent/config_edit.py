@@ -543,60 +543,6 @@ def write_keeping_mode(path: Path, data: bytes) -> None:
         raise Refused([f"cannot write {path}: {exc.strerror or exc} ({why})"]) from None
 
 
-def drawn_from_json(data: Any) -> dict[str, list[Drawn]]:
-    """The editor's JSON ({kind: [{name, points, origin, moved}]}) as shapes; ValueError saying
-    what is wrong."""
-    if not isinstance(data, dict):
-        raise ValueError("expected an object of kind -> shapes")
-    shapes: dict[str, list[Drawn]] = {}
-    for kind, items in data.items():
-        if kind not in KINDS:
-            raise ValueError(f"{kind!r} is no kind of shape ({', '.join(KINDS)})")
-        if not isinstance(items, list) or len(items) > 100:
-            raise ValueError(f"{kind}: expected a list of at most 100 shapes")
-        shapes[kind] = [_drawn(kind, i, item) for i, item in enumerate(items)]
-    return shapes
-
-
-def _drawn(kind: str, i: int, item: Any) -> Drawn:
-    where = f"{kind}[{i}]"
-    if not isinstance(item, dict):
-        raise ValueError(f"{where}: expected an object")
-    points = item.get("points")
-    if not isinstance(points, list) or not 1 <= len(points) <= 100:
-        raise ValueError(f"{where}.points: expected a list of 1 to 100 [x, y] points")
-    pairs: list[Point] = []
-    for j, p in enumerate(points):
-        if not (isinstance(p, list) and len(p) == 2 and all(_number(v) for v in p)):
-            raise ValueError(f"{where}.points[{j}]: expected [x, y], two numbers")
-        pairs.append((float(p[0]), float(p[1])))
-    name = item.get("name")
-    if kind in NAMED and not (isinstance(name, str) and name):
-        raise ValueError(f"{where}.name: a {kind[:-1]} needs a name")
-    labels = item.get("labels")
-    if labels is not None and not (
-        isinstance(labels, list) and len(labels) <= 100 and all(isinstance(v, str) and v for v in labels)
-    ):
-        raise ValueError(f"{where}.labels: expected a list of label names, or null")
-    if "labels" in item and kind == "motion_masks":
-        raise ValueError(f"{where}.labels: a motion mask has no labels")
-    origin = item.get("origin")
-    if origin is not None and not (isinstance(origin, int) and not isinstance(origin, bool) and origin >= 0):
-        raise ValueError(f"{where}.origin: expected the index of a shape of the file, or null")
-    return Drawn(
-        tuple(pairs),
-        name if kind in NAMED else None,
-        origin,
-        bool(item.get("moved", True)),
-        None if labels is None else tuple(labels),
-        "labels" in item,
-    )
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
-
-
 def replace_in(pipeline: MutableMapping[str, Any], shapes: Shapes) -> dict[str, Any]:
     """A pipeline as plain data (a fleet document's) with its shapes replaced, the same way the file
     is edited (the shapes' other keys kept): the snippet the editor offers where the fleet's desired

@@ -9,7 +9,6 @@ import difflib
 import os
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -18,7 +17,6 @@ from agent.config_edit import (
     CHANGED_ON_DISK,
     Drawn,
     Refused,
-    drawn_from_json,
     edited_text,
     file_hash,
     replace_in,
@@ -317,26 +315,7 @@ def test_the_write_is_atomic_and_keeps_the_mode(shop: Path) -> None:
     assert [p.name for p in shop.parent.iterdir()] == ["agent.yaml"]  # no temp file left
 
 
-# --- the editor's JSON and the fleet's snippet ------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("data", "message"),
-    [
-        ([], "expected an object of kind -> shapes"),
-        ({"areas": []}, "'areas' is no kind of shape"),
-        ({"zones": [{"points": [[0, 0], [1, 0], [1, 1]]}]}, "zones[0].name: a zone needs a name"),
-        (
-            {"zones": [{"name": "a", "points": [[0, "x"]]}]},
-            "zones[0].points[0]: expected [x, y], two numbers",
-        ),
-        ({"lines": [{"name": "a", "points": [[0, 0], [1, 1]], "origin": -1}]}, "lines[0].origin"),
-        ({"motion_masks": [{"points": [[0, 0]], "labels": ["car"]}]}, "a motion mask has no labels"),
-    ],
-)
-def test_bad_json_from_the_page_says_what_is_wrong(data: Any, message: str) -> None:
-    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        drawn_from_json(data)
+# --- the fleet's snippet ------------------------------------------------------
 
 
 def test_the_fleets_snippet_keeps_the_pipelines_other_keys() -> None:

@@ -92,19 +92,26 @@ class WebApp:
         self.add_page("/logout", self.logout, method="POST")
 
     def add_page(
-        self, path: str, answer: Answer, method: str = "GET", api: bool = False, link: str = ""
+        self,
+        path: str,
+        answer: Answer,
+        method: str = "GET",
+        api: bool = False,
+        link: str = "",
+        max_bytes: int = _MAX_FORM_BYTES,
     ) -> None:
         """Serve `answer` at `path` (a Starlette path: `/clips/{name}`) to a live session only: without
         one, the login page (`api`: 401 JSON). A POST answers 403 unless it carries its session's
         CSRF token (form field `csrf` or header `X-CSRF-Token`); `form_of(request)` is its form then.
-        `link`: the page's title in the header's links (pages added in order)."""
+        `link`: the page's title in the header's links (pages added in order). `max_bytes`: the
+        largest POST body it takes (the zone editor's shapes are more than a login's 4 KiB)."""
         if link:
             self.links.append((link, path))
 
         async def endpoint(request: Request) -> Response:
             async def checked(session: Session) -> Response:
                 if method == "POST":
-                    form = await _small_form(request)
+                    form = await _small_form(request, max_bytes)
                     if form is None or not csrf_ok(session, form.get("csrf")):
                         return Response("missing or wrong CSRF token", 403, media_type="text/plain")
                     request.state.form = form
@@ -268,11 +275,11 @@ def secure(response: Response) -> Response:
     return response
 
 
-async def _small_form(request: Request) -> dict[str, str] | None:
+async def _small_form(request: Request, max_bytes: int = _MAX_FORM_BYTES) -> dict[str, str] | None:
     """The urlencoded form of a POST, or None when it is too big or not one; a header CSRF token
     (X-CSRF-Token, for scripts) stands in for the form's."""
     length = request.headers.get("content-length", "")
-    if not length.isdigit() or int(length) > _MAX_FORM_BYTES:  # none: chunked, of any length
+    if not length.isdigit() or int(length) > max_bytes:  # none: chunked, of any length
         return None
     form: dict[str, str] = {}
     if request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):

@@ -38,10 +38,12 @@ class Site:
 
 def pages_of(site: Site) -> Sequence[AddPages]:
     """Every page beside the box page, in the order of the header's links."""
+    from agent.web.editor import editor_pages
     from agent.web.events import events_pages
     from agent.web.live import live_pages
 
     return [
         live_pages(site.supervisor),
         events_pages(site.events, site.state_dir),
+        editor_pages(site),
     ]
