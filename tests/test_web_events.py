@@ -21,11 +21,14 @@ from starlette.testclient import TestClient
 from agent.clips import ClipRecorder
 from agent.config.clips import ClipsConfig
 from agent.config.web import WebConfig, WebUser
+from agent.config_loader import load_config
+from agent.daemon import Agent
 from agent.event_index import EventIndex
 from agent.web.app import WebApp
 from agent.web.events import EventsPages, events_pages
 from agent.web.passwords import hash_password
 from agent.web.server import WebServer
+from agent.web.site import pages_of
 from tests import browser as browser_fixtures
 from tests.browser import console_errors, screenshot, video_plays, wait_element, wait_js
 from tests.test_event_index import Box, open_box, walk
@@ -340,3 +343,25 @@ def test_in_chromium_an_event_shows_its_snapshot_and_its_clip_plays(
         assert console_errors(browser) == []
     finally:
         server.stop()
+
+
+def test_the_daemon_feeds_its_index_and_hands_it_to_the_events_page(tmp_path: Path) -> None:
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        f"device: {{id: box-1}}\nstate_dir: {tmp_path / 'state'}\nweb: {{enabled: true, port: 0}}\n"
+    )
+    agent = Agent(load_config(config))
+    try:
+        cross = {"type": "cross", "at": _iso(time.time()), "line": "door", "direction": "in", "count": 1}
+        agent.writer.write_events("shop", [{**cross, "object": {"id": 7, "label": "person"}}])
+        assert agent.outbox.pending() == 1 and (tmp_path / "state" / "events.db").is_file()
+        web_app = WebApp(agent.config.web, lambda: {"pipelines": {}}, "box-1")
+        for add in pages_of(agent._site()):
+            add(web_app)
+        with TestClient(web_app.app, base_url="http://127.0.0.1") as test_client:
+            page = test_client.get("/events")
+            assert page.status_code == 200 and "door in" in page.text and "person #7" in page.text
+    finally:
+        agent.event_index.close()
+        agent.outbox.close()
+        agent.instance_lock.release()
