@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 
     from agent.web.app import WebApp
     from agent.web.auth import Session
-    from agent.web.site import Site
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +52,38 @@ _STYLE = '<link rel="stylesheet" href="/static/editor.css">\n'
 _TITLES = {"zones": "zone", "lines": "line", "motion_masks": "motion mask", "object_masks": "object mask"}
 
 
+class _Slot(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def desired(self) -> Any: ...  # its `.config`: the PipelineConfig it is to run
+
+
+class _Slots(Protocol):
+    def slots(self) -> Sequence[_Slot]: ...
+
+
+class EditedSite(Protocol):
+    """What the editor reads of the daemon (agent/web/site.py `Site`)."""
+
+    @property
+    def supervisor(self) -> _Slots: ...
+
+    @property
+    def config_file(self) -> Path | None: ...
+
+    @property
+    def reload(self) -> Callable[[], dict[str, Any]]: ...
+
+    @property
+    def layer_of(self) -> Callable[[str], str | None]: ...
+
+
 class EditorPages:
     """The editor's routes on a WebApp (`add`)."""
 
-    def __init__(self, site: Site) -> None:
+    def __init__(self, site: EditedSite) -> None:
         self.site = site
 
     def add(self, web_app: WebApp) -> None:
@@ -387,6 +415,6 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
-def editor_pages(site: Site) -> Callable[[WebApp], None]:
+def editor_pages(site: EditedSite) -> Callable[[WebApp], None]:
     """agent/web/site.py `pages_of`'s entry."""
     return EditorPages(site).add
