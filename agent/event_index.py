@@ -322,16 +322,12 @@ class EventIndex:
 
     def choices(self) -> dict[str, list[str]]:
         """What each filter can be: the distinct pipelines, zones, lines, labels and types held."""
-        with contextlib.closing(self._reader()) as conn:
-            return {
-                column: [
-                    value
-                    for (value,) in conn.execute(
-                        f"SELECT DISTINCT {column} FROM events WHERE {column} IS NOT NULL ORDER BY {column}"
-                    )
-                ]
-                for column in FILTERS
-            }
+        with contextlib.closing(self._reader()) as conn:  # one scan: the combinations are few
+            combinations = conn.execute(f"SELECT DISTINCT {', '.join(FILTERS)} FROM events").fetchall()
+        return {
+            column: sorted({row[i] for row in combinations if row[i] is not None})
+            for i, column in enumerate(FILTERS)
+        }
 
     def count(self) -> int:
         with contextlib.closing(self._reader()) as conn:
@@ -350,12 +346,14 @@ def _where(
     for column in FILTERS:  # (the column names are ours, never a caller's)
         value = equal.get(column)
         if value:
-            terms.append(f"{column} = ?")
+            # `+`: no index for it; newest first walks the ids down and stops at the page's end, where
+            # the (pipeline, track) index would have every row of a pipeline sorted first.
+            terms.append(f"+{column} = ?")
             args.append(value)
     if before is not None:
         terms.append("id < ?")
         args.append(int(before))
-    for term, bound in (("t >= ?", since), ("t <= ?", until)):
+    for term, bound in (("+t >= ?", since), ("+t <= ?", until)):  # (`+`: as above)
         if bound is not None and math.isfinite(bound):
             terms.append(term)
             args.append(float(bound))
