@@ -230,6 +230,19 @@ def test_a_link_out_of_the_clips_is_refused(site: Site, client: TestClient) -> N
         (site.state_dir / "clips" / "door" / f"{fake}.mp4").unlink()
 
 
+def test_a_snapshot_the_retention_removed_is_said_not_kept(site: Site) -> None:
+    with own_index(site, "snapshots") as (index, client):
+        kept = site.box.index.query(type="cross", limit=1)[0].snapshot
+        for seq, snapshot in enumerate((kept, "5-0123456789")):  # the second: no such file (any more)
+            obj = {"id": 5 + seq, "label": "person", "snapshot": snapshot}
+            index.add(
+                [{"pipeline": "door", "seq": seq, "type": "new", "at": _iso(time.time()), "object": obj}]
+            )
+        page = client.get("/events").text
+        assert page.count('class="thumb"') == 1 and f'src="/snapshots/door/{kept}"' in page
+        assert page.count('<td class="pic"><span class="none">not kept</span></td>') == 1
+
+
 def test_a_clip_being_recorded_says_so(site: Site, client: TestClient) -> None:
     clips = site.state_dir / "clips" / "door"
     finishing, open_, gone = (f"20261129T0{i}0000Z-0000000{i}" for i in (1, 2, 3))

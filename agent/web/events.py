@@ -137,10 +137,13 @@ class EventsPages:
 
     def _row(self, row: IndexedEvent, recording: set[tuple[str, str]]) -> str:
         p = quote(row.pipeline, safe="")
-        if row.snapshot:
+        snapshot = None if not row.snapshot else self.snapshot_file(row.pipeline, row.snapshot)
+        if row.snapshot and snapshot is not None and snapshot.is_file():
             url = f"/snapshots/{p}/{quote(row.snapshot, safe='')}"
             alt = f"snapshot of {row.label or 'object'} #{row.track}"
             picture = f'<a href="{_e(url)}"><img class="thumb" src="{_e(url)}" alt="{_e(alt)}"></a>'
+        elif row.snapshot:  # removed by the snapshots' retention: no broken picture
+            picture = '<span class="none">not kept</span>'
         else:
             picture = '<span class="none">-</span>'
         where = row.zone or ""
