@@ -25,7 +25,7 @@ from agent.config_loader import load_config
 from agent.daemon import Agent
 from agent.event_index import EventIndex
 from agent.web.app import WebApp
-from agent.web.events import EventsPages, events_pages
+from agent.web.events import REFRESH_S, EventsPages, events_pages
 from agent.web.passwords import hash_password
 from agent.web.server import WebServer
 from agent.web.site import pages_of
@@ -350,6 +350,13 @@ def test_in_chromium_an_event_shows_its_snapshot_and_its_clip_plays(
         shot = screenshot(browser, tmp_path / "web-events.png")
         if os.environ.get("EDGE_AGENT_UPDATE_SCREENSHOTS") == "1":
             SCREENSHOT.write_bytes(shot.read_bytes())
+        # The list refreshes itself, without a reload, when an event comes.
+        browser.execute_script("window.notReloaded = true;")
+        came = {"pipeline": "door", "seq": 1000, "type": "cross", "at": _iso(time.time()), "line": "gate"}
+        site.box.index.add([{**came, "direction": "west", "object": {"id": 99, "label": "person"}}])
+        newest = site.box.index.newest()
+        wait_element(browser, f'tr[data-event="{newest}"]', timeout=3 * REFRESH_S)
+        assert browser.execute_script("return window.notReloaded === true;")
         wait_element(browser, f'tr[data-event="{cross.id}"] a.clip').click()
         state = video_plays(browser, wait_element(browser, "video#clip"))
         assert state["duration"] > 0 and state["currentTime"] > 0
