@@ -315,7 +315,7 @@ def _editor(name: str, config: PipelineConfig, layer: str | None, sha256: str) -
             "say it (docs/fleet.md): publish it with <code>edge-agent fleet deploy</code>.</p>"
         )
     else:
-        note = '<p class="why">Saved into the config file (its comments kept), then applied as a reload.</p>'
+        note = ""
     tools = " ".join(
         f'<button type="button" class="zone-draw" data-kind="{k}"{"" if ok else " disabled"}'
         f"{'' if ok else f' title={_quote(why)}'}>+ {_e(_TITLES[k])}</button>"
@@ -323,14 +323,15 @@ def _editor(name: str, config: PipelineConfig, layer: str | None, sha256: str) -
     )
     return (
         _STYLE
-        + f"<h1>Zones: {_e(name)}</h1>\n{note}\n"
+        + f"<h1>Zones: {_e(name)}</h1>\n{note}"
         + f'<div id="zone-editor" data-editor="{_e(json.dumps(data))}">\n'
         + f'<div class="zone-tools">{tools} '
         + '<button type="button" id="zone-finish" disabled>Finish shape</button> '
         + '<button type="button" id="zone-save">Save</button> '
         + '<span id="zone-status" role="status"></span></div>\n'
-        + '<p class="why" id="zone-help">Click on the frame to add points; close a polygon by clicking its '
-        + "first point (or double-click); drag a corner to move it; click a shape to select it.</p>\n"
+        + '<p class="why" id="zone-help">Click on the frame to add points; close a polygon on its first '
+        + "point (or double-click); drag a corner to move it; click a shape to select it. Save writes "
+        + "the config file (its comments kept) and applies it as a reload does.</p>\n"
         + '<div class="zone-stage waiting"><img id="zone-frame" alt="the latest frame of the pipeline">'
         + '<svg id="zone-svg" xmlns="http://www.w3.org/2000/svg"></svg>'
         + '<p id="zone-waiting">waiting for a frame of the pipeline...</p></div>\n'

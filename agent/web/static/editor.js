@@ -208,7 +208,12 @@
         var tag = kind === "lines" ? "polyline" : "polygon";
         svg.appendChild(element(tag, { points: pixelsOf(s.points), "class": classes, "data-kind": kind, "data-index": i }));
         if (s.name) {
-          var label = element("text", { x: s.points[0][0] * b[0] + 6 * unit, y: s.points[0][1] * b[1] - 6 * unit, "class": "shape-name", "font-size": 14 * unit });
+          // Above its first point, or below it where that is the frame's top edge.
+          var y = s.points[0][1] * b[1];
+          var label = element("text", {
+            x: Math.min(s.points[0][0] * b[0] + 6 * unit, b[0] - 60 * unit), y: y < 20 * unit ? y + 18 * unit : y - 6 * unit,
+            "class": "shape-name", "font-size": 14 * unit
+          });
           label.textContent = s.name;
           svg.appendChild(label);
         }

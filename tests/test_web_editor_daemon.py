@@ -1,0 +1,158 @@
+"""The zone editor in a real daemon (`edge-agent run`, the real YOLOv8n face detector tracking a
+rendered walker, a real mosquitto) driven by Debian's headless Chromium: a zone drawn with the mouse on
+the pipeline's frame and saved through the page; the config file holds it with its comments; the
+daemon's status shows it; and the walker tracked before the save keeps its id after it (the reload
+swaps the zones in between two frames, tracks kept), entering the new zone under that id."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.remote.webdriver import WebDriver
+
+from agent.config_loader import load_config
+from scripts import make_tracking_video
+from tests import browser as browser_fixtures
+from tests.agent_process import StartAgent, read_status
+from tests.browser import console_errors, draw_polygon, screenshot, wait_element, wait_js
+from tests.mosquitto import Mosquitto, Subscriber
+from tests.waits import free_port, wait_until
+
+browser = browser_fixtures.browser
+
+DEVICE, PIPELINE = "editor-box", "door"
+WIDTH, HEIGHT, FPS, PERIOD_S = 640, 480, 10, 8.0
+# Left to right and back along the middle, on a loop: one track for the whole test.
+WALK = {"walker": [(0.0, 110.0, 240.0), (PERIOD_S / 2, 530.0, 240.0), (PERIOD_S, 110.0, 240.0)]}
+# The zone drawn: the right part of the frame, which the walker's box bottom passes.
+ZONE = [(0.62, 0.2), (0.95, 0.2), (0.95, 0.95), (0.62, 0.95)]
+# EDGE_AGENT_UPDATE_SCREENSHOTS=1: the test's screenshot replaces the one docs/web.md shows.
+SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "img" / "web-zones.png"
+
+CONFIG = """\
+# The door camera of the zone editor's test.
+# Comments like these must survive the editor's save.
+device:
+  id: {device}   # the box's name
+state_dir: {state}
+mqtt:
+  host: 127.0.0.1
+  port: {mqtt_port}
+backends: {{benchmark: false, min_time_s: 0.0}}
+telemetry: {{interval_s: 0}}
+web: {{enabled: true, port: {web_port}}}   # loopback, no users
+pipelines:
+  - name: {pipeline}
+    model: {{path: {model}}}
+    source: {{type: video, uri: {video}, loop: true}}   # plays at its own 10 fps, again and again
+    preprocess: {{resize: {{width: 320, height: 320, mode: letterbox}}, color: rgb}}
+    postprocess: {{type: detection, score_threshold: 0.1, labels: {labels}}}
+    report: {{results: false}}   # events only
+    track: {{max_lost_s: 2.0}}
+    lines:
+      - name: middle   # a line, so that tracking is on before any zone exists
+        points: [[0.5, 0.0], [0.5, 1.0]]
+"""
+
+
+@pytest.fixture(scope="module")
+def walker_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("editor") / "walker.avi"
+    make_tracking_video.render(path, make_tracking_video.Clip(WALK, PERIOD_S, WIDTH, HEIGHT, FPS))
+    return path
+
+
+@pytest.fixture
+def events(mosquitto: Mosquitto) -> Iterator[Subscriber]:
+    subscriber = Subscriber(mosquitto.host, mosquitto.port, f"edge/{DEVICE}/events/{PIPELINE}")
+    yield subscriber
+    subscriber.close()
+
+
+def received(subscriber: Subscriber) -> list[dict[str, Any]]:
+    by_id = {e["id"]: e for e in (json.loads(m.payload) for m in subscriber.messages)}
+    return sorted(by_id.values(), key=lambda e: int(e["seq"]))
+
+
+def test_a_zone_drawn_on_the_page_is_saved_with_the_comments_and_applied_keeping_tracks(
+    tmp_path: Path,
+    mosquitto: Mosquitto,
+    walker_clip: Path,
+    yolo_path: Path,
+    yolo_labels: list[str],
+    start_agent: StartAgent,
+    events: Subscriber,
+    browser: WebDriver,
+) -> None:
+    web_port = free_port()
+    base = f"http://127.0.0.1:{web_port}"
+    config = tmp_path / "agent.yaml"
+    text = CONFIG.format(
+        device=DEVICE, state=tmp_path / "state", mqtt_port=mosquitto.port, web_port=web_port,
+        pipeline=PIPELINE, model=yolo_path, video=walker_clip, labels=json.dumps(yolo_labels),
+    )  # fmt: skip
+    config.write_text(text)
+    agent = start_agent(config)
+
+    def log() -> str:
+        return "; agent log:\n" + agent.log()[-4000:]
+
+    wait_until(lambda: any(e["type"] == "new" for e in received(events)) or agent.poll() is not None,
+               "the walker's track", timeout=180, state=log)  # fmt: skip
+    assert agent.poll() is None, log()
+    (walker,) = {e["object"]["id"] for e in received(events) if e["type"] == "new"}
+
+    # Draw the zone with the mouse on the pipeline's frame, name it, save.
+    browser.get(f"{base}/zones/{PIPELINE}")
+    frame = wait_element(browser, "#zone-frame", timeout=20)
+    wait_js(browser, "return arguments[0].naturalWidth > 0", "the pipeline's frame", frame, timeout=20)
+    browser.find_element(By.CSS_SELECTOR, 'button.zone-draw[data-kind="zones"]').click()
+    svg = browser.find_element(By.ID, "zone-svg")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'end'})", svg)
+    width, height = svg.rect["width"], svg.rect["height"]
+    corners = [(x * width, y * height) for x, y in ZONE]
+    draw_polygon(browser, svg, [*corners, corners[0]], close=None)  # closed on its first point
+    name = wait_element(browser, '#zone-table tr[data-shape="zones/0"] input[aria-label="name"]')
+    name.send_keys(Keys.CONTROL, "a")
+    name.send_keys("counter", Keys.TAB)
+    browser.find_element(By.ID, "zone-save").click()
+    wait_js(browser, "return document.getElementById('zone-status').textContent.includes('applied')",
+            "the page to say the zone was saved and applied", timeout=60)  # fmt: skip
+    points = browser.find_element(By.CSS_SELECTOR, '#zone-table tr[data-shape="zones/0"] td.points').text
+    assert points.count("[") == 4, points  # four corners, in fractions
+    assert console_errors(browser) == []
+    browser.execute_script("window.scrollTo(0, 0)")
+    shot = screenshot(browser, tmp_path / "web-zones.png")
+    if os.environ.get("EDGE_AGENT_UPDATE_SCREENSHOTS") == "1":
+        SCREENSHOT.write_bytes(shot.read_bytes())
+
+    # The file holds it, in fractions within a pixel of where the mouse went, its comments kept.
+    saved = config.read_text()
+    assert saved.startswith(text.split("  - name: door")[0])  # everything above the pipeline as it was
+    assert "loop: true}   # plays at its own 10 fps, again and again\n" in saved
+    assert "      - name: middle   # a line, so that tracking is on before any zone exists\n" in saved
+    (zone,) = load_config(config).pipelines[0].zones
+    assert zone.name == "counter" and zone.units == "fraction"
+    assert all(abs(a - b) <= 2 / min(width, height) for p, q in zip(zone.points, ZONE, strict=True)
+               for a, b in zip(p, q, strict=True)), zone.points  # fmt: skip
+
+    # The daemon applied it: its status shows the zone, and the walker enters it under its old id.
+    def zones() -> dict[str, Any]:
+        shown: dict[str, Any] = read_status(tmp_path / "state")["pipelines"][PIPELINE]["tracking"]["zones"]
+        return shown
+
+    wait_until(lambda: "counter" in zones(), "the status to show the zone", timeout=30, state=log)
+    wait_until(lambda: any(e["type"] == "enter" and e.get("zone") == "counter" for e in received(events)),
+               "the walker to enter the new zone", timeout=30, state=log)  # fmt: skip
+    enter = next(e for e in received(events) if e["type"] == "enter")
+    assert enter["object"]["id"] == walker
+    assert not [e for e in received(events) if e["type"] == "end"], "a track ended: tracks were not kept"
+    assert "web: local saved zones/lines of pipeline door in " + str(config) in agent.log()
+    agent.stop()
