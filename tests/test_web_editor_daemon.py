@@ -1,8 +1,9 @@
 """The zone editor in a real daemon (`edge-agent run`, the real YOLOv8n face detector tracking a
-rendered walker, a real mosquitto) driven by Debian's headless Chromium: a zone drawn with the mouse on
-the pipeline's frame and saved through the page; the config file holds it with its comments; the
-daemon's status shows it; and the walker tracked before the save keeps its id after it (the reload
-swaps the zones in between two frames, tracks kept), entering the new zone under that id."""
+rendered walker, a real mosquitto) driven by Debian's headless Chromium: a zone drawn with the mouse
+on the pipeline's frame (a corner dragged into place) and saved through the page; the config file
+holds it with its comments; the daemon's status shows it; and the walker tracked before the save
+keeps its id after it (the reload swaps the zones in between two frames, tracks kept), entering the
+new zone under that id."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -118,7 +120,13 @@ def test_a_zone_drawn_on_the_page_is_saved_with_the_comments_and_applied_keeping
     browser.execute_script("arguments[0].scrollIntoView({block: 'end'})", svg)
     width, height = svg.rect["width"], svg.rect["height"]
     corners = [(x * width, y * height) for x, y in ZONE]
-    draw_polygon(browser, svg, [*corners, corners[0]], close=None)  # closed on its first point
+    # The last corner drawn short, then dragged to its place.
+    short = (corners[3][0], corners[3][1] - 0.2 * height)
+    draw_polygon(browser, svg, [*corners[:3], short, corners[0]], close=None)  # closed on its first point
+    cx, cy = width / 2, height / 2
+    ActionChains(browser, duration=0).move_to_element_with_offset(
+        svg, round(short[0] - cx), round(short[1] - cy)
+    ).click_and_hold().move_by_offset(0, round(corners[3][1] - short[1])).release().perform()
     name = wait_element(browser, '#zone-table tr[data-shape="zones/0"] input[aria-label="name"]')
     name.send_keys(Keys.CONTROL, "a")
     name.send_keys("counter", Keys.TAB)
