@@ -17,12 +17,13 @@ import pytest
 from starlette.testclient import TestClient
 
 from agent.config import PipelineConfig
-from agent.config.web import WebConfig
+from agent.config.web import WebConfig, WebUser
 from agent.config_edit import file_hash
 from agent.config_loader import load_config
 from agent.errors import ConfigError
 from agent.web.app import WebApp
 from agent.web.editor import MAX_BYTES, drawn_from_json, editor_pages
+from agent.web.passwords import hash_password
 from agent.web.site import Site
 from tests.test_config_edit import SHOP, TILL
 
@@ -78,8 +79,8 @@ class Box:
         )
 
 
-def client_of(site: Site) -> TestClient:
-    web_app = WebApp(WebConfig(enabled=True, port=0), lambda: {"pipelines": {}}, "shop-1")
+def client_of(site: Site, **web: Any) -> TestClient:
+    web_app = WebApp(WebConfig(enabled=True, port=0, **web), lambda: {"pipelines": {}}, "shop-1")
     editor_pages(site)(web_app)
     return TestClient(web_app.app, base_url="http://127.0.0.1")
 
@@ -202,6 +203,28 @@ def test_a_save_writes_the_file_keeping_its_comments_reloads_and_logs_the_user(
     assert f"web: local saved zones/lines of pipeline door in {box.path}" in caplog.messages
 
 
+def test_with_users_only_a_logged_in_user_edits_and_the_log_names_them(
+    box: Box, caplog: pytest.LogCaptureFixture
+) -> None:
+    user = WebUser(name="ada", password_hash=hash_password("correct horse"))
+    with client_of(box.site(box.path), users=[user]) as client:
+        assert client.get("/zones/door", follow_redirects=False).headers["location"] == "/login"
+        assert client.post("/zones/door", data={"shapes": "{}"}).status_code == 401
+        login = client.get("/login").text
+        token = re.search(r'name="csrf" value="([^"]*)"', login)
+        assert token is not None
+        client.post("/login", data={"csrf": token[1], "user": "ada", "password": "correct horse"})
+        page = client.get("/zones/door").text
+        data = editor_data(page)
+        shapes = as_sent(data)
+        shapes["zones"] = shapes["zones"][:1]  # the shelf deleted
+        with caplog.at_level(logging.INFO, logger="agent.web.editor"):
+            answer = post(client, "door", shapes, data["sha256"], csrf_of(page))
+    assert answer.json()["result"] == "applied"
+    assert [z.name for z in load_config(box.path).pipelines[0].zones] == ["counter"]
+    assert f"web: ada saved zones/lines of pipeline door in {box.path}" in caplog.messages
+
+
 def test_a_bad_shape_comes_back_beside_it_and_the_file_is_untouched(client: TestClient, box: Box) -> None:
     page = client.get("/zones/door").text
     data = editor_data(page)
@@ -262,6 +285,14 @@ def test_many_shapes_fit_the_editors_body_limit_and_more_is_refused(client: Test
         headers={"X-CSRF-Token": csrf_of(page)},
     )
     assert huge.status_code == 403  # over MAX_BYTES: not read
+
+
+def test_a_form_of_more_fields_than_any_page_has_is_refused_not_a_server_error(client: TestClient) -> None:
+    page = client.get("/zones/door").text
+    answer = client.post(
+        "/zones/door", data={f"f{i}": "x" for i in range(10)}, headers={"X-CSRF-Token": csrf_of(page)}
+    )
+    assert answer.status_code == 403
 
 
 def test_bad_json_is_a_bad_request(client: TestClient) -> None:

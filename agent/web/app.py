@@ -289,7 +289,10 @@ async def _small_form(request: Request, max_bytes: int = _MAX_FORM_BYTES) -> dic
                 body = (await request.body()).decode("utf-8", errors="replace")
         except TimeoutError:
             return None
-        pairs = parse_qsl(body, keep_blank_values=True, max_num_fields=8)
+        try:
+            pairs = parse_qsl(body, keep_blank_values=True, max_num_fields=8)
+        except ValueError:  # more fields than any page's form has: refused, not a traceback
+            return None
         form = dict(pairs)
     header = request.headers.get("x-csrf-token")
     if header is not None:
