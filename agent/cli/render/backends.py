@@ -19,23 +19,12 @@ if TYPE_CHECKING:
 def candidate_table(candidates: list[CandidateReport]) -> Table:
     from rich.table import Table
 
-    from providers.select import spare_core_note
+    from agent.explained import candidate_rows
 
-    unlock = any(c.unlock for c in candidates)
-    columns = ["backend", "artifact", "verdict", "median ms", "spread ms", "precision", "max diff", "reason"]
-    table = Table(*columns, *(["would pass with"] if unlock else []))
-    for c in candidates:
-        row = [
-            c.backend,
-            c.artifact,
-            c.verdict,
-            num(c.median_ms),
-            num(c.spread_ms),
-            c.precision or "",
-            num(c.max_abs_diff, ".2g"),
-            "; ".join(part for part in (c.reason, spare_core_note(c)) if part),
-        ]
-        table.add_row(*row, *([c.unlock] if unlock else []))
+    columns, rows = candidate_rows(candidates)
+    table = Table(*columns)
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
@@ -64,68 +53,23 @@ def print_providers(report: dict[str, Any]) -> None:
 
 
 def print_explanation(records: list[dict[str, Any]]) -> None:
+    """Each record as agent/explained.py words it (the web page's models page says the same)."""
     from rich.console import Console
+    from rich.text import Text
 
-    from providers import Decision
-    from providers.select import CandidateReport
+    from agent.explained import Line, explained
+
+    def text(line: Line) -> Text:
+        return Text.assemble(*((part, "bold") if bold else part for part, bold in line))
 
     console = Console()
     for record in records:
-        title = f"[bold]{record['pipeline'] or record['model']}[/bold]" + (
-            f" ({record['model']})" if record["pipeline"] else ""
-        )
-        if record.get("attribute"):  # a second model of the pipeline (its `attributes:`)
-            attribute = f"attribute [bold]{record['attribute']}[/bold]"
-            title = f"[bold]{record['pipeline']}[/bold] {attribute} ({record['model']})"
-        if "error" in record:
-            left = "left out, the pipeline serves without it" if record.get("live") else "not to be had here"
-            console.print(f"{title}: {left}")
-            console.print(f"  {record['error']}", markup=False)
-            continue
-        if "decision" not in record and "refused" not in record:  # the daemon's word, no record of its choice
-            serving = record.get("serving") or {}
-            console.print(
-                f"{title}: serving now on {serving.get('backend')}, precision {serving.get('precision')}"
-            )
-            if serving.get("why"):
-                console.print(f"  {serving['why']}", markup=False)
-            continue
-        if "refused" in record:
-            console.print(f"{title}: no backend serves it")
-            console.print(f"  {record['refused']}", markup=False)
-            candidates = [CandidateReport(**c) for c in record["candidates"]]
-            console.print(candidate_table(candidates))
-            continue
-        decision = Decision.from_dict(record["decision"])
-        serving = record.get("serving") or {}
-        backend = serving.get("backend") or decision.backend
-        artifact = serving.get("artifact") or decision.artifact
-        precision = serving.get("precision") or decision.precision
-        verb = "would serve first on" if record.get("prospective") else "runs on"
-        if record.get("live"):
-            verb = "serving now on"
-        console.print(
-            f"{title}: {verb} {backend} on {artifact}" + (f", precision {precision}" if precision else "")
-        )
-        if record.get("prospective"):
-            console.print(
-                "  not proven yet: the daemon proves the candidates below, in this order, on the "
-                "version's test data or its first frame, and switches to the fastest correct one"
-            )
-        elif not record.get("live") and "serving" in record:
-            console.print("  the cached decision: the next start serves it at once")
-        if backend != decision.backend:
-            console.print(f"  on a fallback: the decision chose {decision.backend}", markup=False)
-        if decision.reference:
-            checked = "checked" if decision.checked else "not checked"
-            console.print(f"  outputs {checked} against {decision.proof()}", markup=False)
-        if decision.timing():
-            console.print(f"  {decision.timing()}", markup=False)
-        if decision.note:
-            console.print(f"  note: {decision.note}", markup=False)
-        if not decision.checked and not record.get("prospective"):
-            console.print("  [bold]unchecked[/bold]: no candidate's outputs were compared with a reference")
-        console.print(candidate_table(decision.candidates))
+        said = explained(record)
+        console.print(text(said.title))
+        for line in said.lines:
+            console.print(Text("  ") + text(line))
+        if said.candidates is not None:
+            console.print(candidate_table(said.candidates))
 
 
 @contextmanager
