@@ -83,6 +83,7 @@ def received(subscriber: Subscriber) -> list[dict[str, Any]]:
     return sorted(by_id.values(), key=lambda e: int(e["seq"]))
 
 
+@pytest.mark.slow  # a real daemon with a model, and Chromium: about 9 s
 def test_a_zone_drawn_on_the_page_is_saved_with_the_comments_and_applied_keeping_tracks(
     tmp_path: Path,
     mosquitto: Mosquitto,
