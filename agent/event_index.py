@@ -49,6 +49,7 @@ PRUNE_EVERY = 500  # adds between prunes
 _PRUNE_BATCH = 2_000  # rows deleted per statement (a short write lock each)
 NOT_INDEXED = frozenset({"update"})  # per-frame changes of an object: its new/enter/.../end tell the story
 MAX_PAGE = 500  # rows one query returns at most
+_MAX_OPEN_TRACKS = 10_000  # tracks whose latest snapshot is remembered (each ends with its `end`)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -212,6 +213,8 @@ class EventIndex:
                 if self._snapshots.get(key) not in (None, snapshot):
                     better.append((snapshot, pipeline, key[1]))
                 self._snapshots[key] = snapshot
+                if len(self._snapshots) > _MAX_OPEN_TRACKS:  # tracks whose end never came: the oldest go
+                    del self._snapshots[next(iter(self._snapshots))]
             if kind in NOT_INDEXED:
                 continue
             t = epoch_of(event.get("at"))
