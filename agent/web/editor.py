@@ -330,7 +330,8 @@ def _editor(name: str, config: PipelineConfig, layer: str | None, sha256: str) -
         + '<button type="button" id="zone-save">Save</button> '
         + '<span id="zone-status" role="status"></span></div>\n'
         + '<p class="why" id="zone-help">Click on the frame to add points; close a polygon on its first '
-        + "point (or double-click); drag a corner to move it; click a shape to select it. Save writes "
+        + "point (or double-click); drag a corner to move it; click a shape to select it (Delete "
+        + "removes it). A line's arrow points to its `in` side. Save writes "
         + "the config file (its comments kept) and applies it as a reload does.</p>\n"
         + '<div class="zone-stage waiting"><img id="zone-frame" alt="the latest frame of the pipeline">'
         + '<svg id="zone-svg" xmlns="http://www.w3.org/2000/svg"></svg>'

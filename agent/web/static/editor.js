@@ -41,6 +41,7 @@
       var pixels = s.units === "pixels";
       return {
         name: s.name || null, points: pixels ? null : s.points.map(copy), pixels: pixels ? s.points : null,
+        "in": s["in"] || null,
         origin: i, moved: false, labels: s.labels || null, labelsSet: false, problems: []
       };
     });
@@ -178,6 +179,13 @@
   finishButton.addEventListener("click", finishDrawing);
   document.addEventListener("keydown", function (event) {
     if (event.key === "Escape" && drawing) { drawing = null; finishButton.disabled = true; say(""); render(); }
+    var typing = event.target.tagName === "INPUT";
+    if (event.key === "Delete" && selected && !drawing && !typing) {
+      shapes[selected.kind].splice(selected.index, 1);
+      selected = null;
+      say("Deleted; Save writes it.");
+      render();
+    }
   });
 
   // --- showing -------------------------------------------------------------------------------------
@@ -217,6 +225,7 @@
           label.textContent = s.name;
           svg.appendChild(label);
         }
+        if (kind === "lines") { direction(s, b, unit); }
         s.points.forEach(function (p, j) {
           svg.appendChild(element("circle", {
             cx: p[0] * b[0], cy: p[1] * b[1], r: 5 * unit, "class": "handle " + kind,
@@ -232,6 +241,28 @@
       });
     }
     renderTable();
+  }
+
+  // A line's `in` side: walking from its first point to its second, crossing from the right to the
+  // left is `in` (docs/analytics.md): an arrow from its middle to the left, named.
+  function direction(s, b, unit) {
+    var a = [s.points[0][0] * b[0], s.points[0][1] * b[1]];
+    var z = [s.points[1][0] * b[0], s.points[1][1] * b[1]];
+    var length = Math.hypot(z[0] - a[0], z[1] - a[1]);
+    if (length === 0) { return; }
+    var n = [(z[1] - a[1]) / length, -(z[0] - a[0]) / length]; // the walker's left (y grows downwards)
+    var mid = [(a[0] + z[0]) / 2, (a[1] + z[1]) / 2];
+    var tip = [mid[0] + n[0] * 28 * unit, mid[1] + n[1] * 28 * unit];
+    var back = [-n[0] * 8 * unit, -n[1] * 8 * unit];
+    var side = [n[1] * 6 * unit, -n[0] * 6 * unit];
+    svg.appendChild(element("polyline", {
+      points: [mid, tip, [tip[0] + back[0] + side[0], tip[1] + back[1] + side[1]], tip,
+        [tip[0] + back[0] - side[0], tip[1] + back[1] - side[1]]].map(function (p) { return p[0] + "," + p[1]; }).join(" "),
+      "class": "direction"
+    }));
+    var name = element("text", { x: tip[0] + n[0] * 4 * unit, y: tip[1] + n[1] * 4 * unit + 5 * unit, "class": "shape-name", "font-size": 13 * unit, "text-anchor": "middle" });
+    name.textContent = s["in"] || "in";
+    svg.appendChild(name);
   }
 
   function cell(row, content) {
