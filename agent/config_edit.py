@@ -104,9 +104,11 @@ def shapes_of(pipeline: PipelineConfig) -> dict[str, list[dict[str, Any]]]:
     motion = pipeline.motion.masks if pipeline.motion is not None else []
     filters = pipeline.filters.masks if pipeline.filters is not None else []
     return {
-        "zones": [{"name": z.name, "units": z.units, "points": z.points} for z in pipeline.zones],
+        "zones": [
+            {"name": z.name, "units": z.units, "points": z.points, "labels": z.labels} for z in pipeline.zones
+        ],
         "lines": [
-            {"name": ln.name, "units": ln.units, "points": ln.points, "in": ln.in_, "out": ln.out}
+            {"name": ln.name, "units": ln.units, "points": ln.points, "labels": ln.labels, "in": ln.in_}
             for ln in pipeline.lines
         ],
         "motion_masks": [{"units": m.units, "points": m.points} for m in motion],

@@ -155,6 +155,7 @@ def test_the_editor_page_holds_the_shapes_the_hash_and_the_plain_frame(client: T
     assert data["sha256"] == file_hash(box.path.read_bytes())
     assert [z["name"] for z in data["shapes"]["zones"]] == ["counter", "shelf"]
     assert data["shapes"]["zones"][1]["units"] == "pixels"
+    assert [z["labels"] for z in data["shapes"]["zones"]] == [["person"], None]  # the table shows them
     assert data["kinds"]["motion_masks"][0] is True  # an RTSP camera: the gate runs
     assert data["labels"] == ["person", "car"]
     yard = editor_data(client.get("/zones/yard").text)
