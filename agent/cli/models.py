@@ -44,29 +44,10 @@ def models_list(
 
     A reduced-precision variant (registry publish --quantize) shows its precision and the model
     file it was made from."""
-    from agent.tools.model_info import variant_fields
+    from agent.store.listing import installed_rows
 
     with user_errors(as_json):
-        installed = _store(config, state_dir).list()
-    rows: list[dict[str, Any]] = [
-        {
-            "name": m.name,
-            "version": m.version,
-            "signed_by": m.signed_by,
-            "artifacts": [
-                {
-                    "file": a.file,
-                    "format": a.format,
-                    "size": a.size,
-                    "sha256": a.sha256,
-                    "target": a.target,
-                    **variant_fields(a.precision, a.made_from),
-                }
-                for a in m.manifest.artifacts
-            ],
-        }
-        for m in installed
-    ]
+        rows = installed_rows(_store(config, state_dir))
     if as_json:
         echo_json(rows)
         return

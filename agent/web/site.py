@@ -41,9 +41,11 @@ def pages_of(site: Site) -> Sequence[AddPages]:
     from agent.web.editor import editor_pages
     from agent.web.events import events_pages
     from agent.web.live import live_pages
+    from agent.web.models_page import models_page
 
     return [
         live_pages(site.supervisor),
         events_pages(site.events, site.state_dir),
         editor_pages(site),
+        models_page(site.supervisor.store, site.explain),
     ]

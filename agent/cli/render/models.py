@@ -102,18 +102,13 @@ def print_inspection(info: dict[str, Any]) -> None:
             for a in info["artifacts"]
         ]
         console.print(plain_table("artifacts", columns, rows))
+    from agent.store.listing import variant_note
+
     variants = {a["file"]: note for a in info["artifacts"] if (note := variant_note(a))}
     for model in info["models"]:
         _print_model_file(console, model, variants.get(model["file"]))
     for test in info["test_sets"]:
         _print_test_set(console, test)
-
-
-def variant_note(artifact: dict[str, Any]) -> str | None:
-    """ "precision: int8, made from 320n.onnx" for a reduced-precision variant, else None."""
-    if artifact.get("precision") is None:
-        return None
-    return f"precision: {artifact['precision']}, made from {artifact['made_from']}"
 
 
 def _print_model_file(console: Any, m: dict[str, Any], variant: str | None = None) -> None:
@@ -187,6 +182,8 @@ def _print_test_set(console: Any, test: dict[str, Any]) -> None:
 def print_models(rows: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from agent.store.listing import variant_note
 
     table = Table("model", "version", "file", "format", "size", "sha256", "signed by")
     variants = []  # said under the table: its rows fill 80 columns already
