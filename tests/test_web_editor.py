@@ -1,7 +1,7 @@
 """The zone editor's pages (agent/web/editor.py) through Starlette's TestClient on the real app
 (agent/web/app.py WebApp): a real config file with comments, saved through the real round-trip edit
 and validator (agent/config_edit.py), and a Site whose reload really loads the file with the
-config loader, as the daemon's reload does. The daemon and Chromium tests: tests/test_web_editor_daemon.py."""
+config loader, as the daemon's reload does. The daemon and Chromium tests: tests/test_web_end_to_end.py."""
 
 from __future__ import annotations
 
