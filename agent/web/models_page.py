@@ -51,7 +51,7 @@ class ModelsPage:
         return HTMLResponse(await anyio.to_thread.run_sync(self.render))
 
     def render(self) -> str:
-        """What serves where and why, then the store (on a worker thread: it reads files)."""
+        """The store, then what serves where and why (on a worker thread: it reads files)."""
         try:
             records = self.explain().get("pipelines") or []
         except Exception as exc:  # a page must say what it could not read, never fail whole
@@ -62,7 +62,7 @@ class ModelsPage:
             store = store_html(installed_rows(self.store))
         except Exception as exc:
             store = f'<p class="problem">The store cannot be read: {_e(exc)}</p>'
-        return f"<h2>What serves, and why</h2>\n{serving}\n<h2>Installed in the store</h2>\n{store}"
+        return f"<h2>Installed in the store</h2>\n{store}\n<h2>What serves, and why</h2>\n{serving}"
 
 
 def _spans(line: Line) -> str:
@@ -76,12 +76,20 @@ def _table(columns: list[str], rows: list[list[str]], css: str = "") -> str:
     return f"<table{klass}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _filled(columns: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    """The columns some row has a value in (a choice made without timing leaves the timings empty:
+    a page's width is better spent on the reasons)."""
+    keep = [i for i in range(len(columns)) if not rows or any(row[i] for row in rows)]
+    return [columns[i] for i in keep], [[row[i] for i in keep] for row in rows]
+
+
 def explained_html(record: dict[str, Any]) -> str:
     """One `explain` record as HTML: the words `edge-agent explain` prints (agent/explained.py)."""
     said = explained(record)
     name = record.get("pipeline") or record.get("model") or ""
     lines = "".join(f"<p>{_spans(line)}</p>" for line in said.lines)
-    table = "" if said.candidates is None else _table(*candidate_rows(said.candidates), css="candidates")
+    candidates = said.candidates
+    table = "" if candidates is None else _table(*_filled(*candidate_rows(candidates)), "candidates")
     heading = f"<h3>{_spans(said.title)}</h3>"
     return f'<section class="explained" data-pipeline="{_e(name)}">{heading}{lines}{table}</section>'
 
