@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""What the live view (agent/live_view.py) costs a pipeline: CPU per frame and frame rate with the
-feature absent (no live_view step: pixels let go after the model), present with nobody watching, and
-with one viewer reading every picture, side by side (issue 37's targets: no viewer = unchanged within
-noise; a viewer = frame rate >= 0.95 of without). Results: docs/performance.md.
+"""What the live view (agent/live_view.py) and its web page cost a pipeline: CPU per frame and frame
+rate side by side, five ways: the feature absent (no live_view step: pixels let go after the model);
+present with nobody watching; one in-process viewer reading every picture; the web server running
+its live pages (agent/web/live.py) with no client; and the same with a client in another process
+long-polling `/live/<pipeline>/frame.jpg` as the page's script does (issue 37's targets: page on and
+no client = unchanged within noise; a live view open = frame rate >= 0.95 of without). Results:
+docs/performance.md.
 
 Each round plays the same rendered clip (two faces walking past a zone and a line, 1280x720, MJPG)
 through a real pipeline with nudenet's YOLOv8n (320 letterbox, tracking on), `realtime: false` so
@@ -11,6 +14,9 @@ falls on each alike, and ratios are taken per round (then the median). CPU is th
 (decoder, the pipeline's threads, the live view's encoder) per frame reported.
 
     python scripts/bench_live_view.py [--rounds 5] [--seconds 8] [--json]
+
+The client of "page-watched" is a small Python process (urllib), as a browser tab would be another
+process; its CPU is not the pipeline's, but it shares the box's cores as a browser on the box would.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import argparse
 import importlib.util
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -36,15 +43,33 @@ from bench_regions import labels_of
 
 import agent.steps
 from agent.config import PipelineConfig
+from agent.config.web import WebConfig
+from agent.errors import EdgeAgentError
 from agent.pipeline import Pipeline
 from agent.stage import LoadedModel
+from agent.web.live import live_pages
+from agent.web.server import WebServer
 from providers import ModelArtifact, Session, get_backend
 from tests.media_fixtures import ListSink
 from tests.waits import wait_until
 
 WIDTH, HEIGHT, FPS = 1280, 720, 10
 FACE_SCALE = 2.4  # the photo's 101-px face ~240 px wide: ~60 px in the 320 letterbox, found (~0.8)
-WAYS = ("absent", "unwatched", "watched")
+WAYS = ("absent", "unwatched", "watched", "page-idle", "page-watched")
+# The page's viewer: long-polls the newest picture after the last one it has, as static/live.js does.
+CLIENT = """
+import sys, urllib.request, urllib.error
+base, seq, pictures = sys.argv[1], 0, 0
+while True:
+    try:
+        with urllib.request.urlopen(f"{base}/live/live/frame.jpg?after={seq}", timeout=10) as answer:
+            if answer.status == 200:
+                answer.read()
+                seq, pictures = int(answer.headers["X-Frame-Seq"]), pictures + 1
+                print(pictures, flush=True)
+    except (urllib.error.URLError, OSError):
+        pass
+"""
 WALKS = {
     "left-to-right": [(0.0, 150.0, 300.0), (8.0, 1130.0, 420.0)],
     "right-to-left": [(0.0, 1100.0, 500.0), (8.0, 200.0, 260.0)],
@@ -73,6 +98,30 @@ def config(clip: Path, labels: list[str]) -> PipelineConfig:
     )
 
 
+class _OnePipeline:
+    """What the live pages read of the supervisor (agent/web/live.py Pipelines), for one pipeline."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self._pipeline = pipeline
+
+    def pipeline(self, name: str) -> Pipeline:
+        if name != self._pipeline.config.name:
+            raise EdgeAgentError(f"no pipeline {name!r}")
+        return self._pipeline
+
+    def pipelines(self) -> list[Pipeline]:
+        return [self._pipeline]
+
+
+def page_for(pipeline: Pipeline) -> WebServer:
+    """The daemon's web server (its own thread) with the live pages, on a free loopback port."""
+    server = WebServer(
+        WebConfig(enabled=True, port=0), lambda: {}, "bench", pages=[live_pages(_OnePipeline(pipeline))]
+    )
+    server.start()
+    return server
+
+
 def run(way: str, clip: Path, session: Session, labels: list[str]) -> dict[str, Any]:
     """The clip through a pipeline the `way` given: frames, wall seconds, process CPU seconds."""
     real_step = agent.steps.LiveViewStep
@@ -85,6 +134,11 @@ def run(way: str, clip: Path, session: Session, labels: list[str]) -> dict[str, 
         agent.steps.LiveViewStep = real_step  # type: ignore[misc]
     pictures = [0]
     viewer = pipeline.live_view.watch() if way == "watched" else None
+    server = page_for(pipeline) if way.startswith("page") else None
+    client = None
+    if server is not None and way == "page-watched":
+        base = f"http://127.0.0.1:{server.port}"
+        client = subprocess.Popen([sys.executable, "-c", CLIENT, base], stdout=subprocess.PIPE, text=True)
 
     def read() -> None:  # a viewer taking every picture, as the web server's MJPEG stream would
         assert viewer is not None
@@ -109,6 +163,12 @@ def run(way: str, clip: Path, session: Session, labels: list[str]) -> dict[str, 
             viewer.close()
         if reader is not None:
             reader.join(5)
+        if client is not None:
+            client.terminate()
+            out, _ = client.communicate(timeout=10)
+            pictures[0] = len(out.split())
+        if server is not None:
+            server.stop()
     frames = len(sink.results)
     return {
         "frames": frames,
