@@ -23,6 +23,7 @@ from starlette.testclient import TestClient
 
 from agent.config.web import WebConfig
 from agent.errors import EdgeAgentError
+from agent.live_view import LiveView
 from agent.pipeline import Pipeline
 from agent.processing.drawing import track_colour
 from agent.stage import LoadedModel
@@ -256,3 +257,18 @@ def test_a_stop_does_not_wait_on_a_poll_longer_than_its_bound(faces: tuple[Pipel
     assert stopped_s < POLL_S + 1, stopped_s
     assert answers == [204]  # the poll in flight was answered, not cut off
     wait_until(lambda: not pipeline.live_view.watched, "the poll's viewer to leave", timeout=10)
+
+
+def test_a_rebuilt_pipelines_new_view_takes_over_the_sessions_lease() -> None:
+    old, new = LiveView("faces"), LiveView("faces")  # the pipeline's view before and after a rebuild
+    watches = Watches(lease_s=LEASE_S)
+    key = ("session", "faces", False)
+    first = watches.begin(key, old)
+    assert first is not None and old.watched
+    second = watches.begin(key, new)  # (the first poll still waiting on the old view)
+    assert second is not None and new.watched and not old.watched and len(watches) == 1
+    watches.end(key, first)  # the old poll's end is not the new one's
+    assert watches._leases[key].polls == 1
+    watches.end(key, second)
+    wait_until(lambda: not new.watched and len(watches) == 0, "the lease to run out", timeout=10)
+    old.close(), new.close()

@@ -115,11 +115,12 @@ class Watches:
             lease.polls += 1
             return lease.viewer
 
-    def end(self, key: Key) -> None:
-        """The poll of `key` answered: its viewer stays for `lease_s` more."""
+    def end(self, key: Key, viewer: Viewer) -> None:
+        """The poll of `key` that `begin` gave `viewer` answered: the viewer stays for `lease_s` more
+        (unless a newer LiveView's replaced it meanwhile: that lease's polls are its own)."""
         with self._changed:
             lease = self._leases.get(key)
-            if lease is not None:
+            if lease is not None and lease.viewer is viewer:
                 lease.polls = max(0, lease.polls - 1)
                 lease.until = self._clock() + self.lease_s
                 self._changed.notify_all()
@@ -271,7 +272,7 @@ class LivePages:
             # A number above the view's own came from the LiveView of a pipeline since rebuilt.
             shown = viewer.latest(after if after <= view.seq else 0, self.poll_s)
         finally:
-            self.watches.end(key)
+            self.watches.end(key, viewer)
         if shown is None:
             return _Shown(404, text=f"pipeline {name!r} stopped") if view.closed else _Shown(204)
         return _Shown(200, shown, fps=self._fps(name))
