@@ -371,10 +371,12 @@ class Agent:
     def shutdown(self) -> None:
         notify("STOPPING=1", "STATUS=stopping")
         log.info("stopping: finishing in-flight frames")
-        if self.web is not None:
-            self.web.stop()
         self.final_states = self.pipeline_states()  # what `run` reports on exit
         self.supervisor.stop(_STOP_PIPELINES_S)
+        # After the pipelines: their stopped live views answer the page's waiting polls at once, so
+        # the server's stop does not wait out a long poll.
+        if self.web is not None:
+            self.web.stop()
         timeout = self.config.mqtt.outbox.flush_timeout_s
         if self.outbox.pending():
             log.info("flushing %d queued results (up to %.0f s)", self.outbox.pending(), timeout)
