@@ -26,18 +26,22 @@ def installed_rows(store: ModelStore) -> list[dict[str, Any]]:
                     "size": a.size,
                     "sha256": a.sha256,
                     "target": a.target,
-                    # (what agent/tools/model_info.py `variant_fields` adds for `models inspect`)
-                    **(
-                        {"precision": a.precision, "made_from": a.made_from}
-                        if a.precision is not None and a.made_from is not None
-                        else {}
-                    ),
+                    **variant_fields(a.precision, a.made_from),
                 }
                 for a in m.manifest.artifacts
             ],
         }
         for m in store.list()
     ]
+
+
+def variant_fields(precision: str | None, made_from: str | None) -> dict[str, str]:
+    """A reduced-precision variant's `precision` and `made_from` (registry publish --quantize), as
+    `models list`, `models inspect` and the models page show them; {} for any other file, so the
+    output of versions without variants is as it was."""
+    if precision is None or made_from is None:
+        return {}
+    return {"precision": precision, "made_from": made_from}
 
 
 def variant_note(artifact: dict[str, Any]) -> str | None:

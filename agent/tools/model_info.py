@@ -23,6 +23,7 @@ from agent.errors import EdgeAgentError
 from agent.model_formats import format_details, format_shape
 from agent.registry.manifest import Artifact, Manifest
 from agent.store import InstalledModel, ModelStore
+from agent.store.listing import variant_fields
 from agent.testdata import load_testdata
 from agent.tools.inventory import resolve_model
 from agent.transform import variant_of
@@ -114,15 +115,6 @@ def _artifact_entry(artifact: Artifact) -> dict[str, Any]:
     }
 
 
-def variant_fields(precision: str | None, made_from: str | None) -> dict[str, str]:
-    """A reduced-precision variant's `precision` and `made_from` (registry publish --quantize), as
-    `models list` and `models inspect` show them; {} for any other file, so the output of versions
-    without variants is as it was."""
-    if precision is None or made_from is None:
-        return {}
-    return {"precision": precision, "made_from": made_from}
-
-
 def _ir_graph_of(artifact: Artifact, files: dict[str, Artifact]) -> str | None:
     """For the .bin weights of an OpenVINO IR in the same version: the .xml's file name."""
     if artifact.format != "openvino-ir" or not artifact.file.endswith(".bin"):
@@ -156,4 +148,4 @@ def _array(name: str, value: np.ndarray) -> dict[str, Any]:
     return {"name": name, "dtype": value.dtype.name, "shape": list(value.shape)}
 
 
-__all__ = ["format_details", "format_shape", "inspect_installed", "inspect_model", "variant_fields"]
+__all__ = ["format_details", "format_shape", "inspect_installed", "inspect_model"]
