@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from email.utils import formatdate
 from importlib import resources
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl
 
 import anyio
 import anyio.to_thread
@@ -33,6 +34,7 @@ Answer = Callable[[Request, "Session"], Awaitable[Response]]
 STATUS_MAX_AGE_S = 1.0  # many open pages share one status: the daemon builds it at most once a second
 _MAX_FORM_BYTES = 4096  # a login form is a few dozen bytes
 _BODY_TIMEOUT_S = 10.0  # for those bytes to arrive
+_HOST = re.compile(r"(?:\[([0-9A-Fa-f:.]+)\]|([A-Za-z0-9.-]+))(?::[0-9]{1,5})?")  # name or [v6], :port
 _STATIC_TYPES = {
     ".css": "text/css; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -133,8 +135,10 @@ class WebApp:
         must not read the page through a visitor's browser."""
         if not self.open:
             return True
-        host = urlsplit("//" + request.headers.get("host", "")).hostname or ""
-        return is_loopback(host)
+        # The Host header whole, as a browser sends it: urlsplit would read "[::1].evil" or
+        # "evil@127.0.0.1" as a loopback name.
+        found = _HOST.fullmatch(request.headers.get("host", ""))
+        return found is not None and is_loopback(found[1] or found[2])
 
     def session(self, request: Request) -> Session | None:
         return self.sessions.get(request.cookies.get(COOKIE))

@@ -217,7 +217,8 @@ class EventsPages:
         from starlette.responses import HTMLResponse
 
         pipeline, clip_id = request.path_params["pipeline"], request.path_params["name"]
-        if self.clip_file(pipeline, clip_id) is None:
+        path = self.clip_file(pipeline, clip_id)
+        if path is None or not path.parent.is_dir():  # no such pipeline's clips: not a page of any name
             return _not_found()
         state = await anyio.to_thread.run_sync(lambda: self.clip_state(pipeline, clip_id, self._recording()))
         back = (

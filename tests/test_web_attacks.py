@@ -1,0 +1,549 @@
+"""Attacks on the pages issue 37 added (docs/reliability.md, "The web page: attacks tried"): the live
+view, the events with their snapshots and clips, the models page and the zone editor, over real HTTP on
+loopback against a real daemon (agent/daemon.py `Agent`, in this process): the real YOLOv8n face
+detector (nudenet's 320n.onnx) tracking the rendered face across its clip on a loop, with snapshots
+and clips, a real mosquitto, and the page with a user. Beside it, the same daemon's pages served
+without users (the open loopback page, `pages_of` its Site) for the attacks that page invites.
+
+Each attack asserts its refusal: no session, no data; no CSRF token, no edit (the file byte for byte
+as it was); a hostile name written back safely or refused; traversal and odd names 404 with nothing
+outside the roots read; DNS rebinding 403; a crowd of long polls bounded; HTML in what the pages show
+escaped."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import re
+import shutil
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agent.config.web import WebConfig
+from agent.config_loader import load_config
+from agent.daemon import Agent
+from agent.reload import LoadedConfig
+from agent.web.passwords import hash_password
+from agent.web.server import WebServer
+from agent.web.site import pages_of
+from tests.mosquitto import Mosquitto
+from tests.test_pipeline_tracking import crossing_clip  # noqa: F401  (fixture)
+from tests.waits import free_port, wait_until
+
+PIPELINE = "door-cam-7"  # a name no login page or refusal would say by chance
+USER, PASSWORD = "admin", "correct horse battery staple"
+HOSTILE = '<img src=x onerror="alert(1)">'
+# Labels the pages show and the editor writes back: the model's, some renamed (the face's, index 1,
+# is HOSTILE: the tracked face's events carry it to the events page).
+RENAMED = {
+    0: "&anchor",
+    1: HOSTILE,
+    2: "!!python/object/apply:os.system ['touch PWNED']",
+    3: "{",
+    4: "a\nb: c",
+    5: "x # not a comment",
+    6: "*alias",
+    7: "l" * 10_000,
+}
+SECRET = "top-secret-4711"  # in files beside the roots: no answer may hold it
+
+CONFIG = """\
+# The attacks' daemon: its comments must survive every refused edit.
+device: {{id: attack-box}}   # the box
+state_dir: {state}
+mqtt: {{host: 127.0.0.1, port: {mqtt_port}}}
+backends: {{benchmark: false, min_time_s: 0.0}}
+telemetry: {{interval_s: 0}}
+web:
+  enabled: true
+  port: {web_port}
+  users:
+    - name: {user}
+      password_hash: "{hash}"
+pipelines:
+  - name: {pipeline}
+    model: {{path: "{model}"}}
+    source: {{type: video, uri: {video}, loop: true}}
+    preprocess: {{resize: {{width: 320, height: 320, mode: letterbox}}, color: rgb}}
+    postprocess: {{type: detection, score_threshold: 0.1, labels: {labels}}}
+    report: {{results: false}}
+    track:
+      max_lost_s: 1.0
+      snapshots: {{enabled: true, interval_s: 0.5}}
+    clips: {{enabled: true, pre_s: 0.0, post_s: 0.0, max_s: 5.0}}
+    zones:
+      - name: left   # by the door
+        points: [[0.0, 0.0], [0.5, 0.0], [0.5, 1.0], [0.0, 1.0]]
+"""
+
+
+@dataclass
+class Box:
+    agent: Agent
+    config: Path
+    state_dir: Path
+    base: str  # the daemon's page, with its user
+    open_base: str  # the same daemon's pages without users (loopback only)
+
+
+@pytest.fixture(scope="module")
+def box(
+    tmp_path_factory: pytest.TempPathFactory,
+    crossing_clip: Path,  # noqa: F811
+    yolo_path: Path,
+    yolo_labels: list[str],
+) -> Iterator[Box]:
+    tmp = tmp_path_factory.mktemp("attacks")
+    # The model's file name is shown on the models and box pages: HTML in it must stay text.
+    model = tmp / f"{HOSTILE.replace('/', '')}.onnx"
+    shutil.copyfile(yolo_path, model)
+    state = tmp / "state"
+    (tmp / "secret.txt").write_text(SECRET)  # beside the state dir
+    state.mkdir()
+    (state / "secret.jpg").write_text(SECRET)  # beside the snapshots' and clips' roots
+    broker = Mosquitto(tmp / "mosquitto")
+    broker.start()
+    config = tmp / "agent.yaml"
+    config.write_text(
+        CONFIG.format(
+            state=state,
+            mqtt_port=broker.port,
+            web_port=free_port(),
+            user=USER,
+            hash=hash_password(PASSWORD),
+            pipeline=PIPELINE,
+            model=str(model).replace('"', '\\"'),
+            video=crossing_clip,
+            labels=json.dumps([RENAMED.get(i, v) for i, v in enumerate(yolo_labels)]),
+        )
+    )
+    agent = Agent(load_config(config), LoadedConfig(load_config(config), config, config.read_text()))
+    stop = threading.Event()
+    runner = threading.Thread(target=agent.run, args=(stop,), name="attacked-daemon", daemon=True)
+    runner.start()
+    open_page = None
+    try:
+        assert agent.web is not None
+        wait_until(lambda: agent.web is not None and agent.web.port is not None, "the daemon's page")
+        wait_until(
+            lambda: PIPELINE in {p.name for p in agent.supervisor.pipelines()},
+            "the pipeline to run",
+            timeout=60,
+        )
+        open_page = WebServer(
+            WebConfig(enabled=True, port=0), agent.status, "attack-box", pages_of(agent._site())
+        )
+        open_page.start()
+        yield Box(
+            agent, config, state, f"http://127.0.0.1:{agent.web.port}", f"http://127.0.0.1:{open_page.port}"
+        )
+    finally:
+        if open_page is not None:
+            open_page.stop()
+        stop.set()
+        runner.join(60)
+        broker.close()
+
+
+@dataclass(frozen=True)
+class Files:
+    """A real snapshot and a real clip of the walk, named as the events page links them."""
+
+    snapshot: str
+    clip: str
+
+
+@pytest.fixture(scope="module")
+def files(box: Box) -> Files:
+    index = box.agent.event_index
+    clips = box.state_dir / "clips" / PIPELINE
+
+    def found() -> Files | None:
+        rows = index.query(limit=200)
+        snaps = [
+            r.snapshot
+            for r in rows
+            if r.snapshot and (box.state_dir / "snapshots" / PIPELINE / f"{r.snapshot}.jpg").is_file()
+        ]
+        done = [r.clip for r in rows if r.clip and (clips / f"{r.clip}.mp4").is_file()]
+        return Files(snaps[0], done[0]) if snaps and done else None
+
+    wait_until(found, "a snapshot and a finished clip of the walk", timeout=60)
+    made = found()
+    assert made is not None
+    return made
+
+
+def routes(files: Files) -> list[str]:
+    """Every GET route the issue's pages added, with real names."""
+    p = PIPELINE
+    return [
+        "/live",
+        f"/live/{p}",
+        f"/live/{p}/frame.jpg",
+        "/events",
+        "/events/list",
+        f"/snapshots/{p}/{files.snapshot}",
+        f"/clips/{p}/{files.clip}",
+        f"/clips/{p}/{files.clip}/view",
+        "/models",
+        "/models/part",
+        "/zones",
+        f"/zones/{p}",
+    ]
+
+
+def client(base: str, **extra: Any) -> httpx.Client:
+    return httpx.Client(base_url=base, follow_redirects=False, timeout=15, **extra)
+
+
+def csrf_in(html: str) -> str:
+    found = re.search(r'<meta name="csrf-token" content="([^"]+)">', html) or re.search(
+        r'name="csrf" value="([^"]+)"', html
+    )
+    assert found is not None, html[:500]
+    return found[1]
+
+
+@contextlib.contextmanager
+def logged_in(base: str) -> Iterator[httpx.Client]:
+    with client(base) as browser:
+        token = csrf_in(browser.get("/login").text)
+        answer = browser.post("/login", data={"csrf": token, "user": USER, "password": PASSWORD})
+        assert answer.status_code == 303, answer.text
+        yield browser
+
+
+def raw(
+    base: str, method: str, path: str, headers: dict[str, str] | None = None, body: bytes = b""
+) -> tuple[int, bytes, dict[str, str]]:
+    """A request whose path goes out as written (httpx would resolve `..` segments first)."""
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=15)
+    try:
+        conn.putrequest(method, path, skip_host="Host" in (headers or {}), skip_accept_encoding=True)
+        for name, value in (headers or {}).items():
+            conn.putheader(name, value)
+        if body and "Transfer-Encoding" not in (headers or {}):
+            conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body or None)
+        answer = conn.getresponse()
+        return answer.status, answer.read(), {k.lower(): v for k, v in answer.getheaders()}
+    finally:
+        conn.close()
+
+
+def leaks(body: bytes) -> list[str]:
+    """What a refusal must not carry: the pipeline's name, a frame, a clip, an event row, a secret."""
+    found = []
+    for what, needle in (
+        ("pipeline name", PIPELINE.encode()),
+        ("JPEG", b"\xff\xd8\xff"),
+        ("MP4", b"ftyp"),
+        ("event row", b"data-event="),
+        ("secret", SECRET.encode()),
+    ):
+        if needle in body:
+            found.append(what)
+    return found
+
+
+# --- no session, no data ----------------------------------------------------------------------------
+
+API = ("frame.jpg", "/events/list", "/models/part")  # scripts' routes: 401, not the login page
+
+
+@pytest.mark.parametrize("who", ["no cookie", "made-up session", "the login form's session"])
+def test_every_new_route_without_a_logged_in_session_gives_the_login_page_or_401_and_no_data(
+    box: Box, files: Files, who: str
+) -> None:
+    with client(box.base) as browser:
+        if who == "made-up session":
+            browser.cookies.set("edge_agent_session", "x" * 43)
+        elif who == "the login form's session":
+            assert browser.get("/login").status_code == 200  # a session without a user: opens nothing
+        for path in routes(files):
+            answer = browser.get(path)
+            if path.endswith(API):
+                assert answer.status_code == 401, (path, answer.status_code)
+                assert answer.json() == {"error": "log in first: POST /login"}
+            else:
+                assert answer.status_code == 303 and answer.headers["location"] == "/login", path
+            assert leaks(answer.content) == [], path
+        answer = browser.post(f"/zones/{PIPELINE}", data={"shapes": "{}", "csrf": "x"})
+        assert answer.status_code == 401 and leaks(answer.content) == []
+    # The same routes with the user's session: each answers (the refusals above were for the session).
+    with logged_in(box.base) as browser:
+        for path in routes(files):
+            assert browser.get(path).status_code in (200, 204), path
+
+
+# --- the editor's POST ------------------------------------------------------------------------------
+
+
+def editor_of(browser: httpx.Client) -> tuple[str, dict[str, Any]]:
+    """The editor page's CSRF token and its data (the shapes, the file's hash)."""
+    import html
+
+    page = browser.get(f"/zones/{PIPELINE}")
+    assert page.status_code == 200, page.text
+    found = re.search(r'data-editor="([^"]*)"', page.text)
+    assert found is not None
+    return csrf_in(page.text), json.loads(html.unescape(found[1]))
+
+
+def a_zone(name: str, **more: Any) -> dict[str, Any]:
+    return {"name": name, "points": [[0.6, 0.1], [0.9, 0.1], [0.9, 0.9]], "origin": None, **more}
+
+
+def test_a_save_without_its_sessions_csrf_token_is_403_and_the_file_stays_byte_for_byte(box: Box) -> None:
+    before, reloads = box.config.read_bytes(), box.agent._reload_count
+    with logged_in(box.base) as browser, logged_in(box.base) as other, client(box.base) as stranger:
+        token, data = editor_of(browser)
+        others, _ = editor_of(other)
+        login_forms = csrf_in(stranger.get("/login").text)  # a session with no user yet
+        form = {"sha256": data["sha256"], "shapes": json.dumps({"zones": [a_zone("stolen")]})}
+        attempts = {
+            "no token": browser.post(f"/zones/{PIPELINE}", data=form),
+            "another user session's": browser.post(f"/zones/{PIPELINE}", data={**form, "csrf": others}),
+            "another's in the header": browser.post(
+                f"/zones/{PIPELINE}", data=form, headers={"X-CSRF-Token": others}
+            ),
+            "a forged header": browser.post(
+                f"/zones/{PIPELINE}", data=form, headers={"X-CSRF-Token": "forged"}
+            ),
+            "an empty header": browser.post(f"/zones/{PIPELINE}", data=form, headers={"X-CSRF-Token": ""}),
+            "the login form's": browser.post(f"/zones/{PIPELINE}", data={**form, "csrf": login_forms}),
+            "in the query string": browser.post(f"/zones/{PIPELINE}?csrf={token}", data=form),
+            # A cross-site form may post text/plain: its body is not read as a form, so no token.
+            "a text/plain body": browser.post(
+                f"/zones/{PIPELINE}",
+                content=f"csrf={token}&shapes=x".encode(),
+                headers={"Content-Type": "text/plain"},
+            ),
+        }
+        # The stolen session's token with the attacker's own cookie: the token is not a session.
+        attempts["a token with the login form's cookie"] = stranger.post(
+            f"/zones/{PIPELINE}", data={**form, "csrf": token}
+        )
+        codes = {what: answer.status_code for what, answer in attempts.items()}
+        assert codes == {**dict.fromkeys(attempts, 403), "a token with the login form's cookie": 401}, codes
+        # A session's token after its logout is worth nothing.
+        with logged_in(box.base) as gone:
+            old, _ = editor_of(gone)
+            assert gone.post("/logout", data={"csrf": old}).status_code == 303
+            assert gone.post(f"/zones/{PIPELINE}", data={**form, "csrf": old}).status_code in (303, 401)
+    assert box.config.read_bytes() == before and box.agent._reload_count == reloads
+
+
+def test_a_body_over_the_editors_limit_is_refused_unread_even_with_the_token(box: Box) -> None:
+    from agent.web.editor import MAX_BYTES
+
+    before = box.config.read_bytes()
+    with logged_in(box.base) as browser:
+        token, _ = editor_of(browser)
+        cookie = f"edge_agent_session={browser.cookies['edge_agent_session']}"
+        headers = {
+            "Cookie": cookie,
+            "X-CSRF-Token": token,
+            "Content-Type": "application/x-www-form-urlencoded",
+        }
+        # A length above the limit: refused on its header (the body is never read).
+        code, _, _ = raw(box.base, "POST", f"/zones/{PIPELINE}", {**headers, "Content-Length": str(10**9)})
+        assert code == 403
+        big = b"shapes=" + b"%5B" * (MAX_BYTES // 3 + 1)
+        assert raw(box.base, "POST", f"/zones/{PIPELINE}", headers, big)[0] == 403
+        # Chunked, of no stated length: refused too.
+        chunked = {**headers, "Transfer-Encoding": "chunked"}
+        body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(b"shapes=%7B%7D"), b"shapes=%7B%7D")
+        assert raw(box.base, "POST", f"/zones/{PIPELINE}", chunked, body)[0] == 403
+        # The page still answers this session.
+        assert browser.get(f"/zones/{PIPELINE}").status_code == 200
+    assert box.config.read_bytes() == before
+
+
+HOSTILE_NAMES = [
+    HOSTILE,
+    "\"quoted\" 'name'",
+    "&anchor",
+    "*alias",
+    "!!python/object/apply:os.system ['touch PWNED']",
+    "{",
+    "a\nb: c",
+    "x" * 10_000,
+    "door # comment",
+]
+
+
+def test_a_hostile_shape_name_is_refused_beside_its_shape_and_the_file_is_untouched(box: Box) -> None:
+    before = box.config.read_bytes()
+    with logged_in(box.base) as browser:
+        token, data = editor_of(browser)
+        for name in HOSTILE_NAMES:
+            shapes = {
+                "zones": [a_zone(name)],
+                "lines": [{"name": name, "points": [[0.1, 0.1], [0.2, 0.9]], "origin": None}],
+            }
+            answer = browser.post(
+                f"/zones/{PIPELINE}",
+                data={"sha256": data["sha256"], "shapes": json.dumps(shapes)},
+                headers={"X-CSRF-Token": token},
+            )
+            assert answer.status_code == 422, (name[:40], answer.text[:300])
+            said = answer.json()
+            assert said["result"] == "refused" and sorted(said["shapes"]) == ["lines/0", "zones/0"], said
+            assert "is not a valid name" in said["shapes"]["zones/0"][0]
+            assert answer.headers["content-type"] == "application/json"  # data, never HTML
+            # The validator's message quotes the name whole (agent/config/base.py check_name): the
+            # answer is bounded by the request's own limit, twice at most (a zone's and a line's).
+            assert len(answer.content) < 3 * len(answer.request.content) + 2000
+    assert box.config.read_bytes() == before
+    assert not (box.config.parent / "PWNED").exists() and not Path("PWNED").exists()
+
+
+def test_hostile_labels_are_written_back_as_plain_strings_and_load_back(box: Box) -> None:
+    labels = list(RENAMED.values())
+    with logged_in(box.base) as browser:
+        token, data = editor_of(browser)
+        shapes = {
+            kind: [
+                {
+                    "points": s["points"],
+                    "origin": i,
+                    "moved": False,
+                    **({"name": s["name"]} if "name" in s else {}),
+                }
+                for i, s in enumerate(items)
+            ]
+            for kind, items in data["shapes"].items()
+        }
+        shapes["zones"].append(a_zone("hostile", labels=labels))
+        answer = browser.post(
+            f"/zones/{PIPELINE}",
+            data={"sha256": data["sha256"], "shapes": json.dumps(shapes)},
+            headers={"X-CSRF-Token": token},
+        )
+        assert answer.status_code == 200 and answer.json()["result"] == "applied", answer.text[:500]
+        # The file loads back with the labels as the strings sent, its comments kept, nothing run.
+        (left, saved) = load_config(box.config).pipelines[0].zones
+        assert saved.name == "hostile" and saved.labels == labels and left.name == "left"
+        assert "# by the door" in box.config.read_text()
+        assert not (box.config.parent / "PWNED").exists() and not Path("PWNED").exists()
+        # The daemon runs it (the reload applied it), and the editor shows the labels as text.
+        running = box.agent.supervisor.pipeline
+        wait_until(
+            lambda: [z.name for z in running(PIPELINE).config.zones] == ["left", "hostile"],
+            "the daemon to run the saved zone",
+        )
+        page = browser.get(f"/zones/{PIPELINE}").text
+        assert "<img src=x" not in page and editor_of(browser)[1]["shapes"]["zones"][1]["labels"] == labels
+
+
+# --- traversal and odd names ------------------------------------------------------------------------
+
+# tests/test_web_security.py's spellings, as they go on the wire (`raw`: nothing resolves them first).
+ODD = [
+    "..",
+    ".",
+    "../secret.txt",
+    "../../secret.txt",
+    "..%2f..%2fsecret.txt",
+    "%2e%2e%2fsecret.txt",
+    "%2e%2e",
+    "..%5csecret.txt",
+    "secret.jpg%00.txt",
+    "%2fetc%2fpasswd",
+    ".hidden",
+    "..%c0%af",
+    "%E2%80%A4%E2%80%A4",
+    "%0a",
+    "secret",
+    "x" * 300,
+]
+
+
+def test_traversal_and_odd_names_in_every_parameter_are_404_and_read_nothing_outside(
+    box: Box, files: Files
+) -> None:
+    def places(odd: str) -> list[str]:
+        p = PIPELINE
+        return [
+            f"/live/{odd}",
+            f"/live/{odd}/frame.jpg",
+            f"/zones/{odd}",
+            f"/snapshots/{odd}/{files.snapshot}",
+            f"/snapshots/{p}/{odd}",
+            f"/snapshots/{odd}/{odd}",
+            f"/clips/{odd}/{files.clip}",
+            f"/clips/{p}/{odd}",
+            f"/clips/{odd}/{odd}",
+            f"/clips/{odd}/{files.clip}/view",
+            f"/clips/{p}/{odd}/view",
+        ]
+
+    with logged_in(box.base) as browser:
+        cookie = {"Cookie": f"edge_agent_session={browser.cookies['edge_agent_session']}"}
+        token, _ = editor_of(browser)
+        before = box.config.read_bytes()
+        tried = 0
+        for odd in ODD:
+            for path in places(odd):
+                code, body, _ = raw(box.base, "GET", path, cookie)
+                tried += 1
+                assert code == 404, (path, code)
+                assert SECRET.encode() not in body and b"\xff\xd8\xff" not in body and b"ftyp" not in body, (
+                    path
+                )
+            code, body, _ = raw(
+                box.base,
+                "POST",
+                f"/zones/{odd}",
+                {**cookie, "X-CSRF-Token": token, "Content-Type": "application/x-www-form-urlencoded"},
+                b"shapes=%7B%7D",
+            )
+            assert code in (404, 422), (odd, code, body[:200])  # no such pipeline: nothing written
+        assert box.config.read_bytes() == before and tried == len(ODD) * 11
+        # The real names still answer: the refusals were for the names.
+        assert raw(box.base, "GET", f"/snapshots/{PIPELINE}/{files.snapshot}", cookie)[0] == 200
+        assert raw(box.base, "GET", f"/clips/{PIPELINE}/{files.clip}", cookie)[0] == 200
+
+
+# --- DNS rebinding ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "attacker.example",
+        "attacker.example:80",
+        "127.0.0.1.nip.io",
+        "localhost.attacker.example",
+        "[::1].attacker.example",
+        "attacker.example@127.0.0.1",
+        "127.0.0.1 attacker.example",
+        "",
+    ],
+)
+def test_the_open_loopback_page_answers_no_other_host_on_any_new_route(
+    box: Box, files: Files, host: str
+) -> None:
+    for path in routes(files):
+        code, body, _ = raw(box.open_base, "GET", path, {"Host": host})
+        assert code == 403 and leaks(body) == [], (path, code)
+    code, _, _ = raw(
+        box.open_base,
+        "POST",
+        f"/zones/{PIPELINE}",
+        {"Host": host, "Content-Type": "application/x-www-form-urlencoded"},
+        b"shapes=%7B%7D",
+    )
+    assert code == 403
+    for path in routes(files):  # the same on the loopback name: served
+        assert raw(box.open_base, "GET", path, {"Host": "localhost"})[0] in (200, 204), path
