@@ -1,4 +1,4 @@
-"""The outbox full while the broker is down, end to end (issue 13): a real agent at 10 fps with a
+"""The outbox full while the broker is down, end to end (issue 13): a real agent at 25 fps with a
 100-result outbox, the broker stopped until the outbox has overflowed, then started again. For each
 `when_full` policy: it holds (drop-oldest keeps the newest, drop-newest keeps the oldest, wait drops
 nothing stored and the camera's frames are dropped and counted instead), every drop is counted for
@@ -15,12 +15,21 @@ import pytest
 from tests.agent_process import StartAgent, read_status
 from tests.delivery import count_delivery, seqs
 from tests.fleet_fixtures import start_watched_cam
+from tests.media_fixtures import demo_video_module
 from tests.mosquitto import Mosquitto
 from tests.waits import wait_until
 
 DEVICE = "full-box"
 CAPACITY = 100  # the smallest outbox the config allows
 OVERFLOW = 30  # results (or, for wait, frames) lost to the full outbox before the broker returns
+FPS = 25  # results a second: the outbox fills in 4 s of outage, not the 10 s of the shared 10 fps clip
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """The signs clip at FPS (a file plays at its own rate; the pipeline's fps only caps it)."""
+    path = tmp_path_factory.mktemp("media") / "signs.mp4"
+    return path, demo_video_module().make_orientation_video(path, fps=FPS, seconds_per_sign=1.0)
 
 
 def _frames_dropped(cam: dict[str, Any]) -> int:
@@ -57,6 +66,7 @@ def test_a_full_outbox_follows_its_policy_counts_drops_and_drops_nothing_once_th
             monkeypatch,
             start_agent,
             video[0],
+            fps=FPS,
             mqtt={
                 "host": "127.0.0.1",
                 "port": broker.port,
