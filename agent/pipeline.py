@@ -36,7 +36,7 @@ from agent.sources import Frame, Slot, Source, open_source
 from agent.stage import BackendSwitcher, LoadedModel, Stage
 from agent.stage_swap import StageSwap
 from agent.status import RunStatus, run_status
-from agent.steps import FrameRecord, PipelineMotion, Plan, ResultSink, Thread, plan_for
+from agent.steps import FrameRecord, PipelineMotion, PipelineParts, Plan, ResultSink, Thread, plan_for
 from agent.threads import named_thread
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,9 @@ class Pipeline:
         self.readings = PipelineAttributes()  # which object a second model read when: kept by a new stage
         self.live_view = LiveView(self.name)  # its latest drawn frame while watched (agent/live_view.py)
         self.stats = PipelineStats(self.name)
+        self.kept = PipelineParts(
+            sink, self._source_info, self.tracking, self.motion, self.drops, self.readings, self.live_view
+        )  # what every stage's steps share (agent/steps: plan_for)
         first = model if isinstance(model, Stage) else Stage(config, model, switcher)
         self.stages = StageSwap(self.name, self._plan_of(first), self._plan_of)
         # During a health window: the previous stage beside the current one (agent/side_by_side.py).
@@ -105,16 +108,7 @@ class Pipeline:
         return self.stage.config
 
     def _plan_of(self, stage: Stage) -> Plan:
-        return plan_for(
-            stage,
-            self.sink,
-            self.tracking,
-            self._source_info,
-            self.motion,
-            self.drops,
-            self.readings,
-            self.live_view,
-        )
+        return plan_for(stage, self.kept)
 
     def _source_info(self) -> dict[str, Any]:
         return {

@@ -18,9 +18,8 @@ from pydantic import ValidationError
 
 from agent.config import PipelineConfig
 from agent.pipeline import Pipeline
-from agent.pipeline_tracking import PipelineTracking
 from agent.stage import LoadedModel, Stage
-from agent.steps import FrameRecord, Plan, plan_for
+from agent.steps import FrameRecord, PipelineParts, Plan, plan_for
 from providers import ModelArtifact, Session, get_backend
 from tests.media_fixtures import SCRIPTS_DIR, ListSink, yolo_labels, yolo_path
 from tests.waits import wait_until
@@ -87,7 +86,7 @@ def _frame(clip: tuple[Path, list], index: int) -> np.ndarray:
 def _plan(session: Session, clip: tuple[Path, list], labels: list[str], way: str = "regions") -> Plan:
     stage = Stage(bench().config(way, clip[0], labels), LoadedModel("nudenet", "3.4.2", "ab" * 32, session))
     sink = ListSink()
-    return plan_for(stage, sink, PipelineTracking(way, sink), lambda: {"uri": "clip"})
+    return plan_for(stage, PipelineParts.new(way, sink, lambda: {"uri": "clip"}))
 
 
 def _walk(plan: Plan, pixels: np.ndarray, areas: list | None) -> FrameRecord:

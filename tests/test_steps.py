@@ -16,11 +16,10 @@ from agent.config_loader import load_config
 from agent.errors import ConfigError
 from agent.mqtt import Outbox
 from agent.pipeline import Pipeline
-from agent.pipeline_tracking import PipelineTracking
 from agent.results import ResultWriter
 from agent.sources import Frame
 from agent.stage import LoadedModel, Stage
-from agent.steps import FrameRecord, plan_for
+from agent.steps import FrameRecord, PipelineParts, plan_for
 from providers.onnxruntime_backend import OnnxRuntimeBackend
 from tests.media_fixtures import CLS_LABELS, ListSink, cls_artifact, sign_folder
 from tests.waits import wait_until
@@ -46,7 +45,7 @@ def config(folder: Path, **extra: Any) -> PipelineConfig:
 
 
 def names(stage: Stage) -> dict[str, list[str]]:
-    plan = plan_for(stage, ListSink(), PipelineTracking("signs", ListSink()), lambda: {"uri": "x"})
+    plan = plan_for(stage, PipelineParts.new("signs", ListSink(), lambda: {"uri": "x"}))
     return {thread: [step.name for step in steps] for thread, steps in plan.steps.items()}
 
 

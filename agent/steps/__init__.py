@@ -46,6 +46,7 @@ __all__ = [
     "THREADS",
     "FrameRecord",
     "PipelineMotion",
+    "PipelineParts",
     "Plan",
     "ResultSink",
     "Step",
@@ -59,9 +60,32 @@ __all__ = [
 
 
 @dataclass(frozen=True)
+class PipelineParts:
+    """What a pipeline keeps across its stages (a new model version, a changed zone): its sink, its
+    source's counters, its tracking and scene, the motion gate's background and counts, what the
+    filters dropped, which object a second model read when, and its live view."""
+
+    sink: ResultSink
+    source: Callable[[], Mapping[str, Any]]  # the source's uri and counters, for a result
+    tracking: PipelineTracking
+    motion: PipelineMotion
+    drops: Drops
+    readings: PipelineAttributes
+    live_view: LiveView
+
+    @classmethod
+    def new(cls, name: str, sink: ResultSink, source: Callable[[], Mapping[str, Any]]) -> PipelineParts:
+        """Fresh ones, for a pipeline named `name` (or a test's stage run alone)."""
+        return cls(
+            sink, source, PipelineTracking(name, sink), PipelineMotion(), Drops(), PipelineAttributes(),
+            LiveView(name),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
 class StepParts:
     """What steps are made of besides the config: the stage's (its model's run, feeder, postprocessor
-    and report rules, agent/stage.py) and the pipeline's (its sink, its scene, its source)."""
+    and report rules, agent/stage.py) and the pipeline's (`kept`)."""
 
     feeder: Feeder
     run_model: RunModel
@@ -71,35 +95,30 @@ class StepParts:
     postprocess: Postprocessor
     rules: ReportRules
     model: Mapping[str, Any]  # name, version, sha256: the result's `model`
-    sink: ResultSink
-    tracking: PipelineTracking
-    motion: PipelineMotion  # the motion gate's background and counters (kept across stages)
-    drops: Drops  # what the filters dropped (kept across stages)
-    source: Callable[[], Mapping[str, Any]]  # the source's uri and counters, for a result
     attribute_models: AttributeSet | None  # the stage's second models (None: no attributes)
-    readings: PipelineAttributes  # which object was read when, and the answers (kept across stages)
-    live_view: LiveView  # the pipeline's latest drawn frame for its viewers (kept across stages)
+    kept: PipelineParts  # the pipeline's, kept across stages
 
 
 def build_steps(config: PipelineConfig, parts: StepParts) -> list[Step]:
     """The steps a frame of this pipeline walks, in order: one line a step (None: not in this one)."""
-    tracks = config.tracking is not None or parts.tracking.scene is not None  # (or a scene to end)
+    kept = parts.kept
+    tracks = config.tracking is not None or kept.tracking.scene is not None  # (or a scene to end)
     gate = config.motion_gate
     steps = [
-        MotionGateStep(gate, parts.motion, parts.tracking.tracks_alive) if gate is not None else None,
-        PrepareStep(parts.feeder, gate, parts.tracking),  # (motion regions: crops around the motion)
+        MotionGateStep(gate, kept.motion, kept.tracking.tracks_alive) if gate is not None else None,
+        PrepareStep(parts.feeder, gate, kept.tracking),  # (motion regions: crops around the motion)
         InferStep(parts.run_model, parts.serving, parts.fall_back, parts.batches),
         PostprocessStep(parts.postprocess),
-        FilterStep(config.filters, parts.drops) if config.filters is not None else None,
-        TrackStep(config, parts.tracking) if tracks else None,
-        AttributesStep(config, parts.attribute_models, parts.readings, parts.tracking)
+        FilterStep(config.filters, kept.drops) if config.filters is not None else None,
+        TrackStep(config, kept.tracking) if tracks else None,
+        AttributesStep(config, parts.attribute_models, kept.readings, kept.tracking)
         if config.attributes and parts.attribute_models is not None
         else None,
-        ClipsStep(config, parts.tracking) if config.clips.enabled and tracks else None,
-        LiveViewStep(config, parts.live_view, parts.tracking),  # (before the rules: held back is seen)
+        ClipsStep(config, kept.tracking) if config.clips.enabled and tracks else None,
+        LiveViewStep(config, kept.live_view, kept.tracking),  # (before the rules: held back is seen)
         ReportRulesStep(config.report, parts.rules),
         TagStep(config.report.tags) if config.report.tags else None,
-        ReportStep(config, parts.sink, parts.model, parts.source),
+        ReportStep(config, kept.sink, parts.model, kept.source),
     ]
     return [step for step in steps if step is not None]
 
@@ -113,18 +132,8 @@ class Plan:
     keeps_pixels: bool  # a step after the model needs the frame's pixels
 
 
-def plan_for(
-    stage: Stage,
-    sink: ResultSink,
-    tracking: PipelineTracking,
-    source: Callable[[], Mapping[str, Any]],
-    motion: PipelineMotion | None = None,
-    drops: Drops | None = None,
-    readings: PipelineAttributes | None = None,
-    live_view: LiveView | None = None,
-) -> Plan:
-    """The steps of `stage` in a pipeline with this sink, scene, source, motion background, filter
-    counts, attribute readings and live view (None: new ones)."""
+def plan_for(stage: Stage, kept: PipelineParts) -> Plan:
+    """The steps of `stage` in a pipeline that keeps these parts across its stages."""
     parts = StepParts(
         feeder=stage.feeder,
         run_model=lambda feeds: stage.infer(feeds, offer=stage.offer_sample),
@@ -134,14 +143,8 @@ def plan_for(
         postprocess=stage.postprocess,
         rules=stage.rules,
         model=stage.identity,
-        sink=sink,
-        tracking=tracking,
-        motion=motion or PipelineMotion(),
-        drops=drops or Drops(),
-        source=source,
         attribute_models=stage.attributes if isinstance(stage.attributes, AttributeSet) else None,
-        readings=readings or PipelineAttributes(),
-        live_view=live_view or LiveView(stage.config.name),
+        kept=kept,
     )
     steps = build_steps(stage.config, parts)
     order = [THREADS.index(step.thread) for step in steps]
