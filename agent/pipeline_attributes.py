@@ -93,7 +93,7 @@ class PipelineAttributes:
         crop = attribute.crop
         if x2 - x1 < crop.min_width or y2 - y1 < crop.min_height:
             return False
-        cut = cut_by_edge((x1, y1, x2, y2), width, height)
+        area, cut, quality = _picture(entry, width, height)
         if cut and crop.whole_only:
             return False
         read = self._reads.get((track_id, attribute.name))
@@ -104,7 +104,6 @@ class PipelineAttributes:
         if read.retry_at is not None:
             return now >= read.retry_at
         when = attribute.when
-        area = (x2 - x1) * (y2 - y1)
         if when.interval_s is not None and now - read.at >= when.interval_s:
             return True
         if when.size_factor is not None and read.area > 0:
@@ -112,19 +111,15 @@ class PipelineAttributes:
             if change >= when.size_factor or change <= 1 / when.size_factor:
                 return True
         if when.again_when_better is not None:
-            quality = picture_quality(float(entry.get("score", 1.0)), area, cut)
             return quality > read.quality * when.again_when_better
         return False
 
     def asked(self, attribute: str, entry: dict[str, Any], now: float, width: int, height: int) -> None:
         """`entry` was handed to the reader for `attribute`."""
         track_id = int(entry["track_id"])
-        x1, y1, x2, y2 = (float(v) for v in entry["box"])
-        area = (x2 - x1) * (y2 - y1)
         read = self._reads.setdefault((track_id, attribute), _Read())
-        read.pending, read.at, read.area = True, now, area
-        cut = cut_by_edge((x1, y1, x2, y2), width, height)
-        read.quality = picture_quality(float(entry.get("score", 1.0)), area, cut)
+        read.area, _cut, read.quality = _picture(entry, width, height)
+        read.pending, read.at = True, now
         read.times += 1
         counts = self.counts.setdefault(attribute, AttributeCounts())
         counts.asked += 1
@@ -177,3 +172,12 @@ class PipelineAttributes:
 
     def status(self) -> dict[str, dict[str, Any]]:
         return {name: counts.to_dict() for name, counts in self.counts.items()}
+
+
+def _picture(entry: dict[str, Any], width: int, height: int) -> tuple[float, bool, float]:
+    """A tracked box's area, whether the frame's edge cuts it, and its picture quality (the score
+    by the area, less when cut): what `due` compares and `asked` remembers."""
+    x1, y1, x2, y2 = (float(v) for v in entry["box"])
+    area = (x2 - x1) * (y2 - y1)
+    cut = cut_by_edge((x1, y1, x2, y2), width, height)
+    return area, cut, picture_quality(float(entry.get("score", 1.0)), area, cut)
