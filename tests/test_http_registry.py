@@ -453,7 +453,7 @@ def test_the_daemon_shows_a_stalled_download_and_resumes_it(
         "device": {"id": "http-box"},
         "state_dir": str(tmp_path / "state"),
         "mqtt": {"host": "127.0.0.1", "port": free_port(), "reconnect_min_s": 0.2, "reconnect_max_s": 1.0},
-        "registry": {"url": server.url, "read_timeout_s": 15.0, "retries": 0},
+        "registry": {"url": server.url, "read_timeout_s": 5.0, "retries": 0},  # the stall: 5 s
         "backends": {"benchmark": False},
         "pipelines": [
             {
