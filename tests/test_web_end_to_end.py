@@ -2,7 +2,8 @@
 the real YOLOv8n face detector (nudenet's 320n.onnx) tracking a rendered walker, a real mosquitto,
 and Debian's headless Chromium driving the pages as a person would:
 
-log in; the live view's picture changes by itself; a zone is drawn with the mouse on the pipeline's
+log in; the live view's picture changes by itself (its age and the pipeline's fps beside it); the
+models page says where the detector serves and why; a zone is drawn with the mouse on the pipeline's
 frame (a corner dragged into place) and saved; the config file holds it with its comments; the daemon
 applied it (its status shows the zone) and the walker tracked before the save keeps its id after it
 (the reload swaps the zones in between two frames, tracks kept), entering the new zone under that id;
@@ -51,8 +52,14 @@ WIDTH, HEIGHT, FPS, PERIOD_S = 640, 480, 10, 8.0
 WALK = {"walker": [(0.0, 110.0, 240.0), (PERIOD_S / 2, 530.0, 240.0), (PERIOD_S, 110.0, 240.0)]}
 # The zone drawn: the right part of the frame, which the walker's box bottom passes.
 ZONE = [(0.62, 0.2), (0.95, 0.2), (0.95, 0.95), (0.62, 0.95)]
-# EDGE_AGENT_UPDATE_SCREENSHOTS=1: the test's screenshot replaces the one docs/web.md shows.
-SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "img" / "web-zones.png"
+IMAGES = Path(__file__).resolve().parents[1] / "docs" / "img"
+
+
+def keep(shot: Path) -> None:
+    """EDGE_AGENT_UPDATE_SCREENSHOTS=1: the test's screenshot replaces the one docs/web.md shows."""
+    if os.environ.get("EDGE_AGENT_UPDATE_SCREENSHOTS") == "1":
+        (IMAGES / shot.name).write_bytes(shot.read_bytes())
+
 
 CONFIG = """\
 # The door camera of the web pages' end-to-end test.
@@ -144,12 +151,33 @@ def test_a_person_logs_in_draws_a_zone_and_sees_its_event_with_snapshot_and_clip
     browser.find_element(By.CSS_SELECTOR, "form.login button[type=submit]").click()
     wait_element(browser, f'tr[data-pipeline="{PIPELINE}"]', timeout=15)  # the box page
 
-    # The live view's picture changes by itself (the walker moves, the page polls).
+    # The live view's picture changes by itself (the walker moves, the page polls), with its age and
+    # the pipeline's frame rate beside it, at the frame's own size, without a reload.
     browser.get(f"{base}/live/{PIPELINE}")
-    live = wait_element(browser, f'figure.live[data-pipeline="{PIPELINE}"] canvas', timeout=20)
-    wait_js(browser, "return !document.querySelector('.live-age').textContent.includes('waiting')",
-            "the first live picture", timeout=30)  # fmt: skip
-    wait_rendered_change(live, "the live picture to change", timeout=30)
+    figure = f'figure.live[data-pipeline="{PIPELINE}"]'
+    live = wait_element(browser, f"{figure} canvas", timeout=20)
+    browser.execute_script("window.notReloaded = true;")
+    wait_js(browser, f"return Number(document.querySelector('{figure}').getAttribute('data-seq')) > 0",
+            "a first live picture", timeout=30)  # fmt: skip
+    wait_rendered_change(live, "the live picture to change on screen", timeout=30)
+    caption = f"document.querySelector('{figure} figcaption').textContent"
+    wait_js(browser, f"return /frame [0-9.]+ s old/.test({caption})", "the picture's age beside it")
+    wait_js(browser, f"return /pipeline [0-9.]+ fps/.test({caption})", "the pipeline's frame rate beside it")
+    assert browser.execute_script("return [arguments[0].width, arguments[0].height];", live) == [
+        WIDTH,
+        HEIGHT,
+    ]
+    assert browser.execute_script("return window.notReloaded === true;")
+    assert console_errors(browser) == []
+    keep(screenshot(browser, tmp_path / "web-live.png"))
+
+    # The models page: where the detector serves and why, and the store.
+    browser.get(f"{base}/models")
+    section = wait_element(browser, f'section.explained[data-pipeline="{PIPELINE}"]')
+    assert "serving now on" in section.text and "320n.onnx" in section.text
+    assert "320n.onnx" in wait_element(browser, "table.store").text
+    assert console_errors(browser) == []
+    keep(screenshot(browser, tmp_path / "web-models.png"))
 
     # Draw the zone with the mouse on the pipeline's frame, name it, save.
     browser.get(f"{base}/zones/{PIPELINE}")
@@ -177,9 +205,7 @@ def test_a_person_logs_in_draws_a_zone_and_sees_its_event_with_snapshot_and_clip
     assert points.count("[") == 4, points  # four corners, in fractions
     assert console_errors(browser) == []
     browser.execute_script("window.scrollTo(0, 0)")
-    shot = screenshot(browser, tmp_path / "web-zones.png")
-    if os.environ.get("EDGE_AGENT_UPDATE_SCREENSHOTS") == "1":
-        SCREENSHOT.write_bytes(shot.read_bytes())
+    keep(screenshot(browser, tmp_path / "web-zones.png"))
 
     # The file holds it, in fractions within a pixel of where the mouse went, its comments kept.
     saved = config.read_text()
