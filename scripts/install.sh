@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs edge-agent as a systemd service, as root, in one command (docs/install.md):
 #
-#   sudo scripts/install.sh [--with openvino|tflite|tflite-legacy|gpu|web]... [--from DIR_OR_WHEEL]
+#   sudo scripts/install.sh [--with openvino|tflite|tflite-legacy|gpu|web]... [--editable-config]
+#                           [--from DIR_OR_WHEEL]
 #   sudo scripts/install.sh --uninstall [--purge]
 #
 # It makes the system user edge-agent (home = the state dir, no login shell) in the groups that
@@ -26,6 +27,7 @@ UNIT_DIR=/etc/systemd/system
 UNIT=$UNIT_DIR/edge-agent.service
 DROPIN_DIR=$UNIT_DIR/edge-agent.service.d
 JETSON_DROPIN=$DROPIN_DIR/jetson.conf
+EDITABLE_DROPIN=$DROPIN_DIR/editable-config.conf
 CMD_LINK=/usr/local/bin/edge-agent
 # Device groups: video (V4L2 cameras; NVIDIA nodes on some distributions), render (GPU render nodes,
 # the Intel NPU's /dev/accel), dialout (serial ports), plugdev (USB devices opened through libusb:
@@ -45,6 +47,10 @@ usage: install.sh [options]            install or upgrade (as root)
                           openvino       OpenVINO is in every install; this checks for the NPU
                           web            the optional local web page's stack (Starlette, uvicorn:
                                          the `web` extra; turned on by web.enabled, docs/web.md)
+  --editable-config     the agent may replace its config (the web page's zone editor saves it):
+                        /etc/edge-agent root:edge-agent 2770, agent.yaml edge-agent:edge-agent
+                        0640, and a unit drop-in with ReadWritePaths=/etc/edge-agent; implies
+                        --with web. A run without it takes that back (docs/install.md)
   --gpu-wheel SPEC      the onnxruntime-gpu to install with --with gpu: a wheel file or URL (a
                         Jetson's, built for its JetPack) or a requirement; default onnxruntime-gpu
   --from DIR_OR_WHEEL   the agent to install: a checkout or an edge_agent-*.whl
@@ -64,7 +70,7 @@ usage: install.sh [options]            install or upgrade (as root)
                         path is under DIR, the user is added to DIR/etc/passwd and DIR/etc/group
                         (which must exist), the unit is enabled there and nothing is started
   --uninstall           stop and remove the service, the venv, the command and the user;
-                        /etc/edge-agent and /var/lib/edge-agent are kept
+                        /etc/edge-agent (handed back to root) and /var/lib/edge-agent are kept
   --purge               with --uninstall: also remove /etc/edge-agent, /var/lib/edge-agent and
                         the unit's drop-ins
 USAGE
@@ -91,6 +97,7 @@ NO_DEPS=0
 ENABLE=1
 START=1
 GPU_WHEEL=""
+EDITABLE=0
 
 while [ $# -gt 0 ]; do
     arg=$1
@@ -127,6 +134,7 @@ while [ $# -gt 0 ]; do
         --no-deps) NO_DEPS=1 ;;
         --no-enable) ENABLE=0 ;;
         --no-start) START=0 ;;
+        --editable-config) EDITABLE=1 ;;
         --uninstall) UNINSTALL=1 ;;
         --purge) PURGE=1 ;;
         -h | --help) usage; exit 0 ;;
@@ -143,6 +151,8 @@ if [ $ROOT_GIVEN -eq 1 ]; then
 fi
 has() { local x; for x in "${WITH[@]+"${WITH[@]}"}"; do [ "$x" = "$1" ] && return 0; done; return 1; }
 [ -z "$GPU_WHEEL" ] || has gpu || die "--gpu-wheel goes with --with gpu"
+# The zone editor that writes the config is part of the web page: its stack comes with it.
+[ $EDITABLE -eq 0 ] || has web || WITH+=(web)
 
 # Everything this script touches is a path on the target: $ROOT/path.
 r() { printf '%s%s' "$ROOT" "$1"; }
@@ -183,6 +193,9 @@ in_group() {  # user, group entry
 uninstall() {
     STEPS=5
     echo "edge-agent uninstall${ROOT:+ from root $ROOT}"
+    # Its ids, for the config step: they are gone from the user database by then.
+    local old_ids
+    old_ids=$(passwd_entry "$SERVICE_USER" | cut -d: -f3,4)
     step "service"
     if [ $SYSTEMD_RUNNING -eq 1 ] && systemctl cat edge-agent.service >/dev/null 2>&1; then
         systemctl disable --now edge-agent.service 2>&1 | sed 's/^/    /' || true
@@ -201,10 +214,13 @@ uninstall() {
     elif [ $found -eq 0 ]; then
         say "no unit installed"
     fi
-    if [ -f "$(r "$JETSON_DROPIN")" ]; then
-        rm -f "$(r "$JETSON_DROPIN")"
-        say "removed $JETSON_DROPIN"
-    fi
+    local dropin
+    for dropin in "$JETSON_DROPIN" "$EDITABLE_DROPIN"; do
+        if [ -f "$(r "$dropin")" ]; then
+            rm -f "$(r "$dropin")"
+            say "removed $dropin"
+        fi
+    done
     if [ -d "$(r "$DROPIN_DIR")" ]; then
         if [ $PURGE -eq 1 ]; then
             rm -rf "$(r "$DROPIN_DIR")"
@@ -252,6 +268,18 @@ uninstall() {
         rm -rf "$(r "$CONF_DIR")"
         say "removed $CONF_DIR (--purge)"
     elif [ -e "$(r "$CONF_DIR")" ]; then
+        # What belonged to the removed user is root's now: a user made later with the same uid or
+        # gid must not get to read or replace the config (--editable-config made both its own).
+        local path ids
+        for path in "$CONF_DIR" "$CONF"; do
+            [ -e "$(r "$path")" ] && [ ! -L "$(r "$path")" ] && [ -n "$old_ids" ] || continue
+            ids=$(stat -c %u:%g "$(r "$path")")
+            if [ "${ids%%:*}" = "${old_ids%%:*}" ] || [ "${ids##*:}" = "${old_ids##*:}" ]; then
+                chown 0:0 "$(r "$path")"
+                if [ "$path" = "$CONF_DIR" ]; then chmod 00755 "$(r "$path")"; else chmod go-rwx "$(r "$path")"; fi
+                say "$path: owner set to root:root (it was $SERVICE_USER's)"
+            fi
+        done
         say "kept $CONF_DIR (--purge removes it)"
     fi
 
@@ -266,7 +294,7 @@ uninstall() {
 }
 
 if [ $UNINSTALL -eq 1 ]; then
-    [ ${#WITH[@]} -eq 0 ] && [ -z "$FROM" ] || die "--uninstall takes no --with or --from"
+    [ ${#WITH[@]} -eq 0 ] && [ -z "$FROM" ] || die "--uninstall takes no --with, --editable-config or --from"
     uninstall
     exit 0
 fi
@@ -579,19 +607,41 @@ else
 fi
 
 step "config $CONF"
-install -d -m 0755 -o 0 -g 0 "$(r "$CONF_DIR")"
+# The agent reads the config as edge-agent; it may hold passwords: root:edge-agent 0640 in a
+# root:root 0755 folder. --editable-config: the agent may replace it (the zone editor's save: a temp
+# file in the folder renamed over the file, keeping the owner and mode it finds, which only the
+# file's owner can), so the file is edge-agent's and the folder's group edge-agent may write it
+# (setgid: files root makes there get that group too); still no access for others.
+conf_dir=$(r "$CONF_DIR")
 conf=$(r "$CONF")
+if [ $EDITABLE -eq 1 ]; then
+    dir_want="0:$SERVICE_GID:2770" conf_owner=$SERVICE_UID conf_said="$SERVICE_USER:$SERVICE_USER"
+    [ ! -L "$conf" ] || die "--editable-config: $CONF is a symbolic link; the editor would replace the link by a file: make it the file itself"
+else
+    dir_want="0:0:755" conf_owner=0 conf_said="root:$SERVICE_USER"
+fi
+if [ ! -d "$conf_dir" ]; then
+    install -d -m 0755 -o 0 -g 0 "$conf_dir"
+fi
+if [ "$(stat -c %u:%g:%a "$conf_dir")" != "$dir_want" ]; then
+    chown "${dir_want%:*}" "$conf_dir"
+    chmod "00${dir_want##*:}" "$conf_dir"  # 00: else chmod keeps a folder's setgid bit
+    if [ $EDITABLE -eq 1 ]; then
+        say "$CONF_DIR: root:$SERVICE_USER 2770 (--editable-config: the agent may write in it)"
+    else
+        say "$CONF_DIR: root:root 0755 (without --editable-config the agent only reads it)"
+    fi
+fi
 if [ -e "$conf" ]; then
     say "kept (exists; its content is not touched)"
 else
-    install -m 0640 -o 0 -g "$SERVICE_GID" "$CHECKOUT/configs/agent.example.yaml" "$conf"
+    install -m 0640 -o "$conf_owner" -g "$SERVICE_GID" "$CHECKOUT/configs/agent.example.yaml" "$conf"
     say "installed the example (configs/agent.example.yaml): edit device.id, mqtt and the pipelines"
 fi
-# The agent reads it as edge-agent; it may hold passwords: root:edge-agent 0640.
-if [ "$(stat -c %u:%g:%a "$conf")" != "0:$SERVICE_GID:640" ]; then
-    chown "0:$SERVICE_GID" "$conf"
+if [ "$(stat -c %u:%g:%a "$conf")" != "$conf_owner:$SERVICE_GID:640" ]; then
+    chown "$conf_owner:$SERVICE_GID" "$conf"
     chmod 0640 "$conf"
-    say "owner and mode set to root:$SERVICE_USER 0640"
+    say "owner and mode set to $conf_said 0640"
 fi
 # ProtectHome=yes and PrivateTmp=yes: the agent does not see /home, /root, /run/user or this
 # machine's /tmp. A config naming files there would fail only once the service runs.
@@ -659,6 +709,14 @@ ProtectClock=no
 PrivateTmp=no
 EOF
     install_file "$WORK/jetson.conf" "$JETSON_DROPIN" drop-in
+fi
+if [ $EDITABLE -eq 1 ]; then
+    install_file "$CHECKOUT/systemd/edge-agent.service.d/editable-config.conf" "$EDITABLE_DROPIN" drop-in
+elif [ -f "$(r "$EDITABLE_DROPIN")" ]; then
+    # As every option here: what a run is not given it takes back (an earlier --editable-config).
+    rm -f "$(r "$EDITABLE_DROPIN")"
+    rmdir "$(r "$DROPIN_DIR")" 2>/dev/null || true
+    say "drop-in $EDITABLE_DROPIN: removed (no --editable-config: the agent no longer writes its config)"
 fi
 
 step "systemd"
