@@ -18,6 +18,7 @@ import json
 import re
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -547,3 +548,67 @@ def test_the_open_loopback_page_answers_no_other_host_on_any_new_route(
     assert code == 403
     for path in routes(files):  # the same on the loopback name: served
         assert raw(box.open_base, "GET", path, {"Host": "localhost"})[0] in (200, 204), path
+
+
+# --- a crowd of live views ----------------------------------------------------------------------------
+
+
+def test_a_crowd_of_long_polls_is_bounded_the_page_answers_and_the_viewers_go_with_them(box: Box) -> None:
+    """More sessions than MAX_VIEWERS, then more polls at once than MAX_WAITING (and than the server's
+    connections), on the open loopback page: each answered 200, 204 or 503 at once; /api/status
+    answers quickly meanwhile; once the crowd goes, no viewer is left and no picture is made."""
+    from agent.web.live import MAX_VIEWERS, MAX_WAITING
+
+    view = box.agent.supervisor.pipeline(PIPELINE).live_view
+    wait_until(lambda: not view.watched, "no viewer from the tests before", timeout=15)
+    crowd = [
+        client(box.open_base, headers={"Connection": "close"}) for _ in range(MAX_VIEWERS + MAX_WAITING + 8)
+    ]
+    frame = f"/live/{PIPELINE}/frame.jpg"
+    answers: list[int] = []
+    refused_s: list[float] = []  # how long each 503 took
+    threads: list[threading.Thread] = []
+    try:
+        for member in crowd:
+            assert member.get("/live").status_code == 200  # a session (cookie) each
+        # One after another: each a viewer for its lease, until MAX_VIEWERS are watching.
+        codes = [member.get(frame).status_code for member in crowd[: MAX_VIEWERS + 8]]
+        assert codes == [200] * MAX_VIEWERS + [503] * 8, codes
+        assert view.status()["viewers"] == MAX_VIEWERS
+        # All at once, each waiting for a picture newer than the latest: none comes for 100 s (the
+        # view is watched by the leases above, so no new viewer is given one at once either).
+        view.max_fps = 0.01
+        seq = view.seq
+
+        def poll(member: httpx.Client) -> None:
+            began = time.monotonic()
+            code = member.get(frame, params={"after": seq}).status_code
+            answers.append(code)
+            if code == 503:
+                refused_s.append(time.monotonic() - began)
+
+        threads += [threading.Thread(target=poll, args=(member,)) for member in crowd]
+        for thread in threads:
+            thread.start()
+        over = len(threads) - MAX_WAITING
+        wait_until(lambda: len(answers) >= over, "the polls over the bound to be refused", timeout=15,
+                   state=lambda: answers)  # fmt: skip
+        assert set(answers) == {503}, answers  # refused at once, while the others wait
+        began = time.monotonic()
+        status = httpx.get(f"{box.open_base}/api/status", timeout=5)
+        took = time.monotonic() - began
+        assert status.status_code == 200 and took < 1.0, took
+        assert view.status()["viewers"] <= MAX_VIEWERS
+    finally:
+        view.max_fps = 2.0  # the waiting polls get their picture
+        for thread in threads:
+            thread.join(15)
+        for member in crowd:
+            member.close()
+    assert not any(thread.is_alive() for thread in threads)
+    assert len(answers) == len(threads) and set(answers) <= {200, 204, 503}, answers
+    assert 1 <= answers.count(200) + answers.count(204) <= MAX_WAITING, answers
+    # Refused at once: none queued behind the waiting polls for their POLL_S.
+    assert max(refused_s) < 1.0, sorted(refused_s)
+    wait_until(lambda: not view.watched, "the crowd's viewers to leave", timeout=15)
+    wait_until(lambda: view._thread is None or not view._thread.is_alive(), "the encoder to stop", timeout=10)

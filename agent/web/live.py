@@ -238,10 +238,19 @@ class LivePages:
         plain = request.query_params.get("plain", "0") == "1"
         if self._waiting is None:
             self._waiting = anyio.CapacityLimiter(MAX_WAITING)
-        if self._waiting.available_tokens < 1:  # answered now: a poll never queues behind others
+        # Taken now or answered now: a poll never queues behind others. (Looking at available_tokens
+        # first and waiting on the limiter after let a burst of polls past the look and queue.)
+        try:
+            self._waiting.acquire_nowait()
+        except anyio.WouldBlock:
             return _busy(f"{MAX_WAITING} polls are waiting already")
         key = (session.id, name, plain)
-        shown = await anyio.to_thread.run_sync(self._wait, key, int(after_text), limiter=self._waiting)
+        try:  # its own thread (a limiter of one): polls take none of the server's shared threads
+            shown = await anyio.to_thread.run_sync(
+                self._wait, key, int(after_text), limiter=anyio.CapacityLimiter(1)
+            )
+        finally:
+            self._waiting.release()
         if shown.code == 503:
             return _busy(shown.text)
         if shown.picture is None:
