@@ -533,7 +533,8 @@ def write_keeping_mode(path: Path, data: bytes) -> None:
     root = os.geteuid() == 0
     if not root and (st.st_uid != os.geteuid() or st.st_gid not in (os.getegid(), *os.getgroups())):
         owner = f"uid {st.st_uid} gid {st.st_gid}"
-        raise Refused([f"{path} belongs to {owner}: the daemon could not keep that owner: edit it by hand"])
+        how = "edit it by hand, or let the editor save there: scripts/install.sh --editable-config"
+        raise Refused([f"{path} belongs to {owner}: the daemon could not keep that owner: {how}"])
     mode = st.st_mode & 0o7777
     try:
         atomic_write_bytes(path, data, mode=mode)

@@ -148,6 +148,7 @@ def test_editable_config_lets_the_service_user_save_and_is_taken_back(
     saved = conf.read_bytes()
     answer = save_as_service_user(conf, uid, gid, "till")
     assert "belongs to uid 0" in str(answer.get("refused")), answer
+    assert "scripts/install.sh --editable-config" in str(answer.get("refused")), answer  # what to do
     assert conf.read_bytes() == saved
 
     # --uninstall: the drop-in goes, and what was the removed user's is root's.
