@@ -13,6 +13,7 @@ escaped."""
 from __future__ import annotations
 
 import contextlib
+import html
 import http.client
 import json
 import re
@@ -82,6 +83,11 @@ pipelines:
     zones:
       - name: left   # by the door
         points: [[0.0, 0.0], [0.5, 0.0], [0.5, 1.0], [0.0, 1.0]]
+  - name: broken   # its source is missing: its last error (naming the file) is on the box page
+    model: {{path: "{model}"}}
+    source: {{type: video, uri: "{missing}"}}
+    preprocess: {{resize: {{width: 320, height: 320, mode: letterbox}}, color: rgb}}
+    postprocess: {{type: detection, score_threshold: 0.1, labels: {labels}}}
 """
 
 
@@ -122,6 +128,7 @@ def box(
             pipeline=PIPELINE,
             model=str(model).replace('"', '\\"'),
             video=crossing_clip,
+            missing=tmp / "<svg onload=alert(2)>.avi",
             labels=json.dumps([RENAMED.get(i, v) for i, v in enumerate(yolo_labels)]),
         )
     )
@@ -254,36 +261,6 @@ def leaks(body: bytes) -> list[str]:
         if needle in body:
             found.append(what)
     return found
-
-
-# --- no session, no data ----------------------------------------------------------------------------
-
-API = ("frame.jpg", "/events/list", "/models/part")  # scripts' routes: 401, not the login page
-
-
-@pytest.mark.parametrize("who", ["no cookie", "made-up session", "the login form's session"])
-def test_every_new_route_without_a_logged_in_session_gives_the_login_page_or_401_and_no_data(
-    box: Box, files: Files, who: str
-) -> None:
-    with client(box.base) as browser:
-        if who == "made-up session":
-            browser.cookies.set("edge_agent_session", "x" * 43)
-        elif who == "the login form's session":
-            assert browser.get("/login").status_code == 200  # a session without a user: opens nothing
-        for path in routes(files):
-            answer = browser.get(path)
-            if path.endswith(API):
-                assert answer.status_code == 401, (path, answer.status_code)
-                assert answer.json() == {"error": "log in first: POST /login"}
-            else:
-                assert answer.status_code == 303 and answer.headers["location"] == "/login", path
-            assert leaks(answer.content) == [], path
-        answer = browser.post(f"/zones/{PIPELINE}", data={"shapes": "{}", "csrf": "x"})
-        assert answer.status_code == 401 and leaks(answer.content) == []
-    # The same routes with the user's session: each answers (the refusals above were for the session).
-    with logged_in(box.base) as browser:
-        for path in routes(files):
-            assert browser.get(path).status_code in (200, 204), path
 
 
 # --- the editor's POST ------------------------------------------------------------------------------
@@ -447,6 +424,100 @@ def test_hostile_labels_are_written_back_as_plain_strings_and_load_back(box: Box
         assert "<img src=x" not in page and editor_of(browser)[1]["shapes"]["zones"][1]["labels"] == labels
 
 
+# --- a crowd of live views ----------------------------------------------------------------------------
+
+
+def test_a_crowd_of_long_polls_is_bounded_the_page_answers_and_the_viewers_go_with_them(box: Box) -> None:
+    """More sessions than MAX_VIEWERS, then more polls at once than MAX_WAITING (and than the server's
+    connections), on the open loopback page: each answered 200, 204 or 503 at once; /api/status
+    answers quickly meanwhile; once the crowd goes, no viewer is left and no picture is made."""
+    from agent.web.live import MAX_VIEWERS, MAX_WAITING
+
+    view = box.agent.supervisor.pipeline(PIPELINE).live_view
+    wait_until(lambda: not view.watched, "no viewer from the tests before", timeout=15)
+    crowd = [
+        client(box.open_base, headers={"Connection": "close"}) for _ in range(MAX_VIEWERS + MAX_WAITING + 8)
+    ]
+    frame = f"/live/{PIPELINE}/frame.jpg"
+    answers: list[int] = []
+    refused_s: list[float] = []  # how long each 503 took
+    threads: list[threading.Thread] = []
+    try:
+        for member in crowd:
+            assert member.get("/live").status_code == 200  # a session (cookie) each
+        # One after another: each a viewer for its lease, until MAX_VIEWERS are watching.
+        codes = [member.get(frame).status_code for member in crowd[: MAX_VIEWERS + 8]]
+        assert codes == [200] * MAX_VIEWERS + [503] * 8, codes
+        assert view.status()["viewers"] == MAX_VIEWERS
+        # All at once, each waiting for a picture newer than the latest: none comes for 100 s (the
+        # view is watched by the leases above, so no new viewer is given one at once either).
+        view.max_fps = 0.01
+        seq = view.seq
+
+        def poll(member: httpx.Client) -> None:
+            began = time.monotonic()
+            code = member.get(frame, params={"after": seq}).status_code
+            answers.append(code)
+            if code == 503:
+                refused_s.append(time.monotonic() - began)
+
+        threads += [threading.Thread(target=poll, args=(member,)) for member in crowd]
+        for thread in threads:
+            thread.start()
+        over = len(threads) - MAX_WAITING
+        wait_until(lambda: len(answers) >= over, "the polls over the bound to be refused", timeout=15,
+                   state=lambda: answers)  # fmt: skip
+        assert set(answers) == {503}, answers  # refused at once, while the others wait
+        began = time.monotonic()
+        status = httpx.get(f"{box.open_base}/api/status", timeout=5)
+        took = time.monotonic() - began
+        assert status.status_code == 200 and took < 1.0, took
+        assert view.status()["viewers"] <= MAX_VIEWERS
+    finally:
+        view.max_fps = 2.0  # the waiting polls get their picture
+        for thread in threads:
+            thread.join(15)
+        for member in crowd:
+            member.close()
+    assert not any(thread.is_alive() for thread in threads)
+    assert len(answers) == len(threads) and set(answers) <= {200, 204, 503}, answers
+    assert 1 <= answers.count(200) + answers.count(204) <= MAX_WAITING, answers
+    # Refused at once: none queued behind the waiting polls for their POLL_S.
+    assert max(refused_s) < 1.0, sorted(refused_s)
+    wait_until(lambda: not view.watched, "the crowd's viewers to leave", timeout=15)
+    wait_until(lambda: view._thread is None or not view._thread.is_alive(), "the encoder to stop", timeout=10)
+
+
+# --- no session, no data ----------------------------------------------------------------------------
+
+API = ("frame.jpg", "/events/list", "/models/part")  # scripts' routes: 401, not the login page
+
+
+@pytest.mark.parametrize("who", ["no cookie", "made-up session", "the login form's session"])
+def test_every_new_route_without_a_logged_in_session_gives_the_login_page_or_401_and_no_data(
+    box: Box, files: Files, who: str
+) -> None:
+    with client(box.base) as browser:
+        if who == "made-up session":
+            browser.cookies.set("edge_agent_session", "x" * 43)
+        elif who == "the login form's session":
+            assert browser.get("/login").status_code == 200  # a session without a user: opens nothing
+        for path in routes(files):
+            answer = browser.get(path)
+            if path.endswith(API):
+                assert answer.status_code == 401, (path, answer.status_code)
+                assert answer.json() == {"error": "log in first: POST /login"}
+            else:
+                assert answer.status_code == 303 and answer.headers["location"] == "/login", path
+            assert leaks(answer.content) == [], path
+        answer = browser.post(f"/zones/{PIPELINE}", data={"shapes": "{}", "csrf": "x"})
+        assert answer.status_code == 401 and leaks(answer.content) == []
+    # The same routes with the user's session: each answers (the refusals above were for the session).
+    with logged_in(box.base) as browser:
+        for path in routes(files):
+            assert browser.get(path).status_code in (200, 204), path
+
+
 # --- traversal and odd names ------------------------------------------------------------------------
 
 # tests/test_web_security.py's spellings, as they go on the wire (`raw`: nothing resolves them first).
@@ -550,65 +621,77 @@ def test_the_open_loopback_page_answers_no_other_host_on_any_new_route(
         assert raw(box.open_base, "GET", path, {"Host": "localhost"})[0] in (200, 204), path
 
 
-# --- a crowd of live views ----------------------------------------------------------------------------
+# --- HTML in what the pages show --------------------------------------------------------------------
 
 
-def test_a_crowd_of_long_polls_is_bounded_the_page_answers_and_the_viewers_go_with_them(box: Box) -> None:
-    """More sessions than MAX_VIEWERS, then more polls at once than MAX_WAITING (and than the server's
-    connections), on the open loopback page: each answered 200, 204 or 503 at once; /api/status
-    answers quickly meanwhile; once the crowd goes, no viewer is left and no picture is made."""
-    from agent.web.live import MAX_VIEWERS, MAX_WAITING
+def test_html_in_what_the_pages_show_stays_text(box: Box, files: Files) -> None:
+    """A label of the model (the tracked face's is HOSTILE), an event's zone, reason and attribute
+    from a writer, a model's file name, a pipeline's last error naming its file, names in the URL:
+    each shown as text, never as markup; an event's snapshot and clip names leading out are no links."""
+    at = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
+    box.agent.writer.write_events(PIPELINE, [{
+        "type": "end", "at": at, "zone": HOSTILE, "reason": HOSTILE, "clip": "../../secret",
+        "object": {"id": 9999, "label": "FACE_MALE", "snapshot": "../secret",
+                   "attributes": {"plate": {"value": HOSTILE, "score": 0.5}}},
+    }])  # fmt: skip
+    index = box.agent.event_index
+    wait_until(lambda: index.query(zone=HOSTILE, limit=5), "the hostile event in the index")
+    wait_until(lambda: index.query(label=HOSTILE, limit=5), "an event of the face (label HOSTILE)")
+    wait_until(lambda: "svg onload" in json.dumps(box.agent.status()), "the broken pipeline's error")
+    escaped = html.escape(HOSTILE)
+    with logged_in(box.base) as browser:
+        pages = {
+            path: browser.get(path)
+            for path in ("/", "/box/status", "/events", "/events/list", f"/events?zone={HOSTILE}",
+                         f"/events?label={HOSTILE}&from={HOSTILE}", "/models", "/models/part",
+                         f"/live/{HOSTILE}", f"/zones/{HOSTILE}", f"/clips/{PIPELINE}/{HOSTILE}/view",
+                         f"/zones/{PIPELINE}")
+        }  # fmt: skip
+    for path, answer in pages.items():
+        assert answer.status_code in (200, 404), (path, answer.status_code)
+        text = answer.text
+        assert "<img src=x" not in text and "<svg onload" not in text, (path, text[:2000])
+    for path in ("/events", "/events/list", f"/events?zone={HOSTILE}"):
+        text = pages[path].text
+        assert escaped in text, path  # the label, zone, reason and attribute, as text
+        assert "/secret" not in text and "secret.jpg" not in text, path  # no link out of the roots
+    assert escaped in pages["/models"].text  # the model's file name
+    assert "&lt;svg onload=alert(2)&gt;" in pages["/"].text  # the last error, naming the file
 
-    view = box.agent.supervisor.pipeline(PIPELINE).live_view
-    wait_until(lambda: not view.watched, "no viewer from the tests before", timeout=15)
-    crowd = [
-        client(box.open_base, headers={"Connection": "close"}) for _ in range(MAX_VIEWERS + MAX_WAITING + 8)
-    ]
-    frame = f"/live/{PIPELINE}/frame.jpg"
-    answers: list[int] = []
-    refused_s: list[float] = []  # how long each 503 took
-    threads: list[threading.Thread] = []
-    try:
-        for member in crowd:
-            assert member.get("/live").status_code == 200  # a session (cookie) each
-        # One after another: each a viewer for its lease, until MAX_VIEWERS are watching.
-        codes = [member.get(frame).status_code for member in crowd[: MAX_VIEWERS + 8]]
-        assert codes == [200] * MAX_VIEWERS + [503] * 8, codes
-        assert view.status()["viewers"] == MAX_VIEWERS
-        # All at once, each waiting for a picture newer than the latest: none comes for 100 s (the
-        # view is watched by the leases above, so no new viewer is given one at once either).
-        view.max_fps = 0.01
-        seq = view.seq
 
-        def poll(member: httpx.Client) -> None:
-            began = time.monotonic()
-            code = member.get(frame, params={"after": seq}).status_code
-            answers.append(code)
-            if code == 503:
-                refused_s.append(time.monotonic() - began)
-
-        threads += [threading.Thread(target=poll, args=(member,)) for member in crowd]
-        for thread in threads:
-            thread.start()
-        over = len(threads) - MAX_WAITING
-        wait_until(lambda: len(answers) >= over, "the polls over the bound to be refused", timeout=15,
-                   state=lambda: answers)  # fmt: skip
-        assert set(answers) == {503}, answers  # refused at once, while the others wait
-        began = time.monotonic()
-        status = httpx.get(f"{box.open_base}/api/status", timeout=5)
-        took = time.monotonic() - began
-        assert status.status_code == 200 and took < 1.0, took
-        assert view.status()["viewers"] <= MAX_VIEWERS
-    finally:
-        view.max_fps = 2.0  # the waiting polls get their picture
-        for thread in threads:
-            thread.join(15)
-        for member in crowd:
-            member.close()
-    assert not any(thread.is_alive() for thread in threads)
-    assert len(answers) == len(threads) and set(answers) <= {200, 204, 503}, answers
-    assert 1 <= answers.count(200) + answers.count(204) <= MAX_WAITING, answers
-    # Refused at once: none queued behind the waiting polls for their POLL_S.
-    assert max(refused_s) < 1.0, sorted(refused_s)
-    wait_until(lambda: not view.watched, "the crowd's viewers to leave", timeout=15)
-    wait_until(lambda: view._thread is None or not view._thread.is_alive(), "the encoder to stop", timeout=10)
+def test_links_out_of_the_roots_and_hostile_ranges_are_refused(box: Box, files: Files) -> None:
+    """A pipeline's folder of snapshots or clips that is a link out of the state dir; a clip asked
+    for in a hundred overlapping ranges (an answer a hundred times the file) or in ranges that make
+    no sense."""
+    outside = box.config.parent / "outside"
+    outside.mkdir(exist_ok=True)
+    (outside / f"{files.snapshot}.jpg").write_text(SECRET)
+    (outside / f"{files.clip}.mp4").write_text(SECRET)
+    for root in ("snapshots", "clips"):
+        link = box.state_dir / root / "linked"
+        if not link.exists():
+            link.symlink_to(outside, target_is_directory=True)
+    size = (box.state_dir / "clips" / PIPELINE / f"{files.clip}.mp4").stat().st_size
+    with logged_in(box.base) as browser:
+        for path in (f"/snapshots/linked/{files.snapshot}", f"/clips/linked/{files.clip}",
+                     f"/clips/linked/{files.clip}/view"):  # fmt: skip
+            answer = browser.get(path)
+            assert answer.status_code == 404 and SECRET not in answer.text, path
+        clip = f"/clips/{PIPELINE}/{files.clip}"
+        many = browser.get(clip, headers={"Range": "bytes=" + ",".join(["0-"] * 100)})
+        assert many.status_code in (200, 206, 416) and len(many.content) <= size + 1024, len(many.content)
+        for bad in (
+            "bytes=5-1",
+            "bytes=-0",
+            f"bytes={size}-",
+            "bytes=x-y",
+            "pages=0-1",
+            "bytes=" + "0-1," * 5000,
+        ):
+            answer = browser.get(clip, headers={"Range": bad})
+            assert answer.status_code in (200, 206, 400, 416), (bad[:40], answer.status_code)
+            assert len(answer.content) <= size + 1024
+        assert (
+            browser.get(clip, headers={"Range": "bytes=0-9"}).content
+            == (box.state_dir / "clips" / PIPELINE / f"{files.clip}.mp4").read_bytes()[:10]
+        )
