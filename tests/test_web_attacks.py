@@ -318,6 +318,18 @@ def test_a_save_without_its_sessions_csrf_token_is_403_and_the_file_stays_byte_f
             old, _ = editor_of(gone)
             assert gone.post("/logout", data={"csrf": old}).status_code == 303
             assert gone.post(f"/zones/{PIPELINE}", data={**form, "csrf": old}).status_code in (303, 401)
+    # The open loopback page (no users): a cross-site form reaches it with the loopback Host but
+    # without the page's cookie (SameSite=Strict) or token.
+    # Nor with an empty token: the cookieless request's session has none, and "" is not one (it was
+    # taken: a web site's form could rewrite the zones of a box whose config's hash it knows, e.g.
+    # the shipped example's).
+    with client(box.open_base) as cross_site:
+        for token_sent in (None, ""):
+            sent = form if token_sent is None else {**form, "csrf": token_sent}
+            posted = cross_site.post(
+                f"/zones/{PIPELINE}", data=sent, headers={"Origin": "http://attacker.example"}
+            )
+            assert posted.status_code == 403, (token_sent, posted.text[:300])
     assert box.config.read_bytes() == before and box.agent._reload_count == reloads
 
 
@@ -657,6 +669,19 @@ def test_html_in_what_the_pages_show_stays_text(box: Box, files: Files) -> None:
         assert "/secret" not in text and "secret.jpg" not in text, path  # no link out of the roots
     assert escaped in pages["/models"].text  # the model's file name
     assert "&lt;svg onload=alert(2)&gt;" in pages["/"].text  # the last error, naming the file
+
+
+def test_sql_in_the_events_filters_is_a_value_not_a_query(box: Box, files: Files) -> None:
+    with logged_in(box.base) as browser:
+        every = browser.get("/events").text.count("<tr data-event=")
+        assert every > 0
+        for sql in ("' OR '1'='1", "x' OR 1=1 --", "%", "*", "'; DROP TABLE events; --", "1) OR (1=1"):
+            for column in ("pipeline", "zone", "line", "label", "type"):
+                answer = browser.get("/events", params={column: sql})
+                assert answer.status_code == 200 and "<tr data-event=" not in answer.text, (column, sql)
+                assert "No events match these filters" in answer.text
+        assert browser.get("/events", params={"before": "1 OR 1=1"}).status_code == 200
+        assert browser.get("/events").text.count("<tr data-event=") >= every  # the table is still there
 
 
 def test_links_out_of_the_roots_and_hostile_ranges_are_refused(box: Box, files: Files) -> None:

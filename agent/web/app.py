@@ -114,7 +114,9 @@ class WebApp:
             async def checked(session: Session) -> Response:
                 if method == "POST":
                     form = await _small_form(request, max_bytes)
-                    if form is None or not csrf_ok(session, form.get("csrf")):
+                    # The open page's cookieless session (an API call's) has no token: "" is
+                    # none, else a web site's form sending csrf= would pass.
+                    if form is None or not session.csrf or not csrf_ok(session, form.get("csrf")):
                         return Response("missing or wrong CSRF token", 403, media_type="text/plain")
                     request.state.form = form
                 return await answer(request, session)
