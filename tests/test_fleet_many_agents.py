@@ -41,6 +41,9 @@ from tests.waits import wait_until
 AGENTS = 20
 FPS = 2.0
 EDGE_AGENT_TIMEOUT_S = 600
+# Each poll of `fleet status` is a process of its own (about 0.4 s of CPU): back to back, the polls
+# took a core from the agents they waited for.
+POLL_S = 1.0
 
 
 @pytest.fixture
@@ -122,7 +125,7 @@ def test_twenty_agents_deploy_refuse_roll_back_reconnect_and_stop_a_failing_cana
             for d in status.values()
         )
 
-    wait_until(lambda: all_running(GOOD), f"{AGENTS} agents running {GOOD}", timeout=300)
+    wait_until(lambda: all_running(GOOD), f"{AGENTS} agents running {GOOD}", timeout=300, interval=POLL_S)
     memory = agents.memory()
     print(f"{len(memory)} agents: {sum(m['pss'] for m in memory.values()) / 2**20:.0f} MiB in all (PSS), "
           f"each {max(m['rss'] for m in memory.values()) / 2**20:.0f} MiB resident at most")  # fmt: skip
@@ -156,7 +159,12 @@ def test_twenty_agents_deploy_refuse_roll_back_reconnect_and_stop_a_failing_cana
     code, result = deploy(GOOD)
     assert code == 7, result  # every online device converged; one is offline
     agents.start(offline)
-    wait_until(lambda: all_running(GOOD), "the offline agent converged after reconnecting", timeout=300)
+    wait_until(
+        lambda: all_running(GOOD),
+        "the offline agent converged after reconnecting",
+        timeout=300,
+        interval=POLL_S,
+    )
 
     # 5. A canary wave with a failing version: the rollout stops, the canaries go back to GOOD.
     generation = devices_status(mosquitto)[names[0]]["layers"]["group:lobby"]["applied_generation"]
@@ -165,7 +173,9 @@ def test_twenty_agents_deploy_refuse_roll_back_reconnect_and_stop_a_failing_cana
     seed = f"lobby-{generation + 1}"
     canaries = {n for n in names if in_canary(n, seed, 25)}
     assert canaries and len(canaries) < AGENTS, canaries
-    wait_until(lambda: all_running(GOOD), "every agent back on (or still on) GOOD", timeout=300)
+    wait_until(
+        lambda: all_running(GOOD), "every agent back on (or still on) GOOD", timeout=300, interval=POLL_S
+    )
     for name in names:
         log = agents.log(name)
         tried = f"now on {MODEL}@{NAN_LIVE}" in log.split(f"generation {generation + 1} accepted")[-1]

@@ -174,7 +174,8 @@ def test_a_version_as_fast_converges_on_a_busy_box_and_a_truly_slower_one_is_rol
             c.get("phase") == "running" and c.get("model") == f"{MODEL}@{version}" for c in now.values()
         )
 
-    wait_until(lambda: on(GOOD), f"{len(AGENTS)} agents running {GOOD}", timeout=300)
+    # `fleet status` per poll is a process of its own (about 0.4 s of CPU): not back to back.
+    wait_until(lambda: on(GOOD), f"{len(AGENTS)} agents running {GOOD}", timeout=300, interval=1.0)
 
     code, result = deploy(mosquitto, tmp_path, NEWER, video[0], busy=True)
     assert code == 0, (result, {name: fleet.log(name)[-3000:] for name in AGENTS})
