@@ -530,6 +530,19 @@ def test_every_new_route_without_a_logged_in_session_gives_the_login_page_or_401
             assert browser.get(path).status_code in (200, 204), path
 
 
+def test_a_flood_of_login_forms_ends_no_logged_in_session(box: Box) -> None:
+    """Each visit to the login page without a cookie makes a session for its form's token; past
+    MAX_SESSIONS the oldest end. A client that is not logged in must not end the users' sessions so."""
+    from agent.web.auth import MAX_SESSIONS
+
+    with logged_in(box.base) as browser, client(box.base) as flood:
+        for _ in range(MAX_SESSIONS + 8):
+            flood.cookies.clear()
+            assert flood.get("/login").status_code == 200
+        assert browser.get("/api/status").status_code == 200  # still logged in
+        assert browser.get(f"/zones/{PIPELINE}").status_code == 200
+
+
 # --- traversal and odd names ------------------------------------------------------------------------
 
 # tests/test_web_security.py's spellings, as they go on the wire (`raw`: nothing resolves them first).

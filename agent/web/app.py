@@ -77,6 +77,9 @@ class WebApp:
         self.device = device
         self.status = CachedStatus(status)
         self.sessions = Sessions(config.session_ttl_s)
+        # The login forms' sessions (no user yet) apart: anyone can make them, and a flood of them
+        # must not push the logged-in sessions out (each store keeps at most MAX_SESSIONS).
+        self.forms = Sessions(config.session_ttl_s)
         self.limiter = LoginLimiter()
         self.static_root = Path(str(resources.files("agent.web").joinpath("static")))
         self.links: list[tuple[str, str]] = []  # the header's links to pages: (title, path)
@@ -228,13 +231,17 @@ class WebApp:
         if self.open:
             return secure(RedirectResponse("/", 303))
         # A session without a user carries the login form's CSRF token.
-        return secure(self._login_page(self.session(request) or self.sessions.new(None)))
+        return secure(self._login_page(self._pending(request) or self.forms.new(None)))
+
+    def _pending(self, request: Request) -> Session | None:
+        """The session a login form was given (or a logged-in one's, logging in again)."""
+        return self.forms.get(request.cookies.get(COOKIE)) or self.session(request)
 
     async def login(self, request: Request) -> Response:
         if self.open or not self._host_ok(request):
             return secure(RedirectResponse("/", 303))
         form = await _small_form(request)
-        pending = self.session(request)
+        pending = self._pending(request)
         if form is None or not csrf_ok(pending, form.get("csrf")):
             return secure(Response("missing or wrong CSRF token", 403, media_type="text/plain"))
         assert pending is not None  # csrf_ok
@@ -255,7 +262,8 @@ class WebApp:
             log.warning("web: failed login for %r from %s", user, client)
             return secure(self._login_page(pending, "Wrong user or password.", 401))
         self.limiter.succeeded(*keys)
-        self.sessions.end(pending.id)  # a new id at login: a planted cookie is worth nothing
+        self.forms.end(pending.id)  # a new id at login: a planted cookie is worth nothing
+        self.sessions.end(pending.id)
         session = self.sessions.new(user)
         log.info("web: %s logged in from %s", user, client)
         return secure(self._with_cookie(RedirectResponse("/", 303), session))
