@@ -524,10 +524,20 @@ def test_every_new_route_without_a_logged_in_session_gives_the_login_page_or_401
             assert leaks(answer.content) == [], path
         answer = browser.post(f"/zones/{PIPELINE}", data={"shapes": "{}", "csrf": "x"})
         assert answer.status_code == 401 and leaks(answer.content) == []
-    # The same routes with the user's session: each answers (the refusals above were for the session).
+    # The same routes with the user's session: each answers (the refusals above were for the session),
+    # with the headers that keep it out of frames and its files from being sniffed as HTML.
     with logged_in(box.base) as browser:
         for path in routes(files):
-            assert browser.get(path).status_code in (200, 204), path
+            answer = browser.get(path)
+            assert answer.status_code in (200, 204), path
+            assert answer.headers["x-frame-options"] == "DENY", path
+            assert answer.headers["x-content-type-options"] == "nosniff", path
+            assert "frame-ancestors 'none'" in answer.headers["content-security-policy"], path
+        # No CORS: another site's script may not send the header token (its preflight gets no yes).
+        preflight = browser.request("OPTIONS", f"/zones/{PIPELINE}", headers={
+            "Origin": "http://attacker.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "x-csrf-token"})  # fmt: skip
+        assert not [h for h in preflight.headers if h.lower().startswith("access-control-")]
 
 
 def test_a_flood_of_login_forms_ends_no_logged_in_session(box: Box) -> None:
