@@ -19,12 +19,14 @@ pytest_plugins = [
 # The longest files (--durations on the 2-core box, 2026-11-29), longest first. scripts/test.sh runs
 # whole files on two workers: a long file handed out last keeps one core busy while the other idles.
 LONGEST_FILES = (
-    "test_fleet_speed_judgement.py",
-    "test_fleet_many_agents.py",
-    "test_backend_test_models.py",
-    "test_outbox_policies.py",
-    "test_side_by_side.py",
-    "test_long_outage.py",
+    "test_fleet_speed_judgement.py",  # ~100 s
+    "test_fleet_many_agents.py",  # 60-105 s
+    "test_backend_test_models.py",  # ~90 s
+    "test_side_by_side.py",  # ~70 s
+    "test_one_choice.py",  # ~55 s
+    "test_cli_backends.py",  # ~45 s
+    "test_daemon_e2e.py",  # ~45 s
+    "test_zone_edits.py",  # ~40 s
 )
 
 
