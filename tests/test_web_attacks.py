@@ -532,6 +532,8 @@ def test_every_new_route_without_a_logged_in_session_gives_the_login_page_or_401
             assert answer.status_code in (200, 204), path
             assert answer.headers["x-frame-options"] == "DENY", path
             assert answer.headers["x-content-type-options"] == "nosniff", path
+            # No other site may show its frames, snapshots or clips in its own page (<img>, <video>).
+            assert answer.headers["cross-origin-resource-policy"] == "same-origin", path
             assert "frame-ancestors 'none'" in answer.headers["content-security-policy"], path
         # No CORS: another site's script may not send the header token (its preflight gets no yes).
         preflight = browser.request("OPTIONS", f"/zones/{PIPELINE}", headers={

@@ -224,6 +224,28 @@ def test_slow_clients_are_cut_off_and_cannot_hold_the_page(
             sock.close()
 
 
+def test_idle_keep_alive_connections_make_room_for_a_new_client(without_users: str) -> None:
+    """A crowd of clients that each made one request and keep their connection open (keep-alive,
+    idle) would hold every connection the server allows until their idle timeout, and again with a
+    request every few seconds: a new client gets 503 meanwhile. Idle ones make room instead."""
+    port = int(without_users.rsplit(":", 1)[1])
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(MAX_CONNECTIONS - 1):  # all the server answers at once (the next is the 32nd)
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            idle.append(sock)
+            sock.sendall(b"GET /api/status HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            answer = b""  # its answer: idle between requests now, the connection kept
+            while b"\r\n\r\n" not in answer:
+                answer += sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:100]
+        with client(without_users) as browser:
+            assert browser.get("/api/status").status_code == 200
+    finally:
+        for sock in idle:
+            sock.close()
+
+
 async def echo(request: Any, session: Any) -> Any:
     from starlette.responses import JSONResponse
 

@@ -44,6 +44,8 @@ _HEADERS = {
     # Only this origin's own files; no framing (clickjacking); no MIME sniffing; no referrer.
     "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
     "X-Content-Type-Options": "nosniff",
+    # Another site's page may not embed ours (an <img> of the live frame, a snapshot, a clip).
+    "Cross-Origin-Resource-Policy": "same-origin",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",

@@ -151,13 +151,27 @@ def _quiet_server() -> Any:
 def _bounded_h11() -> type:
     """uvicorn's h11 protocol with a deadline for each request's line and headers: uvicorn closes a
     connection idle between requests (timeout_keep_alive) but waits forever for a first request
-    or one sent a byte at a time, so a few slow clients could hold every connection."""
+    or one sent a byte at a time, so a few slow clients could hold every connection. And a new
+    connection that finds every place taken closes connections idle between requests (keep-alive)
+    to make room: uvicorn counts them against limit_concurrency, so a crowd of idle clients would
+    hold the page for everyone else (503) for as long as it kept asking now and then."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class BoundedH11Protocol(H11Protocol):
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
+            self._make_room()
             self._arm_header_deadline()
+
+        def _make_room(self) -> None:
+            connections = self.server_state.connections
+            idle = [
+                c
+                for c in connections
+                if c is not self and isinstance(c, H11Protocol) and c.timeout_keep_alive_task is not None
+            ]
+            for connection in idle[: max(0, len(connections) - MAX_CONNECTIONS + 1)]:
+                connection.timeout_keep_alive_handler()  # as its idle timeout would: closed, not counted
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
