@@ -28,6 +28,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from agent.errors import ConfigError
+from agent.text import clip
 
 # Names end up in MQTT topics and file names: keep them to a safe alphabet.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -37,8 +38,8 @@ _NAME_RE = re.compile(NAME_PATTERN)
 def check_name(value: str) -> str:
     if not _NAME_RE.fullmatch(value):  # match() would let a trailing newline through ($)
         raise ValueError(
-            f"{value!r} is not a valid name: use 1-64 letters, digits, '_', '.' or '-', starting with a "
-            "letter or digit (names become MQTT topic levels and file names)"
+            f"{clip(value, 80)!r} is not a valid name: use 1-64 letters, digits, '_', '.' or '-', starting "
+            "with a letter or digit (names become MQTT topic levels and file names)"
         )
     return value
 
