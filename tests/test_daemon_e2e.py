@@ -276,9 +276,10 @@ def test_test_data_proves_the_backends_and_build_steps_show_in_log_and_status(
         benchmark=True,
     )
     settings = yaml.safe_load(config.read_text())
-    # The build steps of proving before serving (not beside it: prove_in_background off).
+    # The build steps of proving before serving (not beside it: prove_in_background off). The wait for
+    # a frame (sample_timeout_s) spans at least one status.json write (every 5 s).
     settings["backends"].update(
-        max_trials=2, runs=3, warmup=1, budget_s=1.0, sample_timeout_s=12.0, prove_in_background=False
+        max_trials=2, runs=3, warmup=1, budget_s=1.0, sample_timeout_s=8.0, prove_in_background=False
     )
     config.write_text(yaml.safe_dump(settings, sort_keys=False))
     status_sub = mqtt_subscriber_factory(mosquitto, f"edge/{DEVICE}/status")
@@ -296,7 +297,7 @@ def test_test_data_proves_the_backends_and_build_steps_show_in_log_and_status(
     )
     shown = waiting_phase()
     assert shown is not None and shown["state"] == "starting" and shown["step_s"] >= 0
-    gave_up_waiting = "pipeline waiting: no frame from its source within 12 s"
+    gave_up_waiting = "pipeline waiting: no frame from its source within 8 s"
     # Neither camera ever delivers: once both pipelines have started and failed to open it, `run`
     # exits 1 (no pipeline ran); stopped before the second has, 0. Either is right here.
     log = agent.run_until(
@@ -320,7 +321,7 @@ def test_test_data_proves_the_backends_and_build_steps_show_in_log_and_status(
         f"pipeline signs: warming up on {chosen}",
         "pipeline signs started",
         "pipeline waiting: getting inputs to prove backends on",
-        "pipeline waiting: no frame from its source within 12 s; "
+        "pipeline waiting: no frame from its source within 8 s; "
         "serving on the full-precision CPU reference, outputs not checked",
     ):
         assert step in log, step
