@@ -26,7 +26,7 @@ from tests.waits import wait_until
 DEVICE = "soak-box"
 BOUNCES = 3
 UP_S = 4.0  # broker up this long between outages, while results flow
-DOWN_S = 3.0
+DOWN_S = 2.0  # longer than reconnect_max_s (1 s): several failed reconnects per outage
 
 
 def _wait_for_more(watcher: Subscriber) -> None:
