@@ -189,7 +189,10 @@ def test_a_healthy_box_is_all_ok_and_exits_0(box: Box) -> None:
 
 def test_a_warning_exits_1_and_the_table_shows_status_and_fix(box: Box) -> None:
     os.chmod(box.state_dir, 0o755)  # the results and models readable by every user
-    out = cli("doctor", "-c", str(box.config_path), "--timeout", str(TIMEOUT_S), expect=1)
+    # Wide enough that the row's detail is not wrapped: the temp path is in it and in the fix, and
+    # its length varies (pytest-99 / pytest-1023, a worker's popen-gw0).
+    wide = {"COLUMNS": "500"}
+    out = cli("doctor", "-c", str(box.config_path), "--timeout", str(TIMEOUT_S), expect=1, env=wide)
     row = next(line for line in out.splitlines() if line.strip("│ ").startswith("state dir "))
     cells = [cell.strip() for cell in row.strip("│").split("│")]
     assert cells[0] == "state dir" and cells[1] == "WARN"
