@@ -37,6 +37,7 @@ from agent.web.server import WebServer
 from agent.web.site import pages_of
 from tests.mosquitto import Mosquitto
 from tests.test_pipeline_tracking import crossing_clip  # noqa: F401  (fixture)
+from tests.test_web_editor import as_sent
 from tests.waits import free_port, wait_until
 
 PIPELINE = "door-cam-7"  # a name no login page or refusal would say by chance
@@ -402,18 +403,7 @@ def test_hostile_labels_are_written_back_as_plain_strings_and_load_back(box: Box
     labels = list(RENAMED.values())
     with logged_in(box.base) as browser:
         token, data = editor_of(browser)
-        shapes = {
-            kind: [
-                {
-                    "points": s["points"],
-                    "origin": i,
-                    "moved": False,
-                    **({"name": s["name"]} if "name" in s else {}),
-                }
-                for i, s in enumerate(items)
-            ]
-            for kind, items in data["shapes"].items()
-        }
+        shapes = as_sent(data)
         shapes["zones"].append(a_zone("hostile", labels=labels))
         answer = browser.post(
             f"/zones/{PIPELINE}",
