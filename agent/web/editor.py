@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pydantic import ValidationError
 
 from agent.config import PipelineConfig
+from agent.config.analytics import MAX_POINTS  # a shape's points at most; shapes of a kind too
 from agent.config.processing import DetectionPostprocess, gives_boxes
 from agent.config_edit import (
     KINDS,
@@ -35,7 +36,7 @@ from agent.config_edit import (
 )
 from agent.config_loader import parse_config, validation_problems
 from agent.errors import ConfigError
-from agent.web.pages import _e
+from agent.web.pages import esc
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_BYTES = 512 * 1024  # a save's form: 4 kinds x 100 shapes x 100 points, url-encoded JSON
-MAX_POINTS = 100  # a shape's points at most (agent/config/analytics.py MAX_POINTS)
 _STYLE = '<link rel="stylesheet" href="/static/editor.css">\n'
 _TITLES = {"zones": "zone", "lines": "line", "motion_masks": "motion mask", "object_masks": "object mask"}
 
@@ -140,8 +140,8 @@ class EditorPages:
         for name, config, layer in rows:
             counts = shapes_of(config)
             said = ", ".join(f"{len(counts[k])} {_TITLES[k]}{'s' * (len(counts[k]) != 1)}" for k in KINDS)
-            fleet = f' <span class="why">(from the fleet: {_e(layer)})</span>' if layer else ""
-            items.append(f'<li><a href="/zones/{_e(name)}">{_e(name)}</a>: {_e(said)}{fleet}</li>')
+            fleet = f' <span class="why">(from the fleet: {esc(layer)})</span>' if layer else ""
+            items.append(f'<li><a href="/zones/{esc(name)}">{esc(name)}</a>: {esc(said)}{fleet}</li>')
         if rows:
             body += f'<ul class="zone-list">{"".join(items)}</ul>'
         elif self.site.config_file is not None and not problems:
@@ -154,9 +154,9 @@ class EditorPages:
                 '<p class="problem">This daemon was not started from a config file: there is no file to '
                 "write zones into (pipelines the fleet runs are still shown).</p>"
             )
-        note = f'<p class="why">Config file: {_e(self.site.config_file)}</p>'
+        note = f'<p class="why">Config file: {esc(self.site.config_file)}</p>'
         if problems:
-            listed = "".join(f"<li>{_e(p)}</li>" for p in problems)
+            listed = "".join(f"<li>{esc(p)}</li>" for p in problems)
             note += (
                 '<div class="problem"><p>The config file has problems (the daemon runs its last good '
                 f"config): fix them by hand before editing here.</p><ul>{listed}</ul></div>"
@@ -170,7 +170,7 @@ class EditorPages:
         name = request.path_params["pipeline"]
         found = await anyio.to_thread.run_sync(self._editing, name)
         if isinstance(found, str):
-            body = _STYLE + f'<h1>Zones: {_e(name)}</h1>\n<p class="problem">{_e(found)}</p>'
+            body = _STYLE + f'<h1>Zones: {esc(name)}</h1>\n<p class="problem">{esc(found)}</p>'
             return HTMLResponse(self.web_app.frame(f"zones: {name}", body, session), 404)
         config, layer, sha256 = found
         return HTMLResponse(
@@ -310,7 +310,7 @@ def _editor(name: str, config: PipelineConfig, layer: str | None, sha256: str) -
     }
     if layer:
         note = (
-            f'<p class="fleet">The fleet\'s desired state runs this pipeline (layer {_e(layer)}): the '
+            f'<p class="fleet">The fleet\'s desired state runs this pipeline (layer {esc(layer)}): the '
             "config file is not written. Save shows the pipeline as the desired-state document should "
             "say it (docs/fleet.md): publish it with <code>edge-agent fleet deploy</code>.</p>"
         )
@@ -318,13 +318,13 @@ def _editor(name: str, config: PipelineConfig, layer: str | None, sha256: str) -
         note = ""
     tools = " ".join(
         f'<button type="button" class="zone-draw" data-kind="{k}"{"" if ok else " disabled"}'
-        f"{'' if ok else f' title={_quote(why)}'}>+ {_e(_TITLES[k])}</button>"
+        f"{'' if ok else f' title={_quote(why)}'}>+ {esc(_TITLES[k])}</button>"
         for k, (ok, why) in _kinds(config).items()
     )
     return (
         _STYLE
-        + f"<h1>Zones: {_e(name)}</h1>\n{note}"
-        + f'<div id="zone-editor" data-editor="{_e(json.dumps(data))}">\n'
+        + f"<h1>Zones: {esc(name)}</h1>\n{note}"
+        + f'<div id="zone-editor" data-editor="{esc(json.dumps(data))}">\n'
         + f'<div class="zone-tools">{tools} '
         + '<button type="button" id="zone-finish" disabled>Finish shape</button> '
         + '<button type="button" id="zone-save">Save</button> '
@@ -345,7 +345,7 @@ def _editor(name: str, config: PipelineConfig, layer: str | None, sha256: str) -
 
 
 def _quote(text: str) -> str:
-    return f'"{_e(text)}"'
+    return f'"{esc(text)}"'
 
 
 def _kinds(config: PipelineConfig) -> dict[str, tuple[bool, str]]:

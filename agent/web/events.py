@@ -32,7 +32,7 @@ from agent.event_index import FILTERS, EventIndex, IndexedEvent
 from agent.processing.scene import attribute_text
 from agent.status import statuses_of
 from agent.web.files import UnsafeName, safe_child
-from agent.web.pages import _e
+from agent.web.pages import esc
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -97,13 +97,13 @@ class EventsPages:
         return (
             f"{_STYLE}<h1>Events</h1>\n"
             + filter_form(asked, choices)
-            + f'\n<div id="events" data-query="{_e(asked.query())}" data-version="{_version(part)}" '
+            + f'\n<div id="events" data-query="{esc(asked.query())}" data-version="{_version(part)}" '
             f'data-live="{live}" data-refresh-s="{REFRESH_S}">{part}</div>'
         )
 
     def _list(self, asked: Asked) -> str:
         """The list of events (what the page refreshes): a table, the link to older ones, what is wrong."""
-        notes = "".join(f'<p class="problem">{_e(problem)}</p>' for problem in asked.problems)
+        notes = "".join(f'<p class="problem">{esc(problem)}</p>' for problem in asked.problems)
         if self.index is None:
             return notes + '<p class="problem">This agent keeps no events index.</p>'
         try:
@@ -112,7 +112,7 @@ class EventsPages:
             )
         except sqlite3.Error as exc:
             why = self.index.problem or str(exc)
-            return notes + f'<p class="problem">The events index cannot be read: {_e(why)}</p>'
+            return notes + f'<p class="problem">The events index cannot be read: {esc(why)}</p>'
         if self.index.problem is None and self.index.errors:
             notes += (
                 f'<p class="problem">{self.index.errors} event(s) could not be indexed (see the log).</p>'
@@ -123,8 +123,9 @@ class EventsPages:
         body = "".join(self._row(row, recording) for row in rows)
         older = ""
         if len(rows) == PAGE_ROWS:
-            older = f'<p><a href="/events?{_e(asked.query(before=rows[-1].id))}">Older events</a></p>'
-        newer = '<p><a href="/events?' + _e(asked.query()) + '">Newest events</a></p>' if asked.before else ""
+            older = f'<p><a href="/events?{esc(asked.query(before=rows[-1].id))}">Older events</a></p>'
+        newest = '<p><a href="/events?' + esc(asked.query()) + '">Newest events</a></p>'
+        newer = newest if asked.before else ""
         heads = ("snapshot", "time (UTC)", "pipeline", "event", "where", "object", "attributes", "clip")
         return (
             notes
@@ -141,7 +142,7 @@ class EventsPages:
         if row.snapshot and snapshot is not None and snapshot.is_file():
             url = f"/snapshots/{p}/{quote(row.snapshot, safe='')}"
             alt = f"snapshot of {row.label or 'object'} #{row.track}"
-            picture = f'<a href="{_e(url)}"><img class="thumb" src="{_e(url)}" alt="{_e(alt)}"></a>'
+            picture = f'<a href="{esc(url)}"><img class="thumb" src="{esc(url)}" alt="{esc(alt)}"></a>'
         elif row.snapshot:  # removed by the snapshots' retention: no broken picture
             picture = '<span class="none">not kept</span>'
         else:
@@ -154,11 +155,11 @@ class EventsPages:
             what = f"{what} #{row.track}".strip()
         cells = [
             f'<td class="pic">{picture}</td>',
-            f'<td class="n">{_e(row.at.replace("T", " ").rstrip("Z"))}</td>',
-            f"<td>{_e(row.pipeline)}</td>",
-            f'<td class="kind">{_e(row.type)}{_e(_details(row.event))}</td>',
-            f"<td>{_e(where)}</td>",
-            f"<td>{_e(what)}</td>",
+            f'<td class="n">{esc(row.at.replace("T", " ").rstrip("Z"))}</td>',
+            f"<td>{esc(row.pipeline)}</td>",
+            f'<td class="kind">{esc(row.type)}{esc(_details(row.event))}</td>',
+            f"<td>{esc(where)}</td>",
+            f"<td>{esc(what)}</td>",
             f'<td class="attrs">{_attributes(row.attributes)}</td>',
             f"<td>{self._clip_cell(row, recording)}</td>",
         ]
@@ -170,7 +171,7 @@ class EventsPages:
         state = self.clip_state(row.pipeline, row.clip, recording)
         if state == "ready":
             url = f"/clips/{quote(row.pipeline, safe='')}/{quote(row.clip, safe='')}/view"
-            return f'<a class="clip" href="{_e(url)}">play</a>'
+            return f'<a class="clip" href="{esc(url)}">play</a>'
         if state == "recording":
             return '<span class="recording">recording</span>'
         return '<span class="none">not kept</span>'
@@ -222,14 +223,14 @@ class EventsPages:
             return _not_found()
         state = await anyio.to_thread.run_sync(lambda: self.clip_state(pipeline, clip_id, self._recording()))
         back = (
-            f'<p><a href="/events?{_e(urlencode({"pipeline": pipeline}))}">Events of {_e(pipeline)}</a></p>'
+            f'<p><a href="/events?{esc(urlencode({"pipeline": pipeline}))}">Events of {esc(pipeline)}</a></p>'
         )
         if state == "ready":
             src = f"/clips/{quote(pipeline, safe='')}/{quote(clip_id, safe='')}"
             body = (
                 '<video id="clip" controls muted autoplay playsinline preload="auto" '
-                f'src="{_e(src)}"></video>'
-                f'<p><a href="{_e(src)}" download>Download {_e(clip_id)}{CLIP_SUFFIX}</a></p>'
+                f'src="{esc(src)}"></video>'
+                f'<p><a href="{esc(src)}" download>Download {esc(clip_id)}{CLIP_SUFFIX}</a></p>'
             )
         elif state == "recording":
             body = '<p class="recording">This clip is still being recorded: it plays once it is finished.</p>'
@@ -237,7 +238,7 @@ class EventsPages:
             body = (
                 '<p class="none">This clip is not kept (removed by the clips\' retention, or it failed).</p>'
             )
-        title = f"<h1>Clip {_e(clip_id)} of {_e(pipeline)}</h1>"
+        title = f"<h1>Clip {esc(clip_id)} of {esc(pipeline)}</h1>"
         html = f"{_STYLE}{title}\n{body}\n{back}"
         return HTMLResponse(self._web_app.frame(f"clip {clip_id}", html, session))
 
@@ -324,12 +325,12 @@ def filter_form(asked: Asked, choices: Mapping[str, list[str]]) -> str:
         if chosen and chosen not in values:
             values = [chosen, *values]  # asked for, none held (yet): still shown as chosen
         options = '<option value="">any</option>' + "".join(
-            f'<option value="{_e(v)}"{" selected" if v == chosen else ""}>{_e(v)}</option>' for v in values
+            f'<option value="{esc(v)}"{" selected" if v == chosen else ""}>{esc(v)}</option>' for v in values
         )
         selects.append(f'<label>{column} <select name="{column}">{options}</select></label>')
     times = [
         f'<label>{key} (UTC) <input type="datetime-local" step="1" name="{key}" '
-        f'value="{_e(asked.texts.get(key, ""))}"></label>'
+        f'value="{esc(asked.texts.get(key, ""))}"></label>'
         for key in ("from", "to")
     ]
     return (
@@ -361,7 +362,7 @@ def _attributes(attributes: Mapping[str, Any]) -> str:
         value = read.get("value")
         text = f"vector of {len(value)}" if isinstance(value, list) else attribute_text(value)
         score = read.get("score")
-        shown = f"{_e(name)}: <b>{_e(text[:80])}</b>"
+        shown = f"{esc(name)}: <b>{esc(text[:80])}</b>"
         if isinstance(score, (int, float)):
             shown += f" ({score:.2f})"
         items.append(f"<div>{shown}</div>")

@@ -32,7 +32,7 @@ from agent.errors import EdgeAgentError
 from agent.live_view import LiveView, Viewer
 from agent.status import statuses_of
 from agent.threads import named_thread
-from agent.web.pages import _e
+from agent.web.pages import esc
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -192,7 +192,7 @@ class LivePages:
         from starlette.responses import HTMLResponse
 
         names = await anyio.to_thread.run_sync(self._names)
-        chooser = " ".join(f'<a href="/live/{_e(name)}">{_e(name)}</a>' for name in names)
+        chooser = " ".join(f'<a href="/live/{esc(name)}">{esc(name)}</a>' for name in names)
         figures = "\n".join(_figure(name) for name in names)
         body = (
             _STYLE
@@ -210,12 +210,12 @@ class LivePages:
         names = await anyio.to_thread.run_sync(self._names)
         if name not in names:
             running = ", ".join(names) or "none"
-            body = f"<h1>Live view</h1><p>No running pipeline {_e(name)} (running: {_e(running)}).</p>"
+            body = f"<h1>Live view</h1><p>No running pipeline {esc(name)} (running: {esc(running)}).</p>"
             return HTMLResponse(self.web_app.frame("live view", body, session), 404)
-        others = " ".join(f'<a href="/live/{_e(n)}">{_e(n)}</a>' for n in names if n != name)
+        others = " ".join(f'<a href="/live/{esc(n)}">{esc(n)}</a>' for n in names if n != name)
         body = (
             _STYLE
-            + f"<h1>Live view: {_e(name)}</h1>\n"
+            + f"<h1>Live view: {esc(name)}</h1>\n"
             + f'<p class="chooser"><a href="/live">All</a> {others}</p>\n'
             + f'<div class="live-one">{_figure(name)}</div>'
         )
@@ -301,8 +301,8 @@ def _busy(why: str) -> Response:
 def _figure(name: str) -> str:
     """A pipeline's live picture: live.js long-polls its frames and paints them on the canvas."""
     return (
-        f'<figure class="live" data-pipeline="{_e(name)}"><canvas width="640" height="360"></canvas>'
-        f'<figcaption><a href="/live/{_e(name)}">{_e(name)}</a> '
+        f'<figure class="live" data-pipeline="{esc(name)}"><canvas width="640" height="360"></canvas>'
+        f'<figcaption><a href="/live/{esc(name)}">{esc(name)}</a> '
         '<span class="live-age">waiting for a frame</span> <span class="live-fps"></span>'
         "</figcaption></figure>"
     )

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.explained import Line, candidate_rows, explained
 from agent.store.listing import installed_rows, variant_note
-from agent.web.pages import _e
+from agent.web.pages import esc
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -55,24 +55,24 @@ class ModelsPage:
         try:
             records = self.explain().get("pipelines") or []
         except Exception as exc:  # a page must say what it could not read, never fail whole
-            serving = f'<p class="problem">What serves cannot be read: {_e(exc)}</p>'
+            serving = f'<p class="problem">What serves cannot be read: {esc(exc)}</p>'
         else:
             serving = "\n".join(explained_html(r) for r in records) or "<p>No pipeline is serving.</p>"
         try:
             store = store_html(installed_rows(self.store))
         except Exception as exc:
-            store = f'<p class="problem">The store cannot be read: {_e(exc)}</p>'
+            store = f'<p class="problem">The store cannot be read: {esc(exc)}</p>'
         return f"<h2>Installed in the store</h2>\n{store}\n<h2>What serves, and why</h2>\n{serving}"
 
 
 def _spans(line: Line) -> str:
-    return "".join(f"<strong>{_e(text)}</strong>" if bold else _e(text) for text, bold in line)
+    return "".join(f"<strong>{esc(text)}</strong>" if bold else esc(text) for text, bold in line)
 
 
 def _table(columns: list[str], rows: list[list[str]], css: str = "") -> str:
-    head = "".join(f"<th>{_e(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{_e(v)}</td>" for v in row) + "</tr>" for row in rows)
-    klass = f' class="{_e(css)}"' if css else ""
+    head = "".join(f"<th>{esc(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in row) + "</tr>" for row in rows)
+    klass = f' class="{esc(css)}"' if css else ""
     return f"<table{klass}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
@@ -91,7 +91,7 @@ def explained_html(record: dict[str, Any]) -> str:
     candidates = said.candidates
     table = "" if candidates is None else _table(*_filled(*candidate_rows(candidates)), "candidates")
     heading = f"<h3>{_spans(said.title)}</h3>"
-    return f'<section class="explained" data-pipeline="{_e(name)}">{heading}{lines}{table}</section>'
+    return f'<section class="explained" data-pipeline="{esc(name)}">{heading}{lines}{table}</section>'
 
 
 def store_html(rows: list[dict[str, Any]]) -> str:
@@ -105,7 +105,8 @@ def store_html(rows: list[dict[str, Any]]) -> str:
             cells.append([row["name"], row["version"], a["file"], a["format"], f"{a['size']:,}",
                           a["sha256"][:16], row["signed_by"] or ""])  # fmt: skip
             if note := variant_note(a):
-                notes.append(f"<p>{_e(row['name'])}@{_e(row['version'])} {_e(a['file'])} ({_e(note)})</p>")
+                what = f"{row['name']}@{row['version']} {a['file']}"
+                notes.append(f"<p>{esc(what)} ({esc(note)})</p>")
     return _table(columns, cells, css="store") + "".join(notes)
 
 

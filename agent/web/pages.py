@@ -21,7 +21,8 @@ def _template(name: str) -> Template:
     )
 
 
-def _e(value: object) -> str:
+def esc(value: object) -> str:
+    """`value` as HTML text (None: empty): every value a page shows goes through it."""
     return html.escape("" if value is None else str(value))
 
 
@@ -37,23 +38,23 @@ def page(
     """The frame around every page; `body` and `account` are HTML already escaped. `csrf`: the
     session's token, in a meta tag for scripts that POST (header X-CSRF-Token). `links`: the
     header's (title, path) links to the pages."""
-    tag = f'<script src="/static/{_e(script)}"></script>' if script else ""
-    nav = " ".join(f'<a href="{_e(path)}">{_e(name)}</a>' for name, path in links)
+    tag = f'<script src="/static/{esc(script)}"></script>' if script else ""
+    nav = " ".join(f'<a href="{esc(path)}">{esc(name)}</a>' for name, path in links)
     return _template("page.html").substitute(
-        title=_e(title), device=_e(device), account=account, body=body, script=tag, csrf=_e(csrf),
+        title=esc(title), device=esc(device), account=account, body=body, script=tag, csrf=esc(csrf),
         nav=f"<nav>{nav}</nav>" if nav else "",
     )  # fmt: skip
 
 
 def logout_form(user: str, csrf: str) -> str:
     return (
-        f'<form method="post" action="/logout"><span>{_e(user)}</span> '
-        f'<input type="hidden" name="csrf" value="{_e(csrf)}"><button type="submit">Log out</button></form>'
+        f'<form method="post" action="/logout"><span>{esc(user)}</span> '
+        f'<input type="hidden" name="csrf" value="{esc(csrf)}"><button type="submit">Log out</button></form>'
     )
 
 
 def login_body(csrf: str, message: str = "") -> str:
-    return _template("login.html").substitute(csrf=_e(csrf), message=_e(message))
+    return _template("login.html").substitute(csrf=esc(csrf), message=esc(message))
 
 
 def box_body(status: dict[str, Any]) -> str:
@@ -66,13 +67,13 @@ def status_part(status: dict[str, Any]) -> str:
     broker = "connected" if mqtt.get("connected") else "not connected"
     broker_error = f", last error: {mqtt['last_error']}" if mqtt.get("last_error") else ""
     lines = [
-        f"<p>edge-agent {_e(status.get('agent_version', '?'))} on {_e(status.get('device', '?'))} "
-        f"(pid {_e(status.get('pid', '?'))}), started {_e(status.get('started_at', '?'))}, "
-        f"config {_e(config.get('file') or '-')}</p>",
+        f"<p>edge-agent {esc(status.get('agent_version', '?'))} on {esc(status.get('device', '?'))} "
+        f"(pid {esc(status.get('pid', '?'))}), started {esc(status.get('started_at', '?'))}, "
+        f"config {esc(config.get('file') or '-')}</p>",
         f'<p>broker: <span class="{"running" if mqtt.get("connected") else "error"}">{broker}</span> '
-        f"({_e(mqtt.get('connects', 0))} connects){_e(broker_error)}</p>",
-        f"<p>outbox: {_e(outbox.get('pending', 0))} queued, {_e(outbox.get('dropped', 0))} dropped "
-        f"(when_full: {_e(outbox.get('when_full', '?'))})</p>",
+        f"({esc(mqtt.get('connects', 0))} connects){esc(broker_error)}</p>",
+        f"<p>outbox: {esc(outbox.get('pending', 0))} queued, {esc(outbox.get('dropped', 0))} dropped "
+        f"(when_full: {esc(outbox.get('when_full', '?'))})</p>",
     ]
     heads = ("pipeline", "state", "model", "backend", "fps", "ms p50/p95", "results", "drops", "errors")
     rows = [_row(name, p) for name, p in statuses_of(status.get("pipelines")).items()]
@@ -92,22 +93,22 @@ def _row(name: str, p: PipelineStatus) -> str:
     dropped = (0 if run is None else run.source.frames_dropped) + (p.results_dropped or 0)
     state = p.state if p.phase in ("running", p.state) else f"{p.state} ({p.phase})"
     cells = [
-        f'<td class="{_e(p.state)}">{_e(state)}</td>',
-        f"<td>{_e(p.running_model or p.change.desired_model or '-')}</td>",
-        f"<td>{_e('-' if serving is None else serving.backend or '-')}</td>",
+        f'<td class="{esc(p.state)}">{esc(state)}</td>',
+        f"<td>{esc(p.running_model or p.change.desired_model or '-')}</td>",
+        f"<td>{esc('-' if serving is None else serving.backend or '-')}</td>",
         f'<td class="n">{"-" if run is None or run.counts.fps is None else f"{run.counts.fps:.1f}"}</td>',
         f'<td class="n">{"-" if not latency else f"{latency.p50:.0f} / {latency.p95:.0f}"}</td>',
         f'<td class="n">{0 if run is None else run.counts.results}</td>',
         f'<td class="n">{dropped}</td>',
         f'<td class="n">{0 if run is None else run.counts.errors}</td>',
     ]
-    notes = [f'<div class="problem">{_e(problem)}</div>' for problem in p.problems()]
+    notes = [f'<div class="problem">{esc(problem)}</div>' for problem in p.problems()]
     error = p.last_error
     if error is not None:
-        notes.append(f'<div class="problem">last error ({_e(error.at)}): {_e(clip(error.text, 300))}</div>')
+        notes.append(f'<div class="problem">last error ({esc(error.at)}): {esc(clip(error.text, 300))}</div>')
     if serving is not None and serving.backend_why:
-        notes.append(f'<div class="why">backend: {_e(clip(serving.backend_why, 300))}</div>')
-    row = f'<tr data-pipeline="{_e(name)}"><td>{_e(name)}</td>{"".join(cells)}</tr>'
+        notes.append(f'<div class="why">backend: {esc(clip(serving.backend_why, 300))}</div>')
+    row = f'<tr data-pipeline="{esc(name)}"><td>{esc(name)}</td>{"".join(cells)}</tr>'
     if notes:
         row += f'<tr><td></td><td class="notes" colspan="8">{"".join(notes)}</td></tr>'
     return row
