@@ -68,7 +68,7 @@ def test_the_box_page_shows_a_running_daemons_status(
     assert "broker: <span" in page.text and "connected" in page.text
     part = httpx.get(f"{base}/box/status", timeout=5, cookies=page.cookies)
     assert part.status_code == 200 and 'data-pipeline="signs"' in part.text
-    assert httpx.get(f"{base}/static/box.js", timeout=5).status_code == 200
+    assert httpx.get(f"{base}/static/refresh.js", timeout=5).status_code == 200
 
     # In Chromium: the page refreshes its counts by itself, without a reload, within the CSP.
     browser.get(f"{base}/")

@@ -92,7 +92,7 @@ def test_the_models_page_shows_the_serving_backend_and_why_as_explain_says_it_an
     with TestClient(web_app.app, base_url="http://127.0.0.1") as page:
         answer = page.get("/models")
         assert answer.status_code == 200, answer.text
-        assert '<a href="/models">Models</a>' in answer.text and "/static/models.js" in answer.text
+        assert '<a href="/models">Models</a>' in answer.text and "/static/refresh.js" in answer.text
         shown = page_text(answer.text)
         [record] = explain(supervisor)["pipelines"]
         said = explained(record)
@@ -116,7 +116,7 @@ def test_the_models_page_shows_the_serving_backend_and_why_as_explain_says_it_an
         # The part the page refreshes: the same, without the frame around it.
         part = page.get("/models/part")
         assert part.status_code == 200 and "<header>" not in part.text and backend in part.text
-        assert page.get("/static/models.js").status_code == 200
+        assert page.get("/static/refresh.js").status_code == 200
 
 
 def test_every_value_on_the_models_page_is_escaped() -> None:

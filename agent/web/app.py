@@ -197,7 +197,7 @@ class WebApp:
     async def box(self, request: Request, session: Session) -> Response:
         status = await anyio.to_thread.run_sync(self.status.get)
         body = pages.box_body(status)
-        return HTMLResponse(self.frame(f"{self.device}: edge-agent", body, session, "box.js"))
+        return HTMLResponse(self.frame(f"{self.device}: edge-agent", body, session, "refresh.js"))
 
     async def box_status(self, request: Request, session: Session) -> Response:
         return HTMLResponse(pages.status_part(await anyio.to_thread.run_sync(self.status.get)))

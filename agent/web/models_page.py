@@ -1,7 +1,7 @@
 """The models page, `/models`: the model versions installed in the store (what `edge-agent models
 list` shows, agent/store/listing.py) and, per running pipeline, what serves it and why (what
 `edge-agent explain` shows, worded once by agent/explained.py), every value HTML-escaped. The part
-under the heading refreshes itself (models.js fetches `/models/part` every 5 s): a background proof
+under the heading refreshes itself (static/refresh.js fetches `/models/part` every 5 s): a background proof
 that switches a backend, a fallback or a new version shows without a reload."""
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ class ModelsPage:
         from starlette.responses import HTMLResponse
 
         part = await anyio.to_thread.run_sync(self.render)
-        body = f'{_STYLE}<h1>Models</h1>\n<div id="models">{part}</div>'
-        return HTMLResponse(self.web_app.frame("models", body, session, "models.js"))
+        refreshed = '<div id="models" data-refresh="/models/part" data-every="5000">'  # static/refresh.js
+        body = f"{_STYLE}<h1>Models</h1>\n{refreshed}{part}</div>"
+        return HTMLResponse(self.web_app.frame("models", body, session, "refresh.js"))
 
     async def part(self, request: Request, session: Session) -> Response:
         import anyio.to_thread

@@ -58,7 +58,8 @@ def login_body(csrf: str, message: str = "") -> str:
 
 
 def box_body(status: dict[str, Any]) -> str:
-    return f'<h1>This box</h1>\n<div id="status">{status_part(status)}</div>'
+    refreshed = '<div id="status" data-refresh="/box/status" data-every="2000">'  # static/refresh.js
+    return f"<h1>This box</h1>\n{refreshed}{status_part(status)}</div>"
 
 
 def status_part(status: dict[str, Any]) -> str:
