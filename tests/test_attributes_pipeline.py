@@ -7,6 +7,7 @@ pipeline runs on and its status says why."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -153,14 +154,12 @@ def test_a_failing_second_model_costs_only_its_answers(two_signs: Path, started:
     assert broken.calls >= 2 and status.counts.inferences >= FRAMES // 2 and status.counts.errors == 0
 
 
-def thread_nice(name: str) -> int | None:
-    """The nice value of this process's thread called `name` (from /proc, where names keep their first
-    15 bytes; None: no such thread)."""
-    for task in Path("/proc/self/task").iterdir():
-        if (task / "comm").read_text().strip() == name[:15]:
-            # Field 19 of stat is the nice value; the command name (field 2) may hold spaces: after ')'.
-            return int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
-    return None
+def thread_nice(thread: threading.Thread) -> int:
+    """The nice value of `thread` (from /proc, by its native id: another test's reader for a
+    pipeline of the same name may still be alive in this process, with the same thread name)."""
+    stat = (Path("/proc/self/task") / str(thread.native_id) / "stat").read_text()
+    # Field 19 of stat is the nice value; the command name (field 2) may hold spaces: after ')'.
+    return int(stat.rsplit(")", 1)[1].split()[16])
 
 
 def test_the_reader_thread_runs_below_the_detectors_priority() -> None:
@@ -173,7 +172,9 @@ def test_the_reader_thread_runs_below_the_detectors_priority() -> None:
         wait_until(lambda: delivered, "the reading", timeout=30)
         assert delivered[0].value == "180"
         process_nice = os.getpriority(os.PRIO_PROCESS, 0)
-        assert thread_nice("attributes-signs") == min(process_nice + 10, 19)
+        reader = models._thread  # the reader thread, named for its pipeline
+        assert reader is not None and reader.name == "attributes-signs"
+        assert thread_nice(reader) == min(process_nice + 10, 19)
     finally:
         models.release()
-    assert thread_nice("attributes-signs") is None  # the last stage gone: the reader stopped
+    assert not reader.is_alive()  # the last stage gone: the reader stopped
